@@ -1,0 +1,47 @@
+-- tower-redis-ratelimit: shared prelude, prepended to every algorithm script.
+--
+-- Conventions for every script:
+--   * ARGV[1] is an explicit time in microseconds, or '' to use the server clock (TIME).
+--     The explicit form exists for tests and simulations only.
+--   * Every other argument is a positive integer; all are validated here, before any write.
+--   * All arithmetic stays on integers below 2^52, where Lua's doubles are exact.
+--   * The reply is {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}.
+local MAX = 4503599627370496 -- 2^52
+
+local function fail(msg)
+  error({ err = 'ERR tower-redis-ratelimit: ' .. msg })
+end
+
+local function int_arg(i, name, min)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= v or v % 1 ~= 0 or v < min or v > MAX then
+    fail('invalid argument ' .. name)
+  end
+  return v
+end
+
+local function clock()
+  if ARGV[1] == nil or ARGV[1] == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return int_arg(1, 'now', 0)
+end
+
+-- A stored integer; anything else means the key holds foreign or corrupted data.
+local function stored_int(v, what)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n % 1 ~= 0 or n < 0 or n > MAX then
+    fail('corrupted ' .. what .. ' under ' .. KEYS[1])
+  end
+  return n
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- Whole milliseconds, rounded up: a key must outlive the state it holds.
+local function ms_ceil(us)
+  return fmt(math.ceil(us / 1000))
+end

@@ -1,0 +1,84 @@
+-- Sliding-window log with per-request cost.
+-- KEYS[1]  sorted set: one member per admitted request, score = time (us),
+--          member = running total of units admitted so far (unique, increasing)
+-- KEYS[2]  hash: a = units ever admitted, r = running total of the newest expired member,
+--          l = time of the newest member (the log never moves backwards in time)
+-- ARGV     now|'', window_us, limit, cost
+-- Units in the window are a - r: no loop over members, O(log n) per call.
+local now = clock()
+local window = int_arg(2, 'window', 1000)
+local limit = int_arg(3, 'limit', 1)
+local cost = int_arg(4, 'cost', 1)
+
+local added, removed, last = 0, 0, 0
+local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l')
+if meta[1] or meta[2] or meta[3] then
+  added = stored_int(meta[1], 'admitted total')
+  removed = stored_int(meta[2], 'expired total')
+  last = stored_int(meta[3], 'timestamp')
+end
+local clock_now = now
+if now < last then
+  now = last
+end
+
+-- Drop members that left the window (score <= now - window).
+local cutoff = now - window
+local newest_expired = redis.call('ZREVRANGEBYSCORE', KEYS[1], cutoff, '-inf', 'LIMIT', 0, 1)
+if #newest_expired > 0 then
+  removed = stored_int(newest_expired[1], 'log member')
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+end
+local count = redis.call('ZCARD', KEYS[1])
+if count == 0 then
+  removed = added
+end
+local used = added - removed
+if used < 0 or used > MAX then
+  fail('corrupted totals under ' .. KEYS[2])
+end
+
+local remaining = limit - used
+if remaining < 0 then
+  remaining = 0 -- the limit was lowered since these members were written
+end
+
+local function reset_after()
+  if count == 0 then
+    return 0
+  end
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  return stored_int(newest[2], 'log score') + window - now
+end
+
+if cost > limit or used + cost > limit then
+  if #newest_expired > 0 and meta[1] then
+    redis.call('HSET', KEYS[2], 'r', fmt(removed)) -- keeps the hash's expiry
+  end
+  if cost > limit then
+    return { 0, remaining, -1, reset_after() }
+  end
+  -- The oldest member whose expiry frees enough units: binary search on the running total.
+  local target = removed + used + cost - limit
+  local lo, hi = 0, count - 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', KEYS[1], mid, mid)
+    if stored_int(m[1], 'log member') >= target then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  local first = redis.call('ZRANGE', KEYS[1], lo, lo, 'WITHSCORES')
+  return { 0, remaining, stored_int(first[2], 'log score') + window - now, reset_after() }
+end
+
+added = added + cost
+redis.call('ZADD', KEYS[1], fmt(now), fmt(added))
+redis.call('HSET', KEYS[2], 'a', fmt(added), 'r', fmt(removed), 'l', fmt(now))
+-- If the clock went backwards, the log's time runs ahead of the key's clock by the gap.
+local ttl = ms_ceil(window + now - clock_now)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+return { 1, remaining - cost, 0, window }

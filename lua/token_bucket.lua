@@ -1,0 +1,64 @@
+-- Token bucket: a hash {n = whole tokens, t = time the last whole token was credited}.
+-- Tokens are credited one emission interval at a time, so all arithmetic is on integers.
+-- A missing key is a full bucket; the key expires when the bucket would be full again.
+-- KEYS[1]  the bucket hash
+-- ARGV     now|'', emission_us, burst, cost
+local now = clock()
+local emission = int_arg(2, 'emission', 1)
+local burst = int_arg(3, 'burst', 1)
+local cost = int_arg(4, 'cost', 1)
+local tolerance = emission * burst
+if tolerance > MAX then
+  fail('invalid argument burst')
+end
+
+local tokens, ts = burst, now
+local st = redis.call('HMGET', KEYS[1], 'n', 't')
+if st[1] or st[2] then
+  tokens = stored_int(st[1], 'token count')
+  ts = stored_int(st[2], 'timestamp')
+  if tokens > burst then
+    tokens = burst -- the burst was lowered since this key was written
+  end
+end
+
+-- If the clock went backwards, credit nothing and measure waits from the stored time.
+local t_eff = now
+if ts > now then
+  t_eff = ts
+end
+local elapsed = t_eff - ts
+if elapsed >= tolerance then
+  tokens = burst
+  ts = t_eff
+else
+  local add = math.floor(elapsed / emission)
+  tokens = tokens + add
+  if tokens >= burst then
+    tokens = burst
+    ts = t_eff
+  else
+    ts = ts + add * emission
+  end
+end
+
+-- Time from now until `want` whole tokens are in the bucket.
+local function wait_for(want)
+  if tokens >= want then
+    return 0
+  end
+  return (want - tokens) * emission - (t_eff - ts) + (t_eff - now)
+end
+
+if cost > burst then
+  return { 0, tokens, -1, wait_for(burst) }
+end
+if tokens < cost then
+  return { 0, tokens, wait_for(cost), wait_for(burst) }
+end
+
+tokens = tokens - cost
+local full_in = wait_for(burst)
+redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
+redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
+return { 1, tokens, 0, full_in }

@@ -1,0 +1,120 @@
+//! Rate-limiting algorithms.
+//!
+//! Each algorithm is one Lua script (in `lua/`, run atomically in Redis) and an in-memory twin
+//! that makes exactly the same decisions, used by [`MemoryStore`](crate::MemoryStore).
+//!
+//! | algorithm | state per key | pick it when |
+//! |---|---|---|
+//! | [`Gcra`] | one integer | the default: smooth rate with a burst, cheapest in Redis |
+//! | [`TokenBucket`] | a two-field hash | the same decisions as GCRA, state readable as "tokens left" |
+//! | [`SlidingWindow`] | one log entry per admitted request | an exact "at most N in any window" contract, e.g. a third-party API quota |
+//!
+//! ```
+//! use tower_redis_ratelimit::{Gcra, Quota, SlidingWindow, TokenBucket};
+//!
+//! let gcra = Gcra::new(Quota::per_minute(100).burst(20))?;
+//! let bucket = TokenBucket::new(Quota::per_second(10))?;
+//! let window = SlidingWindow::new(Quota::per_minute(300))?;
+//! # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+//! ```
+
+mod gcra;
+mod sliding_window;
+mod token_bucket;
+
+pub use gcra::Gcra;
+pub use sliding_window::SlidingWindow;
+pub use token_bucket::TokenBucket;
+
+use std::{any::Any, time::Duration};
+
+use redis::Script;
+
+use crate::{Error, Outcome};
+
+/// A rate-limiting algorithm: a Redis script, how to call it, and an in-memory twin.
+///
+/// Implement it for a custom algorithm; the built-ins are [`Gcra`], [`TokenBucket`] and
+/// [`SlidingWindow`]. The script must be atomic (one script call decides), read the clock with
+/// `TIME` unless `ARGV[1]` carries an explicit time, set an expiry on every key it writes, and
+/// declare every key it touches in `KEYS`.
+pub trait Algorithm: Send + Sync + 'static {
+    /// A short name for logs, e.g. `"gcra"`.
+    fn name(&self) -> &'static str;
+
+    /// Units a fully rested key has (`q` in `RateLimit-Policy`).
+    fn quota(&self) -> u64;
+
+    /// Time in which the full quota is restored (`w` in `RateLimit-Policy`).
+    fn window(&self) -> Duration;
+
+    /// The script deciding one check. It is run with `EVALSHA`, falling back to loading it.
+    fn script(&self) -> &Script;
+
+    /// The Redis keys of one check, derived from the limiter's base key (which carries a hash
+    /// tag, so keys derived by appending a suffix share one cluster slot).
+    fn redis_keys(&self, base: &str) -> Vec<String>;
+
+    /// The script's arguments after `ARGV[1]` (the explicit time or `''`), for a check of `cost`.
+    fn script_args(&self, cost: u32) -> Vec<u64>;
+
+    /// Reads the script's reply. The default reads the shared shape (see [`Outcome::from_redis`]).
+    fn parse_reply(&self, reply: redis::Value) -> Result<Outcome, Error> {
+        Outcome::from_redis(reply)
+    }
+
+    /// Decides one check in memory, at time `now_us` (microseconds), on this key's state.
+    ///
+    /// The default returns [`Error::Unsupported`].
+    fn check_in_memory(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        cost: u32,
+    ) -> Result<Outcome, Error> {
+        let _ = (state, now_us, cost);
+        Err(Error::Unsupported(
+            "this algorithm has no in-memory implementation",
+        ))
+    }
+}
+
+/// One key's state in a [`MemoryStore`](crate::MemoryStore), with its expiry.
+///
+/// Like a Redis key, it holds a value of one type or nothing, and it expires: an algorithm
+/// stores its state with [`MemoryState::put`] and a time to live, and finds nothing after that.
+#[derive(Debug, Default)]
+pub struct MemoryState {
+    value: Option<Box<dyn Any + Send>>,
+    expires_at_us: u64,
+}
+
+impl MemoryState {
+    /// The stored value, if any; an error if a value of another type is stored under this key
+    /// (two algorithms sharing a key prefix), like Redis' `WRONGTYPE`.
+    pub fn get_mut<T: Any + Send>(&mut self) -> Result<Option<&mut T>, Error> {
+        match self.value.as_mut() {
+            None => Ok(None),
+            Some(v) => v.downcast_mut::<T>().map(Some).ok_or(Error::InvalidReply(
+                "key holds another algorithm's state".to_owned(),
+            )),
+        }
+    }
+
+    /// Stores `value` until `now_us + ttl_us`.
+    pub fn put<T: Any + Send>(&mut self, value: T, now_us: u64, ttl_us: u64) {
+        self.value = Some(Box::new(value));
+        self.expires_at_us = now_us.saturating_add(ttl_us);
+    }
+
+    /// Clears the value if it expired at or before `now_us`.
+    pub(crate) fn expire(&mut self, now_us: u64) {
+        if self.value.is_some() && self.expires_at_us <= now_us {
+            self.value = None;
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.value.is_none()
+    }
+}

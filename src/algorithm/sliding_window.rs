@@ -1,0 +1,153 @@
+//! Sliding-window log with per-request cost and a running total.
+
+use std::{collections::VecDeque, sync::LazyLock, time::Duration};
+
+use redis::Script;
+
+use super::{Algorithm, MemoryState};
+use crate::{ConfigError, Error, Outcome, Quota};
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../lua/prelude.lua"),
+        include_str!("../../lua/sliding_window.lua")
+    ))
+});
+
+/// Sliding-window log: at most `quota.limit()` units admitted in any window of
+/// `quota.period()`, each request weighing its cost. Exact, with no boundary bursts; the price
+/// is one log entry (~100 bytes in Redis) per admitted request, kept for one window.
+///
+/// Each call costs O(log n) in Redis: the script keeps a running total instead of summing the
+/// log, and removes only expired entries.
+///
+/// ```
+/// use tower_redis_ratelimit::{Quota, SlidingWindow};
+///
+/// // Google Calendar-style: 300 units a minute, requests costing 1-5 units.
+/// let window = SlidingWindow::new(Quota::per_minute(300))?;
+/// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SlidingWindow {
+    quota: Quota,
+    window_us: u64,
+    limit: u64,
+}
+
+impl SlidingWindow {
+    /// Validates the quota. A window under 1 ms, a zero limit, or a burst different from the
+    /// limit (a sliding window has no separate burst) is rejected.
+    pub fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let window_us = quota.period_us()?;
+        if matches!(quota.explicit_burst(), Some(b) if b != quota.limit()) {
+            return Err(ConfigError::new(
+                "quota.burst",
+                "a sliding window has no separate burst; its limit is the most a window admits",
+            ));
+        }
+        Ok(Self {
+            quota,
+            window_us,
+            limit: u64::from(quota.limit()),
+        })
+    }
+
+    /// The quota this was built from.
+    pub fn quota_config(&self) -> Quota {
+        self.quota
+    }
+}
+
+/// In-memory state: the log (time, running total) and the totals of the Lua hash.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Log {
+    pub(crate) entries: VecDeque<(u64, u64)>,
+    pub(crate) added: u64,
+    pub(crate) removed: u64,
+    pub(crate) last: u64,
+}
+
+/// In-memory twin of `lua/sliding_window.lua`; mutates `log` exactly as the script does and
+/// returns the outcome and whether the log must be (re)written with a full-window expiry.
+pub(crate) fn decide(window: u64, limit: u64, log: &mut Log, now: u64, cost: u64) -> (Outcome, bool) {
+    let now = now.max(log.last);
+    let cutoff = now.saturating_sub(window);
+    let expired = log.entries.partition_point(|&(ts, _)| ts <= cutoff && now >= window);
+    if expired > 0 {
+        log.removed = log.entries[expired - 1].1;
+        log.entries.drain(..expired);
+    }
+    if log.entries.is_empty() {
+        log.removed = log.added;
+    }
+    let used = log.added - log.removed;
+    let remaining = limit.saturating_sub(used);
+    let reset_after = log.entries.back().map_or(0, |&(ts, _)| ts + window - now);
+    if cost > limit || used + cost > limit {
+        let retry = (cost <= limit).then(|| {
+            let target = log.removed + used + cost - limit;
+            let i = log.entries.partition_point(|&(_, cum)| cum < target);
+            log.entries[i].0 + window - now
+        });
+        let o = Outcome {
+            allowed: false,
+            remaining,
+            retry_after_us: retry,
+            reset_after_us: reset_after,
+        };
+        return (o, false);
+    }
+    log.added += cost;
+    log.entries.push_back((now, log.added));
+    log.last = now;
+    let o = Outcome {
+        allowed: true,
+        remaining: remaining - cost,
+        retry_after_us: Some(0),
+        reset_after_us: window,
+    };
+    (o, true)
+}
+
+impl Algorithm for SlidingWindow {
+    fn name(&self) -> &'static str {
+        "sliding-window"
+    }
+
+    fn quota(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_micros(self.window_us)
+    }
+
+    fn script(&self) -> &Script {
+        &SCRIPT
+    }
+
+    fn redis_keys(&self, base: &str) -> Vec<String> {
+        vec![format!("{base}:l"), format!("{base}:m")]
+    }
+
+    fn script_args(&self, cost: u32) -> Vec<u64> {
+        vec![self.window_us, self.limit, u64::from(cost)]
+    }
+
+    fn check_in_memory(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        cost: u32,
+    ) -> Result<Outcome, Error> {
+        let mut log = state.get_mut::<Log>()?.map(std::mem::take).unwrap_or_default();
+        let (outcome, write) = decide(self.window_us, self.limit, &mut log, now_us, u64::from(cost));
+        if write || !state.is_empty() {
+            // The log lives one window past its newest entry, as the Redis keys do.
+            let ttl = (log.last + self.window_us).saturating_sub(now_us);
+            state.put(log, now_us, ttl);
+        }
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,131 @@
+//! The response future: decide, then call the inner service only if allowed.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{ready, Context, Poll},
+};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::{
+    body::ResponseBody, response::Responder, store::BoxFuture, Decision, Error, FailurePolicy,
+};
+
+pin_project! {
+    /// Response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+        responder: Arc<Responder>,
+        failure: FailurePolicy,
+        grpc: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Checking {
+            check: BoxFuture<'static, Result<Decision, Error>>,
+            request: Option<(Request<B>, S)>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            decision: Option<Decision>,
+        },
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn checking(
+        check: BoxFuture<'static, Result<Decision, Error>>,
+        request: Request<B>,
+        service: S,
+        responder: Arc<Responder>,
+        failure: FailurePolicy,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                request: Some((request, service)),
+            },
+            responder,
+            failure,
+            grpc,
+        }
+    }
+
+    pub(crate) fn unchecked(request: Request<B>, mut service: S, responder: Arc<Responder>) -> Self {
+        Self {
+            state: State::Calling {
+                future: service.call(request),
+                decision: None,
+            },
+            responder,
+            failure: FailurePolicy::Open,
+            grpc: false,
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking { check, request } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    let (req, mut service) = request
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    let decision = match result {
+                        Ok(d) if d.allowed => {
+                            tracing::debug!(policy = %d.policy, remaining = d.remaining, "rate limit: allowed");
+                            Some(d)
+                        }
+                        Ok(d) => {
+                            tracing::debug!(policy = %d.policy, retry_after = ?d.retry_after, "rate limit: denied");
+                            return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc)));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, policy = ?this.failure, "rate limit: store failed");
+                            if *this.failure == FailurePolicy::Closed {
+                                return Poll::Ready(Ok(this.responder.unavailable(*this.grpc)));
+                            }
+                            None
+                        }
+                    };
+                    let future = service.call(req);
+                    this.state.set(State::Calling { future, decision });
+                }
+                StateProj::Calling { future, decision } => {
+                    let mut res = ready!(future.poll(cx))?;
+                    if let Some(d) = decision.take() {
+                        this.responder.allowed(&d, &mut res);
+                    }
+                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                }
+            }
+        }
+    }
+}

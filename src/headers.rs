@@ -1,0 +1,196 @@
+//! Rate-limit response headers.
+//!
+//! The default, [`HeaderStyle::Ietf`], follows draft-ietf-httpapi-ratelimit-headers-10:
+//!
+//! ```text
+//! RateLimit-Policy: "default";q=100;w=60
+//! RateLimit: "default";r=42;t=18
+//! ```
+//!
+//! `q` is the quota (units a fully rested key has), `w` the seconds in which the whole quota is
+//! restored, `r` the units left, and `t` the seconds until the quota is full again (on an
+//! allowed response) or until the denied request can succeed (on a 429, equal to
+//! `Retry-After`). Seconds are rounded up. A request whose cost can never fit gets no `t` and
+//! no `Retry-After`.
+
+use http::{header::RETRY_AFTER, HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+
+use crate::Decision;
+
+/// `RateLimit-Policy` (IETF draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit` (legacy).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining` (legacy).
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (legacy; seconds from now, not a timestamp).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Which rate-limit headers responses carry. `Retry-After` is always sent on a 429 that can
+/// be retried, whatever the style.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft 10). The default.
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds from now).
+    Legacy,
+    /// Both of the above.
+    Both,
+    /// No rate-limit headers (only `Retry-After` on a 429).
+    None,
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Seconds in `t` and `X-RateLimit-Reset`: until the quota is full again when allowed, until
+/// the request can succeed when denied, nothing when it never can.
+fn reset_secs(d: &Decision) -> Option<u64> {
+    if d.allowed {
+        Some(ceil_secs(d.reset_after))
+    } else {
+        d.retry_after.map(ceil_secs)
+    }
+}
+
+/// `Retry-After` seconds for a denied decision: at least 1, never earlier than `t`.
+pub fn retry_after_secs(d: &Decision) -> Option<u64> {
+    if d.allowed {
+        return None;
+    }
+    d.retry_after.map(|r| ceil_secs(r).max(1))
+}
+
+fn value(s: String) -> HeaderValue {
+    // Only digits, ASCII letters and sf punctuation are ever formatted here.
+    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+/// Renders `d` into `headers` in `style`; adds `Retry-After` when `d` is a retryable denial.
+///
+/// IETF fields are appended (several limiters on one route give several list members);
+/// legacy fields and `Retry-After` replace earlier values.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use tower_redis_ratelimit::{headers::{render, HeaderStyle}, Decision};
+///
+/// let d = Decision {
+///     allowed: true, limit: 100, remaining: 42, cost: 1,
+///     reset_after: Duration::from_millis(17_200), retry_after: None,
+///     window: Duration::from_secs(60), policy: Arc::from("api"),
+/// };
+/// let mut h = http::HeaderMap::new();
+/// render(HeaderStyle::Ietf, &d, &mut h);
+/// assert_eq!(h["ratelimit-policy"], r#""api";q=100;w=60"#);
+/// assert_eq!(h["ratelimit"], r#""api";r=42;t=18"#);
+/// ```
+pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
+    let t = reset_secs(d);
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        let w = ceil_secs(d.window).max(1);
+        headers.append(
+            RATELIMIT_POLICY,
+            value(format!("\"{}\";q={};w={w}", d.policy, d.limit)),
+        );
+        let mut item = format!("\"{}\";r={}", d.policy, d.remaining);
+        if let Some(t) = t {
+            item.push_str(&format!(";t={t}"));
+        }
+        headers.append(RATELIMIT, value(item));
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        headers.insert(X_RATELIMIT_LIMIT, value(d.limit.to_string()));
+        headers.insert(X_RATELIMIT_REMAINING, value(d.remaining.to_string()));
+        if let Some(t) = t {
+            headers.insert(X_RATELIMIT_RESET, value(t.to_string()));
+        }
+    }
+    if let Some(secs) = retry_after_secs(d) {
+        headers.insert(RETRY_AFTER, value(secs.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining: 0,
+            reset_after: Duration::from_millis(2_500),
+            retry_after: retry_ms.map(Duration::from_millis),
+            window: Duration::from_millis(250),
+            cost: 1,
+            policy: Arc::from("p"),
+        }
+    }
+
+    fn rendered(style: HeaderStyle, d: &Decision) -> Vec<(String, String)> {
+        let mut h = HeaderMap::new();
+        render(style, d, &mut h);
+        let mut v: Vec<_> = h
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn allowed_ietf_rounds_up_and_has_no_retry_after() {
+        assert_eq!(
+            rendered(HeaderStyle::Ietf, &decision(true, None)),
+            pairs(&[("ratelimit", "\"p\";r=0;t=3"), ("ratelimit-policy", "\"p\";q=10;w=1")])
+        );
+    }
+
+    #[test]
+    fn denied_retry_after_matches_t_and_is_at_least_one() {
+        let d = decision(false, Some(1));
+        assert_eq!(
+            rendered(HeaderStyle::Both, &d),
+            pairs(&[
+                ("ratelimit", "\"p\";r=0;t=1"),
+                ("ratelimit-policy", "\"p\";q=10;w=1"),
+                ("retry-after", "1"),
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1"),
+            ])
+        );
+        let d = decision(false, Some(4_001));
+        assert_eq!(
+            rendered(HeaderStyle::None, &d),
+            pairs(&[("retry-after", "5")])
+        );
+    }
+
+    #[test]
+    fn never_has_no_t_and_no_retry_after() {
+        let d = decision(false, None);
+        assert_eq!(
+            rendered(HeaderStyle::Both, &d),
+            pairs(&[
+                ("ratelimit", "\"p\";r=0"),
+                ("ratelimit-policy", "\"p\";q=10;w=1"),
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "0"),
+            ])
+        );
+    }
+}

@@ -1,0 +1,20 @@
+use http::request::Parts;
+
+use super::KeyExtractor;
+
+/// One key for every request: a global quota for the whole service (e.g. to protect a
+/// downstream that can take N requests per second in total).
+///
+/// ```
+/// use tower_redis_ratelimit::{GlobalKey, KeyExtractor};
+/// let req = http::Request::get("/").body(()).unwrap();
+/// assert_eq!(GlobalKey.extract(&req.into_parts().0).as_deref(), Some("global"));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl KeyExtractor for GlobalKey {
+    fn extract(&self, _: &Parts) -> Option<String> {
+        Some("global".to_owned())
+    }
+}

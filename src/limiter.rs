@@ -1,0 +1,291 @@
+//! The core limiter: `check(key, cost) -> Decision`, without HTTP.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use crate::{Algorithm, ConfigError, Decision, Error, Store};
+
+/// Default bound on one store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "rl";
+/// Default policy name in the headers.
+pub const DEFAULT_POLICY_NAME: &str = "default";
+/// Default bound on a key's length; longer keys are replaced by a hash.
+pub const DEFAULT_MAX_KEY_LEN: usize = 128;
+
+/// Checks keys against one algorithm in one store. Usable on its own (a background job
+/// throttling its calls to a third-party API) and the engine of
+/// [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// Cloning is cheap and shares everything.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Quota, RateLimiter, RedisStore, SlidingWindow};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// // The back-fill job's share: 150 units a minute per mailbox.
+/// let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::per_minute(150))?)
+///     .prefix("gmail-backfill")
+///     .store_timeout(Duration::from_millis(50))
+///     .build()?;
+///
+/// let decision = backfill.check("user-7f3a", 5).await?; // a "send" costs 5 units
+/// if !decision.allowed {
+///     tokio::time::sleep(decision.retry_after.unwrap_or(Duration::from_secs(60))).await;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct RateLimiter<A> {
+    inner: Arc<Inner<A>>,
+}
+
+struct Inner<A> {
+    store: Arc<dyn Store>,
+    algorithm: A,
+    prefix: String,
+    policy: Arc<str>,
+    timeout: Duration,
+    max_key_len: usize,
+}
+
+impl<A> Clone for RateLimiter<A> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<A: Algorithm> fmt::Debug for RateLimiter<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("algorithm", &self.inner.algorithm.name())
+            .field("prefix", &self.inner.prefix)
+            .field("policy", &self.inner.policy)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+impl<A: Algorithm> RateLimiter<A> {
+    /// A limiter with the default prefix (`rl`), policy name (`default`), store timeout
+    /// (100 ms) and key length bound (128 bytes).
+    pub fn new(store: impl Store, algorithm: A) -> Self {
+        Self::builder(store, algorithm)
+            .build()
+            .expect("the defaults are valid")
+    }
+
+    /// A builder for the other options.
+    pub fn builder(store: impl Store, algorithm: A) -> RateLimiterBuilder<A> {
+        RateLimiterBuilder {
+            store: Arc::new(store),
+            algorithm,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            policy: DEFAULT_POLICY_NAME.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+        }
+    }
+
+    /// Takes `cost` units for `key`, if they are available. `cost` must be at least 1.
+    ///
+    /// Errors when the store fails or does not answer within the store timeout; the decision
+    /// is then the caller's (the layer applies its [`FailurePolicy`](crate::FailurePolicy)).
+    pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
+        self.check_inner(key, cost, None).await
+    }
+
+    /// Like [`check`](Self::check), at an explicit time (microseconds since the Unix epoch)
+    /// instead of the store's clock. For tests and simulations only: in production every
+    /// instance must use the store's clock, or instances with skewed clocks disagree.
+    pub async fn check_at(&self, key: &str, cost: u32, now_us: u64) -> Result<Decision, Error> {
+        self.check_inner(key, cost, Some(now_us)).await
+    }
+
+    async fn check_inner(&self, key: &str, cost: u32, now: Option<u64>) -> Result<Decision, Error> {
+        if cost == 0 {
+            return Err(Error::InvalidInput("cost must be at least 1"));
+        }
+        let inner = &*self.inner;
+        let base = self.storage_key(key);
+        let call = inner.store.check(&inner.algorithm, &base, cost, now);
+        let outcome = tokio::time::timeout(inner.timeout, call)
+            .await
+            .map_err(|_| Error::Timeout(inner.timeout))??;
+        Ok(Decision::from_outcome(
+            outcome,
+            inner.algorithm.quota(),
+            inner.algorithm.window(),
+            cost,
+            Arc::clone(&inner.policy),
+        ))
+    }
+
+    /// The base key under which `key`'s state is stored: `{prefix:key}`, with a key longer
+    /// than the bound (or starting with `#`) replaced by `#` and its SHA-1. The braces are a
+    /// Redis Cluster hash tag, so every key of one check lands on one slot.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap());
+    /// assert_eq!(limiter.storage_key("10.0.0.1"), "{rl:10.0.0.1}");
+    /// assert_eq!(limiter.storage_key(&"x".repeat(10_000)).len(), "{rl:#}".len() + 40);
+    /// ```
+    pub fn storage_key(&self, key: &str) -> String {
+        let inner = &*self.inner;
+        if key.len() > inner.max_key_len || key.starts_with('#') {
+            let digest = sha1_smol::Sha1::from(key.as_bytes()).digest();
+            format!("{{{}:#{digest}}}", inner.prefix)
+        } else {
+            format!("{{{}:{key}}}", inner.prefix)
+        }
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> &A {
+        &self.inner.algorithm
+    }
+
+    /// The policy name used in the headers.
+    pub fn policy_name(&self) -> &str {
+        &self.inner.policy
+    }
+
+    /// The bound on one store call.
+    pub fn store_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+}
+
+/// Options for a [`RateLimiter`]; [`build`](Self::build) validates them.
+pub struct RateLimiterBuilder<A> {
+    store: Arc<dyn Store>,
+    algorithm: A,
+    prefix: String,
+    policy: String,
+    timeout: Duration,
+    max_key_len: usize,
+}
+
+impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiterBuilder")
+            .field("algorithm", &self.algorithm.name())
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Algorithm> RateLimiterBuilder<A> {
+    /// Namespace for this limiter's keys (default `rl`). Give each limiter sharing a Redis its
+    /// own prefix. 1 to 64 visible ASCII characters, without `{`, `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Policy name in the `RateLimit` headers (default `default`). 1 to 64 characters from
+    /// `A-Z a-z 0-9 - _ . :`.
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy = name.into();
+        self
+    }
+
+    /// Bound on one store call, including waiting for a pooled connection (default 100 ms).
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Keys longer than this many bytes are stored as a hash (default 128, at least 16).
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key_len = len;
+        self
+    }
+
+    /// Validates the options.
+    pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
+        let p = &self.prefix;
+        if p.is_empty()
+            || p.len() > 64
+            || !p.bytes().all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return Err(ConfigError::new(
+                "prefix",
+                format!("{p:?}: must be 1 to 64 visible ASCII characters without braces"),
+            ));
+        }
+        let n = &self.policy;
+        if n.is_empty()
+            || n.len() > 64
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        {
+            return Err(ConfigError::new(
+                "policy_name",
+                format!("{n:?}: must be 1 to 64 characters from A-Z a-z 0-9 - _ . :"),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new("store_timeout", "must be more than zero"));
+        }
+        if self.max_key_len < 16 {
+            return Err(ConfigError::new("max_key_len", "must be at least 16"));
+        }
+        Ok(RateLimiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                algorithm: self.algorithm,
+                prefix: self.prefix,
+                policy: self.policy.into(),
+                timeout: self.timeout,
+                max_key_len: self.max_key_len,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Gcra, MemoryStore, Quota};
+
+    fn builder() -> RateLimiterBuilder<Gcra> {
+        RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap())
+    }
+
+    #[test]
+    fn rejects_bad_options_naming_the_field() {
+        let field = |b: RateLimiterBuilder<Gcra>| b.build().unwrap_err().field();
+        assert_eq!(field(builder().prefix("")), "prefix");
+        assert_eq!(field(builder().prefix("a{b")), "prefix");
+        assert_eq!(field(builder().prefix("a b")), "prefix");
+        assert_eq!(field(builder().policy_name("x\"y")), "policy_name");
+        assert_eq!(field(builder().policy_name("")), "policy_name");
+        assert_eq!(field(builder().store_timeout(Duration::ZERO)), "store_timeout");
+        assert_eq!(field(builder().max_key_len(3)), "max_key_len");
+        assert!(builder().prefix("api:v1").policy_name("free-tier").build().is_ok());
+    }
+
+    #[test]
+    fn long_and_marker_keys_are_hashed() {
+        let l = builder().build().unwrap();
+        let long = "k".repeat(129);
+        let hashed = l.storage_key(&long);
+        assert!(hashed.starts_with("{rl:#") && hashed.len() == 46, "{hashed}");
+        assert_eq!(l.storage_key(&"k".repeat(128)), format!("{{rl:{}}}", "k".repeat(128)));
+        // A client cannot pick a raw key equal to another key's hashed form.
+        let forged = &hashed[4..hashed.len() - 1];
+        assert_ne!(l.storage_key(forged), hashed);
+    }
+
+    #[tokio::test]
+    async fn zero_cost_is_an_error() {
+        let l = builder().build().unwrap();
+        assert!(matches!(l.check("k", 0).await, Err(Error::InvalidInput(_))));
+    }
+}

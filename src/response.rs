@@ -1,0 +1,123 @@
+//! Responses the limiter writes itself: rejections and store-failure answers.
+
+use std::{fmt, sync::Arc};
+
+use bytes::Bytes;
+use http::{
+    header::{CONTENT_TYPE, RETRY_AFTER},
+    HeaderMap, HeaderValue, Response, StatusCode,
+};
+
+use crate::{
+    body::ResponseBody,
+    headers::{render, HeaderStyle},
+    Decision,
+};
+
+/// A user-supplied rejection: builds the response for a denied request. The limiter adds the
+/// rate-limit headers and `Retry-After` unless the response already has them.
+pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+
+/// gRPC status code RESOURCE_EXHAUSTED.
+const GRPC_RESOURCE_EXHAUSTED: &str = "8";
+/// gRPC status code UNAVAILABLE.
+const GRPC_UNAVAILABLE: &str = "14";
+
+/// How the limiter answers: header style and rejection.
+#[derive(Clone, Default)]
+pub(crate) struct Responder {
+    pub(crate) style: HeaderStyle,
+    pub(crate) reject: Option<Arc<RejectFn>>,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("style", &self.style)
+            .field("custom_rejection", &self.reject.is_some())
+            .finish()
+    }
+}
+
+/// Whether the request is gRPC (`content-type: application/grpc`, `application/grpc+proto`…).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<ResponseBody<B>> {
+    // A "trailers-only" gRPC response: HTTP 200 with the status in the headers.
+    let mut res = Response::new(ResponseBody::full(Bytes::new()));
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static(status));
+    h.insert("grpc-message", HeaderValue::from_static(message));
+    res
+}
+
+fn text_response<B>(status: StatusCode, body: String) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from(body)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+impl Responder {
+    /// Adds the rate-limit headers of an allowed decision to the inner service's response.
+    pub(crate) fn allowed<B>(&self, d: &Decision, res: &mut Response<B>) {
+        render(self.style, d, res.headers_mut());
+    }
+
+    /// The response to a denied request.
+    pub(crate) fn denied<B>(&self, d: &Decision, grpc: bool) -> Response<ResponseBody<B>> {
+        let mut res = if grpc {
+            let message = if d.is_never() {
+                "request cost exceeds the rate-limit quota"
+            } else {
+                "rate limit exceeded"
+            };
+            grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
+        } else if let Some(reject) = &self.reject {
+            reject(d).map(ResponseBody::full)
+        } else if d.is_never() {
+            text_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "request cost {} exceeds the quota of {}: it can never be allowed\n",
+                    d.cost, d.limit
+                ),
+            )
+        } else {
+            text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n".to_owned())
+        };
+        let mut headers = HeaderMap::new();
+        render(self.style, d, &mut headers);
+        for (name, value) in headers {
+            if let Some(name) = name {
+                if !res.headers().contains_key(&name) {
+                    res.headers_mut().insert(name, value);
+                }
+            }
+        }
+        res
+    }
+
+    /// The response when the store failed and the policy is closed.
+    pub(crate) fn unavailable<B>(&self, grpc: bool) -> Response<ResponseBody<B>> {
+        let mut res = if grpc {
+            grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
+        } else {
+            text_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiter unavailable\n".to_owned(),
+            )
+        };
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        res
+    }
+}

@@ -1,0 +1,136 @@
+//! The tower service.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use crate::{
+    body::ResponseBody,
+    future::ResponseFuture,
+    layer::{CostFn, MissingKey},
+    response::{is_grpc, Responder},
+    Algorithm, FailurePolicy, KeyExtractor, RateLimiter,
+};
+
+/// Key used for requests without one under [`MissingKey::Shared`].
+const UNKEYED: &str = "#unkeyed";
+
+pub(crate) struct Config<K, A> {
+    pub(crate) limiter: RateLimiter<A>,
+    pub(crate) key: Arc<K>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) responder: Arc<Responder>,
+}
+
+static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
+
+/// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
+pub struct RateLimit<S, K, A> {
+    inner: S,
+    config: Arc<Config<K, A>>,
+}
+
+impl<S, K, A> RateLimit<S, K, A> {
+    pub(crate) fn new(inner: S, config: Arc<Config<K, A>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K, A> Clone for RateLimit<S, K, A> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for RateLimit<S, K, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.config.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, A, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, A>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    K: KeyExtractor,
+    A: Algorithm,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The limit depends on the request's key, so the decision is made in `call`.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // Call the clone that was driven to readiness; leave a fresh clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = &*self.config;
+        let responder = Arc::clone(&config.responder);
+
+        let (parts, body) = req.into_parts();
+        let grpc = is_grpc(&parts.headers);
+        let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
+        let key = match config.key.extract(&parts) {
+            Some(key) => Some(key),
+            None => match config.missing_key {
+                MissingKey::Allow => None,
+                _ => {
+                    if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "rate limit: a request had no key; keyless requests share one quota"
+                        );
+                    }
+                    Some(UNKEYED.to_owned())
+                }
+            },
+        };
+        let req = Request::from_parts(parts, body);
+        match key {
+            Some(key) if cost > 0 => {
+                let limiter = config.limiter.clone();
+                let check = Box::pin(async move { limiter.check(&key, cost).await });
+                ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
+            }
+            _ => ResponseFuture::unchecked(req, inner, responder),
+        }
+    }
+}

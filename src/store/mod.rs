@@ -1,0 +1,35 @@
+//! Where the counters live.
+//!
+//! - [`RedisStore`]: one Redis shared by every instance of the app; each check is one atomic
+//!   script call. Use it whenever more than one process serves the same clients.
+//! - [`MemoryStore`]: in this process only, with the same decisions; for single-instance apps,
+//!   development and tests.
+
+mod memory;
+mod redis;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+
+use std::{future::Future, pin::Pin};
+
+use crate::{Algorithm, Error, Outcome};
+
+/// A boxed, sendable future, as returned by [`Store::check`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Something that can decide a check atomically.
+///
+/// `base_key` is the limiter's namespaced, length-bounded key with its hash tag
+/// (e.g. `{rl:203.0.113.7}`); the algorithm derives its own keys from it.
+/// `now_us` is an explicit time for tests; `None` means the store's own clock.
+pub trait Store: Send + Sync + 'static {
+    /// Decides one check.
+    fn check<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        base_key: &'a str,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Outcome, Error>>;
+}

@@ -1,0 +1,144 @@
+//! MemoryStore and RedisStore make the same decisions for the same random sequences of
+//! (time step, cost), for every algorithm (a property test against real Redis).
+
+mod common;
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use common::RedisServer;
+use proptest::{prelude::*, test_runner::TestRunner};
+use tower_redis_ratelimit::{
+    Algorithm, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+#[derive(Debug, Clone)]
+struct Case {
+    limit: u32,
+    burst: u32,
+    period_s: u64,
+    /// (time step in µs, cost)
+    steps: Vec<(u64, u32)>,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    // Periods of minutes: Redis expires keys on its own (real) clock, so the TTLs must outlast
+    // a test case even though the explicit timeline moves faster.
+    (1u32..12, 1u32..16, prop::sample::select(vec![600u64, 3_600]))
+        .prop_flat_map(|(limit, burst, period_s)| {
+            let interval = period_s * 1_000_000 / u64::from(limit);
+            let step = prop_oneof![
+                3 => Just(0u64),
+                5 => 0..interval,
+                2 => 0..3 * interval,
+                1 => Just(period_s * 1_000_000),
+            ];
+            let max_cost = limit.max(burst) + 2;
+            let steps = prop::collection::vec((step, 1..=max_cost), 1..60);
+            steps.prop_map(move |steps| Case {
+                limit,
+                burst,
+                period_s,
+                steps,
+            })
+        })
+}
+
+static CASE_ID: AtomicU64 = AtomicU64::new(0);
+
+async fn agree<A: Algorithm>(redis: &RedisStore, make: impl Fn() -> A, case: &Case) {
+    let prefix = format!("agree{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
+    let timeout = Duration::from_secs(5);
+    let on_redis = RateLimiter::builder(redis.clone(), make())
+        .prefix(&prefix)
+        .store_timeout(timeout)
+        .build()
+        .unwrap();
+    let in_memory = RateLimiter::builder(MemoryStore::new(), make())
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let mut now = T0;
+    for (i, &(step, cost)) in case.steps.iter().enumerate() {
+        now += step;
+        let r = on_redis.check_at("k", cost, now).await.unwrap();
+        let m = in_memory.check_at("k", cost, now).await.unwrap();
+        assert_eq!(r, m, "step {i} of {case:?}");
+    }
+}
+
+fn run(name: &str, check: impl Fn(&RedisStore, &Case) + Send) {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let _guard = rt.enter();
+    runner
+        .run(&cases(), |case| {
+            check(&store, &case);
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+#[test]
+fn gcra_memory_matches_redis() {
+    run("gcra", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        tokio::runtime::Handle::current().block_on(agree(store, || Gcra::new(q).unwrap(), case));
+    });
+}
+
+#[test]
+fn token_bucket_memory_matches_redis() {
+    run("token bucket", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        tokio::runtime::Handle::current()
+            .block_on(agree(store, || TokenBucket::new(q).unwrap(), case));
+    });
+}
+
+#[test]
+fn sliding_window_memory_matches_redis() {
+    run("sliding window", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s));
+        tokio::runtime::Handle::current()
+            .block_on(agree(store, || SlidingWindow::new(q).unwrap(), case));
+    });
+}
+
+/// GCRA and the token bucket are the same limiter in two representations.
+#[test]
+fn gcra_matches_token_bucket() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&cases(), |case| {
+            let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+            let g = RateLimiter::new(MemoryStore::new(), Gcra::new(q).unwrap());
+            let tb = RateLimiter::new(MemoryStore::new(), TokenBucket::new(q).unwrap());
+            rt.block_on(async {
+                let mut now = T0;
+                for &(step, cost) in &case.steps {
+                    now += step;
+                    let a = g.check_at("k", cost, now).await.unwrap();
+                    let b = tb.check_at("k", cost, now).await.unwrap();
+                    assert_eq!(a, b, "{case:?}");
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+}

@@ -1,0 +1,138 @@
+//! Test harness: a real `redis-server` per test, on a free 127.0.0.1 port, stopped by PID.
+//!
+//! A test that cannot start Redis panics with the reason; it never skips.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    net::TcpListener,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tower_redis_ratelimit::{bb8, bb8_redis::RedisConnectionManager, redis, RedisStore};
+
+/// A running `redis-server`, killed (by PID) and reaped on drop.
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+}
+
+fn redis_binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("cannot bind a loopback port")
+        .port()
+}
+
+impl RedisServer {
+    /// Starts a fresh server; panics with a clear message if it cannot.
+    pub fn start() -> Self {
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let child = Command::new(redis_binary())
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .args(["--loglevel", "warning", "--protected-mode", "yes"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn();
+            let child = match child {
+                Ok(c) => c,
+                Err(e) => panic!(
+                    "cannot start `{}` ({e}); install Redis (Debian: apt-get install redis-server) \
+                     or run scripts/test, which installs it",
+                    redis_binary()
+                ),
+            };
+            let mut server = RedisServer { child, port };
+            match server.wait_ready(Duration::from_secs(10)) {
+                Ok(()) => return server,
+                Err(e) => last_error = e, // port taken in between, or a slow start: try again
+            }
+        }
+        panic!("redis-server did not come up on 127.0.0.1: {last_error}");
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("redis-server exited with {status}"));
+            }
+            if let Ok(mut conn) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("no PONG within the time limit".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A plain synchronous connection for inspecting and tampering in tests.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .expect("cannot connect to the test redis")
+    }
+
+    /// An independent store with its own pool, like one more app instance.
+    pub async fn store(&self) -> RedisStore {
+        RedisStore::connect(&self.url())
+            .await
+            .expect("cannot connect to the test redis")
+    }
+
+    /// A store with its own pool of `size` connections.
+    pub async fn store_with_pool(&self, size: u32) -> RedisStore {
+        let manager = RedisConnectionManager::new(self.url()).unwrap();
+        let pool = bb8::Pool::builder()
+            .max_size(size)
+            .test_on_check_out(false)
+            .build(manager)
+            .await
+            .unwrap();
+        RedisStore::from_pool(pool)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback address on which nothing listens (for "Redis is down" tests).
+pub fn dead_redis_url() -> String {
+    format!("redis://127.0.0.1:{}", free_port())
+}
+
+/// Every key under `pattern` with its PTTL.
+pub fn keys_with_pttl(conn: &mut redis::Connection, pattern: &str) -> Vec<(String, i64)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(conn).unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let ttl: i64 = redis::cmd("PTTL").arg(&k).query(conn).unwrap();
+            (k, ttl)
+        })
+        .collect()
+}
