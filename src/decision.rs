@@ -144,7 +144,9 @@ mod tests {
         let never = Outcome::from_ints(&[0, 4, -1, 900]).unwrap();
         assert_eq!(never.retry_after_us, None);
         assert_eq!(
-            Outcome::from_ints(&[0, 0, 250, 900]).unwrap().retry_after_us,
+            Outcome::from_ints(&[0, 0, 250, 900])
+                .unwrap()
+                .retry_after_us,
             Some(250)
         );
     }

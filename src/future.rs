@@ -70,7 +70,11 @@ where
         }
     }
 
-    pub(crate) fn unchecked(request: Request<B>, mut service: S, responder: Arc<Responder>) -> Self {
+    pub(crate) fn unchecked(
+        request: Request<B>,
+        mut service: S,
+        responder: Arc<Responder>,
+    ) -> Self {
         Self {
             state: State::Calling {
                 future: service.call(request),

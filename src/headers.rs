@@ -148,14 +148,19 @@ mod tests {
     }
 
     fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
-        p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        p.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
 
     #[test]
     fn allowed_ietf_rounds_up_and_has_no_retry_after() {
         assert_eq!(
             rendered(HeaderStyle::Ietf, &decision(true, None)),
-            pairs(&[("ratelimit", "\"p\";r=0;t=3"), ("ratelimit-policy", "\"p\";q=10;w=1")])
+            pairs(&[
+                ("ratelimit", "\"p\";r=0;t=3"),
+                ("ratelimit-policy", "\"p\";q=10;w=1")
+            ])
         );
     }
 

@@ -7,8 +7,8 @@ use http::{request::Parts, Response};
 use tower_layer::Layer;
 
 use crate::{
-    headers::HeaderStyle, response::Responder, service::Config, Algorithm, Decision,
-    FailurePolicy, KeyExtractor, RateLimit, RateLimiter,
+    headers::HeaderStyle, response::Responder, service::Config, Algorithm, Decision, FailurePolicy,
+    KeyExtractor, RateLimit, RateLimiter,
 };
 
 /// What the layer does with a request whose [`KeyExtractor`] found no key.

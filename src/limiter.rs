@@ -211,7 +211,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         let p = &self.prefix;
         if p.is_empty()
             || p.len() > 64
-            || !p.bytes().all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
         {
             return Err(ConfigError::new(
                 "prefix",
@@ -266,9 +268,16 @@ mod tests {
         assert_eq!(field(builder().prefix("a b")), "prefix");
         assert_eq!(field(builder().policy_name("x\"y")), "policy_name");
         assert_eq!(field(builder().policy_name("")), "policy_name");
-        assert_eq!(field(builder().store_timeout(Duration::ZERO)), "store_timeout");
+        assert_eq!(
+            field(builder().store_timeout(Duration::ZERO)),
+            "store_timeout"
+        );
         assert_eq!(field(builder().max_key_len(3)), "max_key_len");
-        assert!(builder().prefix("api:v1").policy_name("free-tier").build().is_ok());
+        assert!(builder()
+            .prefix("api:v1")
+            .policy_name("free-tier")
+            .build()
+            .is_ok());
     }
 
     #[test]
@@ -276,8 +285,14 @@ mod tests {
         let l = builder().build().unwrap();
         let long = "k".repeat(129);
         let hashed = l.storage_key(&long);
-        assert!(hashed.starts_with("{rl:#") && hashed.len() == 46, "{hashed}");
-        assert_eq!(l.storage_key(&"k".repeat(128)), format!("{{rl:{}}}", "k".repeat(128)));
+        assert!(
+            hashed.starts_with("{rl:#") && hashed.len() == 46,
+            "{hashed}"
+        );
+        assert_eq!(
+            l.storage_key(&"k".repeat(128)),
+            format!("{{rl:{}}}", "k".repeat(128))
+        );
         // A client cannot pick a raw key equal to another key's hashed form.
         let forged = &hashed[4..hashed.len() - 1];
         assert_ne!(l.storage_key(forged), hashed);

@@ -165,9 +165,15 @@ mod tests {
         let field = |q: Quota| BucketRate::from_quota(&q).unwrap_err().field();
         assert_eq!(field(Quota::per_second(0)), "quota.limit");
         assert_eq!(field(Quota::new(1, Duration::ZERO)), "quota.period");
-        assert_eq!(field(Quota::new(1, Duration::from_micros(999))), "quota.period");
+        assert_eq!(
+            field(Quota::new(1, Duration::from_micros(999))),
+            "quota.period"
+        );
         assert_eq!(field(Quota::per_second(1).burst(0)), "quota.burst");
-        assert_eq!(field(Quota::new(2000, Duration::from_millis(1))), "quota.limit");
+        assert_eq!(
+            field(Quota::new(2000, Duration::from_millis(1))),
+            "quota.limit"
+        );
         assert_eq!(field(Quota::per_day(1).burst(u32::MAX)), "quota.burst");
         assert_eq!(
             field(Quota::new(1, Duration::from_secs(u64::MAX))),

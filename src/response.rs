@@ -92,7 +92,10 @@ impl Responder {
                 ),
             )
         } else {
-            text_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n".to_owned())
+            text_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate limit exceeded\n".to_owned(),
+            )
         };
         let mut headers = HeaderMap::new();
         render(self.style, d, &mut headers);

@@ -28,7 +28,11 @@ struct Case {
 fn cases() -> impl Strategy<Value = Case> {
     // Periods of minutes: Redis expires keys on its own (real) clock, so the TTLs must outlast
     // a test case even though the explicit timeline moves faster.
-    (1u32..12, 1u32..16, prop::sample::select(vec![600u64, 3_600]))
+    (
+        1u32..12,
+        1u32..16,
+        prop::sample::select(vec![600u64, 3_600]),
+    )
         .prop_flat_map(|(limit, burst, period_s)| {
             let interval = period_s * 1_000_000 / u64::from(limit);
             let step = prop_oneof![
@@ -101,8 +105,11 @@ fn gcra_memory_matches_redis() {
 fn token_bucket_memory_matches_redis() {
     run("token bucket", |store, case| {
         let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
-        tokio::runtime::Handle::current()
-            .block_on(agree(store, || TokenBucket::new(q).unwrap(), case));
+        tokio::runtime::Handle::current().block_on(agree(
+            store,
+            || TokenBucket::new(q).unwrap(),
+            case,
+        ));
     });
 }
 
@@ -110,8 +117,11 @@ fn token_bucket_memory_matches_redis() {
 fn sliding_window_memory_matches_redis() {
     run("sliding window", |store, case| {
         let q = Quota::new(case.limit, Duration::from_secs(case.period_s));
-        tokio::runtime::Handle::current()
-            .block_on(agree(store, || SlidingWindow::new(q).unwrap(), case));
+        tokio::runtime::Handle::current().block_on(agree(
+            store,
+            || SlidingWindow::new(q).unwrap(),
+            case,
+        ));
     });
 }
 

@@ -110,8 +110,18 @@ fn window_quota() -> Quota {
 #[tokio::test]
 async fn gcra_maths_on_redis_and_memory() {
     let redis = RedisServer::start();
-    bucket_maths(limiter(redis.store().await, Gcra::new(bucket_quota()).unwrap(), "g")).await;
-    bucket_maths(limiter(MemoryStore::new(), Gcra::new(bucket_quota()).unwrap(), "g")).await;
+    bucket_maths(limiter(
+        redis.store().await,
+        Gcra::new(bucket_quota()).unwrap(),
+        "g",
+    ))
+    .await;
+    bucket_maths(limiter(
+        MemoryStore::new(),
+        Gcra::new(bucket_quota()).unwrap(),
+        "g",
+    ))
+    .await;
 }
 
 #[tokio::test]
@@ -136,8 +146,16 @@ async fn every_written_key_expires() {
     let redis = RedisServer::start();
     let store = redis.store().await;
     let g = limiter(store.clone(), Gcra::new(bucket_quota()).unwrap(), "ttl-g");
-    let tb = limiter(store.clone(), TokenBucket::new(bucket_quota()).unwrap(), "ttl-tb");
-    let sw = limiter(store.clone(), SlidingWindow::new(window_quota()).unwrap(), "ttl-sw");
+    let tb = limiter(
+        store.clone(),
+        TokenBucket::new(bucket_quota()).unwrap(),
+        "ttl-tb",
+    );
+    let sw = limiter(
+        store.clone(),
+        SlidingWindow::new(window_quota()).unwrap(),
+        "ttl-sw",
+    );
     // A sub-second sliding window: the seed's `EXPIRE window/1e6*2` failed on these.
     let sw_short = limiter(
         store,
@@ -159,7 +177,10 @@ async fn every_written_key_expires() {
         assert_eq!(keys.len(), expected, "{prefix}: {keys:?}");
         for (key, ttl) in keys {
             assert!(ttl > 0, "{key} has PTTL {ttl}");
-            assert!(ttl <= 1_000, "{key} has PTTL {ttl}, longer than its state needs");
+            assert!(
+                ttl <= 1_000,
+                "{key} has PTTL {ttl}, longer than its state needs"
+            );
             // Every key of one check carries the same hash tag.
             assert!(key.starts_with(&format!("{{{prefix}:user-")), "{key}");
         }
@@ -196,18 +217,45 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         let e = r.expect_err(&format!("{args:?} was accepted"));
         assert!(e.to_string().contains("tower-redis-ratelimit"), "{e}");
     }
-    let n: i64 = redis::cmd("EXISTS").arg("{bad}:g").query(&mut conn).unwrap();
+    let n: i64 = redis::cmd("EXISTS")
+        .arg("{bad}:g")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(n, 0);
 
     // Foreign data under the limiter's keys: an error, never a decision.
     let store = redis_server.store().await;
     let gl = limiter(store.clone(), g, "x");
-    let tb = limiter(store.clone(), TokenBucket::new(bucket_quota()).unwrap(), "x");
+    let tb = limiter(
+        store.clone(),
+        TokenBucket::new(bucket_quota()).unwrap(),
+        "x",
+    );
     let sw = limiter(store, SlidingWindow::new(window_quota()).unwrap(), "x");
-    let _: () = redis::cmd("SET").arg("{x:junk}:g").arg("not a number").query(&mut conn).unwrap();
-    let _: () = redis::cmd("HSET").arg("{x:junk}:b").arg("n").arg("-3").arg("t").arg("1").query(&mut conn).unwrap();
-    let _: () = redis::cmd("SET").arg("{x:junk}:l").arg("a string").query(&mut conn).unwrap();
-    let _: () = redis::cmd("HSET").arg("{x:wrongtype}:g").arg("a").arg("1").query(&mut conn).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{x:junk}:g")
+        .arg("not a number")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{x:junk}:b")
+        .arg("n")
+        .arg("-3")
+        .arg("t")
+        .arg("1")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{x:junk}:l")
+        .arg("a string")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{x:wrongtype}:g")
+        .arg("a")
+        .arg("1")
+        .query(&mut conn)
+        .unwrap();
     assert!(gl.check("junk", 1).await.is_err());
     assert!(tb.check("junk", 1).await.is_err());
     assert!(sw.check("junk", 1).await.is_err());

@@ -81,9 +81,5 @@ async fn token_bucket_admits_exactly_the_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_window_admits_exactly_the_limit() {
-    exactly_burst(
-        "ex-sw",
-        SlidingWindow::new(Quota::per_day(BURST)).unwrap(),
-    )
-    .await;
+    exactly_burst("ex-sw", SlidingWindow::new(Quota::per_day(BURST)).unwrap()).await;
 }

@@ -48,7 +48,12 @@ impl Gcra {
 }
 
 /// In-memory twin of `lua/gcra.lua`; integer for integer the same maths.
-pub(crate) fn decide(rate: BucketRate, stored_tat: Option<u64>, now: u64, cost: u64) -> (Outcome, Option<u64>) {
+pub(crate) fn decide(
+    rate: BucketRate,
+    stored_tat: Option<u64>,
+    now: u64,
+    cost: u64,
+) -> (Outcome, Option<u64>) {
     let emission = rate.emission_us;
     let tolerance = rate.tolerance_us();
     let tat = stored_tat.map_or(now, |t| t.max(now));

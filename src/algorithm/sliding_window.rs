@@ -70,10 +70,18 @@ pub(crate) struct Log {
 
 /// In-memory twin of `lua/sliding_window.lua`; mutates `log` exactly as the script does and
 /// returns the outcome and whether the log must be (re)written with a full-window expiry.
-pub(crate) fn decide(window: u64, limit: u64, log: &mut Log, now: u64, cost: u64) -> (Outcome, bool) {
+pub(crate) fn decide(
+    window: u64,
+    limit: u64,
+    log: &mut Log,
+    now: u64,
+    cost: u64,
+) -> (Outcome, bool) {
     let now = now.max(log.last);
     let cutoff = now.saturating_sub(window);
-    let expired = log.entries.partition_point(|&(ts, _)| ts <= cutoff && now >= window);
+    let expired = log
+        .entries
+        .partition_point(|&(ts, _)| ts <= cutoff && now >= window);
     if expired > 0 {
         log.removed = log.entries[expired - 1].1;
         log.entries.drain(..expired);
@@ -141,8 +149,17 @@ impl Algorithm for SlidingWindow {
         now_us: u64,
         cost: u32,
     ) -> Result<Outcome, Error> {
-        let mut log = state.get_mut::<Log>()?.map(std::mem::take).unwrap_or_default();
-        let (outcome, write) = decide(self.window_us, self.limit, &mut log, now_us, u64::from(cost));
+        let mut log = state
+            .get_mut::<Log>()?
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let (outcome, write) = decide(
+            self.window_us,
+            self.limit,
+            &mut log,
+            now_us,
+            u64::from(cost),
+        );
         if write || !state.is_empty() {
             // The log lives one window past its newest entry, as the Redis keys do.
             let ttl = (log.last + self.window_us).saturating_sub(now_us);

@@ -50,7 +50,10 @@ impl ClientIp {
             .parse::<IpNet>()
             .or_else(|_| cidr.parse::<IpAddr>().map(IpNet::from))
             .map_err(|_| {
-                ConfigError::new("trusted_proxy", format!("{cidr:?} is not a CIDR or address"))
+                ConfigError::new(
+                    "trusted_proxy",
+                    format!("{cidr:?} is not a CIDR or address"),
+                )
             })?;
         self.trusted.push(net);
         Ok(self)
@@ -108,7 +111,8 @@ mod tests {
             b = b.header("x-forwarded-for", *v);
         }
         let mut req = b.body(()).unwrap();
-        req.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+        req.extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
         let ip = ClientIp::new()
             .trust("10.0.0.0/8")
             .unwrap()
@@ -122,18 +126,30 @@ mod tests {
         let peer = "10.1.1.1:1";
         assert_eq!(client("8.8.8.8:1", &["1.1.1.1"]).unwrap(), "8.8.8.8");
         assert_eq!(client(peer, &["1.1.1.1, 2.2.2.2"]).unwrap(), "2.2.2.2");
-        assert_eq!(client(peer, &["1.1.1.1, 2.2.2.2, 10.9.9.9"]).unwrap(), "2.2.2.2");
-        assert_eq!(client(peer, &["1.1.1.1", "2.2.2.2, 10.0.0.3"]).unwrap(), "2.2.2.2");
+        assert_eq!(
+            client(peer, &["1.1.1.1, 2.2.2.2, 10.9.9.9"]).unwrap(),
+            "2.2.2.2"
+        );
+        assert_eq!(
+            client(peer, &["1.1.1.1", "2.2.2.2, 10.0.0.3"]).unwrap(),
+            "2.2.2.2"
+        );
         assert_eq!(client(peer, &["1.1.1.1, garbage"]).unwrap(), "10.1.1.1");
         assert_eq!(client(peer, &["10.2.2.2"]).unwrap(), "10.1.1.1");
         assert_eq!(client(peer, &[]).unwrap(), "10.1.1.1");
         assert_eq!(client(peer, &[" ::ffff:1.2.3.4 "]).unwrap(), "1.2.3.4");
-        assert_eq!(client("[2001:db8::1]:1", &["2001:db8::9"]).unwrap(), "2001:db8::9");
+        assert_eq!(
+            client("[2001:db8::1]:1", &["2001:db8::9"]).unwrap(),
+            "2001:db8::9"
+        );
     }
 
     #[test]
     fn rejects_bad_cidrs() {
-        assert_eq!(ClientIp::new().trust("10.0.0.0/33").unwrap_err().field(), "trusted_proxy");
+        assert_eq!(
+            ClientIp::new().trust("10.0.0.0/33").unwrap_err().field(),
+            "trusted_proxy"
+        );
         assert!(ClientIp::new().trust("192.168.1.1").is_ok());
     }
 }

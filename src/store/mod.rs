@@ -11,7 +11,7 @@ mod redis;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 
-use std::{future::Future, pin::Pin};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use crate::{Algorithm, Error, Outcome};
 
@@ -32,4 +32,18 @@ pub trait Store: Send + Sync + 'static {
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>>;
+}
+
+/// A shared store is a store: lets one `Arc<dyn Store>` serve several limiters, or a store be
+/// chosen at run time.
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn check<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        base_key: &'a str,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        (**self).check(algorithm, base_key, cost, now_us)
+    }
 }

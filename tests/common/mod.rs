@@ -17,6 +17,14 @@ pub struct RedisServer {
     pub port: u16,
 }
 
+/// Where each running server's PID is recorded, so `scripts/test` can stop any server a
+/// crashed test binary left behind.
+fn pid_file(pid: u32) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-redis-pids");
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(pid.to_string())
+}
+
 fn redis_binary() -> String {
     std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
 }
@@ -50,6 +58,7 @@ impl RedisServer {
                     redis_binary()
                 ),
             };
+            let _ = std::fs::write(pid_file(child.id()), b"");
             let mut server = RedisServer { child, port };
             match server.wait_ready(Duration::from_secs(10)) {
                 Ok(()) => return server,
@@ -118,6 +127,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(pid_file(self.child.id()));
     }
 }
 

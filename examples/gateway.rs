@@ -1,0 +1,238 @@
+//! The demo gateway: an axum server that rate-limits every route and answers `GET /` with
+//! `200 ok`.
+//!
+//! ```text
+//! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
+//!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
+//!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]...
+//!     [--on-redis-error open|closed] [--timeout-ms N] [--headers ietf|legacy|both|none]
+//!     [--prefix P] [--log error|warn|info|debug|trace]
+//! ```
+//!
+//! Without `--redis` it uses the in-memory store. Try it:
+//! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+
+use axum::{routing::get, Router};
+use tower_redis_ratelimit::{
+    Algorithm, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle, KeyExtractor,
+    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store, TokenBucket,
+};
+
+const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] \
+[--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
+[--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed] \
+[--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL]";
+
+struct Args {
+    listen: SocketAddr,
+    redis: Option<String>,
+    algorithm: String,
+    limit: u32,
+    per: Duration,
+    burst: Option<u32>,
+    key: String,
+    trusted: Vec<String>,
+    on_error: FailurePolicy,
+    timeout: Duration,
+    headers: HeaderStyle,
+    prefix: String,
+    log: tracing::Level,
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..split].parse().ok()?;
+    let unit = match &s[split..] {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(unit)?))
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        listen: "127.0.0.1:3000".parse().unwrap(),
+        redis: None,
+        algorithm: "gcra".into(),
+        limit: 10,
+        per: Duration::from_secs(1),
+        burst: None,
+        key: "ip".into(),
+        trusted: Vec::new(),
+        on_error: FailurePolicy::Open,
+        timeout: Duration::from_millis(100),
+        headers: HeaderStyle::Ietf,
+        prefix: "gateway".into(),
+        log: tracing::Level::INFO,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+        match flag.as_str() {
+            "--listen" => {
+                a.listen = value
+                    .parse()
+                    .map_err(|_| bad("an address like 127.0.0.1:3000"))?
+            }
+            "--redis" => a.redis = Some(value),
+            "--algorithm" => match value.as_str() {
+                "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
+                _ => return Err(bad("token-bucket, gcra or sliding-window")),
+            },
+            "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
+            "--per" => {
+                a.per =
+                    parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
+            }
+            "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
+            "--key" => match value.as_str() {
+                "global" | "ip" => a.key = value,
+                v if v.starts_with("header:") && v.len() > 7 => a.key = value,
+                _ => return Err(bad("global, ip or header:NAME")),
+            },
+            "--trusted-proxy" => a.trusted.push(value),
+            "--on-redis-error" => {
+                a.on_error = match value.as_str() {
+                    "open" => FailurePolicy::Open,
+                    "closed" => FailurePolicy::Closed,
+                    _ => return Err(bad("open or closed")),
+                }
+            }
+            "--timeout-ms" => {
+                a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
+            }
+            "--headers" => {
+                a.headers = match value.as_str() {
+                    "ietf" => HeaderStyle::Ietf,
+                    "legacy" => HeaderStyle::Legacy,
+                    "both" => HeaderStyle::Both,
+                    "none" => HeaderStyle::None,
+                    _ => return Err(bad("ietf, legacy, both or none")),
+                }
+            }
+            "--prefix" => a.prefix = value,
+            "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(a)
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
+    Ok(match args.key.as_str() {
+        "global" => Arc::new(GlobalKey),
+        "ip" => {
+            let mut ip = ClientIp::new();
+            for cidr in &args.trusted {
+                ip = ip.trust(cidr)?;
+            }
+            Arc::new(ip)
+        }
+        header => Arc::new(HeaderKey::new(&header["header:".len()..])?),
+    })
+}
+
+async fn serve<A: Algorithm>(
+    args: Args,
+    store: Arc<dyn Store>,
+    algorithm: A,
+) -> Result<(), BoxError> {
+    let limiter = RateLimiter::builder(store, algorithm)
+        .prefix(&args.prefix)
+        .store_timeout(args.timeout)
+        .build()?;
+    let key = key_extractor(&args)?;
+    let layer = RateLimitLayer::new(limiter, move |parts: &http::request::Parts| {
+        key.extract(parts)
+    })
+    .headers(args.headers)
+    .on_store_error(args.on_error);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") })
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let mut quota = Quota::new(args.limit, args.per);
+    if let Some(b) = args.burst {
+        quota = quota.burst(b);
+    }
+    // Reject a bad configuration before connecting to anything.
+    match args.algorithm.as_str() {
+        "sliding-window" => SlidingWindow::new(quota).map(|_| ())?,
+        _ => Gcra::new(quota).map(|_| ())?,
+    }
+    key_extractor(&args)?;
+    let store: Arc<dyn Store> = match &args.redis {
+        Some(url) => {
+            let store = RedisStore::connect(url)
+                .await
+                .map_err(|e| format!("--redis {url}: {e}"))?;
+            println!("store: redis at {url} (shared by every instance pointing at it)");
+            Arc::new(store)
+        }
+        None => {
+            println!("store: in-memory (no --redis given; limits hold for this process only)");
+            Arc::new(MemoryStore::new())
+        }
+    };
+    println!(
+        "limit: {quota} per key ({}), key: {}, on store error: {:?}",
+        args.algorithm, args.key, args.on_error
+    );
+    match args.algorithm.as_str() {
+        "token-bucket" => serve(args, store, TokenBucket::new(quota)?).await,
+        "sliding-window" => serve(args, store, SlidingWindow::new(quota)?).await,
+        _ => serve(args, store, Gcra::new(quota)?).await,
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_max_level(args.log)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The layer end to end against real Redis: headers, denials, gRPC, custom key, cost and
+//! rejection, and axum / ServiceBuilder integration.
+
+mod common;
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{body::Body, routing::get, Router};
+use bytes::Bytes;
+use common::RedisServer;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::{
+    Gcra, GlobalKey, HeaderKey, HeaderStyle, MissingKey, PeerIp, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, SlidingWindow,
+};
+
+/// An inner service that counts its calls.
+fn counting(
+    calls: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_req: Request<Body>| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Body::from("hello")))
+        }
+    })
+}
+
+fn limiter(store: RedisStore, prefix: &str, quota: Quota) -> RateLimiter<Gcra> {
+    RateLimiter::builder(store, Gcra::new(quota).unwrap())
+        .prefix(prefix)
+        .store_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+fn get_from(ip: &str) -> Request<Body> {
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(format!("{ip}:40000").parse::<SocketAddr>().unwrap());
+    req
+}
+
+fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+async fn body_text<B: http_body::Body>(res: Response<B>) -> String
+where
+    B::Error: std::fmt::Debug,
+{
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn headers_on_200_and_429_and_inner_not_called_when_denied() {
+    let redis = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(
+        limiter(redis.store().await, "l1", Quota::per_minute(2)),
+        PeerIp,
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+
+    let res = svc.clone().oneshot(get_from("203.0.113.1")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"default\";q=2;w=60")
+    );
+    assert_eq!(header(&res, "ratelimit"), Some("\"default\";r=1;t=30"));
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(body_text(res).await, "hello");
+
+    let res = svc.clone().oneshot(get_from("203.0.113.1")).await.unwrap();
+    assert_eq!(header(&res, "ratelimit"), Some("\"default\";r=0;t=60"));
+
+    let res = svc.clone().oneshot(get_from("203.0.113.1")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let t: u64 = header(&res, "ratelimit")
+        .unwrap()
+        .strip_prefix("\"default\";r=0;t=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
+    assert!((29..=30).contains(&t), "t={t}");
+    assert!(retry >= t, "Retry-After {retry} earlier than t {t}");
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"default\";q=2;w=60")
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the denied request reached the handler"
+    );
+
+    // Another client has its own quota.
+    let res = svc.clone().oneshot(get_from("203.0.113.2")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn legacy_both_and_no_headers() {
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    for (prefix, style, expect_ietf, expect_legacy) in [
+        ("st-legacy", HeaderStyle::Legacy, false, true),
+        ("st-both", HeaderStyle::Both, true, true),
+        ("st-none", HeaderStyle::None, false, false),
+    ] {
+        let layer = RateLimitLayer::new(
+            limiter(store.clone(), prefix, Quota::per_hour(1)),
+            GlobalKey,
+        )
+        .headers(style);
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(counting(Default::default()));
+        let ok = svc.clone().oneshot(get_from("192.0.2.1")).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(
+            ok.headers().contains_key("ratelimit"),
+            expect_ietf,
+            "{style:?}"
+        );
+        assert_eq!(
+            ok.headers().contains_key("x-ratelimit-limit"),
+            expect_legacy,
+            "{style:?}"
+        );
+        if expect_legacy {
+            assert_eq!(header(&ok, "x-ratelimit-limit"), Some("1"));
+            assert_eq!(header(&ok, "x-ratelimit-remaining"), Some("0"));
+            assert_eq!(header(&ok, "x-ratelimit-reset"), Some("3600"));
+        }
+        let denied = svc.clone().oneshot(get_from("192.0.2.1")).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(denied.headers().contains_key("retry-after"), "{style:?}");
+        assert_eq!(
+            denied.headers().get_all("ratelimit").iter().count(),
+            usize::from(expect_ietf)
+        );
+    }
+}
+
+#[tokio::test]
+async fn grpc_requests_are_denied_the_grpc_way() {
+    let redis = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(
+        limiter(redis.store().await, "grpc", Quota::per_hour(1)),
+        GlobalKey,
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+    let grpc = || {
+        Request::post("/pkg.Greeter/SayHello")
+            .header("content-type", "application/grpc+proto")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        svc.clone().oneshot(grpc()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = svc.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "grpc-message"), Some("rate limit exceeded"));
+    assert_eq!(header(&res, "content-type"), Some("application/grpc"));
+    assert!(header(&res, "retry-after").is_some());
+    assert!(header(&res, "ratelimit").is_some());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn custom_key_cost_and_rejection() {
+    let redis = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let window = SlidingWindow::new(Quota::per_minute(10)).unwrap();
+    let limiter = RateLimiter::builder(redis.store().await, window)
+        .prefix("custom")
+        .policy_name("api-key")
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(limiter, |parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .map(|t| format!("tenant:{t}"))
+    })
+    .cost(|parts| match parts.uri.path() {
+        "/send" => 5,
+        "/health" => 0,
+        _ => 1,
+    })
+    .on_limited(|d| {
+        Response::builder()
+            .status(StatusCode::TOO_MANY_REQUESTS)
+            .header("content-type", "application/json")
+            .body(Bytes::from(format!(
+                "{{\"error\":\"quota\",\"remaining\":{},\"cost\":{}}}",
+                d.remaining, d.cost
+            )))
+            .unwrap()
+    });
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+    let req = |path: &str, tenant: &str| {
+        Request::get(path)
+            .header("x-tenant", tenant)
+            .body(Body::empty())
+            .unwrap()
+    };
+
+    let res = svc.clone().oneshot(req("/send", "acme")).await.unwrap();
+    assert_eq!(header(&res, "ratelimit"), Some("\"api-key\";r=5;t=60"));
+    let res = svc.clone().oneshot(req("/read", "acme")).await.unwrap();
+    assert_eq!(header(&res, "ratelimit"), Some("\"api-key\";r=4;t=60"));
+    // Free requests are not checked and carry no headers.
+    let res = svc.clone().oneshot(req("/health", "acme")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "ratelimit"), None);
+    // 4 left, a send costs 5: the custom rejection, with the headers added.
+    let res = svc.clone().oneshot(req("/send", "acme")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "content-type"), Some("application/json"));
+    assert!(header(&res, "retry-after").is_some());
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"api-key\";q=10;w=60")
+    );
+    assert_eq!(
+        body_text(res).await,
+        r#"{"error":"quota","remaining":4,"cost":5}"#
+    );
+    // Other tenants are untouched.
+    let res = svc.clone().oneshot(req("/send", "globex")).await.unwrap();
+    assert_eq!(header(&res, "ratelimit"), Some("\"api-key\";r=5;t=60"));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn cost_above_quota_is_denied_as_never() {
+    let redis = RedisServer::start();
+    let layer = RateLimitLayer::new(
+        limiter(redis.store().await, "never", Quota::per_minute(3)),
+        GlobalKey,
+    )
+    .cost(|_| 4);
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(Default::default()));
+    let res = svc.oneshot(get_from("192.0.2.9")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(header(&res, "ratelimit"), Some("\"default\";r=3"));
+    assert!(body_text(res).await.contains("can never be allowed"));
+}
+
+#[tokio::test]
+async fn requests_without_a_key_share_one_quota_or_pass() {
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    let no_conn_info = || Request::get("/").body(Body::empty()).unwrap();
+
+    let shared = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter(store.clone(), "nokey1", Quota::per_hour(2)),
+            PeerIp,
+        ))
+        .service(counting(Default::default()));
+    let statuses: Vec<_> = futures_statuses(&shared, no_conn_info, 3).await;
+    assert_eq!(statuses, [200, 200, 429]);
+
+    let allow = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(limiter(store, "nokey2", Quota::per_hour(2)), PeerIp)
+                .on_missing_key(MissingKey::Allow),
+        )
+        .service(counting(Default::default()));
+    let statuses: Vec<_> = futures_statuses(&allow, no_conn_info, 3).await;
+    assert_eq!(statuses, [200, 200, 200]);
+}
+
+async fn futures_statuses<S>(svc: &S, req: impl Fn() -> Request<Body>, n: usize) -> Vec<u16>
+where
+    S: tower::Service<Request<Body>, Error = Infallible> + Clone,
+    S::Response: HasStatus,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(svc.clone().oneshot(req()).await.unwrap().status_code());
+    }
+    out
+}
+
+trait HasStatus {
+    fn status_code(&self) -> u16;
+}
+
+impl<B> HasStatus for Response<B> {
+    fn status_code(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
+
+#[tokio::test]
+async fn api_key_header_extractor() {
+    let redis = RedisServer::start();
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter(redis.store().await, "apikey", Quota::per_hour(1)),
+            HeaderKey::new("x-api-key").unwrap(),
+        ))
+        .service(counting(Default::default()));
+    let with_key = |k: &'static [u8]| {
+        Request::get("/")
+            .header("x-api-key", http::HeaderValue::from_bytes(k).unwrap())
+            .body(Body::empty())
+            .unwrap()
+    };
+    let huge = Box::leak(vec![b'a'; 64 * 1024].into_boxed_slice());
+    for key in [&b"k1"[..], &[0xff, 0x80][..], huge] {
+        assert_eq!(
+            svc.clone().oneshot(with_key(key)).await.unwrap().status(),
+            200
+        );
+        assert_eq!(
+            svc.clone().oneshot(with_key(key)).await.unwrap().status(),
+            429
+        );
+    }
+    // The 64 KiB key is stored under a short hash.
+    let keys: Vec<String> = tower_redis_ratelimit::redis::cmd("KEYS")
+        .arg("{apikey:*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 3);
+    assert!(keys.iter().all(|k| k.len() < 64), "{keys:?}");
+}
+
+/// `.layer()` on an axum Router, served over a real loopback TCP connection.
+#[tokio::test]
+async fn axum_router_over_tcp() {
+    let redis = RedisServer::start();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            limiter(redis.store().await, "axum", Quota::per_hour(2)),
+            PeerIp,
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(raw_get(addr).await);
+    }
+    server.abort();
+    assert!(statuses[0].starts_with("HTTP/1.1 200"), "{}", statuses[0]);
+    assert!(statuses[0]
+        .to_ascii_lowercase()
+        .contains("ratelimit: \"default\";r=1;t=1800"));
+    assert!(statuses[1].starts_with("HTTP/1.1 200"));
+    assert!(statuses[2].starts_with("HTTP/1.1 429"), "{}", statuses[2]);
+    assert!(statuses[2].to_ascii_lowercase().contains("retry-after: "));
+}
+
+/// A minimal HTTP/1.1 GET over loopback; returns the whole response text.
+async fn raw_get(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    out
+}
