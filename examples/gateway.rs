@@ -76,6 +76,24 @@ fn parse_args() -> Result<Args, String> {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }
+        const FLAGS: &[&str] = &[
+            "--listen",
+            "--redis",
+            "--algorithm",
+            "--limit",
+            "--per",
+            "--burst",
+            "--key",
+            "--trusted-proxy",
+            "--on-redis-error",
+            "--timeout-ms",
+            "--headers",
+            "--prefix",
+            "--log",
+        ];
+        if !FLAGS.contains(&flag.as_str()) {
+            return Err(format!("unknown flag {flag}"));
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
         match flag.as_str() {
@@ -122,7 +140,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--prefix" => a.prefix = value,
             "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
-            _ => return Err(format!("unknown flag {flag}")),
+            _ => unreachable!("checked against FLAGS above"),
         }
     }
     Ok(a)

@@ -1,0 +1,198 @@
+//! The demo as a user runs it: the `gateway` example binary, its flags and its
+//! `listening on` line, with the in-memory store and with `--redis`. The binary is the one
+//! `cargo test` builds with the examples (run the whole `cargo test`, or build the examples
+//! first when running this file alone).
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use common::RedisServer;
+
+/// `target/<profile>/examples/gateway`, built by `cargo test` before the tests run.
+fn gateway_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let bin = profile_dir.join("examples").join("gateway");
+    assert!(
+        bin.exists(),
+        "{} not built; run `cargo test` (it builds examples)",
+        bin.display()
+    );
+    bin
+}
+
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    banner: Vec<String>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_gateway(args: &[&str]) -> Gateway {
+    let mut child = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut banner = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no `listening on` line; got {banner:?}"));
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            let addr = rest.trim().parse().unwrap();
+            banner.push(line);
+            return Gateway {
+                child,
+                addr,
+                banner,
+            };
+        }
+        banner.push(line);
+    }
+}
+
+/// GET / over a fresh connection; returns (status, lower-cased head).
+fn get(addr: SocketAddr, extra: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    (status, out.to_ascii_lowercase())
+}
+
+#[test]
+fn in_memory_by_default() {
+    let gw = start_gateway(&["--limit", "3", "--per", "1m"]);
+    assert!(
+        gw.banner.iter().any(|l| l.contains("in-memory")),
+        "{:?}",
+        gw.banner
+    );
+    let statuses: Vec<u16> = (0..5).map(|_| get(gw.addr, "").0).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let (_, head) = get(gw.addr, "");
+    assert!(
+        head.contains("ratelimit-policy: \"default\";q=3;w=60"),
+        "{head}"
+    );
+    assert!(head.contains("retry-after: "), "{head}");
+}
+
+#[test]
+fn with_redis_the_limit_is_shared_between_instances() {
+    let redis = RedisServer::start();
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--algorithm",
+        "sliding-window",
+        "--limit",
+        "4",
+        "--per",
+        "60s",
+        "--key",
+        "header:x-api-key",
+    ];
+    let a = start_gateway(&args);
+    let b = start_gateway(&args);
+    assert!(
+        a.banner.iter().any(|l| l.contains("redis")),
+        "{:?}",
+        a.banner
+    );
+    let key = "x-api-key: k1\r\n";
+    let statuses: Vec<u16> = [&a, &b, &a, &b, &a, &b]
+        .iter()
+        .map(|gw| get(gw.addr, key).0)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    // Another key has its own quota.
+    assert_eq!(get(a.addr, "x-api-key: k2\r\n").0, 200);
+}
+
+#[test]
+fn trusted_proxy_and_failure_policy_flags() {
+    // An unreachable --redis is found at start-up: the demo refuses to start, naming the flag.
+    let out = Command::new(gateway_bin())
+        .args([
+            "--redis",
+            &common::dead_redis_url(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--redis"));
+
+    let gw = start_gateway(&[
+        "--limit",
+        "1",
+        "--per",
+        "1h",
+        "--trusted-proxy",
+        "127.0.0.0/8",
+        "--on-redis-error",
+        "closed",
+    ]);
+    // Behind the trusted proxy (the test itself, on 127.0.0.1), clients are told apart by
+    // the rightmost untrusted X-Forwarded-For entry; a spoofed left entry changes nothing.
+    assert_eq!(get(gw.addr, "x-forwarded-for: 198.51.100.1\r\n").0, 200);
+    assert_eq!(
+        get(gw.addr, "x-forwarded-for: 1.1.1.1, 198.51.100.1\r\n").0,
+        429
+    );
+    assert_eq!(
+        get(gw.addr, "x-forwarded-for: 198.51.100.2, 127.0.0.5\r\n").0,
+        200
+    );
+}
+
+#[test]
+fn bad_flags_exit_with_a_clear_error() {
+    for (args, needle) in [
+        (&["--limit", "0"][..], "quota.limit"),
+        (&["--per", "2x"][..], "--per"),
+        (&["--algorithm", "leaky"][..], "--algorithm"),
+        (&["--key", "cookie"][..], "--key"),
+        (&["--trusted-proxy", "10.0.0.0/99"][..], "trusted_proxy"),
+        (&["--sliding"][..], "unknown flag"),
+    ] {
+        let out = Command::new(gateway_bin()).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
