@@ -1,6 +1,7 @@
 -- Sliding-window log with per-request cost.
 -- KEYS[1]  sorted set: one member per admitted request, score = time (us),
---          member = running total of units admitted so far (unique, increasing)
+--          member = running total of units admitted so far (unique, increasing), zero-padded
+--          to 16 digits so that members sharing a score sort in numeric order
 -- KEYS[2]  hash: a = units ever admitted, r = running total of the newest expired member,
 --          l = time of the newest member (the log never moves backwards in time)
 -- ARGV     now|'', window_us, limit, cost
@@ -16,6 +17,14 @@ if meta[1] or meta[2] or meta[3] then
   added = stored_int(meta[1], 'admitted total')
   removed = stored_int(meta[2], 'expired total')
   last = stored_int(meta[3], 'timestamp')
+else
+  -- The hash is gone but the log may not be (eviction, a stray DEL): rebuild the totals from
+  -- the log, counting every member still in it as in use. This over-counts, never under-counts.
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if #newest > 0 then
+    added = stored_int(newest[1], 'log member')
+    last = stored_int(newest[2], 'log score')
+  end
 end
 local clock_now = now
 if now < last then
@@ -75,7 +84,7 @@ if cost > limit or used + cost > limit then
 end
 
 added = added + cost
-redis.call('ZADD', KEYS[1], fmt(now), fmt(added))
+redis.call('ZADD', KEYS[1], fmt(now), string.format('%016d', added))
 redis.call('HSET', KEYS[2], 'a', fmt(added), 'r', fmt(removed), 'l', fmt(now))
 -- If the clock went backwards, the log's time runs ahead of the key's clock by the gap.
 local ttl = ms_ceil(window + now - clock_now)

@@ -68,6 +68,25 @@ pub fn retry_after_secs(d: &Decision) -> Option<u64> {
     d.retry_after.map(|r| ceil_secs(r).max(1))
 }
 
+/// The policy name as a Structured Field string: `"` and `\` escaped, anything outside
+/// visible ASCII and space replaced by `_` (limiter-built names never contain either).
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
 fn value(s: String) -> HeaderValue {
     // Only digits, ASCII letters and sf punctuation are ever formatted here.
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -96,11 +115,12 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         let w = ceil_secs(d.window).max(1);
+        let name = sf_string(&d.policy);
         headers.append(
             RATELIMIT_POLICY,
-            value(format!("\"{}\";q={};w={w}", d.policy, d.limit)),
+            value(format!("{name};q={};w={w}", d.limit)),
         );
-        let mut item = format!("\"{}\";r={}", d.policy, d.remaining);
+        let mut item = format!("{name};r={}", d.remaining);
         if let Some(t) = t {
             item.push_str(&format!(";t={t}"));
         }
@@ -183,6 +203,15 @@ mod tests {
             rendered(HeaderStyle::None, &d),
             pairs(&[("retry-after", "5")])
         );
+    }
+
+    #[test]
+    fn hand_built_policy_names_are_escaped() {
+        let mut d = decision(true, None);
+        d.policy = Arc::from("a\"b\\c\u{e9}");
+        let mut h = HeaderMap::new();
+        render(HeaderStyle::Ietf, &d, &mut h);
+        assert_eq!(h["ratelimit"], r#""a\"b\\c_";r=0;t=3"#);
     }
 
     #[test]

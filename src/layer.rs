@@ -15,7 +15,7 @@ use crate::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// All keyless requests share one quota (key `#unkeyed`). The default: a misconfigured
+    /// All keyless requests share one quota (a key no client can produce). The default: a misconfigured
     /// extractor (e.g. [`PeerIp`](crate::PeerIp) without connection info) still limits,
     /// and the first such request logs a warning.
     #[default]

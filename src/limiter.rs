@@ -95,22 +95,41 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Errors when the store fails or does not answer within the store timeout; the decision
     /// is then the caller's (the layer applies its [`FailurePolicy`](crate::FailurePolicy)).
     pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
-        self.check_inner(key, cost, None).await
+        self.check_base(self.storage_key(key), cost, None).await
+    }
+
+    /// Checks the quota shared by requests that have no key. Its storage key, `{prefix:#}`,
+    /// is one no client key can map to (client keys starting with `#` are always hashed).
+    pub(crate) async fn check_unkeyed(&self, cost: u32) -> Result<Decision, Error> {
+        let base = format!("{{{}:#}}", self.inner.prefix);
+        self.check_base(base, cost, None).await
     }
 
     /// Like [`check`](Self::check), at an explicit time (microseconds since the Unix epoch)
     /// instead of the store's clock. For tests and simulations only: in production every
-    /// instance must use the store's clock, or instances with skewed clocks disagree.
+    /// instance must use the store's clock, or instances with skewed clocks disagree. Redis
+    /// still expires keys on its own clock, so keep simulated periods far longer than the
+    /// test's real run time.
     pub async fn check_at(&self, key: &str, cost: u32, now_us: u64) -> Result<Decision, Error> {
-        self.check_inner(key, cost, Some(now_us)).await
+        self.check_base(self.storage_key(key), cost, Some(now_us))
+            .await
     }
 
-    async fn check_inner(&self, key: &str, cost: u32, now: Option<u64>) -> Result<Decision, Error> {
+    async fn check_base(
+        &self,
+        base: String,
+        cost: u32,
+        now: Option<u64>,
+    ) -> Result<Decision, Error> {
         if cost == 0 {
             return Err(Error::InvalidInput("cost must be at least 1"));
         }
+        if now.is_some_and(|t| t > crate::quota::MAX_EXACT) {
+            return Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ));
+        }
         let inner = &*self.inner;
-        let base = self.storage_key(key);
         let call = inner.store.check(&inner.algorithm, &base, cost, now);
         let outcome = tokio::time::timeout(inner.timeout, call)
             .await

@@ -19,11 +19,9 @@ use crate::{
     future::ResponseFuture,
     layer::{CostFn, MissingKey},
     response::{is_grpc, Responder},
+    store::BoxFuture,
     Algorithm, FailurePolicy, KeyExtractor, RateLimiter,
 };
-
-/// Key used for requests without one under [`MissingKey::Shared`].
-const UNKEYED: &str = "#unkeyed";
 
 pub(crate) struct Config<K, A> {
     pub(crate) limiter: RateLimiter<A>,
@@ -109,28 +107,26 @@ where
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
-        let key = match config.key.extract(&parts) {
-            Some(key) => Some(key),
-            None => match config.missing_key {
-                MissingKey::Allow => None,
-                _ => {
-                    if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "rate limit: a request had no key; keyless requests share one quota"
-                        );
-                    }
-                    Some(UNKEYED.to_owned())
-                }
-            },
-        };
+        let key = config.key.extract(&parts);
         let req = Request::from_parts(parts, body);
-        match key {
-            Some(key) if cost > 0 => {
-                let limiter = config.limiter.clone();
-                let check = Box::pin(async move { limiter.check(&key, cost).await });
-                ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
-            }
-            _ => ResponseFuture::unchecked(req, inner, responder),
+        if cost == 0 {
+            return ResponseFuture::unchecked(req, inner, responder);
         }
+        let limiter = config.limiter.clone();
+        let check: BoxFuture<'static, _> = match key {
+            Some(key) => Box::pin(async move { limiter.check(&key, cost).await }),
+            None if config.missing_key == MissingKey::Allow => {
+                return ResponseFuture::unchecked(req, inner, responder);
+            }
+            None => {
+                if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "rate limit: a request had no key; keyless requests share one quota"
+                    );
+                }
+                Box::pin(async move { limiter.check_unkeyed(cost).await })
+            }
+        };
+        ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
     }
 }

@@ -261,3 +261,104 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
     assert!(sw.check("junk", 1).await.is_err());
     assert!(gl.check("wrongtype", 1).await.is_err());
 }
+
+/// Members sharing a score (a repeated time) must still expire in admission order: the log's
+/// members are zero-padded so that "10" does not sort before "9".
+async fn many_members_at_one_time(l: RateLimiter<SlidingWindow>) {
+    for _ in 0..10 {
+        assert!(at(&l, "tie", 1, T0).await.allowed);
+    }
+    assert!(at(&l, "tie", 1, T0 + 500 * MS).await.allowed);
+    // The ten entries of T0 have left the window; one unit is in use.
+    let d = at(&l, "tie", 11, T0 + 1_000 * MS).await;
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    let d = at(&l, "tie", 12, T0 + 1_100 * MS).await;
+    assert_eq!((d.allowed, d.retry_after), (false, ms(900)));
+}
+
+#[tokio::test]
+async fn sliding_window_orders_members_sharing_a_time() {
+    let redis = RedisServer::start();
+    let q = Quota::new(12, Duration::from_secs(1));
+    let sw = || SlidingWindow::new(q).unwrap();
+    many_members_at_one_time(limiter(redis.store().await, sw(), "tie")).await;
+    many_members_at_one_time(limiter(MemoryStore::new(), sw(), "tie")).await;
+}
+
+/// If the totals hash disappears (eviction, a stray DEL) while the log remains, the script
+/// rebuilds the totals from the log and errs towards denying.
+#[tokio::test]
+async fn sliding_window_survives_losing_its_totals() {
+    use tower_redis_ratelimit::redis;
+    let redis_server = RedisServer::start();
+    let l = limiter(
+        redis_server.store().await,
+        SlidingWindow::new(Quota::per_hour(3)).unwrap(),
+        "lost",
+    );
+    for _ in 0..3 {
+        assert!(l.check("k", 1).await.unwrap().allowed);
+    }
+    let mut conn = redis_server.conn();
+    let n: i64 = redis::cmd("DEL")
+        .arg("{lost:k}:m")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(n, 1);
+    let d = l.check("k", 1).await.unwrap();
+    assert!(
+        !d.allowed,
+        "admitted past the limit after losing the totals"
+    );
+    assert_eq!(d.remaining, 0);
+}
+
+#[tokio::test]
+async fn explicit_times_beyond_exact_integers_are_rejected() {
+    let l = limiter(
+        MemoryStore::new(),
+        Gcra::new(bucket_quota()).unwrap(),
+        "big",
+    );
+    for t in [u64::MAX, (1 << 52) + 1] {
+        assert!(matches!(
+            l.check_at("k", 1, t).await,
+            Err(tower_redis_ratelimit::Error::InvalidInput(_))
+        ));
+    }
+    assert!(l.check_at("k", 1, 1 << 52).await.unwrap().allowed);
+}
+
+/// Two algorithms under one prefix keep separate state in MemoryStore, as they do in Redis.
+#[tokio::test]
+async fn memory_store_keeps_algorithms_apart() {
+    let store = MemoryStore::new();
+    let g = limiter(store.clone(), Gcra::new(Quota::per_hour(1)).unwrap(), "rl");
+    let tb = limiter(
+        store.clone(),
+        TokenBucket::new(Quota::per_hour(1)).unwrap(),
+        "rl",
+    );
+    let sw = limiter(store, SlidingWindow::new(Quota::per_hour(1)).unwrap(), "rl");
+    for l in [&g as &dyn Check, &tb, &sw] {
+        assert!(l.allowed("k").await);
+        assert!(!l.allowed("k").await);
+    }
+}
+
+/// Object-safe view of "a limiter", to loop over limiters of different algorithms.
+trait Check {
+    fn allowed<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>;
+}
+
+impl<A: Algorithm> Check for RateLimiter<A> {
+    fn allowed<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>> {
+        Box::pin(async move { self.check(key, 1).await.unwrap().allowed })
+    }
+}

@@ -298,6 +298,27 @@ async fn requests_without_a_key_share_one_quota_or_pass() {
     let statuses: Vec<_> = futures_statuses(&shared, no_conn_info, 3).await;
     assert_eq!(statuses, [200, 200, 429]);
 
+    // A client cannot spend the keyless quota by naming it as its key.
+    let by_header = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter(store.clone(), "nokey3", Quota::per_hour(1)),
+            HeaderKey::new("x-api-key").unwrap(),
+        ))
+        .service(counting(Default::default()));
+    for key in ["#unkeyed", "#", "#bin:00", "{nokey3:#}"] {
+        let req = Request::get("/")
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            by_header.clone().oneshot(req).await.unwrap().status(),
+            200,
+            "{key}"
+        );
+    }
+    let statuses: Vec<_> = futures_statuses(&by_header, no_conn_info, 2).await;
+    assert_eq!(statuses, [200, 429]);
+
     let allow = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(limiter(store, "nokey2", Quota::per_hour(2)), PeerIp)

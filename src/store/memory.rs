@@ -121,7 +121,10 @@ impl Store for MemoryStore {
         cost: u32,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        let result = self.decide(algorithm, base_key, cost, now.unwrap_or_else(now_us));
+        // Keyed like the first Redis key, so algorithms sharing a prefix do not collide here
+        // any more than they do in Redis.
+        let key = algorithm.redis_keys(base_key).swap_remove(0);
+        let result = self.decide(algorithm, &key, cost, now.unwrap_or_else(now_us));
         Box::pin(std::future::ready(result))
     }
 }
