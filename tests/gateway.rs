@@ -43,14 +43,20 @@ impl Drop for Gateway {
 }
 
 fn start_gateway(args: &[&str]) -> Gateway {
-    let mut child = Command::new(gateway_bin())
+    let child = Command::new(gateway_bin())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    // Owned by the guard at once, so the process is killed and reaped on every path.
+    let mut gw = Gateway {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        banner: Vec::new(),
+    };
+    let stdout = gw.child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -59,21 +65,19 @@ fn start_gateway(args: &[&str]) -> Gateway {
             }
         }
     });
-    let mut banner = Vec::new();
     loop {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("no `listening on` line; got {banner:?}"));
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            let addr = rest.trim().parse().unwrap();
-            banner.push(line);
-            return Gateway {
-                child,
-                addr,
-                banner,
-            };
+            .unwrap_or_else(|_| panic!("no `listening on` line; got {:?}", gw.banner));
+        let addr = line
+            .split("listening on http://")
+            .nth(1)
+            .map(|a| a.trim().parse::<SocketAddr>());
+        gw.banner.push(line);
+        if let Some(addr) = addr {
+            gw.addr = addr.unwrap();
+            return gw;
         }
-        banner.push(line);
     }
 }
 
