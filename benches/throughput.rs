@@ -13,6 +13,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::limiter;
+
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -23,7 +25,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    Algorithm, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, Store, TokenBucket,
+    Algorithm, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -115,14 +117,6 @@ fn contender<A: Algorithm>(name: &str, limiter: RateLimiter<A>) -> Contender {
             Box::pin(async move { round(&limiter, w, tasks, secs).await })
         }),
     )
-}
-
-fn limiter<A: Algorithm>(store: impl Store, algorithm: A, prefix: &str) -> RateLimiter<A> {
-    RateLimiter::builder(store, algorithm)
-        .prefix(prefix)
-        .store_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
 }
 
 #[tokio::main]

@@ -4,9 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{keys_with_pttl, RedisServer};
+use common::{keys_with_pttl, limiter, RedisServer};
 use tower_redis_ratelimit::{
-    Algorithm, Decision, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, Store, TokenBucket,
+    Algorithm, Decision, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -89,14 +89,6 @@ async fn window_maths(l: RateLimiter<SlidingWindow>) {
     assert_eq!((d.allowed, d.retry_after), (false, ms(800)));
     let d = at(&l, k, 5, T0 + 60_000 * MS).await;
     assert_eq!((d.allowed, d.remaining), (true, 0));
-}
-
-fn limiter<A: Algorithm>(store: impl Store, algorithm: A, prefix: &str) -> RateLimiter<A> {
-    RateLimiter::builder(store, algorithm)
-        .prefix(prefix)
-        .store_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
 }
 
 fn bucket_quota() -> Quota {

@@ -4,7 +4,6 @@
 mod common;
 
 use std::{
-    convert::Infallible,
     process::Command,
     sync::{
         atomic::{AtomicUsize, Ordering},
@@ -14,9 +13,9 @@ use std::{
 };
 
 use axum::body::Body;
-use common::{dead_redis_url, RedisServer};
-use http::{Request, Response, StatusCode};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use common::{counting, dead_redis_url, RedisServer};
+use http::{Request, StatusCode};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     redis, Error, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer, RateLimiter, RedisStore,
     SlidingWindow, TokenBucket,
@@ -53,23 +52,6 @@ async fn script_flush_between_checks_changes_nothing() {
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
         assert_eq!(sw.check("k", 1).await.unwrap().allowed, expect_allowed);
     }
-}
-
-fn counting(
-    calls: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
-    service_fn(move |_req: Request<Body>| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, Infallible>(Response::new(Body::from("hello")))
-        }
-    })
 }
 
 fn limiter(store: RedisStore) -> RateLimiter<Gcra> {

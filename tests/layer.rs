@@ -15,32 +15,14 @@ use std::{
 
 use axum::{body::Body, routing::get, Router};
 use bytes::Bytes;
-use common::RedisServer;
+use common::{counting, RedisServer};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     Gcra, GlobalKey, HeaderKey, HeaderStyle, MissingKey, PeerIp, Quota, RateLimitLayer,
     RateLimiter, RedisStore, SlidingWindow,
 };
-
-/// An inner service that counts its calls.
-fn counting(
-    calls: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
-    service_fn(move |_req: Request<Body>| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, Infallible>(Response::new(Body::from("hello")))
-        }
-    })
-}
 
 fn limiter(store: RedisStore, prefix: &str, quota: Quota) -> RateLimiter<Gcra> {
     RateLimiter::builder(store, Gcra::new(quota).unwrap())

@@ -9,7 +9,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tower_redis_ratelimit::{bb8, bb8_redis::RedisConnectionManager, redis, RedisStore};
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
+
+use axum::body::Body;
+use http::{Request, Response};
+use tower::service_fn;
+use tower_redis_ratelimit::{
+    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, RateLimiter, RedisStore, Store,
+};
 
 /// A running `redis-server`, killed (by PID) and reaped on drop.
 pub struct RedisServer {
@@ -145,4 +158,32 @@ pub fn keys_with_pttl(conn: &mut redis::Connection, pattern: &str) -> Vec<(Strin
             (k, ttl)
         })
         .collect()
+}
+
+/// A limiter with `prefix` and a store timeout generous enough for loaded CI machines.
+pub fn limiter<A: Algorithm>(store: impl Store, algorithm: A, prefix: &str) -> RateLimiter<A> {
+    RateLimiter::builder(store, algorithm)
+        .prefix(prefix)
+        .store_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// An inner service answering `200 hello` that counts its calls, to prove denied requests
+/// never reach it.
+pub fn counting(
+    calls: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_req: Request<Body>| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Body::from("hello")))
+        }
+    })
 }
