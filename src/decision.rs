@@ -94,6 +94,9 @@ pub struct Decision {
     pub cost: u32,
     /// The policy name shown in the headers.
     pub policy: Arc<str>,
+    /// True when the store was unavailable and this decision was made in this process at the
+    /// local share of the quota ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
+    pub degraded: bool,
 }
 
 impl Decision {
@@ -116,6 +119,7 @@ impl Decision {
             window,
             cost,
             policy,
+            degraded: false,
         }
     }
 

@@ -65,6 +65,38 @@ pub enum Error {
     InvalidInput(&'static str),
     /// The store does not support this algorithm.
     Unsupported(&'static str),
+    /// The circuit breaker is open after repeated store failures; the store was not called.
+    CircuitOpen,
+}
+
+impl Error {
+    /// True when the error says the store is unreachable or unhealthy (timeouts, connection
+    /// failures, a loading or failing-over server), as opposed to an answer about one key
+    /// (`WRONGTYPE`, a corrupted value). Only these count towards the circuit breaker and
+    /// switch [`FailurePolicy::Local`] to local decisions.
+    pub fn is_unavailable(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self {
+            Error::Timeout(_) | Error::Pool(_) | Error::CircuitOpen => true,
+            Error::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_refusal()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::ClusterConnectionNotFound
+                            | ErrorKind::Server(
+                                ServerErrorKind::BusyLoading
+                                    | ServerErrorKind::TryAgain
+                                    | ServerErrorKind::ClusterDown
+                                    | ServerErrorKind::MasterDown
+                            )
+                    )
+            }
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -76,6 +108,7 @@ impl fmt::Display for Error {
             Error::InvalidReply(e) => write!(f, "unexpected reply from the rate-limit store: {e}"),
             Error::InvalidInput(e) => write!(f, "invalid rate-limit check: {e}"),
             Error::Unsupported(e) => write!(f, "unsupported: {e}"),
+            Error::CircuitOpen => write!(f, "circuit breaker open: the store is failing"),
         }
     }
 }
@@ -100,7 +133,8 @@ impl From<redis::RedisError> for Error {
 /// The default is [`FailurePolicy::Open`]: a rate limiter protects a service, and an outage of the
 /// limiter's store should not become an outage of the service. Choose [`FailurePolicy::Closed`]
 /// for routes where an unlimited burst is worse than unavailability (log-in, password reset,
-/// payments). Either way the failure is logged with `tracing` at `warn` level.
+/// payments), or [`FailurePolicy::Local`] to keep limiting, approximately, while Redis is away.
+/// Failures are logged with `tracing` at `warn` level.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -110,4 +144,12 @@ pub enum FailurePolicy {
     /// Reject the request with `503 Service Unavailable` and `Retry-After: 1`
     /// (gRPC: `UNAVAILABLE`).
     Closed,
+    /// Decide in this process with the in-memory twin of the same algorithm, at the quota
+    /// divided by the number of instances set with
+    /// [`RateLimitLayer::local_share`](crate::RateLimitLayer::local_share), so that the fleet as
+    /// a whole stays near the global limit instead of N times it (fail open) or zero (fail
+    /// closed). Such decisions are marked [`Decision::degraded`](crate::Decision::degraded),
+    /// logged and counted. Errors that are about one key rather than the store's health
+    /// (e.g. `WRONGTYPE`) are handled as [`FailurePolicy::Closed`].
+    Local,
 }

@@ -104,16 +104,18 @@ where
                         .expect("ResponseFuture polled after completion");
                     let decision = match result {
                         Ok(d) if d.allowed => {
-                            tracing::debug!(policy = %d.policy, remaining = d.remaining, "rate limit: allowed");
+                            tracing::debug!(policy = %d.policy, remaining = d.remaining, degraded = d.degraded, "rate limit: allowed");
                             Some(d)
                         }
                         Ok(d) => {
-                            tracing::debug!(policy = %d.policy, retry_after = ?d.retry_after, "rate limit: denied");
+                            tracing::debug!(policy = %d.policy, retry_after = ?d.retry_after, degraded = d.degraded, "rate limit: denied");
                             return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc)));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, policy = ?this.failure, "rate limit: store failed");
-                            if *this.failure == FailurePolicy::Closed {
+                            // Under `Local`, an error reaching here was not about availability
+                            // (or the local twin failed): reject rather than let it through.
+                            if *this.failure != FailurePolicy::Open {
                                 return Poll::Ready(Ok(this.responder.unavailable(*this.grpc)));
                             }
                             None

@@ -104,7 +104,7 @@ fn value(s: String) -> HeaderValue {
 /// let d = Decision {
 ///     allowed: true, limit: 100, remaining: 42, cost: 1,
 ///     reset_after: Duration::from_millis(17_200), retry_after: None,
-///     window: Duration::from_secs(60), policy: Arc::from("api"),
+///     window: Duration::from_secs(60), policy: Arc::from("api"), degraded: false,
 /// };
 /// let mut h = http::HeaderMap::new();
 /// render(HeaderStyle::Ietf, &d, &mut h);
@@ -153,6 +153,7 @@ mod tests {
             window: Duration::from_millis(250),
             cost: 1,
             policy: Arc::from("p"),
+            degraded: false,
         }
     }
 

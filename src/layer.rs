@@ -1,6 +1,6 @@
 //! The tower layer.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, num::NonZeroU32, sync::Arc};
 
 use bytes::Bytes;
 use http::{request::Parts, Response};
@@ -54,6 +54,9 @@ pub struct RateLimitLayer<K, A> {
     cost: Option<Arc<CostFn>>,
     missing_key: MissingKey,
     failure: FailurePolicy,
+    local_share: NonZeroU32,
+    /// The local-share twin, built when the policy is `Local`.
+    local: Option<RateLimiter<A>>,
     responder: Responder,
 }
 
@@ -67,6 +70,8 @@ impl<K, A> Clone for RateLimitLayer<K, A> {
             cost: self.cost.clone(),
             missing_key: self.missing_key,
             failure: self.failure,
+            local_share: self.local_share,
+            local: self.local.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -93,6 +98,8 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
             cost: None,
             missing_key: MissingKey::default(),
             failure: FailurePolicy::default(),
+            local_share: NonZeroU32::MIN,
+            local: None,
             responder: Responder::default(),
         }
     }
@@ -104,9 +111,50 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     }
 
     /// What to do when the store fails or times out (default [`FailurePolicy::Open`]).
+    ///
+    /// With [`FailurePolicy::Local`], also set [`local_share`](Self::local_share) to the number
+    /// of instances sharing the quota.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(600)).unwrap());
+    /// // Four gateways: while Redis is away, each admits 150 a minute per key.
+    /// let layer = RateLimitLayer::new(limiter, PeerIp)
+    ///     .on_store_error(FailurePolicy::Local)
+    ///     .local_share(4);
+    /// ```
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self.rebuild_local();
         self
+    }
+
+    /// The number of instances that share the quota, for [`FailurePolicy::Local`]: while the
+    /// store is unavailable, each instance decides alone with the quota (limit and burst)
+    /// divided by `instances`, rounded down but at least one unit (default 1: the whole quota
+    /// per instance).
+    ///
+    /// # Panics
+    ///
+    /// If `instances` is 0.
+    pub fn local_share(mut self, instances: u32) -> Self {
+        self.local_share = NonZeroU32::new(instances).expect("local_share must be at least 1");
+        self.rebuild_local();
+        self
+    }
+
+    fn rebuild_local(&mut self) {
+        self.local = None;
+        if self.failure == FailurePolicy::Local {
+            self.local = self.limiter.local_twin(self.local_share);
+            if self.local.is_none() {
+                tracing::error!(
+                    algorithm = self.limiter.algorithm().name(),
+                    "rate limit: FailurePolicy::Local needs an algorithm with a local share; \
+                     requests are rejected while the store is unavailable"
+                );
+            }
+        }
     }
 
     /// What to do with requests that have no key (default [`MissingKey::Shared`]).
@@ -176,6 +224,7 @@ impl<S, K: KeyExtractor, A: Algorithm> Layer<S> for RateLimitLayer<K, A> {
                 cost: self.cost.clone(),
                 missing_key: self.missing_key,
                 failure: self.failure,
+                local: self.local.clone(),
                 responder: Arc::new(self.responder.clone()),
             }),
         )

@@ -38,6 +38,7 @@
 
 mod algorithm;
 mod body;
+mod breaker;
 mod decision;
 mod error;
 mod future;
@@ -52,6 +53,7 @@ mod store;
 
 pub use algorithm::{Algorithm, Gcra, MemoryState, SlidingWindow, TokenBucket};
 pub use body::ResponseBody;
+pub use breaker::CircuitBreaker;
 pub use decision::{Decision, Outcome};
 pub use error::{ConfigError, Error, FailurePolicy};
 pub use future::ResponseFuture;
@@ -59,8 +61,8 @@ pub use headers::HeaderStyle;
 pub use key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use layer::{MissingKey, RateLimitLayer};
 pub use limiter::{
-    RateLimiter, RateLimiterBuilder, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
+    LimiterStats, RateLimiter, RateLimiterBuilder, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use quota::Quota;
 pub use service::RateLimit;

@@ -1,8 +1,19 @@
 //! The core limiter: `check(key, cost) -> Decision`, without HTTP.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    num::NonZeroU32,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
-use crate::{Algorithm, ConfigError, Decision, Error, Store};
+use crate::{
+    breaker::BreakerState, Algorithm, CircuitBreaker, ConfigError, Decision, Error, MemoryStore,
+    Store,
+};
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -48,6 +59,24 @@ struct Inner<A> {
     policy: Arc<str>,
     timeout: Duration,
     max_key_len: usize,
+    breaker: BreakerState,
+    store_errors: AtomicU64,
+    short_circuited: AtomicU64,
+    degraded: AtomicU64,
+}
+
+/// Counters of a [`RateLimiter`], for health checks and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimiterStats {
+    /// Checks that failed in the store (errors and timeouts).
+    pub store_errors: u64,
+    /// Checks refused without calling the store because the circuit breaker was open.
+    pub short_circuited: u64,
+    /// Decisions made locally at the local share while the store was unavailable.
+    pub degraded: u64,
+    /// How often the circuit breaker opened.
+    pub breaker_opened: u64,
 }
 
 impl<A> Clone for RateLimiter<A> {
@@ -87,6 +116,7 @@ impl<A: Algorithm> RateLimiter<A> {
             policy: DEFAULT_POLICY_NAME.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             max_key_len: DEFAULT_MAX_KEY_LEN,
+            breaker: CircuitBreaker::default(),
         }
     }
 
@@ -130,10 +160,19 @@ impl<A: Algorithm> RateLimiter<A> {
             ));
         }
         let inner = &*self.inner;
+        let Some(permit) = inner.breaker.permit() else {
+            inner.short_circuited.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::CircuitOpen);
+        };
         let call = inner.store.check(&inner.algorithm, &base, cost, now);
-        let outcome = tokio::time::timeout(inner.timeout, call)
+        let result = tokio::time::timeout(inner.timeout, call)
             .await
-            .map_err(|_| Error::Timeout(inner.timeout))??;
+            .unwrap_or(Err(Error::Timeout(inner.timeout)));
+        permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+        if result.is_err() {
+            inner.store_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let outcome = result?;
         Ok(Decision::from_outcome(
             outcome,
             inner.algorithm.quota(),
@@ -163,6 +202,61 @@ impl<A: Algorithm> RateLimiter<A> {
         }
     }
 
+    /// Decides `key` (or the keyless quota), and when the store is unavailable and `local` is
+    /// given, decides again with `local` (the local-share twin) and marks the decision degraded.
+    pub(crate) async fn check_or_local(
+        &self,
+        key: Option<&str>,
+        cost: u32,
+        local: Option<&RateLimiter<A>>,
+    ) -> Result<Decision, Error> {
+        let result = match key {
+            Some(key) => self.check(key, cost).await,
+            None => self.check_unkeyed(cost).await,
+        };
+        let (Err(e), Some(local)) = (&result, local) else {
+            return result;
+        };
+        if !e.is_unavailable() {
+            return result;
+        }
+        let mut d = match key {
+            Some(key) => local.check(key, cost).await?,
+            None => local.check_unkeyed(cost).await?,
+        };
+        d.degraded = true;
+        self.inner.degraded.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(error = %e, allowed = d.allowed, "rate limit: decided locally (degraded)");
+        Ok(d)
+    }
+
+    /// A limiter over a fresh [`MemoryStore`] with this algorithm's quota divided among
+    /// `instances`, for [`FailurePolicy::Local`](crate::FailurePolicy::Local). `None` when the
+    /// algorithm cannot be divided.
+    pub(crate) fn local_twin(&self, instances: NonZeroU32) -> Option<RateLimiter<A>> {
+        let inner = &*self.inner;
+        let algorithm = inner.algorithm.local_share(instances)?;
+        let twin = RateLimiter::builder(MemoryStore::new(), algorithm)
+            .prefix(inner.prefix.clone())
+            .policy_name(inner.policy.to_string())
+            .max_key_len(inner.max_key_len)
+            .circuit_breaker(CircuitBreaker::disabled())
+            .build()
+            .ok()?;
+        Some(twin)
+    }
+
+    /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.
+    pub fn stats(&self) -> LimiterStats {
+        let inner = &*self.inner;
+        LimiterStats {
+            store_errors: inner.store_errors.load(Ordering::Relaxed),
+            short_circuited: inner.short_circuited.load(Ordering::Relaxed),
+            degraded: inner.degraded.load(Ordering::Relaxed),
+            breaker_opened: inner.breaker.times_opened(),
+        }
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> &A {
         &self.inner.algorithm
@@ -187,6 +281,7 @@ pub struct RateLimiterBuilder<A> {
     policy: String,
     timeout: Duration,
     max_key_len: usize,
+    breaker: CircuitBreaker,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -225,8 +320,15 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         self
     }
 
+    /// When to stop calling a failing store (default: after 5 failures in a row, for 1 s).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Validates the options.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
+        self.breaker.validate()?;
         let p = &self.prefix;
         if p.is_empty()
             || p.len() > 64
@@ -265,6 +367,10 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                 policy: self.policy.into(),
                 timeout: self.timeout,
                 max_key_len: self.max_key_len,
+                breaker: BreakerState::new(self.breaker),
+                store_errors: AtomicU64::new(0),
+                short_circuited: AtomicU64::new(0),
+                degraded: AtomicU64::new(0),
             }),
         })
     }

@@ -29,6 +29,7 @@ pub(crate) struct Config<K, A> {
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) failure: FailurePolicy,
+    pub(crate) local: Option<RateLimiter<A>>,
     pub(crate) responder: Arc<Responder>,
 }
 
@@ -112,21 +113,23 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(req, inner, responder);
         }
-        let limiter = config.limiter.clone();
-        let check: BoxFuture<'static, _> = match key {
-            Some(key) => Box::pin(async move { limiter.check(&key, cost).await }),
-            None if config.missing_key == MissingKey::Allow => {
+        if key.is_none() {
+            if config.missing_key == MissingKey::Allow {
                 return ResponseFuture::unchecked(req, inner, responder);
             }
-            None => {
-                if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "rate limit: a request had no key; keyless requests share one quota"
-                    );
-                }
-                Box::pin(async move { limiter.check_unkeyed(cost).await })
+            if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "rate limit: a request had no key; keyless requests share one quota"
+                );
             }
-        };
+        }
+        let limiter = config.limiter.clone();
+        let local = config.local.clone();
+        let check: BoxFuture<'static, _> = Box::pin(async move {
+            limiter
+                .check_or_local(key.as_deref(), cost, local.as_ref())
+                .await
+        });
         ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
     }
 }

@@ -4,7 +4,6 @@
 mod common;
 
 use std::{
-    process::Command,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -127,14 +126,7 @@ async fn paused_redis_times_out_and_then_recovers() {
     let l = limiter(store.clone());
     assert!(l.check("k", 1).await.unwrap().allowed);
 
-    let signal = |sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, &redis.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} failed");
-    };
+    let signal = |sig: &str| redis.signal(sig);
     signal("-STOP");
     let started = Instant::now();
     let result = l.check("k2", 1).await;

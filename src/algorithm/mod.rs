@@ -26,7 +26,7 @@ pub use gcra::Gcra;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
-use std::{any::Any, time::Duration};
+use std::{any::Any, num::NonZeroU32, time::Duration};
 
 use redis::Script;
 
@@ -61,6 +61,18 @@ pub trait Algorithm: Send + Sync + 'static {
     /// Reads the script's reply. The default reads the shared shape (see [`Outcome::from_redis`]).
     fn parse_reply(&self, reply: redis::Value) -> Result<Outcome, Error> {
         Outcome::from_redis(reply)
+    }
+
+    /// This algorithm with its quota divided among `instances` processes, for
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local): each process then decides alone
+    /// with its share, and the fleet stays near the global quota. Shares are rounded down, but
+    /// never below one unit. `None` (the default) when the algorithm cannot be divided.
+    fn local_share(&self, instances: NonZeroU32) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = instances;
+        None
     }
 
     /// Decides one check in memory, at time `now_us` (microseconds), on this key's state.
@@ -116,5 +128,15 @@ impl MemoryState {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.value.is_none()
+    }
+}
+
+/// `quota` with its limit and burst divided by `instances`, rounded down, at least 1.
+pub(crate) fn divided(quota: crate::Quota, instances: NonZeroU32) -> crate::Quota {
+    let share = |units: u32| (units / instances.get()).max(1);
+    let q = crate::Quota::new(share(quota.limit()), quota.period());
+    match quota.explicit_burst() {
+        Some(b) => q.burst(share(b)),
+        None => q,
     }
 }

@@ -143,6 +143,10 @@ impl Algorithm for SlidingWindow {
         vec![self.window_us, self.limit, u64::from(cost)]
     }
 
+    fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Self> {
+        Self::new(super::divided(self.quota, instances)).ok()
+    }
+
     fn check_in_memory(
         &self,
         state: &mut MemoryState,

@@ -137,6 +137,10 @@ impl Algorithm for TokenBucket {
         vec![self.rate.emission_us, self.rate.burst, u64::from(cost)]
     }
 
+    fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Self> {
+        Self::new(super::divided(self.quota, instances)).ok()
+    }
+
     fn check_in_memory(
         &self,
         state: &mut MemoryState,

@@ -1,9 +1,10 @@
-//! A store on one Redis server, through a bb8 connection pool.
+//! A store on one Redis server.
 
 use std::{fmt, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{BoxFuture, Store};
 use crate::{Algorithm, Error, Outcome};
@@ -14,64 +15,89 @@ use crate::{Algorithm, Error, Outcome};
 /// answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). Requires Redis 5 or later
 /// (script effects replication).
 ///
+/// Two ways to reach Redis:
+/// - [`connect`](Self::connect) / [`connect_lazy`](Self::connect_lazy): one multiplexed
+///   connection (concurrent checks pipeline on one socket) that reconnects by itself when the
+///   connection breaks, e.g. after a Redis restart. The default, and the fastest.
+/// - [`from_pool`](Self::from_pool): your bb8-redis pool.
+///
 /// ```no_run
 /// use tower_redis_ratelimit::RedisStore;
 ///
 /// # async fn run() -> Result<(), tower_redis_ratelimit::Error> {
-/// // Checks the connection now, so a wrong URL fails at start-up.
+/// // Connects now, so a wrong URL fails at start-up.
 /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    pool: Pool<RedisConnectionManager>,
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Multiplexed(ConnectionManager),
+    Pool(Pool<RedisConnectionManager>),
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("pool", &self.pool.state())
-            .finish()
+        let mut d = f.debug_struct("RedisStore");
+        match &self.backend {
+            Backend::Multiplexed(_) => d.field("backend", &"multiplexed"),
+            Backend::Pool(p) => d.field("pool", &p.state()),
+        };
+        d.finish()
     }
 }
 
-/// Connections in the pool [`RedisStore::connect`] builds. Each is multiplexed and a check
-/// holds it only long enough to clone its handle, so in practice one carries all checks.
-const DEFAULT_POOL_SIZE: u32 = 8;
+/// Reconnection: the first retry after 10 ms, then exponentially up to 500 ms between tries, so
+/// checks resume within about half a second of Redis accepting connections again. Requests
+/// arriving after the retries are spent start a new round.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500))
+        .set_number_of_retries(8)
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+}
 
 impl RedisStore {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) and checks the server answers
-    /// `PING`, so that a wrong address fails here rather than on the first request.
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) and waits for the connection, so
+    /// that a wrong address fails here rather than on the first request.
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let store = Self::connect_lazy(url)?;
-        let mut conn = store.pool.get().await.map_err(pool_error)?;
-        let _: String = redis::cmd("PING").query_async(&mut *conn).await?;
-        drop(conn);
-        Ok(store)
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_with_config(client, manager_config()).await?;
+        Ok(Self {
+            backend: Backend::Multiplexed(manager),
+        })
     }
 
-    /// Like [`RedisStore::connect`], but does not connect until the first check. The URL is
-    /// still parsed now.
+    /// Like [`RedisStore::connect`], but connects on the first check. The URL is still
+    /// parsed now.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime (the connection task needs one).
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
-        let manager = RedisConnectionManager::new(url)?;
-        let pool = Pool::builder()
-            .max_size(DEFAULT_POOL_SIZE)
-            // bb8's default sends a PING on every checkout, doubling round trips per check.
-            .test_on_check_out(false)
-            .connection_timeout(Duration::from_secs(2))
-            .build_unchecked(manager);
-        Ok(Self { pool })
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, manager_config())?;
+        Ok(Self {
+            backend: Backend::Multiplexed(manager),
+        })
     }
 
-    /// Uses an existing bb8-redis pool. Consider `test_on_check_out(false)` on its builder:
-    /// the default check-out `PING` doubles the round trips of every check.
+    /// Uses an existing bb8-redis pool.
+    ///
+    /// A check holds a pooled connection only long enough to clone its multiplexed handle. Keep
+    /// bb8's default `test_on_check_out(true)`: bb8-redis cannot tell that a connection broke
+    /// (for example when Redis restarted), and the check-out `PING` is what replaces it. That
+    /// `PING` costs a round trip per check; [`connect`](Self::connect) has neither the cost
+    /// nor the problem.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
-        Self { pool }
-    }
-
-    /// The underlying pool.
-    pub fn pool(&self) -> &Pool<RedisConnectionManager> {
-        &self.pool
+        Self {
+            backend: Backend::Pool(pool),
+        }
     }
 }
 
@@ -103,11 +129,17 @@ impl Store for RedisStore {
             for arg in algorithm.script_args(cost) {
                 invocation.arg(arg);
             }
-            // A multiplexed connection is a cheap handle: clone it and return the pooled one at
-            // once, so concurrent checks pipeline on one socket instead of queueing for
-            // exclusive connections.
-            let mut conn = self.pool.get().await.map_err(pool_error)?.clone();
-            let reply: redis::Value = invocation.invoke_async(&mut conn).await?;
+            let reply: redis::Value = match &self.backend {
+                Backend::Multiplexed(manager) => {
+                    invocation.invoke_async(&mut manager.clone()).await?
+                }
+                Backend::Pool(pool) => {
+                    // A multiplexed connection is a cheap handle: clone it and return the pooled
+                    // one at once, so concurrent checks pipeline instead of queueing.
+                    let mut conn = pool.get().await.map_err(pool_error)?.clone();
+                    invocation.invoke_async(&mut conn).await?
+                }
+            };
             algorithm.parse_reply(reply)
         })
     }

@@ -54,31 +54,74 @@ impl RedisServer {
     pub fn start() -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
-            let port = free_port();
-            let child = Command::new(redis_binary())
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .args(["--loglevel", "warning", "--protected-mode", "yes"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn();
-            let child = match child {
-                Ok(c) => c,
-                Err(e) => panic!(
-                    "cannot start `{}` ({e}); install Redis (Debian: apt-get install redis-server) \
-                     or run scripts/test, which installs it",
-                    redis_binary()
-                ),
-            };
-            let _ = std::fs::write(pid_file(child.id()), b"");
-            let mut server = RedisServer { child, port };
-            match server.wait_ready(Duration::from_secs(10)) {
-                Ok(()) => return server,
+            match Self::spawn(free_port()) {
+                Ok(server) => return server,
                 Err(e) => last_error = e, // port taken in between, or a slow start: try again
             }
         }
         panic!("redis-server did not come up on 127.0.0.1: {last_error}");
+    }
+
+    fn spawn(port: u16) -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("trr-redis-{port}"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let child = Command::new(redis_binary())
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--loglevel", "warning", "--protected-mode", "yes"])
+            .args(["--enable-debug-command", "local"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start `{}` ({e}); install Redis (Debian: apt-get install \
+                     redis-server) or run scripts/test, which installs it",
+                    redis_binary()
+                )
+            });
+        let _ = std::fs::write(pid_file(child.id()), b"");
+        let mut server = RedisServer { child, port };
+        server.wait_ready(Duration::from_secs(10))?;
+        Ok(server)
+    }
+
+    /// Kills the server (SIGKILL, by PID) and waits for it to exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(pid_file(self.child.id()));
+    }
+
+    /// Starts a new server on the same port (after [`kill`](Self::kill)); retries while the
+    /// port is still being released.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::spawn(self.port) {
+                Ok(new) => {
+                    // The old guard's process is already reaped; dropping it is harmless.
+                    drop(std::mem::replace(self, new));
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Sends a signal to the server by PID, e.g. `"-STOP"`, `"-CONT"`.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} {} failed", self.pid());
     }
 
     fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
@@ -138,9 +181,8 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(pid_file(self.child.id()));
+        // SIGKILL ends a SIGSTOPped server too.
+        self.kill();
     }
 }
 

@@ -1,0 +1,248 @@
+//! A circuit breaker in front of the store: after repeated failures, stop calling it for a
+//! while, so a dead Redis costs no timeout per request.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        OnceLock,
+    },
+    time::{Duration, Instant},
+};
+
+use crate::ConfigError;
+
+/// When the limiter stops calling a failing store.
+///
+/// After `failures` consecutive availability failures (timeouts, connection errors), the
+/// breaker opens: checks fail at once with [`Error::CircuitOpen`](crate::Error::CircuitOpen)
+/// (and the layer applies its failure policy) for `cool_down`. Then one check is let through as
+/// a probe: success closes the breaker, failure opens it for another `cool_down`. State changes
+/// are logged with `tracing` (`warn` when opening, `info` when closing).
+///
+/// Errors that show the store is up (a `WRONGTYPE` under one key, a corrupted value) do not
+/// count.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::CircuitBreaker;
+///
+/// let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
+/// let off = CircuitBreaker::disabled();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitBreaker {
+    failures: u32,
+    cool_down: Duration,
+}
+
+impl Default for CircuitBreaker {
+    /// 5 failures in a row, 1 s cool-down.
+    fn default() -> Self {
+        Self::new(5, Duration::from_secs(1))
+    }
+}
+
+impl CircuitBreaker {
+    /// Opens after `failures` consecutive failures, for `cool_down`.
+    pub const fn new(failures: u32, cool_down: Duration) -> Self {
+        Self {
+            failures,
+            cool_down,
+        }
+    }
+
+    /// Never opens: every check calls the store.
+    pub const fn disabled() -> Self {
+        Self {
+            failures: 0,
+            cool_down: Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.failures > 0 && self.cool_down.is_zero() {
+            return Err(ConfigError::new(
+                "circuit_breaker.cool_down",
+                "must be more than zero (use CircuitBreaker::disabled() to turn it off)",
+            ));
+        }
+        if self.cool_down > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "circuit_breaker.cool_down",
+                "must be at most one hour",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn monotonic_us() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    // +1 so that 0 can mean "closed".
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+/// The breaker's live state.
+#[derive(Debug)]
+pub(crate) struct BreakerState {
+    config: CircuitBreaker,
+    consecutive: AtomicU32,
+    /// 0 when closed; otherwise the monotonic time (µs) until which checks are refused.
+    open_until: AtomicU64,
+    probing: AtomicBool,
+    opened: AtomicU64,
+}
+
+/// Permission to call the store; a probe resets the half-open state if it is dropped
+/// unfinished (e.g. the caller went away).
+#[derive(Debug)]
+pub(crate) struct Permit<'a> {
+    state: &'a BreakerState,
+    probe: bool,
+    done: bool,
+}
+
+impl BreakerState {
+    pub(crate) fn new(config: CircuitBreaker) -> Self {
+        Self {
+            config,
+            consecutive: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    /// How often the breaker opened.
+    pub(crate) fn times_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// `None` when the breaker is open and this check must not call the store.
+    pub(crate) fn permit(&self) -> Option<Permit<'_>> {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Some(Permit {
+                state: self,
+                probe: false,
+                done: false,
+            });
+        }
+        if monotonic_us() < until || self.probing.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(Permit {
+            state: self,
+            probe: true,
+            done: false,
+        })
+    }
+
+    fn open(&self, why: &str) {
+        let until = monotonic_us() + self.config.cool_down.as_micros() as u64;
+        self.open_until.store(until, Ordering::Release);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            cool_down = ?self.config.cool_down,
+            "rate limit: circuit breaker open ({why}); not calling the store until the cool-down ends"
+        );
+    }
+}
+
+impl Permit<'_> {
+    /// Records the store's answer: `true` if it was reachable.
+    pub(crate) fn finish(mut self, reachable: bool) {
+        self.done = true;
+        let s = self.state;
+        if s.config.failures == 0 {
+            return;
+        }
+        if reachable {
+            s.consecutive.store(0, Ordering::Relaxed);
+            if self.probe {
+                s.open_until.store(0, Ordering::Release);
+                s.probing.store(false, Ordering::Release);
+                tracing::info!("rate limit: circuit breaker closed; the store answers again");
+            }
+            return;
+        }
+        let n = s
+            .consecutive
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if self.probe {
+            s.open("probe failed");
+            s.probing.store(false, Ordering::Release);
+        } else if n >= s.config.failures && s.open_until.load(Ordering::Acquire) == 0 {
+            s.open(&format!("{n} store failures in a row"));
+        }
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.done {
+            // The probe never finished: let the next check probe.
+            self.state.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_failures_then_probes_once_and_closes() {
+        let s = BreakerState::new(CircuitBreaker::new(3, Duration::from_millis(30)));
+        for _ in 0..2 {
+            s.permit().unwrap().finish(false);
+        }
+        assert!(s.permit().is_some(), "opened too early");
+        s.permit().unwrap().finish(false);
+        assert!(s.permit().is_none(), "did not open after 3 failures");
+        assert_eq!(s.times_opened(), 1);
+        std::thread::sleep(Duration::from_millis(40));
+        let probe = s.permit().expect("no probe after the cool-down");
+        assert!(s.permit().is_none(), "a second probe at the same time");
+        probe.finish(false);
+        assert!(s.permit().is_none(), "a failed probe must re-open");
+        assert_eq!(s.times_opened(), 2);
+        std::thread::sleep(Duration::from_millis(40));
+        s.permit().unwrap().finish(true);
+        assert!(
+            s.permit().is_some() && s.permit().is_some(),
+            "did not close"
+        );
+    }
+
+    #[test]
+    fn an_abandoned_probe_does_not_wedge_the_breaker() {
+        let s = BreakerState::new(CircuitBreaker::new(1, Duration::from_millis(10)));
+        s.permit().unwrap().finish(false);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(s.permit().unwrap());
+        assert!(s.permit().is_some());
+    }
+
+    #[test]
+    fn success_resets_the_count_and_disabled_never_opens() {
+        let s = BreakerState::new(CircuitBreaker::new(2, Duration::from_secs(60)));
+        s.permit().unwrap().finish(false);
+        s.permit().unwrap().finish(true);
+        s.permit().unwrap().finish(false);
+        assert!(s.permit().is_some());
+        let off = BreakerState::new(CircuitBreaker::disabled());
+        for _ in 0..100 {
+            off.permit().unwrap().finish(false);
+        }
+        assert!(off.permit().is_some());
+        assert_eq!(
+            CircuitBreaker::new(1, Duration::ZERO)
+                .validate()
+                .unwrap_err()
+                .field(),
+            "circuit_breaker.cool_down"
+        );
+    }
+}
