@@ -5,7 +5,8 @@
 //! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
 //!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]...
-//!     [--on-redis-error open|closed] [--timeout-ms N] [--headers ietf|legacy|both|none]
+//!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
+//!     [--headers ietf|legacy|both|none]
 //!     [--prefix P] [--log error|warn|info|debug|trace]
 //! ```
 //!
@@ -22,8 +23,8 @@ use tower_redis_ratelimit::{
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
-[--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed] \
-[--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL]";
+[--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed|local] \
+[--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL]";
 
 struct Args {
     listen: SocketAddr,
@@ -35,6 +36,7 @@ struct Args {
     key: String,
     trusted: Vec<String>,
     on_error: FailurePolicy,
+    local_share: u32,
     timeout: Duration,
     headers: HeaderStyle,
     prefix: String,
@@ -66,6 +68,7 @@ fn parse_args() -> Result<Args, String> {
         key: "ip".into(),
         trusted: Vec::new(),
         on_error: FailurePolicy::Open,
+        local_share: 1,
         timeout: Duration::from_millis(100),
         headers: HeaderStyle::Ietf,
         prefix: "gateway".into(),
@@ -86,6 +89,7 @@ fn parse_args() -> Result<Args, String> {
             "--key",
             "--trusted-proxy",
             "--on-redis-error",
+            "--local-share",
             "--timeout-ms",
             "--headers",
             "--prefix",
@@ -123,8 +127,16 @@ fn parse_args() -> Result<Args, String> {
                 a.on_error = match value.as_str() {
                     "open" => FailurePolicy::Open,
                     "closed" => FailurePolicy::Closed,
-                    _ => return Err(bad("open or closed")),
+                    "local" => FailurePolicy::Local,
+                    _ => return Err(bad("open, closed or local")),
                 }
+            }
+            "--local-share" => {
+                a.local_share = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| bad("a whole number of instances, at least 1"))?
             }
             "--timeout-ms" => {
                 a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
@@ -176,7 +188,8 @@ async fn serve<A: Algorithm>(
         key.extract(parts)
     })
     .headers(args.headers)
-    .on_store_error(args.on_error);
+    .on_store_error(args.on_error)
+    .local_share(args.local_share);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") })
@@ -219,8 +232,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
     };
     println!(
-        "limit: {quota} per key ({}), key: {}, on store error: {:?}",
-        args.algorithm, args.key, args.on_error
+        "limit: {quota} per key ({}), key: {}, on store error: {:?}{}",
+        args.algorithm,
+        args.key,
+        args.on_error,
+        if args.on_error == FailurePolicy::Local {
+            format!(" (1/{} of the quota per instance)", args.local_share)
+        } else {
+            String::new()
+        }
     );
     match args.algorithm.as_str() {
         "token-bucket" => serve(args, store, TokenBucket::new(quota)?).await,

@@ -193,10 +193,46 @@ fn bad_flags_exit_with_a_clear_error() {
         (&["--key", "cookie"][..], "--key"),
         (&["--trusted-proxy", "10.0.0.0/99"][..], "trusted_proxy"),
         (&["--sliding"][..], "unknown flag"),
+        (
+            &["--on-redis-error", "local", "--local-share", "0"][..],
+            "--local-share",
+        ),
     ] {
         let out = Command::new(gateway_bin()).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn redis_down_follows_on_redis_error() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let common_args = [
+        "--redis", &url, "--limit", "4", "--per", "1h", "--key", "global",
+    ];
+    let local = start_gateway(
+        &[
+            &common_args[..],
+            &["--on-redis-error", "local", "--local-share", "2"],
+        ]
+        .concat(),
+    );
+    let closed = start_gateway(&[&common_args[..], &["--on-redis-error", "closed"]].concat());
+    let open = start_gateway(&[&common_args[..], &["--timeout-ms", "50"]].concat());
+    assert!(
+        local.banner.iter().any(|l| l.contains("1/2 of the quota")),
+        "{:?}",
+        local.banner
+    );
+    assert_eq!(get(local.addr, "").0, 200);
+    redis.kill();
+    // Local share: 4 / 2 = 2 per instance while Redis is away.
+    let statuses: Vec<u16> = (0..4).map(|_| get(local.addr, "").0).collect();
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(get(closed.addr, "").0, 503);
+    let (status, head) = get(open.addr, "");
+    assert_eq!(status, 200);
+    assert!(!head.contains("ratelimit:"), "{head}");
 }
