@@ -126,6 +126,10 @@ impl MemoryState {
         }
     }
 
+    pub(crate) fn expires_at(&self) -> u64 {
+        self.expires_at_us
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.value.is_none()
     }

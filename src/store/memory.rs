@@ -15,8 +15,12 @@ const SHARDS: usize = 16;
 /// scripts, without a network hop. Limits are per process, so use it for single-instance apps,
 /// development, tests and demos, not behind a load balancer.
 ///
-/// Expired state is swept as the map grows, so keys that stop coming back do not accumulate.
-/// Cloning shares the counters.
+/// Memory is bounded: expired state is swept as the map grows, and the number of keys is capped
+/// (default [`MemoryStore::DEFAULT_MAX_KEYS`]). At the cap, the keys whose state expires
+/// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
+/// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
+/// worst loosen the limit of the keys it pushed out by one quota each. Cloning shares the
+/// counters.
 ///
 /// ```
 /// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
@@ -28,13 +32,21 @@ const SHARDS: usize = 16;
 /// assert!(!limiter.check("job-42", 1).await?.allowed);
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>; SHARDS]>,
+    max_per_shard: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
+    }
 }
 
 #[derive(Default)]
 struct Shard {
+    evicted: u64,
     map: HashMap<Box<str>, MemoryState>,
     /// Size after the last sweep; the next sweep runs when the map has doubled.
     swept_len: usize,
@@ -49,9 +61,26 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// Default cap on the number of keys (about 100-200 MB of state at the cap).
+    pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+    /// An empty store with the default key cap.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store holding at most about `max_keys` keys (rounded up to a multiple of 16,
+    /// the number of lock shards).
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            shards: Arc::default(),
+            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    /// Keys forgotten so far because the store was at its cap.
+    pub fn evicted(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).evicted).sum()
     }
 
     /// Number of keys held, including expired ones not swept yet.
@@ -80,16 +109,19 @@ impl MemoryStore {
         now: u64,
     ) -> Result<Outcome, Error> {
         let mut shard = lock(self.shard(key));
-        if shard.map.len() >= 2 * shard.swept_len.max(512) {
-            shard.map.retain(|_, state| {
-                state.expire(now);
-                !state.is_empty()
-            });
-            shard.swept_len = shard.map.len();
+        let shard = &mut *shard;
+        if !shard.map.contains_key(key) {
+            let full = shard.map.len() >= self.max_per_shard;
+            if full || shard.map.len() >= 2 * shard.swept_len.max(512) {
+                shard.sweep(now);
+            }
+            if shard.map.len() >= self.max_per_shard {
+                shard.evict_soonest_expiring();
+            }
+            shard.map.insert(key.into(), MemoryState::default());
         }
-        let state = match shard.map.get_mut(key) {
-            Some(state) => state,
-            None => shard.map.entry(key.into()).or_default(),
+        let Some(state) = shard.map.get_mut(key) else {
+            unreachable!("the key was inserted above");
         };
         state.expire(now);
         let outcome = algorithm.check_in_memory(state, now, cost);
@@ -97,6 +129,34 @@ impl MemoryStore {
             shard.map.remove(key);
         }
         outcome
+    }
+}
+
+impl Shard {
+    fn sweep(&mut self, now: u64) {
+        self.map.retain(|_, state| {
+            state.expire(now);
+            !state.is_empty()
+        });
+        self.swept_len = self.map.len();
+    }
+
+    /// Forgets an eighth of the keys (at least one): those whose state expires soonest.
+    /// Amortised over the inserts that refill them, this is O(log n) per new key.
+    fn evict_soonest_expiring(&mut self) {
+        let n = (self.map.len() / 8).max(1);
+        let mut by_expiry: Vec<(u64, &Box<str>)> = self
+            .map
+            .iter()
+            .map(|(k, state)| (state.expires_at(), k))
+            .collect();
+        by_expiry.select_nth_unstable(n - 1);
+        let doomed: Vec<Box<str>> = by_expiry[..n].iter().map(|(_, k)| (*k).clone()).collect();
+        for k in doomed {
+            self.map.remove(&k);
+        }
+        self.evicted += n as u64;
+        self.swept_len = self.map.len();
     }
 }
 
@@ -126,5 +186,52 @@ impl Store for MemoryStore {
         let key = algorithm.redis_keys(base_key).swap_remove(0);
         let result = self.decide(algorithm, &key, cost, now.unwrap_or_else(now_us));
         Box::pin(std::future::ready(result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Gcra, Quota};
+
+    #[test]
+    fn key_churn_stays_under_the_cap_and_evicts_soonest_expiring_first() {
+        let store = MemoryStore::with_max_keys(1_600);
+        let long = Gcra::new(Quota::per_hour(1)).unwrap();
+        let short = Gcra::new(Quota::per_second(1)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        // A key whose state lives an hour.
+        assert!(store.decide(&long, "keeper", 1, t0).unwrap().allowed);
+        // A flood of one-off keys whose state lives a second.
+        for i in 0..100_000u64 {
+            store.decide(&short, &format!("ip{i}"), 1, t0 + i).unwrap();
+            assert!(store.len() <= 1_600);
+        }
+        assert!(store.evicted() > 90_000);
+        // The long-lived key survived: it is still limited.
+        assert!(
+            !store
+                .decide(&long, "keeper", 1, t0 + 100_000)
+                .unwrap()
+                .allowed
+        );
+    }
+
+    #[test]
+    fn expired_keys_are_swept() {
+        let store = MemoryStore::new();
+        let g = Gcra::new(Quota::per_second(10)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        for i in 0..10_000u64 {
+            store.decide(&g, &format!("k{i}"), 1, t0).unwrap();
+        }
+        // One second later every state has expired; new keys trigger sweeps.
+        for i in 0..10_000u64 {
+            store
+                .decide(&g, &format!("n{i}"), 1, t0 + 1_000_000 + i)
+                .unwrap();
+        }
+        assert!(store.len() < 15_000, "{}", store.len());
+        assert_eq!(store.evicted(), 0);
     }
 }

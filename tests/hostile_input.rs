@@ -1,0 +1,159 @@
+//! Property tests of everything a client can reach: key extractors and header rendering with
+//! random, non-UTF-8, empty and 64 KiB inputs never panic, keys stay bounded, headers stay
+//! well-formed. Bounded: a few hundred cases each.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use http::{request::Parts, HeaderMap, HeaderValue, Request};
+use proptest::prelude::*;
+use tower_redis_ratelimit::{
+    headers::{render, HeaderStyle},
+    ClientIp, Decision, Gcra, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Quota, RateLimiter,
+};
+
+/// Bytes a header value may hold: visible ASCII, space, tab and obs-text (0x80-0xFF).
+fn header_bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(
+        prop_oneof![
+            8 => 0x20u8..0x7f,
+            2 => 0x80u8..=0xff,
+            1 => Just(b'\t'),
+            1 => Just(b','),
+        ],
+        0..max,
+    )
+}
+
+fn parts_with(headers: &[(&str, Vec<u8>)], peer: Option<SocketAddr>) -> Parts {
+    let mut req = Request::get("/").body(()).unwrap();
+    for (name, value) in headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        req.headers_mut()
+            .append(name, HeaderValue::from_bytes(value).unwrap());
+    }
+    if let Some(peer) = peer {
+        req.extensions_mut().insert(peer);
+    }
+    req.into_parts().0
+}
+
+fn limiter() -> RateLimiter<Gcra> {
+    RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5)).unwrap())
+}
+
+/// `{rl:` + at most 128 bytes or `#` + 40 hex digits + `}`.
+const MAX_STORAGE_KEY: usize = 4 + 128 + 1;
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn header_key_never_panics_and_keys_stay_bounded(value in header_bytes(300)) {
+        let parts = parts_with(&[("x-api-key", value.clone())], None);
+        let key = HeaderKey::new("x-api-key").unwrap().extract(&parts);
+        prop_assert_eq!(key.is_none(), value.is_empty());
+        if let Some(key) = key {
+            let stored = limiter().storage_key(&key);
+            prop_assert!(stored.len() <= MAX_STORAGE_KEY, "{} bytes", stored.len());
+        }
+    }
+
+    #[test]
+    fn client_ip_never_panics_and_answers_an_address(
+        xff in prop::collection::vec(
+            prop_oneof![
+                header_bytes(40),
+                any::<std::net::IpAddr>().prop_map(|ip| ip.to_string().into_bytes()),
+                Just(b"10.0.0.1".to_vec()),
+                Just(b"[::1]:80".to_vec()),
+                Just(b" , ,".to_vec()),
+            ],
+            0..6,
+        ),
+        peer in prop_oneof![Just("10.0.0.9:1"), Just("203.0.113.5:2"), Just("[::ffff:10.1.2.3]:3")],
+    ) {
+        let peer: SocketAddr = peer.parse().unwrap();
+        let headers: Vec<(&str, Vec<u8>)> = xff.into_iter().map(|v| ("x-forwarded-for", v)).collect();
+        let parts = parts_with(&headers, Some(peer));
+        let ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
+        let key = ip.extract(&parts).expect("a peer is always an answer");
+        let parsed: std::net::IpAddr = key.parse().expect("the key is an IP address");
+        if !peer.ip().to_canonical().to_string().starts_with("10.") {
+            prop_assert_eq!(parsed, peer.ip().to_canonical(), "untrusted peer must be the key");
+        }
+        prop_assert_eq!(PeerIp.extract(&parts), Some(peer.ip().to_canonical().to_string()));
+    }
+
+    #[test]
+    fn rendered_headers_are_well_formed(
+        allowed in any::<bool>(),
+        limit in any::<u64>(),
+        remaining in any::<u64>(),
+        reset_us in any::<u64>(),
+        retry_us in prop::option::of(any::<u64>()),
+        window_us in any::<u64>(),
+        policy in "[ -~]{0,20}",
+    ) {
+        let d = Decision {
+            allowed, limit, remaining, cost: 1,
+            reset_after: Duration::from_micros(reset_us),
+            retry_after: retry_us.map(Duration::from_micros),
+            window: Duration::from_micros(window_us),
+            policy: Arc::from(policy.as_str()),
+            degraded: false,
+        };
+        let mut h = HeaderMap::new();
+        render(HeaderStyle::Both, &d, &mut h);
+        for (name, value) in &h {
+            let text = value.to_str().expect("visible ASCII only");
+            prop_assert!(!text.is_empty(), "{name} is empty");
+            prop_assert_ne!(text, "invalid");
+        }
+        let item = h["ratelimit"].to_str().unwrap();
+        prop_assert!(item.starts_with('"'));
+        // A quoted name (with `\\` escapes), then `;key=integer` parameters.
+        let bytes = item.as_bytes();
+        let mut i = 1;
+        let close = loop {
+            match bytes[i] {
+                b'\\' => i += 2,
+                b'"' => break i,
+                _ => i += 1,
+            }
+        };
+        for param in item[close + 1..].split(';').skip(1) {
+            let (k, v) = param.split_once('=').expect("key=value");
+            prop_assert!(k == "r" || k == "t", "{}", k);
+            prop_assert!(v.parse::<u64>().is_ok(), "{}", v);
+        }
+        if let Some(retry) = h.get("retry-after") {
+            let retry: u64 = retry.to_str().unwrap().parse().unwrap();
+            prop_assert!(retry >= 1);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    /// 64 KiB values: no panic, a bounded key, and the same value gets the same key.
+    #[test]
+    fn huge_header_values(value in header_bytes(64 * 1024)) {
+        let parts = parts_with(&[("x-api-key", value)], None);
+        let extractor = HeaderKey::new("x-api-key").unwrap();
+        let l = limiter();
+        if let Some(key) = extractor.extract(&parts) {
+            let stored = l.storage_key(&key);
+            prop_assert!(stored.len() <= MAX_STORAGE_KEY);
+            prop_assert_eq!(stored, l.storage_key(&extractor.extract(&parts).unwrap()));
+        }
+    }
+}
