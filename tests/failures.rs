@@ -169,6 +169,9 @@ async fn foreign_data_under_a_key_follows_the_policy() {
         .unwrap();
     let (status, _, called, _) = one_request(store.clone(), FailurePolicy::Closed, false).await;
     assert_eq!((status, called), (StatusCode::SERVICE_UNAVAILABLE, false));
-    let (status, _, called, _) = one_request(store, FailurePolicy::Open, false).await;
+    let (status, _, called, _) = one_request(store.clone(), FailurePolicy::Open, false).await;
     assert_eq!((status, called), (StatusCode::OK, true));
+    // Redis is up: deciding locally would hide the problem, so `Local` rejects like `Closed`.
+    let (status, _, called, _) = one_request(store, FailurePolicy::Local, false).await;
+    assert_eq!((status, called), (StatusCode::SERVICE_UNAVAILABLE, false));
 }

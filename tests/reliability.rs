@@ -56,8 +56,16 @@ async fn restart_on_the_same_port_resumes_limiting() {
         CircuitBreaker::new(3, Duration::from_millis(200)),
     );
     assert!(l.check("k", 1).await.unwrap().allowed);
+    // The same through a bb8 pool (with bb8's check-out PING, which replaces dead connections).
+    let pooled = limiter(
+        redis.store_with_pool(2).await,
+        Quota::per_hour(3),
+        CircuitBreaker::disabled(),
+    );
+    assert!(pooled.check("pooled", 1).await.unwrap().allowed);
 
     redis.kill();
+    assert!(pooled.check("pooled", 1).await.is_err());
     for _ in 0..10 {
         let started = Instant::now();
         let r = l.check("k", 1).await;
@@ -74,6 +82,9 @@ async fn restart_on_the_same_port_resumes_limiting() {
     let took = time_to_recover(&l, "probe").await;
     println!("checks resumed {took:?} after Redis accepted connections again");
     assert!(took < Duration::from_secs(5), "{took:?}");
+    let took_pooled = time_to_recover(&pooled, "pooled-probe").await;
+    println!("bb8 pool: checks resumed after {took_pooled:?}");
+    assert!(took_pooled < Duration::from_secs(5), "{took_pooled:?}");
     // The restarted Redis kept no data: the key starts afresh and is limited again.
     for _ in 0..3 {
         assert!(l.check("k", 1).await.unwrap().allowed);
@@ -282,4 +293,38 @@ async fn script_flush_and_debug_reload_mid_traffic_cause_no_errors() {
         "too little traffic to mean anything"
     );
     assert_eq!(errors.load(Ordering::Relaxed), 0);
+}
+
+/// More concurrent checks than pooled connections while Redis hangs: the pool is exhausted
+/// (each check-out PINGs a stopped server), and still no check waits past the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_pool_with_a_hung_redis_stays_bounded() {
+    let redis = RedisServer::start();
+    let l = limiter(
+        redis.store_with_pool(2).await,
+        Quota::per_hour(1_000),
+        CircuitBreaker::disabled(),
+    );
+    assert!(l.check("k", 1).await.unwrap().allowed);
+    redis.signal("-STOP");
+    let mut handles = Vec::new();
+    for i in 0..64 {
+        let l = l.clone();
+        handles.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let r = l.check(&format!("k{i}"), 1).await;
+            (started.elapsed(), r)
+        }));
+    }
+    let mut slowest = Duration::ZERO;
+    for h in handles {
+        let (t, r) = h.await.unwrap();
+        assert!(r.is_err(), "{r:?}");
+        slowest = slowest.max(t);
+    }
+    redis.signal("-CONT");
+    println!("slowest check with an exhausted pool and a hung Redis: {slowest:?}");
+    assert!(slowest < TIMEOUT + MARGIN, "{slowest:?}");
+    let took = time_to_recover(&l, "after").await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }

@@ -166,12 +166,12 @@ impl RedisServer {
             .expect("cannot connect to the test redis")
     }
 
-    /// A store with its own pool of `size` connections.
+    /// A store on a bb8 pool of `size` connections, with bb8's check-out `PING`.
     pub async fn store_with_pool(&self, size: u32) -> RedisStore {
         let manager = RedisConnectionManager::new(self.url()).unwrap();
         let pool = bb8::Pool::builder()
             .max_size(size)
-            .test_on_check_out(false)
+            .test_on_check_out(true)
             .build(manager)
             .await
             .unwrap();
