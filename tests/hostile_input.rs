@@ -85,7 +85,10 @@ proptest! {
         let parts = parts_with(&headers, Some(peer));
         let ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
         let key = ip.extract(&parts).expect("a peer is always an answer");
-        let parsed: std::net::IpAddr = key.parse().expect("the key is an IP address");
+        // An address, or an IPv6 /64 network.
+        let addr = key.strip_suffix("/64").unwrap_or(&key);
+        let parsed: std::net::IpAddr = addr.parse().expect("the key is an IP address");
+        prop_assert_eq!(key.ends_with("/64"), parsed.is_ipv6());
         if !peer.ip().to_canonical().to_string().starts_with("10.") {
             prop_assert_eq!(parsed, peer.ip().to_canonical(), "untrusted peer must be the key");
         }

@@ -30,7 +30,7 @@ mod global;
 mod header;
 mod peer_ip;
 
-pub use client_ip::ClientIp;
+pub use client_ip::{ClientIp, ProxyHeader};
 pub use global::GlobalKey;
 pub use header::HeaderKey;
 pub use peer_ip::PeerIp;
