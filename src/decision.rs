@@ -97,6 +97,10 @@ pub struct Decision {
     /// True when the store was unavailable and this decision was made in this process at the
     /// local share of the quota ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
     pub degraded: bool,
+    /// The IETF `pk` partition key, base64 (sf-binary content), when the layer is configured
+    /// with [`RateLimitLayer::partition_key`](crate::RateLimitLayer::partition_key): a keyed
+    /// hash of the rate-limit key, never the key itself.
+    pub partition_key: Option<String>,
 }
 
 impl Decision {
@@ -120,6 +124,7 @@ impl Decision {
             cost,
             policy,
             degraded: false,
+            partition_key: None,
         }
     }
 

@@ -87,6 +87,18 @@ fn sf_string(name: &str) -> String {
     out
 }
 
+/// The `pk` value for `key`: base64 of the first 12 bytes of SHA-1(secret, 0, key). Stable
+/// across instances sharing the secret; without the secret, low-entropy keys such as IP
+/// addresses cannot be recovered by trying them all.
+pub(crate) fn partition_key(secret: &[u8], key: &str) -> String {
+    use base64::Engine as _;
+    let mut h = sha1_smol::Sha1::new();
+    h.update(secret);
+    h.update(&[0]);
+    h.update(key.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(&h.digest().bytes()[..12])
+}
+
 fn value(s: String) -> HeaderValue {
     // Only digits, ASCII letters and sf punctuation are ever formatted here.
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -105,6 +117,7 @@ fn value(s: String) -> HeaderValue {
 ///     allowed: true, limit: 100, remaining: 42, cost: 1,
 ///     reset_after: Duration::from_millis(17_200), retry_after: None,
 ///     window: Duration::from_secs(60), policy: Arc::from("api"), degraded: false,
+///     partition_key: None,
 /// };
 /// let mut h = http::HeaderMap::new();
 /// render(HeaderStyle::Ietf, &d, &mut h);
@@ -116,14 +129,25 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         let w = ceil_secs(d.window).max(1);
         let name = sf_string(&d.policy);
+        // sf-binary: base64 between colons; only base64 characters are ever stored here.
+        let pk = d
+            .partition_key
+            .as_deref()
+            .filter(|pk| {
+                pk.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+            })
+            .map(|pk| format!(";pk=:{pk}:"))
+            .unwrap_or_default();
         headers.append(
             RATELIMIT_POLICY,
-            value(format!("{name};q={};w={w}", d.limit)),
+            value(format!("{name};q={};w={w}{pk}", d.limit)),
         );
         let mut item = format!("{name};r={}", d.remaining);
         if let Some(t) = t {
             item.push_str(&format!(";t={t}"));
         }
+        item.push_str(&pk);
         headers.append(RATELIMIT, value(item));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
@@ -154,6 +178,7 @@ mod tests {
             cost: 1,
             policy: Arc::from("p"),
             degraded: false,
+            partition_key: None,
         }
     }
 
@@ -204,6 +229,21 @@ mod tests {
             rendered(HeaderStyle::None, &d),
             pairs(&[("retry-after", "5")])
         );
+    }
+
+    #[test]
+    fn partition_key_is_an_sf_binary_on_both_fields() {
+        let mut d = decision(true, None);
+        d.partition_key = Some("q83vEjRWeJA=".to_owned());
+        assert_eq!(
+            rendered(HeaderStyle::Ietf, &d),
+            pairs(&[
+                ("ratelimit", "\"p\";r=0;t=3;pk=:q83vEjRWeJA=:"),
+                ("ratelimit-policy", "\"p\";q=10;w=1;pk=:q83vEjRWeJA=:")
+            ])
+        );
+        d.partition_key = Some("not base64!".to_owned());
+        assert!(!rendered(HeaderStyle::Ietf, &d)[0].1.contains("pk="));
     }
 
     #[test]

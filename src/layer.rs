@@ -57,6 +57,7 @@ pub struct RateLimitLayer<K, A> {
     local_share: NonZeroU32,
     /// The local-share twin, built when the policy is `Local`.
     local: Option<RateLimiter<A>>,
+    partition_secret: Option<Arc<[u8]>>,
     responder: Responder,
 }
 
@@ -72,6 +73,7 @@ impl<K, A> Clone for RateLimitLayer<K, A> {
             failure: self.failure,
             local_share: self.local_share,
             local: self.local.clone(),
+            partition_secret: self.partition_secret.clone(),
             responder: self.responder.clone(),
         }
     }
@@ -100,6 +102,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
             failure: FailurePolicy::default(),
             local_share: NonZeroU32::MIN,
             local: None,
+            partition_secret: None,
             responder: Responder::default(),
         }
     }
@@ -206,6 +209,28 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         self
     }
 
+    /// Answers denied requests (other than gRPC) with an RFC 9457 `application/problem+json`
+    /// body of type `quota-exceeded` listing the `violated-policies`, instead of plain text.
+    ///
+    /// ```text
+    /// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+    ///  "title":"Request cannot be satisfied as assigned quota has been exceeded",
+    ///  "status":429,"detail":"cost 1 exceeds the 0 units left; retry in 4 s",
+    ///  "violated-policies":["default"]}
+    /// ```
+    pub fn problem_details(mut self) -> Self {
+        self.responder.problem_details = true;
+        self
+    }
+
+    /// Adds the IETF `pk` (partition key) parameter to the `RateLimit` fields: a keyed hash of
+    /// the request's rate-limit key, so clients sharing an IP can tell their quotas apart,
+    /// without revealing the key. Instances sharing the secret give the same `pk`.
+    pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.partition_secret = Some(Arc::from(secret.as_ref()));
+        self
+    }
+
     /// The limiter.
     pub fn limiter(&self) -> &RateLimiter<A> {
         &self.limiter
@@ -225,6 +250,7 @@ impl<S, K: KeyExtractor, A: Algorithm> Layer<S> for RateLimitLayer<K, A> {
                 missing_key: self.missing_key,
                 failure: self.failure,
                 local: self.local.clone(),
+                partition_secret: self.partition_secret.clone(),
                 responder: Arc::new(self.responder.clone()),
             }),
         )

@@ -47,7 +47,7 @@ mod key;
 mod layer;
 mod limiter;
 mod quota;
-mod response;
+pub mod response;
 mod service;
 mod store;
 

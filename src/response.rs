@@ -23,11 +23,57 @@ const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 /// gRPC status code UNAVAILABLE.
 const GRPC_UNAVAILABLE: &str = "14";
 
+/// The RFC 9457 problem type for a request over its quota (draft-ietf-httpapi-ratelimit-headers).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
 /// How the limiter answers: header style and rejection.
 #[derive(Clone, Default)]
 pub(crate) struct Responder {
     pub(crate) style: HeaderStyle,
     pub(crate) reject: Option<Arc<RejectFn>>,
+    pub(crate) problem_details: bool,
+}
+
+/// A JSON string literal (quotes, backslashes and control characters escaped).
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// An RFC 9457 `application/problem+json` body for a denied decision.
+fn problem_response<B>(d: &Decision) -> Response<ResponseBody<B>> {
+    let detail = match d.retry_after {
+        Some(wait) => format!(
+            "cost {} exceeds the {} units left; retry in {} s",
+            d.cost,
+            d.remaining,
+            crate::headers::ceil_secs(wait).max(1)
+        ),
+        None => format!("cost {} exceeds the quota of {}", d.cost, d.limit),
+    };
+    let body = format!(
+        "{{\"type\":{},\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\"detail\":{},\"violated-policies\":[{}]}}",
+        json_string(QUOTA_EXCEEDED),
+        json_string(&detail),
+        json_string(&d.policy)
+    );
+    let mut res = Response::new(ResponseBody::full(Bytes::from(body)));
+    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
 }
 
 impl fmt::Debug for Responder {
@@ -35,6 +81,7 @@ impl fmt::Debug for Responder {
         f.debug_struct("Responder")
             .field("style", &self.style)
             .field("custom_rejection", &self.reject.is_some())
+            .field("problem_details", &self.problem_details)
             .finish()
     }
 }
@@ -83,6 +130,8 @@ impl Responder {
             grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
         } else if let Some(reject) = &self.reject {
             reject(d).map(ResponseBody::full)
+        } else if self.problem_details {
+            problem_response(d)
         } else if d.is_never() {
             text_response(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -122,5 +171,41 @@ impl Responder {
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn problem_details_body() {
+        let d = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 1,
+            reset_after: Duration::from_secs(9),
+            retry_after: Some(Duration::from_millis(2_500)),
+            window: Duration::from_secs(60),
+            cost: 3,
+            policy: Arc::from("free-tier"),
+            degraded: false,
+            partition_key: None,
+        };
+        let r = Responder {
+            problem_details: true,
+            ..Responder::default()
+        };
+        let res: Response<ResponseBody<http_body_util_free::Empty>> = r.denied(&d, false);
+        assert_eq!(res.status(), 429);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(res.headers()["retry-after"], "3");
+        assert_eq!(json_string("a\"b\\c\n"), r#""a\"b\\c\u000a""#);
+    }
+
+    mod http_body_util_free {
+        /// A body type for the test's type parameter; never polled.
+        pub(crate) struct Empty;
     }
 }

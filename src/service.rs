@@ -17,6 +17,7 @@ use tower_service::Service;
 use crate::{
     body::ResponseBody,
     future::ResponseFuture,
+    headers::partition_key,
     layer::{CostFn, MissingKey},
     response::{is_grpc, Responder},
     store::BoxFuture,
@@ -30,6 +31,7 @@ pub(crate) struct Config<K, A> {
     pub(crate) missing_key: MissingKey,
     pub(crate) failure: FailurePolicy,
     pub(crate) local: Option<RateLimiter<A>>,
+    pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder>,
 }
 
@@ -125,10 +127,16 @@ where
         }
         let limiter = config.limiter.clone();
         let local = config.local.clone();
+        let pk = config
+            .partition_secret
+            .as_ref()
+            .map(|secret| partition_key(secret, key.as_deref().unwrap_or("#")));
         let check: BoxFuture<'static, _> = Box::pin(async move {
-            limiter
+            let mut d = limiter
                 .check_or_local(key.as_deref(), cost, local.as_ref())
-                .await
+                .await?;
+            d.partition_key = pk;
+            Ok(d)
         });
         ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
     }
