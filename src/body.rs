@@ -44,6 +44,14 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty body, so layers that write their own responses (e.g. tower-http's `TimeoutLayer`)
+/// compose with the limiter.
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::full(Bytes::new())
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,

@@ -439,13 +439,18 @@ async fn problem_details_and_partition_key() {
     let pk = |res: &Response<_>| {
         let v = header(res, "ratelimit").unwrap();
         let pk = v.split(";pk=").nth(1).unwrap().to_owned();
-        assert!(header(res, "ratelimit-policy").unwrap().ends_with(&format!(";pk={pk}")));
+        assert!(header(res, "ratelimit-policy")
+            .unwrap()
+            .ends_with(&format!(";pk={pk}")));
         pk
     };
     let first = svc.clone().oneshot(req("alice")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     let alice = pk(&first);
-    assert!(alice.starts_with(':') && alice.ends_with(':') && alice.len() == 18, "{alice}");
+    assert!(
+        alice.starts_with(':') && alice.ends_with(':') && alice.len() == 18,
+        "{alice}"
+    );
     assert!(!alice.contains("alice"));
     let bob = pk(&svc.clone().oneshot(req("bob")).await.unwrap());
     assert_ne!(alice, bob);
@@ -453,7 +458,10 @@ async fn problem_details_and_partition_key() {
     let denied = svc.clone().oneshot(req("alice")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(pk(&denied), alice, "pk must be stable for a key");
-    assert_eq!(header(&denied, "content-type"), Some("application/problem+json"));
+    assert_eq!(
+        header(&denied, "content-type"),
+        Some("application/problem+json")
+    );
     let body = body_text(denied).await;
     assert!(body.starts_with('{') && body.ends_with('}'), "{body}");
     for part in [
