@@ -50,6 +50,7 @@ mod quota;
 pub mod response;
 mod service;
 mod store;
+pub mod throttle;
 
 pub use algorithm::{Algorithm, Gcra, MemoryState, SlidingWindow, TokenBucket};
 pub use body::ResponseBody;
@@ -67,6 +68,7 @@ pub use limiter::{
 pub use quota::Quota;
 pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};
+pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
 // The crates whose types appear in this API, so users can name matching versions.
 pub use bb8;
