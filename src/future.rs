@@ -103,12 +103,9 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let decision = match result {
-                        Ok(d) if d.allowed => {
-                            tracing::debug!(policy = %d.policy, remaining = d.remaining, degraded = d.degraded, "rate limit: allowed");
-                            Some(d)
-                        }
+                        // The limiter logged the decision (see `telemetry`).
+                        Ok(d) if d.allowed => Some(d),
                         Ok(d) => {
-                            tracing::debug!(policy = %d.policy, retry_after = ?d.retry_after, degraded = d.degraded, "rate limit: denied");
                             return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc)));
                         }
                         Err(e) => {

@@ -50,6 +50,7 @@ mod quota;
 pub mod response;
 mod service;
 mod store;
+pub mod telemetry;
 pub mod throttle;
 
 pub use algorithm::{Algorithm, Gcra, MemoryState, SlidingWindow, TokenBucket};

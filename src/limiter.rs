@@ -7,12 +7,12 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::{
-    breaker::BreakerState, Algorithm, CircuitBreaker, ConfigError, Decision, Error, MemoryStore,
-    Store,
+    breaker::BreakerState, telemetry, Algorithm, CircuitBreaker, ConfigError, Decision, Error,
+    MemoryStore, Store,
 };
 
 /// Default bound on one store call.
@@ -162,24 +162,32 @@ impl<A: Algorithm> RateLimiter<A> {
         let inner = &*self.inner;
         let Some(permit) = inner.breaker.permit() else {
             inner.short_circuited.fetch_add(1, Ordering::Relaxed);
+            telemetry::store_failed(&inner.policy, &Error::CircuitOpen);
             return Err(Error::CircuitOpen);
         };
+        let started = Instant::now();
         let call = inner.store.check(&inner.algorithm, &base, cost, now);
         let result = tokio::time::timeout(inner.timeout, call)
             .await
             .unwrap_or(Err(Error::Timeout(inner.timeout)));
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
-        if result.is_err() {
-            inner.store_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        let outcome = result?;
-        Ok(Decision::from_outcome(
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                inner.store_errors.fetch_add(1, Ordering::Relaxed);
+                telemetry::store_failed(&inner.policy, &e);
+                return Err(e);
+            }
+        };
+        let d = Decision::from_outcome(
             outcome,
             inner.algorithm.quota(),
             inner.algorithm.window(),
             cost,
             Arc::clone(&inner.policy),
-        ))
+        );
+        telemetry::decided(&d, started.elapsed());
+        Ok(d)
     }
 
     /// The base key under which `key`'s state is stored: `{prefix:key}`, with a key longer
@@ -226,6 +234,7 @@ impl<A: Algorithm> RateLimiter<A> {
         };
         d.degraded = true;
         self.inner.degraded.fetch_add(1, Ordering::Relaxed);
+        telemetry::degraded(&d);
         tracing::debug!(error = %e, allowed = d.allowed, "rate limit: decided locally (degraded)");
         Ok(d)
     }

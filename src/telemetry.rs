@@ -1,0 +1,68 @@
+//! What the limiter reports: `tracing` events, and with the `metrics` feature, metrics.
+//!
+//! Events (target `tower_redis_ratelimit`): each decision at `debug` (policy, allowed,
+//! remaining, store latency), store failures at `warn`, circuit-breaker changes at `warn` /
+//! `info`. Raw keys are never logged above `trace`.
+//!
+//! Metrics (feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade; install
+//! any recorder, e.g. a Prometheus exporter):
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `ratelimit_decisions_total` | counter | `policy`, `decision` = `allowed` / `denied` |
+//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
+//! | `ratelimit_degraded_total` | counter | `policy` |
+//! | `ratelimit_store_latency_seconds` | histogram | `policy` |
+
+use std::time::Duration;
+
+use crate::{Decision, Error};
+
+/// Metric names.
+pub const DECISIONS: &str = "ratelimit_decisions_total";
+/// Metric names.
+pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
+/// Metric names.
+pub const DEGRADED: &str = "ratelimit_degraded_total";
+/// Metric names.
+pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
+
+pub(crate) fn decided(d: &Decision, latency: Duration) {
+    tracing::debug!(
+        policy = %d.policy,
+        allowed = d.allowed,
+        remaining = d.remaining,
+        cost = d.cost,
+        latency_us = latency.as_micros() as u64,
+        "rate limit: decided"
+    );
+    #[cfg(feature = "metrics")]
+    {
+        let decision = if d.allowed { "allowed" } else { "denied" };
+        metrics::counter!(DECISIONS, "policy" => d.policy.to_string(), "decision" => decision)
+            .increment(1);
+        metrics::histogram!(STORE_LATENCY, "policy" => d.policy.to_string())
+            .record(latency.as_secs_f64());
+    }
+}
+
+pub(crate) fn store_failed(policy: &str, e: &Error) {
+    tracing::debug!(policy, error = %e, "rate limit: store check failed");
+    #[cfg(feature = "metrics")]
+    {
+        let kind = match e {
+            Error::Timeout(_) => "timeout",
+            Error::CircuitOpen => "circuit_open",
+            Error::Redis(_) | Error::Pool(_) => "redis",
+            _ => "other",
+        };
+        metrics::counter!(STORE_ERRORS, "policy" => policy.to_owned(), "kind" => kind).increment(1);
+    }
+}
+
+pub(crate) fn degraded(d: &Decision) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(DEGRADED, "policy" => d.policy.to_string()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = d;
+}
