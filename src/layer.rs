@@ -1,14 +1,16 @@
 //! The tower layer.
 
-use std::{fmt, num::NonZeroU32, sync::Arc};
+use std::{borrow::Cow, fmt, num::NonZeroU32, sync::Arc};
 
 use bytes::Bytes;
 use http::{request::Parts, Response};
 use tower_layer::Layer;
 
 use crate::{
-    headers::HeaderStyle, response::Responder, service::Config, Algorithm, Decision, FailurePolicy,
-    KeyExtractor, RateLimit, RateLimiter,
+    headers::HeaderStyle,
+    response::Responder,
+    service::{Config, Policy},
+    Algorithm, Decision, FailurePolicy, KeyExtractor, RateLimit, RateLimiter,
 };
 
 /// What the layer does with a request whose [`KeyExtractor`] found no key.
@@ -49,43 +51,50 @@ pub enum MissingKey {
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<K, A> {
-    limiter: RateLimiter<A>,
-    key: Arc<K>,
-    cost: Option<Arc<CostFn>>,
-    missing_key: MissingKey,
-    failure: FailurePolicy,
-    local_share: NonZeroU32,
-    /// The local-share twin, built when the policy is `Local`.
-    local: Option<RateLimiter<A>>,
-    partition_secret: Option<Arc<[u8]>>,
-    responder: Responder,
+    config: Config<K, A>,
 }
 
 pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Class + Send + Sync;
+
+/// Which policy a request falls under, as decided by [`RateLimitLayer::classify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Class {
+    /// The layer's first (default) policy.
+    Default,
+    /// The policy with this name (see [`RateLimiterBuilder::policy_name`](crate::RateLimiterBuilder::policy_name)),
+    /// added with [`RateLimitLayer::policy`]. An unknown name falls back to the default
+    /// policy, with a warning.
+    Policy(Cow<'static, str>),
+    /// Not limited at all, and no rate-limit headers (health checks, internal callers).
+    Bypass,
+}
+
+impl Class {
+    /// The policy named `name`.
+    pub fn policy(name: impl Into<Cow<'static, str>>) -> Self {
+        Class::Policy(name.into())
+    }
+}
 
 impl<K, A> Clone for RateLimitLayer<K, A> {
     fn clone(&self) -> Self {
         Self {
-            limiter: self.limiter.clone(),
-            key: Arc::clone(&self.key),
-            cost: self.cost.clone(),
-            missing_key: self.missing_key,
-            failure: self.failure,
-            local_share: self.local_share,
-            local: self.local.clone(),
-            partition_secret: self.partition_secret.clone(),
-            responder: self.responder.clone(),
+            config: self.config.clone(),
         }
     }
 }
 
 impl<K, A: Algorithm> fmt::Debug for RateLimitLayer<K, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        let names: Vec<&str> = c.policies.iter().map(|p| p.limiter.policy_name()).collect();
         f.debug_struct("RateLimitLayer")
-            .field("limiter", &self.limiter)
-            .field("failure", &self.failure)
-            .field("missing_key", &self.missing_key)
-            .field("responder", &self.responder)
+            .field("policies", &names)
+            .field("failure", &c.failure)
+            .field("missing_key", &c.missing_key)
+            .field("responder", &c.responder)
             .finish_non_exhaustive()
     }
 }
@@ -95,21 +104,69 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// Defaults: cost 1, IETF headers, [`FailurePolicy::Open`], [`MissingKey::Shared`].
     pub fn new(limiter: RateLimiter<A>, key: K) -> Self {
         Self {
-            limiter,
-            key: Arc::new(key),
-            cost: None,
-            missing_key: MissingKey::default(),
-            failure: FailurePolicy::default(),
-            local_share: NonZeroU32::MIN,
-            local: None,
-            partition_secret: None,
-            responder: Responder::default(),
+            config: Config {
+                policies: vec![Policy {
+                    limiter,
+                    local: None,
+                }],
+                classify: None,
+                key: Arc::new(key),
+                cost: None,
+                missing_key: MissingKey::default(),
+                failure: FailurePolicy::default(),
+                local_share: NonZeroU32::MIN,
+                partition_secret: None,
+                responder: Arc::new(Responder::default()),
+            },
         }
+    }
+
+    /// Adds a policy that [`classify`](Self::classify) can select by the limiter's policy
+    /// name, e.g. a paid tier with its own quota. Give each policy its own key prefix, or they
+    /// share counters.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::*;
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str); // inserted by your authentication middleware
+    ///
+    /// let store = MemoryStore::new();
+    /// let free = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(60))?)
+    ///     .prefix("free").policy_name("free").build()?;
+    /// let paid = RateLimiter::builder(store, Gcra::new(Quota::per_minute(6000))?)
+    ///     .prefix("paid").policy_name("paid").build()?;
+    /// let layer = RateLimitLayer::new(free, HeaderKey::new("x-api-key")?)
+    ///     .policy(paid)
+    ///     .classify(|parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
+    ///         ("/health", _) => Class::Bypass,
+    ///         (_, Some(Plan("paid"))) => Class::policy("paid"),
+    ///         _ => Class::Default,
+    ///     });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(mut self, limiter: RateLimiter<A>) -> Self {
+        self.config.policies.push(Policy {
+            limiter,
+            local: None,
+        });
+        self.rebuild_local();
+        self
+    }
+
+    /// Picks each request's policy (default: always the first). Classify on what the client
+    /// cannot forge: an authenticated identity, a route, not a client-chosen header.
+    pub fn classify<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(&Parts) -> Class + Send + Sync + 'static,
+    {
+        self.config.classify = Some(Arc::new(classify));
+        self
     }
 
     /// Which rate-limit headers to send (default [`HeaderStyle::Ietf`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.responder.style = style;
+        Arc::make_mut(&mut self.config.responder).style = style;
         self
     }
 
@@ -127,7 +184,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///     .local_share(4);
     /// ```
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
+        self.config.failure = policy;
         self.rebuild_local();
         self
     }
@@ -141,28 +198,33 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///
     /// If `instances` is 0.
     pub fn local_share(mut self, instances: u32) -> Self {
-        self.local_share = NonZeroU32::new(instances).expect("local_share must be at least 1");
+        self.config.local_share =
+            NonZeroU32::new(instances).expect("local_share must be at least 1");
         self.rebuild_local();
         self
     }
 
+    /// (Re)builds each policy's local twin for [`FailurePolicy::Local`].
     fn rebuild_local(&mut self) {
-        self.local = None;
-        if self.failure == FailurePolicy::Local {
-            self.local = self.limiter.local_twin(self.local_share);
-            if self.local.is_none() {
-                tracing::error!(
-                    algorithm = self.limiter.algorithm().name(),
-                    "rate limit: FailurePolicy::Local needs an algorithm with a local share; \
-                     requests are rejected while the store is unavailable"
-                );
+        let c = &mut self.config;
+        for p in &mut c.policies {
+            p.local = None;
+            if c.failure == FailurePolicy::Local {
+                p.local = p.limiter.local_twin(c.local_share);
+                if p.local.is_none() {
+                    tracing::error!(
+                        algorithm = p.limiter.algorithm().name(),
+                        "rate limit: FailurePolicy::Local needs an algorithm with a local \
+                         share; requests are rejected while the store is unavailable"
+                    );
+                }
             }
         }
     }
 
     /// What to do with requests that have no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.missing_key = missing;
+        self.config.missing_key = missing;
         self
     }
 
@@ -182,7 +244,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     where
         F: Fn(&Parts) -> u32 + Send + Sync + 'static,
     {
-        self.cost = Some(Arc::new(cost));
+        self.config.cost = Some(Arc::new(cost));
         self
     }
 
@@ -205,7 +267,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.responder.reject = Some(Arc::new(reject));
+        Arc::make_mut(&mut self.config.responder).reject = Some(Arc::new(reject));
         self
     }
 
@@ -219,7 +281,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///  "violated-policies":["default"]}
     /// ```
     pub fn problem_details(mut self) -> Self {
-        self.responder.problem_details = true;
+        Arc::make_mut(&mut self.config.responder).problem_details = true;
         self
     }
 
@@ -227,13 +289,13 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// the request's rate-limit key, so clients sharing an IP can tell their quotas apart,
     /// without revealing the key. Instances sharing the secret give the same `pk`.
     pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.partition_secret = Some(Arc::from(secret.as_ref()));
+        self.config.partition_secret = Some(Arc::from(secret.as_ref()));
         self
     }
 
-    /// The limiter.
+    /// The default policy's limiter.
     pub fn limiter(&self) -> &RateLimiter<A> {
-        &self.limiter
+        &self.config.policies[0].limiter
     }
 }
 
@@ -241,18 +303,6 @@ impl<S, K: KeyExtractor, A: Algorithm> Layer<S> for RateLimitLayer<K, A> {
     type Service = RateLimit<S, K, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(
-            inner,
-            Arc::new(Config {
-                limiter: self.limiter.clone(),
-                key: Arc::clone(&self.key),
-                cost: self.cost.clone(),
-                missing_key: self.missing_key,
-                failure: self.failure,
-                local: self.local.clone(),
-                partition_secret: self.partition_secret.clone(),
-                responder: Arc::new(self.responder.clone()),
-            }),
-        )
+        RateLimit::new(inner, Arc::new(self.config.clone()))
     }
 }

@@ -61,7 +61,7 @@ pub use error::{ConfigError, Error, FailurePolicy};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
 pub use key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
-pub use layer::{MissingKey, RateLimitLayer};
+pub use layer::{Class, MissingKey, RateLimitLayer};
 pub use limiter::{
     LimiterStats, RateLimiter, RateLimiterBuilder, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,

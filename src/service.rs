@@ -2,6 +2,7 @@
 
 use std::{
     fmt,
+    num::NonZeroU32,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -18,23 +19,82 @@ use crate::{
     body::ResponseBody,
     future::ResponseFuture,
     headers::partition_key,
-    layer::{CostFn, MissingKey},
+    layer::{Class, ClassifyFn, CostFn, MissingKey},
     response::{is_grpc, Responder},
     store::BoxFuture,
     Algorithm, FailurePolicy, KeyExtractor, RateLimiter,
 };
 
+/// Everything a layer and its services share.
 pub(crate) struct Config<K, A> {
-    pub(crate) limiter: RateLimiter<A>,
+    /// The default policy first, then the ones `classify` can pick by name.
+    pub(crate) policies: Vec<Policy<A>>,
+    pub(crate) classify: Option<Arc<ClassifyFn>>,
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) failure: FailurePolicy,
-    pub(crate) local: Option<RateLimiter<A>>,
+    pub(crate) local_share: NonZeroU32,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder>,
 }
 
+/// One policy: its limiter and, under `FailurePolicy::Local`, its local-share twin.
+pub(crate) struct Policy<A> {
+    pub(crate) limiter: RateLimiter<A>,
+    pub(crate) local: Option<RateLimiter<A>>,
+}
+
+impl<A> Clone for Policy<A> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            local: self.local.clone(),
+        }
+    }
+}
+
+impl<K, A> Clone for Config<K, A> {
+    fn clone(&self) -> Self {
+        Self {
+            policies: self.policies.clone(),
+            classify: self.classify.clone(),
+            key: Arc::clone(&self.key),
+            cost: self.cost.clone(),
+            missing_key: self.missing_key,
+            failure: self.failure,
+            local_share: self.local_share,
+            partition_secret: self.partition_secret.clone(),
+            responder: Arc::clone(&self.responder),
+        }
+    }
+}
+
+impl<K, A: Algorithm> Config<K, A> {
+    /// The policy a request falls under; `None` to bypass limiting.
+    fn policy_for(&self, parts: &http::request::Parts) -> Option<&Policy<A>> {
+        let class = self.classify.as_ref().map_or(Class::Default, |f| f(parts));
+        match class {
+            Class::Bypass => None,
+            Class::Default => self.policies.first(),
+            Class::Policy(name) => self
+                .policies
+                .iter()
+                .find(|p| p.limiter.policy_name() == name)
+                .or_else(|| {
+                    if !WARNED_UNKNOWN_POLICY.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            policy = %name,
+                            "rate limit: classify named an unknown policy; using the default"
+                        );
+                    }
+                    self.policies.first()
+                }),
+        }
+    }
+}
+
+static WARNED_UNKNOWN_POLICY: AtomicBool = AtomicBool::new(false);
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -77,7 +137,7 @@ impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for RateLimit<S, K, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.config.limiter)
+            .field("limiter", &self.config.policies[0].limiter)
             .finish_non_exhaustive()
     }
 }
@@ -109,12 +169,13 @@ where
 
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
+        let policy = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let key = config.key.extract(&parts);
         let req = Request::from_parts(parts, body);
-        if cost == 0 {
+        let Some(policy) = policy.filter(|_| cost > 0) else {
             return ResponseFuture::unchecked(req, inner, responder);
-        }
+        };
         if key.is_none() {
             if config.missing_key == MissingKey::Allow {
                 return ResponseFuture::unchecked(req, inner, responder);
@@ -125,8 +186,8 @@ where
                 );
             }
         }
-        let limiter = config.limiter.clone();
-        let local = config.local.clone();
+        let limiter = policy.limiter.clone();
+        let local = policy.local.clone();
         let pk = config
             .partition_secret
             .as_ref()

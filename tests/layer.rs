@@ -472,3 +472,100 @@ async fn problem_details_and_partition_key() {
         assert!(body.contains(part), "{part} missing from {body}");
     }
 }
+
+/// Requests classified into tiers get their tier's quota and policy name; health checks
+/// bypass the limiter; an unknown tier falls back to the default policy.
+#[tokio::test]
+async fn tiers_and_bypass() {
+    use tower_redis_ratelimit::Class;
+    #[derive(Clone)]
+    struct Plan(&'static str);
+
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    let tier = |prefix: &str, n: u32| {
+        RateLimiter::builder(store.clone(), Gcra::new(Quota::per_hour(n)).unwrap())
+            .prefix(prefix)
+            .policy_name(prefix)
+            .build()
+            .unwrap()
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(tier("free", 1), HeaderKey::new("x-api-key").unwrap())
+                .policy(tier("paid", 3))
+                .classify(
+                    |parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
+                        ("/health", _) => Class::Bypass,
+                        (_, Some(Plan(name))) => Class::policy(*name),
+                        _ => Class::Default,
+                    },
+                ),
+        )
+        .service(counting(calls.clone()));
+    let req = |path: &str, key: &str, plan: Option<&'static str>| {
+        let mut r = Request::get(path)
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .unwrap();
+        if let Some(p) = plan {
+            r.extensions_mut().insert(Plan(p));
+        }
+        r
+    };
+    let status = |res: &Response<_>| res.status().as_u16();
+
+    // Free: 1 an hour, headers named "free".
+    let res = svc.clone().oneshot(req("/", "k1", None)).await.unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"free\";q=1;w=3600")
+    );
+    assert_eq!(
+        status(&svc.clone().oneshot(req("/", "k1", None)).await.unwrap()),
+        429
+    );
+    // Paid: 3 an hour for the same key, counted apart.
+    for left in [2, 1, 0] {
+        let res = svc
+            .clone()
+            .oneshot(req("/", "k1", Some("paid")))
+            .await
+            .unwrap();
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some(format!("\"paid\";r={left};t={}", (3 - left) * 1200).as_str())
+        );
+    }
+    assert_eq!(
+        status(
+            &svc.clone()
+                .oneshot(req("/", "k1", Some("paid")))
+                .await
+                .unwrap()
+        ),
+        429
+    );
+    // Bypass: never limited, no headers.
+    for _ in 0..3 {
+        let res = svc
+            .clone()
+            .oneshot(req("/health", "k1", None))
+            .await
+            .unwrap();
+        assert_eq!(status(&res), 200);
+        assert_eq!(header(&res, "ratelimit"), None);
+    }
+    // Unknown tier: the default policy.
+    let res = svc
+        .clone()
+        .oneshot(req("/", "k2", Some("gold")))
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"free\";q=1;w=3600")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + 3 + 3 + 1);
+}
