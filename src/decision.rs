@@ -8,7 +8,7 @@ use crate::Error;
 ///
 /// Every built-in script replies `{allowed, remaining, retry_after_us, reset_after_us}`, with
 /// `retry_after_us = -1` meaning "never": the cost exceeds the capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// Whether the units were taken.
     pub allowed: bool,
@@ -18,6 +18,24 @@ pub struct Outcome {
     /// `None` when it can never succeed (cost above capacity).
     pub retry_after_us: Option<u64>,
     /// Microseconds until the full quota is available again.
+    pub reset_after_us: u64,
+    /// For algorithms deciding several limits at once ([`MultiLimit`](crate::MultiLimit)):
+    /// which part is binding (the one the fields above describe), and every part's state in
+    /// the order of [`Algorithm::parts`](crate::Algorithm::parts). Empty otherwise.
+    pub parts: Vec<PartOutcome>,
+    /// Index of the binding part in `parts` (0 when there are none).
+    pub binding: usize,
+}
+
+/// One limit's state in a multi-limit [`Outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartOutcome {
+    /// Units left under this limit.
+    pub remaining: u64,
+    /// `Some(0)` when this limit alone would admit the request; `Some(t)` when it would in `t`
+    /// µs; `None` when the cost can never fit it.
+    pub retry_after_us: Option<u64>,
+    /// Microseconds until this limit's quota is full again.
     pub reset_after_us: u64,
 }
 
@@ -34,8 +52,37 @@ impl Outcome {
 
     pub(crate) fn from_ints(items: &[i64]) -> Result<Self, Error> {
         let bad = |what: &str| Err(Error::InvalidReply(format!("{what} in {items:?}")));
-        let &[allowed, remaining, retry, reset] = items else {
+        let (&[allowed, remaining, retry, reset], rest) = items.split_at(items.len().min(4)) else {
             return bad("expected 4 integers");
+        };
+        // Multi-limit replies go on: the binding part's index, then 3 integers per part.
+        let (binding, parts) = match rest {
+            [] => (0, Vec::new()),
+            [binding, parts @ ..] if !parts.is_empty() && parts.len() % 3 == 0 => {
+                let mut out = Vec::with_capacity(parts.len() / 3);
+                for p in parts.chunks_exact(3) {
+                    let (Ok(remaining), Ok(reset_after_us)) =
+                        (u64::try_from(p[0]), u64::try_from(p[2]))
+                    else {
+                        return bad("negative count in a part");
+                    };
+                    let retry_after_us = match p[1] {
+                        -1 => None,
+                        t if t >= 0 => Some(t as u64),
+                        _ => return bad("retry time of a part"),
+                    };
+                    out.push(PartOutcome {
+                        remaining,
+                        retry_after_us,
+                        reset_after_us,
+                    });
+                }
+                match usize::try_from(*binding) {
+                    Ok(b) if b < out.len() => (b, out),
+                    _ => return bad("binding part out of range"),
+                }
+            }
+            _ => return bad("expected 4 integers, or 5 + 3 per part"),
         };
         let allowed = match allowed {
             0 => false,
@@ -57,7 +104,26 @@ impl Outcome {
             remaining,
             retry_after_us,
             reset_after_us,
+            parts,
+            binding,
         })
+    }
+
+    /// A single-limit outcome.
+    pub(crate) fn single(
+        allowed: bool,
+        remaining: u64,
+        retry_after_us: Option<u64>,
+        reset_after_us: u64,
+    ) -> Self {
+        Self {
+            allowed,
+            remaining,
+            retry_after_us,
+            reset_after_us,
+            parts: Vec::new(),
+            binding: 0,
+        }
     }
 }
 
@@ -97,10 +163,50 @@ pub struct Decision {
     /// True when the store was unavailable and this decision was made in this process at the
     /// local share of the quota ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
     pub degraded: bool,
+    /// Every limit's state when the algorithm decides several at once
+    /// ([`MultiLimit`](crate::MultiLimit)); the fields above then describe the binding one
+    /// (when denied: the longest wait; when allowed: the fewest units left). Empty otherwise.
+    pub limits: Vec<LimitState>,
     /// The IETF `pk` partition key, base64 (sf-binary content), when the layer is configured
     /// with [`RateLimitLayer::partition_key`](crate::RateLimitLayer::partition_key): a keyed
     /// hash of the rate-limit key, never the key itself.
     pub partition_key: Option<String>,
+}
+
+/// One limit of a multi-limit decision, for the headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitState {
+    /// The limit's name (its policy item in the headers).
+    pub name: Arc<str>,
+    /// Its quota (`q`).
+    pub limit: u64,
+    /// Its window (`w`).
+    pub window: Duration,
+    /// Units left under it (`r`).
+    pub remaining: u64,
+    /// Time until its quota is full again.
+    pub reset_after: Duration,
+    /// When the request was denied: `Some(ZERO)` if this limit alone would have admitted it,
+    /// `Some(t)` if it would in `t`, `None` if the cost can never fit it. `None` when allowed.
+    pub retry_after: Option<Duration>,
+}
+
+impl LimitState {
+    /// True when this limit is one of those that denied the request.
+    pub fn violated(&self) -> bool {
+        !matches!(self.retry_after, Some(Duration::ZERO))
+    }
+}
+
+/// What an algorithm says about one of its limits (see [`Algorithm::parts`](crate::Algorithm::parts)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    /// The limit's name.
+    pub name: Arc<str>,
+    /// Its quota.
+    pub quota: u64,
+    /// Its window.
+    pub window: Duration,
 }
 
 impl Decision {
@@ -110,20 +216,42 @@ impl Decision {
         window: Duration,
         cost: u32,
         policy: Arc<str>,
+        parts: &[PartInfo],
     ) -> Self {
+        let us = Duration::from_micros;
+        let (limit, window) = parts
+            .get(o.binding)
+            .map_or((limit, window), |p| (p.quota, p.window));
+        let limits = parts
+            .iter()
+            .zip(&o.parts)
+            .map(|(info, p)| LimitState {
+                name: Arc::clone(&info.name),
+                limit: info.quota,
+                window: info.window,
+                remaining: p.remaining.min(info.quota),
+                reset_after: us(p.reset_after_us),
+                retry_after: if o.allowed {
+                    None
+                } else {
+                    p.retry_after_us.map(us)
+                },
+            })
+            .collect();
         Self {
             allowed: o.allowed,
             limit,
             remaining: o.remaining.min(limit),
-            reset_after: Duration::from_micros(o.reset_after_us),
+            reset_after: us(o.reset_after_us),
             retry_after: match o.retry_after_us {
-                Some(t) if !o.allowed => Some(Duration::from_micros(t)),
+                Some(t) if !o.allowed => Some(us(t)),
                 _ => None,
             },
             window,
             cost,
             policy,
             degraded: false,
+            limits,
             partition_key: None,
         }
     }
@@ -141,15 +269,12 @@ mod tests {
     #[test]
     fn parses_the_shared_shape() {
         let o = Outcome::from_ints(&[1, 4, 0, 900]).unwrap();
-        assert_eq!(
-            o,
-            Outcome {
-                allowed: true,
-                remaining: 4,
-                retry_after_us: Some(0),
-                reset_after_us: 900
-            }
-        );
+        assert_eq!(o, Outcome::single(true, 4, Some(0), 900));
+        let multi = Outcome::from_ints(&[0, 0, 50, 60, 1, 3, 0, 10, 0, 50, 60]).unwrap();
+        assert_eq!(multi.binding, 1);
+        assert_eq!(multi.parts.len(), 2);
+        assert_eq!(multi.parts[0].retry_after_us, Some(0));
+        assert_eq!(multi.parts[1].retry_after_us, Some(50));
         let never = Outcome::from_ints(&[0, 4, -1, 900]).unwrap();
         assert_eq!(never.retry_after_us, None);
         assert_eq!(
@@ -173,6 +298,10 @@ mod tests {
             &[0, 0, -2, 0],
             &[1, 0, -1, 0],
             &[0, 1, 1, -5],
+            &[0, 0, 50, 60, 2, 3, 0, 10, 0, 50, 60],
+            &[0, 0, 50, 60, 0, 3, 0],
+            &[0, 0, 50, 60, 0],
+            &[0, 0, 50, 60, 0, 3, -2, 10],
         ] {
             assert!(
                 matches!(Outcome::from_ints(bad), Err(Error::InvalidReply(_))),

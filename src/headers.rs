@@ -117,7 +117,7 @@ fn value(s: String) -> HeaderValue {
 ///     allowed: true, limit: 100, remaining: 42, cost: 1,
 ///     reset_after: Duration::from_millis(17_200), retry_after: None,
 ///     window: Duration::from_secs(60), policy: Arc::from("api"), degraded: false,
-///     partition_key: None,
+///     limits: Vec::new(), partition_key: None,
 /// };
 /// let mut h = http::HeaderMap::new();
 /// render(HeaderStyle::Ietf, &d, &mut h);
@@ -127,8 +127,6 @@ fn value(s: String) -> HeaderValue {
 pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let w = ceil_secs(d.window).max(1);
-        let name = sf_string(&d.policy);
         // sf-binary: base64 between colons; only base64 characters are ever stored here.
         let pk = d
             .partition_key
@@ -139,16 +137,34 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
             })
             .map(|pk| format!(";pk=:{pk}:"))
             .unwrap_or_default();
-        headers.append(
-            RATELIMIT_POLICY,
-            value(format!("{name};q={};w={w}{pk}", d.limit)),
-        );
-        let mut item = format!("{name};r={}", d.remaining);
-        if let Some(t) = t {
-            item.push_str(&format!(";t={t}"));
+        let mut item =
+            |name: &str, limit: u64, window: Duration, remaining: u64, t: Option<u64>| {
+                let name = sf_string(name);
+                let w = ceil_secs(window).max(1);
+                headers.append(
+                    RATELIMIT_POLICY,
+                    value(format!("{name};q={limit};w={w}{pk}")),
+                );
+                let mut item = format!("{name};r={remaining}");
+                if let Some(t) = t {
+                    item.push_str(&format!(";t={t}"));
+                }
+                item.push_str(&pk);
+                headers.append(RATELIMIT, value(item));
+            };
+        if d.limits.is_empty() {
+            item(&d.policy, d.limit, d.window, d.remaining, t);
+        } else {
+            // Several limits: one list member each, named after the limit.
+            for l in &d.limits {
+                let t = match l.retry_after {
+                    Some(wait) if !wait.is_zero() => Some(ceil_secs(wait)),
+                    None if !d.allowed => None,
+                    _ => Some(ceil_secs(l.reset_after)),
+                };
+                item(&l.name, l.limit, l.window, l.remaining, t);
+            }
         }
-        item.push_str(&pk);
-        headers.append(RATELIMIT, value(item));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         headers.insert(X_RATELIMIT_LIMIT, value(d.limit.to_string()));
@@ -178,6 +194,7 @@ mod tests {
             cost: 1,
             policy: Arc::from("p"),
             degraded: false,
+            limits: Vec::new(),
             partition_key: None,
         }
     }

@@ -53,10 +53,10 @@ mod store;
 pub mod telemetry;
 pub mod throttle;
 
-pub use algorithm::{Algorithm, Gcra, MemoryState, SlidingWindow, TokenBucket};
+pub use algorithm::{Algorithm, Gcra, MemoryState, MultiLimit, SlidingWindow, TokenBucket};
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
-pub use decision::{Decision, Outcome};
+pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, Error, FailurePolicy};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;

@@ -185,6 +185,7 @@ impl<A: Algorithm> RateLimiter<A> {
             inner.algorithm.window(),
             cost,
             Arc::clone(&inner.policy),
+            inner.algorithm.parts(),
         );
         telemetry::decided(&d, started.elapsed());
         Ok(d)

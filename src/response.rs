@@ -61,11 +61,20 @@ fn problem_response<B>(d: &Decision) -> Response<ResponseBody<B>> {
         ),
         None => format!("cost {} exceeds the quota of {}", d.cost, d.limit),
     };
+    let violated: Vec<String> = if d.limits.is_empty() {
+        vec![json_string(&d.policy)]
+    } else {
+        d.limits
+            .iter()
+            .filter(|l| l.violated())
+            .map(|l| json_string(&l.name))
+            .collect()
+    };
     let body = format!(
         "{{\"type\":{},\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\"detail\":{},\"violated-policies\":[{}]}}",
         json_string(QUOTA_EXCEEDED),
         json_string(&detail),
-        json_string(&d.policy)
+        violated.join(",")
     );
     let mut res = Response::new(ResponseBody::full(Bytes::from(body)));
     *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -148,11 +157,15 @@ impl Responder {
         };
         let mut headers = HeaderMap::new();
         render(self.style, d, &mut headers);
+        // Each header the rejection did not set itself, with all its values (several limits
+        // give several `RateLimit` list members).
+        let mut current = None;
         for (name, value) in headers {
             if let Some(name) = name {
-                if !res.headers().contains_key(&name) {
-                    res.headers_mut().insert(name, value);
-                }
+                current = (!res.headers().contains_key(&name)).then_some(name);
+            }
+            if let Some(name) = &current {
+                res.headers_mut().append(name.clone(), value);
             }
         }
         res
@@ -191,6 +204,7 @@ mod tests {
             cost: 3,
             policy: Arc::from("free-tier"),
             degraded: false,
+            limits: Vec::new(),
             partition_key: None,
         };
         let r = Responder {

@@ -125,6 +125,19 @@ fn sliding_window_memory_matches_redis() {
     });
 }
 
+#[test]
+fn multi_limit_memory_matches_redis() {
+    use tower_redis_ratelimit::MultiLimit;
+    run("multi-limit", |store, case| {
+        let fast = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        // A slower second limit, so either can bind.
+        let slow = Quota::new(case.limit * 3, Duration::from_secs(case.period_s * 6))
+            .burst(case.burst + case.limit);
+        let make = || MultiLimit::new([("fast", fast), ("slow", slow)]).unwrap();
+        tokio::runtime::Handle::current().block_on(agree(store, make, case));
+    });
+}
+
 /// GCRA and the token bucket are the same limiter in two representations.
 #[test]
 fn gcra_matches_token_bucket() {

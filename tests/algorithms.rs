@@ -354,3 +354,77 @@ impl<A: Algorithm> Check for RateLimiter<A> {
         Box::pin(async move { self.check(key, 1).await.unwrap().allowed })
     }
 }
+
+/// Burst 5 (one unit every 100 ms) and 8 a day, decided together.
+async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::MultiLimit>) {
+    let k = "multi";
+    for left in (0..5).rev() {
+        let d = at(&l, k, 1, T0).await;
+        assert!(d.allowed);
+        assert_eq!(d.remaining, left, "the burst binds");
+        assert_eq!(d.limits.len(), 2);
+        assert_eq!(d.limits[1].remaining, 3 + left, "daily: 8 - 5 + ...");
+    }
+    // Denied by the burst only; the day's quota is not touched by the denial.
+    let d = at(&l, k, 1, T0).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, ms(100));
+    assert_eq!(&*d.limits[0].name, "burst");
+    assert!(d.limits[0].violated() && !d.limits[1].violated());
+    assert_eq!(d.limits[1].remaining, 3);
+    // Three more over time exhaust the day.
+    for i in 1..=3 {
+        assert!(at(&l, k, 1, T0 + i * 1_000 * MS).await.allowed);
+    }
+    let d = at(&l, k, 1, T0 + 10_000 * MS).await;
+    assert!(!d.allowed);
+    assert!(!d.limits[0].violated() && d.limits[1].violated());
+    // The day's bucket refills one unit every 3 h; the wait is measured from the last TAT.
+    let day_interval = 86_400_000 / 8;
+    assert_eq!(d.limit, 8, "the binding limit is the daily one");
+    assert!(d.retry_after.unwrap() > Duration::from_millis(day_interval - 20_000));
+    // Cost above one limit's capacity: never.
+    assert!(at(&l, k, 6, T0 + 20_000 * MS).await.is_never());
+}
+
+#[tokio::test]
+async fn multi_limit_maths_on_redis_and_memory() {
+    use tower_redis_ratelimit::MultiLimit;
+    let redis = RedisServer::start();
+    let m = || {
+        MultiLimit::new([
+            ("burst", Quota::per_second(10).burst(5)),
+            ("daily", Quota::per_day(8)),
+        ])
+        .unwrap()
+    };
+    multi_maths(limiter(redis.store().await, m(), "ml")).await;
+    multi_maths(limiter(MemoryStore::new(), m(), "ml")).await;
+    // Every key written expires, and all keys of one check share a hash tag.
+    let l = limiter(redis.store().await, m(), "ml-ttl");
+    l.check("k", 1).await.unwrap();
+    let keys = keys_with_pttl(&mut redis.conn(), "{ml-ttl:*");
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|(k, ttl)| *ttl > 0 && k.starts_with("{ml-ttl:k}:q:")),
+        "{keys:?}"
+    );
+}
+
+#[test]
+fn multi_limit_rejects_bad_configuration() {
+    use tower_redis_ratelimit::MultiLimit;
+    let q = Quota::per_second(1);
+    let field = |r: Result<MultiLimit, tower_redis_ratelimit::ConfigError>| r.unwrap_err().field();
+    assert_eq!(
+        field(MultiLimit::new(Vec::<(&str, Quota)>::new())),
+        "limits"
+    );
+    assert_eq!(field(MultiLimit::new([("a", q), ("a", q)])), "limits.name");
+    assert_eq!(field(MultiLimit::new([("a b", q)])), "limits.name");
+    assert_eq!(
+        field(MultiLimit::new([("a", Quota::per_second(0))])),
+        "quota.limit"
+    );
+}

@@ -14,7 +14,9 @@ use std::{
 };
 
 use common::RedisServer;
-use tower_redis_ratelimit::{Algorithm, Gcra, Quota, RateLimiter, SlidingWindow, TokenBucket};
+use tower_redis_ratelimit::{
+    Algorithm, Gcra, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
+};
 
 const INSTANCES: usize = 8;
 const TASKS_PER_INSTANCE: usize = 64;
@@ -27,17 +29,23 @@ fn checks_per_task() -> u64 {
         .unwrap_or(2_000)
 }
 
-async fn exactly_burst<A: Algorithm + Clone>(name: &str, algorithm: A) {
-    let redis = RedisServer::start();
+/// Runs the flood and returns one of the limiters, for a final look at the state.
+async fn exactly_burst<A: Algorithm + Clone>(
+    redis: &RedisServer,
+    name: &str,
+    algorithm: A,
+) -> RateLimiter<A> {
     let allowed = Arc::new(AtomicU64::new(0));
     let denied = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
+    let mut last = None;
     for _ in 0..INSTANCES {
         let limiter = RateLimiter::builder(redis.store().await, algorithm.clone())
             .prefix(name)
             .store_timeout(Duration::from_secs(10))
             .build()
             .unwrap();
+        last = Some(limiter.clone());
         for _ in 0..TASKS_PER_INSTANCE {
             let (limiter, allowed, denied) = (limiter.clone(), allowed.clone(), denied.clone());
             tasks.push(tokio::spawn(async move {
@@ -62,6 +70,7 @@ async fn exactly_burst<A: Algorithm + Clone>(name: &str, algorithm: A) {
         allowed.load(Ordering::Relaxed) + denied.load(Ordering::Relaxed),
         total
     );
+    last.unwrap()
 }
 
 // One unit a day: the refill during the test is nil.
@@ -71,15 +80,49 @@ fn quota() -> Quota {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gcra_admits_exactly_the_burst() {
-    exactly_burst("ex-gcra", Gcra::new(quota()).unwrap()).await;
+    exactly_burst(
+        &RedisServer::start(),
+        "ex-gcra",
+        Gcra::new(quota()).unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_bucket_admits_exactly_the_burst() {
-    exactly_burst("ex-tb", TokenBucket::new(quota()).unwrap()).await;
+    exactly_burst(
+        &RedisServer::start(),
+        "ex-tb",
+        TokenBucket::new(quota()).unwrap(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_window_admits_exactly_the_limit() {
-    exactly_burst("ex-sw", SlidingWindow::new(Quota::per_day(BURST)).unwrap()).await;
+    exactly_burst(
+        &RedisServer::start(),
+        "ex-sw",
+        SlidingWindow::new(Quota::per_day(BURST)).unwrap(),
+    )
+    .await;
+}
+
+/// Two limits decided together: the tighter one admits exactly its burst, and the denials
+/// took nothing from the looser one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_limit_admits_exactly_the_tighter_burst_and_denials_take_nothing() {
+    let limits = MultiLimit::new([
+        ("tight", quota()),
+        ("loose", Quota::per_day(1).burst(BURST + 50)),
+    ])
+    .unwrap();
+    let redis = RedisServer::start();
+    let limiter = exactly_burst(&redis, "ex-multi", limits).await;
+    let d = limiter.check("hot-key", 1).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(
+        d.limits[1].remaining, 50,
+        "denied checks consumed from the looser limit"
+    );
 }

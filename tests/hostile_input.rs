@@ -112,6 +112,7 @@ proptest! {
             window: Duration::from_micros(window_us),
             policy: Arc::from(policy.as_str()),
             degraded: false,
+            limits: Vec::new(),
             partition_key: None,
         };
         let mut h = HeaderMap::new();

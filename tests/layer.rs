@@ -569,3 +569,53 @@ async fn tiers_and_bypass() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1 + 3 + 3 + 1);
 }
+
+/// Several limits on one key: each is its own header item; a denial names the violated limit
+/// and `Retry-After` covers the longest wait.
+#[tokio::test]
+async fn multi_limit_headers_and_problem_details() {
+    use tower_redis_ratelimit::MultiLimit;
+    let redis = RedisServer::start();
+    let limits = MultiLimit::new([
+        ("per-minute", Quota::per_minute(2)),
+        ("per-hour", Quota::per_hour(3)),
+    ])
+    .unwrap();
+    let l = RateLimiter::builder(redis.store().await, limits)
+        .prefix("mlh")
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(l, GlobalKey).problem_details())
+        .service(counting(Default::default()));
+    let get = || Request::get("/").body(Body::empty()).unwrap();
+    let all = |res: &Response<_>, name: &str| -> Vec<String> {
+        res.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let res = svc.clone().oneshot(get()).await.unwrap();
+    assert_eq!(
+        all(&res, "ratelimit-policy"),
+        ["\"per-minute\";q=2;w=60", "\"per-hour\";q=3;w=3600"]
+    );
+    assert_eq!(
+        all(&res, "ratelimit"),
+        ["\"per-minute\";r=1;t=30", "\"per-hour\";r=2;t=1200"]
+    );
+    assert_eq!(svc.clone().oneshot(get()).await.unwrap().status(), 200);
+    // The minute's two are spent: denied by it, with the hour untouched by the denial.
+    let res = svc.clone().oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(all(&res, "ratelimit")[0], "\"per-minute\";r=0;t=30");
+    assert_eq!(all(&res, "ratelimit")[1], "\"per-hour\";r=1;t=2400");
+    assert_eq!(header(&res, "retry-after"), Some("30"));
+    let body = body_text(res).await;
+    assert!(
+        body.contains(r#""violated-policies":["per-minute"]"#),
+        "{body}"
+    );
+}

@@ -59,31 +59,16 @@ pub(crate) fn decide(
     let tat = stored_tat.map_or(now, |t| t.max(now));
     let units_left = |t: u64| (now + tolerance).saturating_sub(t) / emission;
     if cost > rate.burst {
-        let o = Outcome {
-            allowed: false,
-            remaining: units_left(tat),
-            retry_after_us: None,
-            reset_after_us: tat - now,
-        };
+        let o = Outcome::single(false, units_left(tat), None, tat - now);
         return (o, None);
     }
     let new_tat = tat + cost * emission;
     let allow_at = new_tat - tolerance.min(new_tat);
     if allow_at > now {
-        let o = Outcome {
-            allowed: false,
-            remaining: units_left(tat),
-            retry_after_us: Some(allow_at - now),
-            reset_after_us: tat - now,
-        };
+        let o = Outcome::single(false, units_left(tat), Some(allow_at - now), tat - now);
         return (o, None);
     }
-    let o = Outcome {
-        allowed: true,
-        remaining: units_left(new_tat),
-        retry_after_us: Some(0),
-        reset_after_us: new_tat - now,
-    };
+    let o = Outcome::single(true, units_left(new_tat), Some(0), new_tat - now);
     (o, Some(new_tat))
 }
 

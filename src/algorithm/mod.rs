@@ -19,10 +19,12 @@
 //! ```
 
 mod gcra;
+mod multi;
 mod sliding_window;
 mod token_bucket;
 
 pub use gcra::Gcra;
+pub use multi::MultiLimit;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
@@ -30,7 +32,7 @@ use std::{any::Any, num::NonZeroU32, time::Duration};
 
 use redis::Script;
 
-use crate::{Error, Outcome};
+use crate::{decision::PartInfo, Error, Outcome};
 
 /// A rate-limiting algorithm: a Redis script, how to call it, and an in-memory twin.
 ///
@@ -54,6 +56,12 @@ pub trait Algorithm: Send + Sync + 'static {
     /// The Redis keys of one check, derived from the limiter's base key (which carries a hash
     /// tag, so keys derived by appending a suffix share one cluster slot).
     fn redis_keys(&self, base: &str) -> Vec<String>;
+
+    /// For algorithms deciding several limits at once: each limit's name, quota and window, in
+    /// the order of [`Outcome::parts`]. Empty (the default) for a single limit.
+    fn parts(&self) -> &[PartInfo] {
+        &[]
+    }
 
     /// The script's arguments after `ARGV[1]` (the explicit time or `''`), for a check of `cost`.
     fn script_args(&self, cost: u32) -> Vec<u64>;

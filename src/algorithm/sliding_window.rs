@@ -98,24 +98,15 @@ pub(crate) fn decide(
             let i = log.entries.partition_point(|&(_, cum)| cum < target);
             log.entries[i].0 + window - now
         });
-        let o = Outcome {
-            allowed: false,
-            remaining,
-            retry_after_us: retry,
-            reset_after_us: reset_after,
-        };
-        return (o, false);
+        return (Outcome::single(false, remaining, retry, reset_after), false);
     }
     log.added += cost;
     log.entries.push_back((now, log.added));
     log.last = now;
-    let o = Outcome {
-        allowed: true,
-        remaining: remaining - cost,
-        retry_after_us: Some(0),
-        reset_after_us: window,
-    };
-    (o, true)
+    (
+        Outcome::single(true, remaining - cost, Some(0), window),
+        true,
+    )
 }
 
 impl Algorithm for SlidingWindow {

@@ -93,22 +93,17 @@ pub(crate) fn decide(
         }
     };
     if cost > burst || tokens < cost {
-        let o = Outcome {
-            allowed: false,
-            remaining: tokens,
-            retry_after_us: (cost <= burst).then(|| wait_for(tokens, cost)),
-            reset_after_us: wait_for(tokens, burst),
-        };
+        let o = Outcome::single(
+            false,
+            tokens,
+            (cost <= burst).then(|| wait_for(tokens, cost)),
+            wait_for(tokens, burst),
+        );
         return (o, None);
     }
     tokens -= cost;
     let full_in = wait_for(tokens, burst);
-    let o = Outcome {
-        allowed: true,
-        remaining: tokens,
-        retry_after_us: Some(0),
-        reset_after_us: full_in,
-    };
+    let o = Outcome::single(true, tokens, Some(0), full_in);
     (o, Some((Bucket { tokens, ts }, full_in)))
 }
 

@@ -1,0 +1,227 @@
+//! Several GCRA limits on one key, decided atomically together.
+
+use std::{num::NonZeroU32, sync::Arc, sync::LazyLock, time::Duration};
+
+use redis::Script;
+
+use super::{divided, Algorithm, MemoryState};
+use crate::{
+    decision::{PartInfo, PartOutcome},
+    quota::BucketRate,
+    ConfigError, Error, Outcome, Quota,
+};
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../lua/prelude.lua"),
+        include_str!("../../lua/multi_gcra.lua")
+    ))
+});
+
+/// Several limits on one key at once, e.g. a burst of 10 a second *and* 1,000 a day, decided
+/// in one atomic script call: a request is admitted only if every limit admits it, and a request
+/// refused by any limit takes nothing from the others. (Limiters that check stacked limits one
+/// by one overshoot: the limits that passed were already spent.)
+///
+/// Each limit is a GCRA bucket (capacity `burst`, refilled at `limit` per `period`) stored as
+/// one integer. Every limit appears in the `RateLimit-Policy` and `RateLimit` headers as its own
+/// item, under its name; `Retry-After` covers the longest wait; the [`Decision`](crate::Decision)
+/// fields describe the binding limit and [`Decision::limits`](crate::Decision::limits) all of them.
+///
+/// ```
+/// use tower_redis_ratelimit::{MultiLimit, Quota};
+///
+/// let limits = MultiLimit::new([
+///     ("burst", Quota::per_second(10)),
+///     ("daily", Quota::per_day(1_000)),
+/// ])?;
+/// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MultiLimit {
+    quotas: Vec<(Arc<str>, Quota)>,
+    rates: Vec<BucketRate>,
+    parts: Vec<PartInfo>,
+}
+
+impl MultiLimit {
+    /// The limits, by name. Names are 1 to 32 characters from `A-Z a-z 0-9 - _`, unique; there
+    /// must be 1 to 8 limits; each quota is validated as for [`Gcra`](crate::Gcra).
+    pub fn new<N: AsRef<str>>(
+        limits: impl IntoIterator<Item = (N, Quota)>,
+    ) -> Result<Self, ConfigError> {
+        let mut quotas: Vec<(Arc<str>, Quota)> = Vec::new();
+        for (name, quota) in limits {
+            let name = name.as_ref();
+            if name.is_empty()
+                || name.len() > 32
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::new(
+                    "limits.name",
+                    format!("{name:?}: 1 to 32 characters from A-Z a-z 0-9 - _"),
+                ));
+            }
+            if quotas.iter().any(|(n, _)| &**n == name) {
+                return Err(ConfigError::new(
+                    "limits.name",
+                    format!("{name:?} is used twice"),
+                ));
+            }
+            quotas.push((Arc::from(name), quota));
+        }
+        if quotas.is_empty() || quotas.len() > 8 {
+            return Err(ConfigError::new("limits", "give 1 to 8 limits"));
+        }
+        let rates = quotas
+            .iter()
+            .map(|(_, q)| BucketRate::from_quota(q))
+            .collect::<Result<Vec<_>, _>>()?;
+        let parts = quotas
+            .iter()
+            .zip(&rates)
+            .map(|((name, _), r)| PartInfo {
+                name: Arc::clone(name),
+                quota: r.burst,
+                window: Duration::from_micros(r.tolerance_us()),
+            })
+            .collect();
+        Ok(Self {
+            quotas,
+            rates,
+            parts,
+        })
+    }
+}
+
+/// In-memory twin of `lua/multi_gcra.lua`. `tats` holds each limit's stored TAT; returns the
+/// outcome and whether the TATs were advanced (admitted).
+pub(crate) fn decide(
+    rates: &[BucketRate],
+    tats: &mut [Option<u64>],
+    now: u64,
+    cost: u64,
+) -> Outcome {
+    let tat: Vec<u64> = tats.iter().map(|t| t.map_or(now, |t| t.max(now))).collect();
+    let retry: Vec<Option<u64>> = rates
+        .iter()
+        .zip(&tat)
+        .map(|(r, &t)| {
+            if cost > r.burst {
+                return None;
+            }
+            let allow_at = (t + cost * r.emission_us).saturating_sub(r.tolerance_us());
+            Some(allow_at.saturating_sub(now))
+        })
+        .collect();
+    let allowed = retry.iter().all(|r| *r == Some(0));
+    let mut parts = Vec::with_capacity(rates.len());
+    for (i, r) in rates.iter().enumerate() {
+        let mut t = tat[i];
+        if allowed {
+            t += cost * r.emission_us;
+            tats[i] = Some(t);
+        }
+        parts.push(PartOutcome {
+            remaining: (now + r.tolerance_us()).saturating_sub(t) / r.emission_us,
+            retry_after_us: retry[i],
+            reset_after_us: t - now,
+        });
+    }
+    let mut b = 0;
+    for i in 1..parts.len() {
+        let better = if allowed {
+            parts[i].remaining < parts[b].remaining
+        } else {
+            match (parts[b].retry_after_us, parts[i].retry_after_us) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(rb), Some(ri)) => ri > rb,
+            }
+        };
+        if better {
+            b = i;
+        }
+    }
+    let p = parts[b];
+    Outcome {
+        allowed,
+        remaining: p.remaining,
+        retry_after_us: if allowed { Some(0) } else { p.retry_after_us },
+        reset_after_us: p.reset_after_us,
+        parts,
+        binding: b,
+    }
+}
+
+#[derive(Debug)]
+struct Tats(Vec<Option<u64>>);
+
+impl Algorithm for MultiLimit {
+    fn name(&self) -> &'static str {
+        "multi-gcra"
+    }
+
+    fn quota(&self) -> u64 {
+        self.parts[0].quota
+    }
+
+    fn window(&self) -> Duration {
+        self.parts[0].window
+    }
+
+    fn parts(&self) -> &[PartInfo] {
+        &self.parts
+    }
+
+    fn script(&self) -> &Script {
+        &SCRIPT
+    }
+
+    fn redis_keys(&self, base: &str) -> Vec<String> {
+        self.quotas
+            .iter()
+            .map(|(name, _)| format!("{base}:q:{name}"))
+            .collect()
+    }
+
+    fn script_args(&self, cost: u32) -> Vec<u64> {
+        let mut args = Vec::with_capacity(1 + 2 * self.rates.len());
+        args.push(u64::from(cost));
+        for r in &self.rates {
+            args.push(r.emission_us);
+            args.push(r.burst);
+        }
+        args
+    }
+
+    fn local_share(&self, instances: NonZeroU32) -> Option<Self> {
+        Self::new(
+            self.quotas
+                .iter()
+                .map(|(name, q)| (name.to_string(), divided(*q, instances))),
+        )
+        .ok()
+    }
+
+    fn check_in_memory(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        cost: u32,
+    ) -> Result<Outcome, Error> {
+        let mut tats = match state.get_mut::<Tats>()? {
+            Some(t) if t.0.len() == self.rates.len() => t.0.clone(),
+            _ => vec![None; self.rates.len()],
+        };
+        let outcome = decide(&self.rates, &mut tats, now_us, u64::from(cost));
+        if outcome.allowed {
+            // The state lives as long as its longest-lived limit.
+            let ttl = tats.iter().flatten().map(|t| t - now_us).max().unwrap_or(0);
+            state.put(Tats(tats), now_us, ttl);
+        }
+        Ok(outcome)
+    }
+}
