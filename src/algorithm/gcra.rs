@@ -1,18 +1,11 @@
 //! GCRA: the generic cell rate algorithm, one integer per key.
 
-use std::{sync::LazyLock, time::Duration};
+use std::time::Duration;
 
 use redis::Script;
 
 use super::{Algorithm, MemoryState};
 use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lua/prelude.lua"),
-        include_str!("../../lua/gcra.lua")
-    ))
-});
 
 /// GCRA (generic cell rate algorithm): a token bucket stored as one integer per key, the
 /// "theoretical arrival time". Capacity `quota.burst_size()`, refilled at `quota.limit()` per
@@ -89,7 +82,7 @@ impl Algorithm for Gcra {
     }
 
     fn script(&self) -> &Script {
-        &SCRIPT
+        lua_script!("gcra.lua")
     }
 
     fn redis_keys(&self, base: &str) -> Vec<String> {

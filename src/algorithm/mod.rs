@@ -18,6 +18,20 @@
 //! # Ok::<(), tower_redis_ratelimit::ConfigError>(())
 //! ```
 
+/// The script in `lua/$file` with the shared prelude prepended, built (and its SHA-1
+/// computed) once.
+macro_rules! lua_script {
+    ($file:literal) => {{
+        static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(concat!(
+                include_str!("../../lua/prelude.lua"),
+                include_str!(concat!("../../lua/", $file))
+            ))
+        });
+        &SCRIPT
+    }};
+}
+
 mod gcra;
 mod multi;
 mod sliding_window;

@@ -1,6 +1,6 @@
 //! Several GCRA limits on one key, decided atomically together.
 
-use std::{num::NonZeroU32, sync::Arc, sync::LazyLock, time::Duration};
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use redis::Script;
 
@@ -10,13 +10,6 @@ use crate::{
     quota::BucketRate,
     ConfigError, Error, Outcome, Quota,
 };
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lua/prelude.lua"),
-        include_str!("../../lua/multi_gcra.lua")
-    ))
-});
 
 /// Several limits on one key at once, e.g. a burst of 10 a second *and* 1,000 a day, decided
 /// in one atomic script call: a request is admitted only if every limit admits it, and a request
@@ -177,7 +170,7 @@ impl Algorithm for MultiLimit {
     }
 
     fn script(&self) -> &Script {
-        &SCRIPT
+        lua_script!("multi_gcra.lua")
     }
 
     fn redis_keys(&self, base: &str) -> Vec<String> {

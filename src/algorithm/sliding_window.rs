@@ -1,18 +1,11 @@
 //! Sliding-window log with per-request cost and a running total.
 
-use std::{collections::VecDeque, sync::LazyLock, time::Duration};
+use std::{collections::VecDeque, time::Duration};
 
 use redis::Script;
 
 use super::{Algorithm, MemoryState};
 use crate::{ConfigError, Error, Outcome, Quota};
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lua/prelude.lua"),
-        include_str!("../../lua/sliding_window.lua")
-    ))
-});
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
 /// `quota.period()`, each request weighing its cost. Exact, with no boundary bursts; the price
@@ -123,7 +116,7 @@ impl Algorithm for SlidingWindow {
     }
 
     fn script(&self) -> &Script {
-        &SCRIPT
+        lua_script!("sliding_window.lua")
     }
 
     fn redis_keys(&self, base: &str) -> Vec<String> {

@@ -1,18 +1,11 @@
 //! Token bucket: whole tokens and the time of the last credit, in one hash per key.
 
-use std::{sync::LazyLock, time::Duration};
+use std::time::Duration;
 
 use redis::Script;
 
 use super::{Algorithm, MemoryState};
 use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
-
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lua/prelude.lua"),
-        include_str!("../../lua/token_bucket.lua")
-    ))
-});
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
 /// `quota.period()`; each request takes `cost` tokens. A key that was never seen, or rested long
@@ -121,7 +114,7 @@ impl Algorithm for TokenBucket {
     }
 
     fn script(&self) -> &Script {
-        &SCRIPT
+        lua_script!("token_bucket.lua")
     }
 
     fn redis_keys(&self, base: &str) -> Vec<String> {
