@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{keys_with_pttl, limiter, RedisServer};
+use common::{each_backend, keys_with_pttl, limiter, RedisServer};
 use tower_redis_ratelimit::{
     Algorithm, Decision, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
@@ -117,26 +117,36 @@ async fn gcra_maths_on_redis_and_memory() {
 }
 
 #[tokio::test]
-async fn token_bucket_maths_on_redis_and_memory() {
-    let redis = RedisServer::start();
+async fn token_bucket_maths_on_redis_cluster_and_memory() {
     let tb = || TokenBucket::new(bucket_quota()).unwrap();
-    bucket_maths(limiter(redis.store().await, tb(), "tb")).await;
+    for backend in each_backend() {
+        eprintln!("token bucket on {}", backend.name());
+        bucket_maths(limiter(backend.store().await, tb(), "tb")).await;
+    }
     bucket_maths(limiter(MemoryStore::new(), tb(), "tb")).await;
 }
 
 #[tokio::test]
-async fn sliding_window_maths_on_redis_and_memory() {
-    let redis = RedisServer::start();
+async fn sliding_window_maths_on_redis_cluster_and_memory() {
     let sw = || SlidingWindow::new(window_quota()).unwrap();
-    window_maths(limiter(redis.store().await, sw(), "sw")).await;
+    for backend in each_backend() {
+        eprintln!("sliding window on {}", backend.name());
+        window_maths(limiter(backend.store().await, sw(), "sw")).await;
+    }
     window_maths(limiter(MemoryStore::new(), sw(), "sw")).await;
 }
 
 /// Every key any script writes has an expiry, on the server clock, after allows and denials.
 #[tokio::test]
 async fn every_written_key_expires() {
-    let redis = RedisServer::start();
-    let store = redis.store().await;
+    for backend in each_backend() {
+        eprintln!("expiries on {}", backend.name());
+        every_written_key_expires_on(&backend).await;
+    }
+}
+
+async fn every_written_key_expires_on(backend: &common::Backend) {
+    let store = backend.store().await;
     let g = limiter(store.clone(), Gcra::new(bucket_quota()).unwrap(), "ttl-g");
     let tb = limiter(
         store.clone(),
@@ -163,9 +173,8 @@ async fn every_written_key_expires() {
             sw_short.check(&key, cost).await.unwrap();
         }
     }
-    let mut conn = redis.conn();
     for (prefix, expected) in [("ttl-g", 3), ("ttl-tb", 3), ("ttl-sw", 6), ("ttl-sw250", 6)] {
-        let keys = keys_with_pttl(&mut conn, &format!("{{{prefix}:*"));
+        let keys = backend.keys_with_pttl(&format!("{{{prefix}:*"));
         assert_eq!(keys.len(), expected, "{prefix}: {keys:?}");
         for (key, ttl) in keys {
             assert!(ttl > 0, "{key} has PTTL {ttl}");
@@ -179,7 +188,7 @@ async fn every_written_key_expires() {
     }
     // The sub-second window's keys are gone once the window has passed.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(keys_with_pttl(&mut conn, "{ttl-sw250:*").is_empty());
+    assert!(backend.keys_with_pttl("{ttl-sw250:*").is_empty());
 }
 
 /// Arguments and stored state are validated before any write; broken state is an error.
@@ -270,10 +279,11 @@ async fn many_members_at_one_time(l: RateLimiter<SlidingWindow>) {
 
 #[tokio::test]
 async fn sliding_window_orders_members_sharing_a_time() {
-    let redis = RedisServer::start();
     let q = Quota::new(12, Duration::from_secs(1));
     let sw = || SlidingWindow::new(q).unwrap();
-    many_members_at_one_time(limiter(redis.store().await, sw(), "tie")).await;
+    for backend in each_backend() {
+        many_members_at_one_time(limiter(backend.store().await, sw(), "tie")).await;
+    }
     many_members_at_one_time(limiter(MemoryStore::new(), sw(), "tie")).await;
 }
 

@@ -4,7 +4,11 @@ use std::{fmt, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClient,
+    cluster_async::ClusterConnection,
+};
 
 use super::{BoxFuture, Store};
 use crate::{Algorithm, Error, Outcome};
@@ -20,6 +24,10 @@ use crate::{Algorithm, Error, Outcome};
 ///   connection (concurrent checks pipeline on one socket) that reconnects by itself when the
 ///   connection breaks, e.g. after a Redis restart. The default, and the fastest.
 /// - [`from_pool`](Self::from_pool): your bb8-redis pool.
+/// - [`connect_cluster`](Self::connect_cluster): a Redis Cluster. Every key of one check
+///   carries the same hash tag, so each check runs on one node; `MOVED`/`ASK` redirections
+///   during resharding and failovers are followed, and a node that lost its scripts reloads
+///   them on `NOSCRIPT`.
 ///
 /// ```no_run
 /// use tower_redis_ratelimit::RedisStore;
@@ -38,6 +46,7 @@ pub struct RedisStore {
 enum Backend {
     Multiplexed(ConnectionManager),
     Pool(Pool<RedisConnectionManager>),
+    Cluster(ClusterConnection),
 }
 
 impl fmt::Debug for RedisStore {
@@ -46,6 +55,7 @@ impl fmt::Debug for RedisStore {
         match &self.backend {
             Backend::Multiplexed(_) => d.field("backend", &"multiplexed"),
             Backend::Pool(p) => d.field("pool", &p.state()),
+            Backend::Cluster(_) => d.field("backend", &"cluster"),
         };
         d.finish()
     }
@@ -84,6 +94,32 @@ impl RedisStore {
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config())?;
         Ok(Self {
             backend: Backend::Multiplexed(manager),
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes` (e.g.
+    /// `["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]`) and waits for the slot map, so a
+    /// wrong address fails here.
+    ///
+    /// Redirections (`MOVED`, `ASK`) and a failing-over node are retried for up to about a
+    /// second (bounded anyway by the limiter's store timeout); what still fails goes to the
+    /// failure policy.
+    pub async fn connect_cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Self, Error> {
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        if nodes.is_empty() {
+            return Err(Error::InvalidInput(
+                "a cluster needs at least one node address",
+            ));
+        }
+        let client = ClusterClient::builder(nodes)
+            .retries(6)
+            .min_retry_wait(10)
+            .max_retry_wait(250)
+            .connection_timeout(Duration::from_secs(2))
+            .build()?;
+        let connection = client.get_async_connection().await?;
+        Ok(Self {
+            backend: Backend::Cluster(connection),
         })
     }
 
@@ -133,6 +169,9 @@ impl Store for RedisStore {
                 Backend::Multiplexed(manager) => {
                     invocation.invoke_async(&mut manager.clone()).await?
                 }
+                // EVALSHA is routed by the first key's slot; on NOSCRIPT the script is loaded
+                // on every primary and the call retried.
+                Backend::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await?,
                 Backend::Pool(pool) => {
                     // A multiplexed connection is a cheap handle: clone it and return the pooled
                     // one at once, so concurrent checks pipeline instead of queueing.

@@ -28,6 +28,8 @@ use tower_redis_ratelimit::{
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    /// Extra `redis-server` arguments (cluster mode), kept for restarts.
+    extra: Vec<String>,
 }
 
 /// Where each running server's PID is recorded, so `scripts/test` can stop any server a
@@ -54,7 +56,7 @@ impl RedisServer {
     pub fn start() -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
-            match Self::spawn(free_port()) {
+            match Self::spawn(free_port(), Vec::new()) {
                 Ok(server) => return server,
                 Err(e) => last_error = e, // port taken in between, or a slow start: try again
             }
@@ -62,8 +64,10 @@ impl RedisServer {
         panic!("redis-server did not come up on 127.0.0.1: {last_error}");
     }
 
-    fn spawn(port: u16) -> Result<Self, String> {
+    fn spawn(port: u16, extra: Vec<String>) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("trr-redis-{port}"));
+        // A fresh directory: a cluster node must not find an old nodes.conf.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let child = Command::new(redis_binary())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -72,6 +76,7 @@ impl RedisServer {
             .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&dir)
+            .args(&extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -84,7 +89,7 @@ impl RedisServer {
                 )
             });
         let _ = std::fs::write(pid_file(child.id()), b"");
-        let mut server = RedisServer { child, port };
+        let mut server = RedisServer { child, port, extra };
         server.wait_ready(Duration::from_secs(10))?;
         Ok(server)
     }
@@ -102,7 +107,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match Self::spawn(self.port) {
+            match Self::spawn(self.port, self.extra.clone()) {
                 Ok(new) => {
                     // The old guard's process is already reaped; dropping it is harmless.
                     drop(std::mem::replace(self, new));
@@ -228,4 +233,193 @@ pub fn counting(
             Ok::<_, Infallible>(Response::new(Body::from("hello")))
         }
     })
+}
+
+fn redis_cli() -> String {
+    std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned())
+}
+
+/// A port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let port = 20_000 + (std::process::id() as u16 ^ rand_u16()) % 20_000;
+        let both = TcpListener::bind(("127.0.0.1", port))
+            .and_then(|a| TcpListener::bind(("127.0.0.1", port + 10_000)).map(|b| (a, b)));
+        if both.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
+}
+
+fn rand_u16() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    h.finish() as u16
+}
+
+/// A real local Redis Cluster: `masters` primaries with `replicas` replicas each, created with
+/// `redis-cli --cluster create`, every node stopped by PID on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let total = masters * (1 + replicas);
+        let mut nodes = Vec::with_capacity(total);
+        while nodes.len() < total {
+            let port = free_cluster_port();
+            let extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-require-full-coverage",
+                "no",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            if let Ok(node) = RedisServer::spawn(port, extra) {
+                nodes.push(node);
+            }
+        }
+        let cluster = RedisCluster { nodes };
+        let addrs: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new(redis_cli())
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install redis-tools"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` with all slots assigned and
+    /// knows every other node.
+    pub fn wait_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let Ok(mut c) = redis::Client::open(n.url())
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)))
+                else {
+                    return false;
+                };
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut c)
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_assigned:16384")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not become ok in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Seed node URLs for the cluster client.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    pub async fn store(&self) -> RedisStore {
+        RedisStore::connect_cluster(&self.urls())
+            .await
+            .expect("cannot connect to the test cluster")
+    }
+
+    /// Runs `command` on every node and returns (port, reply) pairs; for inspection.
+    pub fn on_each(&self, command: &[&str]) -> Vec<(u16, redis::Value)> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let mut cmd = redis::cmd(command[0]);
+                for a in &command[1..] {
+                    cmd.arg(*a);
+                }
+                (n.port, cmd.query(&mut n.conn()).unwrap())
+            })
+            .collect()
+    }
+
+    /// Every key under `pattern` on every primary, with its PTTL.
+    pub fn keys_with_pttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        self.nodes
+            .iter()
+            .filter(|n| n.role() == "master")
+            .flat_map(|n| keys_with_pttl(&mut n.conn(), pattern))
+            .collect()
+    }
+}
+
+impl RedisServer {
+    /// `master` or `slave` (from `ROLE`).
+    pub fn role(&self) -> String {
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut self.conn()).unwrap();
+        match &role[0] {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// A Redis to run a suite against: a standalone server or a 3-primary cluster.
+pub enum Backend {
+    Standalone(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Standalone(_) => "standalone",
+            Backend::Cluster(_) => "cluster",
+        }
+    }
+
+    /// An independent store (own connection), like one more app instance.
+    pub async fn store(&self) -> RedisStore {
+        match self {
+            Backend::Standalone(s) => s.store().await,
+            Backend::Cluster(c) => c.store().await,
+        }
+    }
+
+    pub fn keys_with_pttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        match self {
+            Backend::Standalone(s) => keys_with_pttl(&mut s.conn(), pattern),
+            Backend::Cluster(c) => c.keys_with_pttl(pattern),
+        }
+    }
+}
+
+/// Both backends, for suites that must hold on standalone Redis and on Redis Cluster alike.
+pub fn each_backend() -> Vec<Backend> {
+    vec![
+        Backend::Standalone(RedisServer::start()),
+        Backend::Cluster(RedisCluster::start(3, 0)),
+    ]
 }
