@@ -239,10 +239,11 @@ fn redis_cli() -> String {
     std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned())
 }
 
-/// A port whose cluster bus port (+10000) is free too.
+/// A port whose cluster bus port (+10000) is free too, both below the kernel's ephemeral range
+/// (32768 and up here), so that no outgoing connection grabs the bus port meanwhile.
 fn free_cluster_port() -> u16 {
     for _ in 0..1000 {
-        let port = 20_000 + (std::process::id() as u16 ^ rand_u16()) % 20_000;
+        let port = 11_000 + (std::process::id() as u16 ^ rand_u16()) % 11_000;
         let both = TcpListener::bind(("127.0.0.1", port))
             .and_then(|a| TcpListener::bind(("127.0.0.1", port + 10_000)).map(|b| (a, b)));
         if both.is_ok() {
@@ -310,8 +311,9 @@ impl RedisCluster {
         cluster
     }
 
-    /// Waits until every live node reports `cluster_state:ok` with all slots assigned and
-    /// knows every other node.
+    /// Waits until every live node reports `cluster_state:ok` with all slots assigned, knows
+    /// every other node, and every replica's link to its primary is up (a replica that never
+    /// synced cannot take over).
     pub fn wait_ok(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
@@ -325,9 +327,15 @@ impl RedisCluster {
                     .arg("INFO")
                     .query(&mut c)
                     .unwrap_or_default();
+                let replication: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut c)
+                    .unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains("cluster_slots_assigned:16384")
                     && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
             });
             if ok {
                 return;
@@ -376,6 +384,17 @@ impl RedisCluster {
 }
 
 impl RedisServer {
+    /// The port of this node's primary, if it is a replica.
+    pub fn replica_of(&self) -> Option<u16> {
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut self.conn()).ok()?;
+        match (role.first(), role.get(2)) {
+            (Some(redis::Value::BulkString(r)), Some(redis::Value::Int(port))) if r == b"slave" => {
+                u16::try_from(*port).ok()
+            }
+            _ => None,
+        }
+    }
+
     /// `master` or `slave` (from `ROLE`).
     pub fn role(&self) -> String {
         let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut self.conn()).unwrap();
