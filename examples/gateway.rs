@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
+//!     [--redis-cluster redis://HOST:PORT,redis://HOST:PORT,...]
 //!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]...
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
@@ -21,7 +22,7 @@ use tower_redis_ratelimit::{
     MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store, TokenBucket,
 };
 
-const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] \
+const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed|local] \
 [--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL]";
@@ -29,6 +30,7 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] \
 struct Args {
     listen: SocketAddr,
     redis: Option<String>,
+    redis_cluster: Option<Vec<String>>,
     algorithm: String,
     limit: u32,
     per: Duration,
@@ -61,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         listen: "127.0.0.1:3000".parse().unwrap(),
         redis: None,
+        redis_cluster: None,
         algorithm: "gcra".into(),
         limit: 10,
         per: Duration::from_secs(1),
@@ -82,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
         const FLAGS: &[&str] = &[
             "--listen",
             "--redis",
+            "--redis-cluster",
             "--algorithm",
             "--limit",
             "--per",
@@ -107,6 +111,18 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| bad("an address like 127.0.0.1:3000"))?
             }
             "--redis" => a.redis = Some(value),
+            "--redis-cluster" => {
+                let nodes: Vec<String> = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if nodes.is_empty() {
+                    return Err(bad("a comma-separated list of node URLs"));
+                }
+                a.redis_cluster = Some(nodes);
+            }
             "--algorithm" => match value.as_str() {
                 "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
                 _ => return Err(bad("token-bucket, gcra or sliding-window")),
@@ -218,15 +234,28 @@ async fn run(args: Args) -> Result<(), BoxError> {
         _ => Gcra::new(quota).map(|_| ())?,
     }
     key_extractor(&args)?;
-    let store: Arc<dyn Store> = match &args.redis {
-        Some(url) => {
+    if args.redis.is_some() && args.redis_cluster.is_some() {
+        return Err("give --redis or --redis-cluster, not both".into());
+    }
+    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster) {
+        (None, Some(nodes)) => {
+            let store = RedisStore::connect_cluster(nodes)
+                .await
+                .map_err(|e| format!("--redis-cluster {}: {e}", nodes.join(",")))?;
+            println!(
+                "store: redis cluster via {} (shared by every instance pointing at it)",
+                nodes.join(",")
+            );
+            Arc::new(store)
+        }
+        (Some(url), _) => {
             let store = RedisStore::connect(url)
                 .await
                 .map_err(|e| format!("--redis {url}: {e}"))?;
             println!("store: redis at {url} (shared by every instance pointing at it)");
             Arc::new(store)
         }
-        None => {
+        (None, None) => {
             println!("store: in-memory (no --redis given; limits hold for this process only)");
             Arc::new(MemoryStore::new())
         }

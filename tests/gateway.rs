@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use common::RedisServer;
+use common::{RedisCluster, RedisServer};
 
 /// `target/<profile>/examples/gateway`, built by `cargo test` before the tests run.
 fn gateway_bin() -> PathBuf {
@@ -193,6 +193,16 @@ fn bad_flags_exit_with_a_clear_error() {
         (&["--key", "cookie"][..], "--key"),
         (&["--trusted-proxy", "10.0.0.0/99"][..], "trusted_proxy"),
         (&["--sliding"][..], "unknown flag"),
+        (&["--redis-cluster", ","][..], "--redis-cluster"),
+        (
+            &[
+                "--redis",
+                "redis://127.0.0.1:1",
+                "--redis-cluster",
+                "redis://127.0.0.1:2",
+            ][..],
+            "not both",
+        ),
         (
             &["--on-redis-error", "local", "--local-share", "0"][..],
             "--local-share",
@@ -235,4 +245,36 @@ fn redis_down_follows_on_redis_error() {
     let (status, head) = get(open.addr, "");
     assert_eq!(status, 200);
     assert!(!head.contains("ratelimit:"), "{head}");
+}
+
+#[test]
+fn with_redis_cluster_the_limit_is_shared_between_instances() {
+    let cluster = RedisCluster::start(3, 0);
+    let nodes = cluster.urls().join(",");
+    let args = [
+        "--redis-cluster",
+        &nodes,
+        "--limit",
+        "3",
+        "--per",
+        "1h",
+        "--key",
+        "header:x-api-key",
+    ];
+    let a = start_gateway(&args);
+    let b = start_gateway(&args);
+    assert!(
+        a.banner.iter().any(|l| l.contains("redis cluster")),
+        "{:?}",
+        a.banner
+    );
+    // Keys of different users land on different primaries; each is limited exactly.
+    for user in ["u1", "u2", "u3", "u4"] {
+        let key = format!("x-api-key: {user}\r\n");
+        let statuses: Vec<u16> = [&a, &b, &a, &b]
+            .iter()
+            .map(|gw| get(gw.addr, &key).0)
+            .collect();
+        assert_eq!(statuses, [200, 200, 200, 429], "{user}");
+    }
 }
