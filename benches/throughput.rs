@@ -1,5 +1,8 @@
-//! Checks per second and latency of `RateLimiter::check`, per algorithm and store, against a
-//! `redis-server` this program starts on a free loopback port (and stops by PID).
+//! Checks per second, latency and Redis commands per check, against a `redis-server` this
+//! program starts on a free loopback port (and stops by PID). Contenders: the raw GCRA script
+//! through redis-rs (the ceiling), `RateLimiter::check` and the full layer on the default
+//! multiplexed connection, the same check through a bb8 pool with and without its check-out
+//! `PING`, the other algorithms, and `MemoryStore`.
 //!
 //! ```text
 //! cargo bench --bench throughput                      # 3 rounds x 3 s per contender, 64 tasks
@@ -25,7 +28,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    Algorithm, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    redis, Algorithm, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer, RateLimiter,
+    RedisStore, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -36,6 +40,8 @@ fn env(name: &str, default: u64) -> u64 {
 }
 
 struct Round {
+    checks: u64,
+    redis_commands: u64,
     checks_per_sec: f64,
     allowed_fraction: f64,
     p50_us: u64,
@@ -48,21 +54,18 @@ enum Workload {
     Spread,
 }
 
-async fn round<A: Algorithm>(
-    limiter: &RateLimiter<A>,
-    workload: Workload,
-    tasks: u64,
-    secs: u64,
-) -> Round {
+/// One check: allowed or not.
+type CheckFn = Arc<dyn Fn(String) -> BoxFuture<'static, bool> + Send + Sync>;
+
+async fn round(check: &CheckFn, workload: Workload, tasks: u64, secs: u64) -> Round {
     let stop = Arc::new(AtomicBool::new(false));
     let allowed = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (limiter, stop, allowed) = (limiter.clone(), stop.clone(), allowed.clone());
+        let (check, stop, allowed) = (check.clone(), stop.clone(), allowed.clone());
         handles.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new(3).unwrap();
             let mut rng = 0x9E37_79B9_7F4A_7C15_u64 ^ t;
-            let mut key = String::new();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
@@ -70,20 +73,19 @@ async fn round<A: Algorithm>(
                     // An in-memory check never suspends: let the timer and the other tasks run.
                     tokio::task::yield_now().await;
                 }
-                key.clear();
-                match workload {
-                    Workload::Hot => key.push_str("hot"),
+                let key = match workload {
+                    Workload::Hot => "hot".to_owned(),
                     Workload::Spread => {
                         rng ^= rng << 13;
                         rng ^= rng >> 7;
                         rng ^= rng << 17;
-                        key.push_str(&format!("id{}", rng % 100_000));
+                        format!("id{}", rng % 100_000)
                     }
-                }
+                };
                 let started = Instant::now();
-                let d = limiter.check(&key, 1).await.expect("check failed");
+                let ok = check(key).await;
                 hist.record(started.elapsed().as_micros() as u64).unwrap();
-                if d.allowed {
+                if ok {
                     allowed.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -99,24 +101,87 @@ async fn round<A: Algorithm>(
     }
     let elapsed = started.elapsed().as_secs_f64();
     Round {
+        checks: hist.len(),
         checks_per_sec: hist.len() as f64 / elapsed,
         allowed_fraction: allowed.load(Ordering::Relaxed) as f64 / hist.len().max(1) as f64,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
+        redis_commands: 0,
     }
 }
 
-type Contender = (String, Box<dyn Fn(Workload, u64, u64) -> RoundFuture>);
-type RoundFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Round>>>;
+/// `RateLimiter::check`.
+fn via_limiter<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
+    Arc::new(move |key| {
+        let l = limiter.clone();
+        Box::pin(async move { l.check(&key, 1).await.expect("check failed").allowed })
+    })
+}
 
-fn contender<A: Algorithm>(name: &str, limiter: RateLimiter<A>) -> Contender {
-    (
-        name.to_owned(),
-        Box::new(move |w, tasks, secs| {
-            let limiter = limiter.clone();
-            Box::pin(async move { round(&limiter, w, tasks, secs).await })
-        }),
-    )
+/// The whole layer: `ready().call()` on a trivial inner service.
+fn via_layer<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
+    use tower::{Service, ServiceExt};
+    let svc = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter,
+            |parts: &http::request::Parts| {
+                parts
+                    .headers
+                    .get("k")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            },
+        ))
+        .service(tower::service_fn(|_req: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
+                bytes::Bytes,
+            >::new()))
+        }));
+    Arc::new(move |key| {
+        let mut svc = svc.clone();
+        Box::pin(async move {
+            let req = http::Request::get("/").header("k", key).body(()).unwrap();
+            let res = svc.ready().await.unwrap().call(req).await.unwrap();
+            res.status() == 200
+        })
+    })
+}
+
+/// The same GCRA script through redis-rs on one multiplexed connection, no limiter around it:
+/// the ceiling for this connection kind.
+fn raw_script(conn: redis::aio::ConnectionManager, gcra: Gcra) -> CheckFn {
+    let gcra = Arc::new(gcra);
+    Arc::new(move |key| {
+        let (mut conn, gcra) = (conn.clone(), gcra.clone());
+        Box::pin(async move {
+            let mut inv = gcra.script().prepare_invoke();
+            for k in gcra.redis_keys(&format!("{{raw:{key}}}")) {
+                inv.key(k);
+            }
+            inv.arg("");
+            for a in gcra.script_args(1) {
+                inv.arg(a);
+            }
+            let reply: Vec<i64> = inv.invoke_async(&mut conn).await.expect("script failed");
+            reply[0] == 1
+        })
+    })
+}
+
+/// Calls of every Redis command so far, from `INFO commandstats` (minus the INFO calls).
+fn redis_calls(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 #[tokio::main]
@@ -133,54 +198,126 @@ async fn main() {
         .find_map(|l| l.strip_prefix("redis_version:").map(str::to_owned))
         .unwrap_or_default();
     let store = redis.store().await;
+    let pool = |ping: bool| {
+        let url = redis.url();
+        async move {
+            let manager =
+                tower_redis_ratelimit::bb8_redis::RedisConnectionManager::new(url).unwrap();
+            let pool = tower_redis_ratelimit::bb8::Pool::builder()
+                .max_size(8)
+                .test_on_check_out(ping)
+                .build(manager)
+                .await
+                .unwrap();
+            RedisStore::from_pool(pool)
+        }
+    };
+    let raw_conn = redis::aio::ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
+        .await
+        .unwrap();
     // 100 per second per key, burst 100: the hot key is far over its limit, spread keys are not.
     let q = Quota::per_second(100);
-    let contenders = [
-        contender(
-            "redis gcra",
-            limiter(store.clone(), Gcra::new(q).unwrap(), "b-g"),
+    let g = || Gcra::new(q).unwrap();
+    let contenders: Vec<(&str, bool, CheckFn)> = vec![
+        (
+            "raw GCRA script (multiplexed)",
+            true,
+            raw_script(raw_conn, g()),
         ),
-        contender(
-            "redis token-bucket",
-            limiter(store.clone(), TokenBucket::new(q).unwrap(), "b-tb"),
+        (
+            "gcra check (multiplexed)",
+            true,
+            via_limiter(limiter(store.clone(), g(), "b-g")),
         ),
-        contender(
-            "redis sliding-window",
-            limiter(store.clone(), SlidingWindow::new(q).unwrap(), "b-sw"),
+        (
+            "gcra layer (multiplexed)",
+            true,
+            via_layer(limiter(store.clone(), g(), "b-gl")),
         ),
-        contender(
-            "memory gcra",
-            limiter(MemoryStore::new(), Gcra::new(q).unwrap(), "m-g"),
+        (
+            "gcra check (bb8, check-out PING)",
+            true,
+            via_limiter(limiter(pool(true).await, g(), "b-gp")),
         ),
-        contender(
-            "memory sliding-window",
-            limiter(MemoryStore::new(), SlidingWindow::new(q).unwrap(), "m-sw"),
+        (
+            "gcra check (bb8, no PING)",
+            true,
+            via_limiter(limiter(pool(false).await, g(), "b-gn")),
+        ),
+        (
+            "token-bucket check",
+            true,
+            via_limiter(limiter(store.clone(), TokenBucket::new(q).unwrap(), "b-tb")),
+        ),
+        (
+            "sliding-window check",
+            true,
+            via_limiter(limiter(
+                store.clone(),
+                SlidingWindow::new(q).unwrap(),
+                "b-sw",
+            )),
+        ),
+        (
+            "multi-limit check (2 limits)",
+            true,
+            via_limiter(limiter(
+                store.clone(),
+                MultiLimit::new([("s", q), ("h", Quota::per_hour(100_000))]).unwrap(),
+                "b-ml",
+            )),
+        ),
+        (
+            "memory gcra check",
+            false,
+            via_limiter(limiter(MemoryStore::new(), g(), "m-g")),
+        ),
+        (
+            "memory gcra layer",
+            false,
+            via_layer(limiter(MemoryStore::new(), g(), "m-gl")),
+        ),
+        (
+            "memory sliding-window check",
+            false,
+            via_limiter(limiter(
+                MemoryStore::new(),
+                SlidingWindow::new(q).unwrap(),
+                "m-sw",
+            )),
         ),
     ];
+    let mut info = redis.conn();
     println!(
         "redis {version}, {tasks} tasks, {rounds} rounds x {secs} s, {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("| contender | workload | checks/s median (min-max) | p50 µs | p99 µs | allowed |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("| contender | workload | checks/s median (min-max) | p50 µs | p99 µs | allowed | Redis cmds/check |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
     for (wname, workload) in [("hot", Workload::Hot), ("spread", Workload::Spread)] {
         let mut results: Vec<Vec<Round>> = contenders.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
-            for (i, (_, run)) in contenders.iter().enumerate() {
-                results[i].push(run(workload, tasks, secs).await);
+            for (i, (_, uses_redis, check)) in contenders.iter().enumerate() {
+                let before = redis_calls(&mut info);
+                let mut r = round(check, workload, tasks, secs).await;
+                if *uses_redis {
+                    r.redis_commands = redis_calls(&mut info) - before;
+                }
+                results[i].push(r);
             }
         }
-        for ((name, _), mut rs) in contenders.iter().zip(results) {
+        for ((name, _, _), mut rs) in contenders.iter().zip(results) {
             rs.sort_by(|a, b| a.checks_per_sec.total_cmp(&b.checks_per_sec));
             let mid = &rs[rs.len() / 2];
             println!(
-                "| {name} | {wname} | {:.0} ({:.0}-{:.0}) | {} | {} | {:.3} |",
+                "| {name} | {wname} | {:.0} ({:.0}-{:.0}) | {} | {} | {:.3} | {:.2} |",
                 mid.checks_per_sec,
                 rs[0].checks_per_sec,
                 rs[rs.len() - 1].checks_per_sec,
                 mid.p50_us,
                 mid.p99_us,
-                mid.allowed_fraction
+                mid.allowed_fraction,
+                mid.redis_commands as f64 / mid.checks.max(1) as f64
             );
         }
     }
