@@ -230,6 +230,17 @@ async fn main() {
             via_limiter(limiter(store.clone(), g(), "b-g")),
         ),
         (
+            "gcra check, deny cache off",
+            true,
+            via_limiter(
+                RateLimiter::builder(store.clone(), g())
+                    .prefix("b-gnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
             "gcra layer (multiplexed)",
             true,
             via_layer(limiter(store.clone(), g(), "b-gl")),

@@ -40,6 +40,7 @@ mod algorithm;
 mod body;
 mod breaker;
 mod decision;
+mod deny_cache;
 mod error;
 mod future;
 pub mod headers;
@@ -63,8 +64,8 @@ pub use headers::HeaderStyle;
 pub use key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
 pub use layer::{Class, MissingKey, RateLimitLayer};
 pub use limiter::{
-    LimiterStats, RateLimiter, RateLimiterBuilder, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    LimiterStats, RateLimiter, RateLimiterBuilder, DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN,
+    DEFAULT_POLICY_NAME, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use quota::Quota;
 pub use service::RateLimit;

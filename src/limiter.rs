@@ -11,8 +11,8 @@ use std::{
 };
 
 use crate::{
-    breaker::BreakerState, telemetry, Algorithm, CircuitBreaker, ConfigError, Decision, Error,
-    MemoryStore, Store,
+    breaker::BreakerState, deny_cache::DenyCache, telemetry, Algorithm, CircuitBreaker,
+    ConfigError, Decision, Error, MemoryStore, Store,
 };
 
 /// Default bound on one store call.
@@ -23,6 +23,8 @@ pub const DEFAULT_PREFIX: &str = "rl";
 pub const DEFAULT_POLICY_NAME: &str = "default";
 /// Default bound on a key's length; longer keys are replaced by a hash.
 pub const DEFAULT_MAX_KEY_LEN: usize = 128;
+/// Default number of live denials the deny cache holds.
+pub const DEFAULT_DENY_CACHE_KEYS: usize = 100_000;
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
 /// throttling its calls to a third-party API) and the engine of
@@ -60,6 +62,8 @@ struct Inner<A> {
     timeout: Duration,
     max_key_len: usize,
     breaker: BreakerState,
+    deny_cache: Option<DenyCache>,
+    cache_hits: AtomicU64,
     store_errors: AtomicU64,
     short_circuited: AtomicU64,
     degraded: AtomicU64,
@@ -77,6 +81,8 @@ pub struct LimiterStats {
     pub degraded: u64,
     /// How often the circuit breaker opened.
     pub breaker_opened: u64,
+    /// Checks denied by the local deny cache without a store call.
+    pub deny_cache_hits: u64,
 }
 
 impl<A> Clone for RateLimiter<A> {
@@ -117,6 +123,7 @@ impl<A: Algorithm> RateLimiter<A> {
             timeout: DEFAULT_TIMEOUT,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             breaker: CircuitBreaker::default(),
+            deny_cache: DEFAULT_DENY_CACHE_KEYS,
         }
     }
 
@@ -125,7 +132,32 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Errors when the store fails or does not answer within the store timeout; the decision
     /// is then the caller's (the layer applies its [`FailurePolicy`](crate::FailurePolicy)).
     pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
-        self.check_base(self.storage_key(key), cost, None).await
+        let base = self.storage_key(key);
+        if let Some(d) = self.cached_denial(&base, cost) {
+            return Ok(d);
+        }
+        self.check_base(base, cost, None).await
+    }
+
+    /// A denial answered by the deny cache (see [`RateLimiterBuilder::deny_cache`]).
+    fn cached_denial(&self, base: &str, cost: u32) -> Option<Decision> {
+        let inner = &*self.inner;
+        let cache = inner.deny_cache.as_ref().filter(|_| cost == 1)?;
+        let hit = cache.get(base, Instant::now())?;
+        inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(Decision {
+            allowed: false,
+            limit: inner.algorithm.quota(),
+            remaining: 0,
+            reset_after: hit.reset_after,
+            retry_after: Some(hit.retry_after),
+            window: inner.algorithm.window(),
+            cost,
+            policy: Arc::clone(&inner.policy),
+            degraded: false,
+            limits: Vec::new(),
+            partition_key: None,
+        })
     }
 
     /// Checks the quota shared by requests that have no key. Its storage key, `{prefix:#}`,
@@ -188,6 +220,13 @@ impl<A: Algorithm> RateLimiter<A> {
             inner.algorithm.parts(),
         );
         telemetry::decided(&d, started.elapsed());
+        // Only what cannot change before its deadline: a cost-1 denial with nothing left,
+        // on the store's clock (never for explicit test times), for single-limit algorithms.
+        if let (Some(cache), None, Some(retry)) = (&inner.deny_cache, now, d.retry_after) {
+            if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
+                cache.insert(&base, started, retry, d.reset_after);
+            }
+        }
         Ok(d)
     }
 
@@ -264,6 +303,7 @@ impl<A: Algorithm> RateLimiter<A> {
             short_circuited: inner.short_circuited.load(Ordering::Relaxed),
             degraded: inner.degraded.load(Ordering::Relaxed),
             breaker_opened: inner.breaker.times_opened(),
+            deny_cache_hits: inner.cache_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -292,6 +332,7 @@ pub struct RateLimiterBuilder<A> {
     timeout: Duration,
     max_key_len: usize,
     breaker: CircuitBreaker,
+    deny_cache: usize,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -333,6 +374,18 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// When to stop calling a failing store (default: after 5 failures in a row, for 1 s).
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = breaker;
+        self
+    }
+
+    /// The exact local deny cache: once the store denies a cost-1 check of a key with no units
+    /// left, this limiter denies further cost-1 checks of that key itself until one unit is
+    /// free again, without a round trip. Exact (nothing but time frees capacity, and the
+    /// deadline is measured from when the check was sent), so it never allows what the store
+    /// would deny nor denies what it would allow; the flood case then costs no Redis calls.
+    /// Holds at most `max_keys` live denials (default 100,000); 0 switches it off. A key reset
+    /// in Redis by hand stays denied here until its deadline.
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.deny_cache = max_keys;
         self
     }
 
@@ -378,6 +431,8 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                 timeout: self.timeout,
                 max_key_len: self.max_key_len,
                 breaker: BreakerState::new(self.breaker),
+                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                cache_hits: AtomicU64::new(0),
                 store_errors: AtomicU64::new(0),
                 short_circuited: AtomicU64::new(0),
                 degraded: AtomicU64::new(0),

@@ -1,0 +1,163 @@
+//! The exact local deny cache: after Redis denies a key, deny the same check locally until
+//! the denial's retry time, without a round trip.
+//!
+//! Exact because for every algorithm here nothing but time frees capacity: other instances can
+//! only consume more. The cache holds only what cannot change before its deadline:
+//! denials of a cost-1 check with no units left, until one unit frees up. It answers only
+//! cost-1 checks of that key; any other cost asks the store. Deadlines are measured from when
+//! the check was *sent*, so they end no later than the store's own (never denies what the
+//! store would allow). A key reset in Redis by hand meanwhile stays denied until the deadline.
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+const SHARDS: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// When one unit is available again.
+    until: Instant,
+    /// When the whole quota is available again.
+    reset: Instant,
+}
+
+/// A bounded map from storage key to the end of a known denial.
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    shards: [Mutex<Shard>; SHARDS],
+    max_per_shard: usize,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    swept_len: usize,
+}
+
+/// A cached denial: how long until one unit frees, and until the quota is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hit {
+    pub(crate) retry_after: Duration,
+    pub(crate) reset_after: Duration,
+}
+
+impl DenyCache {
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Self {
+            shards: Default::default(),
+            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        &self.shards[(h as usize) % SHARDS]
+    }
+
+    /// The cached denial of `key`, if it is still running at `now`.
+    pub(crate) fn get(&self, key: &str, now: Instant) -> Option<Hit> {
+        let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let e = shard.map.get(key)?;
+        (now < e.until).then(|| Hit {
+            retry_after: e.until - now,
+            reset_after: e.reset.saturating_duration_since(now),
+        })
+    }
+
+    /// Records that a cost-1 check of `key`, sent at `sent`, was denied with no units left:
+    /// one unit frees after `retry_after`, the quota after `reset_after`.
+    pub(crate) fn insert(
+        &self,
+        key: &str,
+        sent: Instant,
+        retry_after: Duration,
+        reset_after: Duration,
+    ) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let entry = Entry {
+            until: sent + retry_after,
+            reset: sent + reset_after,
+        };
+        if let Some(e) = shard.map.get_mut(key) {
+            *e = entry;
+            return;
+        }
+        if shard.map.len() >= (2 * shard.swept_len).max(64) || shard.map.len() >= self.max_per_shard
+        {
+            let now = Instant::now();
+            shard.map.retain(|_, e| e.until > now);
+            shard.swept_len = shard.map.len();
+        }
+        // Full of live denials: do not cache this one (the store still decides it).
+        if shard.map.len() < self.max_per_shard {
+            shard.map.insert(key.to_owned(), entry);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap().map.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_until_the_deadline_measured_from_sending() {
+        let c = DenyCache::new(1_000);
+        let sent = Instant::now();
+        c.insert(
+            "k",
+            sent,
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        );
+        let hit = c.get("k", sent + Duration::from_millis(40)).unwrap();
+        assert_eq!(hit.retry_after, Duration::from_millis(60));
+        assert_eq!(hit.reset_after, Duration::from_millis(4_960));
+        assert_eq!(c.get("k", sent + Duration::from_millis(100)), None);
+        assert_eq!(c.get("other", sent), None);
+    }
+
+    #[test]
+    fn bounded_and_sweeps_expired_entries() {
+        let c = DenyCache::new(160);
+        let long_ago = Instant::now() - Duration::from_secs(10);
+        for i in 0..10_000 {
+            c.insert(
+                &format!("old{i}"),
+                long_ago,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            );
+        }
+        assert!(c.len() <= 160);
+        let now = Instant::now();
+        for i in 0..10_000 {
+            c.insert(
+                &format!("live{i}"),
+                now,
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+            );
+        }
+        assert!(c.len() <= 160, "{}", c.len());
+        // Expired entries were swept to make room for live ones.
+        assert!(
+            (0..10_000)
+                .filter(|i| c.get(&format!("live{i}"), now).is_some())
+                .count()
+                >= 100
+        );
+    }
+}
