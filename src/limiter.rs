@@ -132,6 +132,9 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Errors when the store fails or does not answer within the store timeout; the decision
     /// is then the caller's (the layer applies its [`FailurePolicy`](crate::FailurePolicy)).
     pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
+        // Answers from the deny cache or a MemoryStore never wait: spend the task's budget so a
+        // tight loop of checks still lets the runtime run other tasks and timers.
+        tokio::task::coop::consume_budget().await;
         let base = self.storage_key(key);
         if let Some(d) = self.cached_denial(&base, cost) {
             return Ok(d);
@@ -173,6 +176,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// still expires keys on its own clock, so keep simulated periods far longer than the
     /// test's real run time.
     pub async fn check_at(&self, key: &str, cost: u32, now_us: u64) -> Result<Decision, Error> {
+        tokio::task::coop::consume_budget().await;
         self.check_base(self.storage_key(key), cost, Some(now_us))
             .await
     }

@@ -154,3 +154,41 @@ async fn cached_denials_carry_the_headers_numbers_and_other_costs_ask_redis() {
     let _ = l.check_at("k", 1, 1_700_000_000_000_000).await.unwrap();
     assert_eq!(l.stats().deny_cache_hits, 1);
 }
+
+/// A tight loop of checks answered without waiting (deny cache, MemoryStore) still lets the
+/// runtime run other tasks: on a single-threaded runtime, a timer fires while the loop spins.
+#[tokio::test(flavor = "current_thread")]
+async fn tight_loops_of_instant_answers_do_not_starve_the_runtime() {
+    use std::sync::atomic::AtomicBool;
+    let redis = RedisServer::start();
+    let cached = build(
+        redis.store().await,
+        Gcra::new(Quota::per_hour(1)).unwrap(),
+        "dc-loop",
+        1_000,
+    );
+    let memory = RateLimiter::new(
+        tower_redis_ratelimit::MemoryStore::new(),
+        Gcra::new(Quota::per_hour(1)).unwrap(),
+    );
+    for (name, spin) in [("deny cache", cached), ("memory store", memory)] {
+        let fired = Arc::new(AtomicBool::new(false));
+        let timer = {
+            let fired = fired.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                fired.store(true, Ordering::Relaxed);
+            })
+        };
+        let mut spins = 0u64;
+        while !fired.load(Ordering::Relaxed) && spins < 20_000_000 {
+            spin.check("k", 1).await.unwrap();
+            spins += 1;
+        }
+        assert!(
+            fired.load(Ordering::Relaxed),
+            "{name}: the timer never ran in {spins} checks"
+        );
+        timer.await.unwrap();
+    }
+}
