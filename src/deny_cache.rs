@@ -6,7 +6,9 @@
 //! denials of a cost-1 check with no units left, until one unit frees up. It answers only
 //! cost-1 checks of that key; any other cost asks the store. Deadlines are measured from when
 //! the check was *sent*, so they end no later than the store's own (never denies what the
-//! store would allow). A key reset in Redis by hand meanwhile stays denied until the deadline.
+//! store would allow). State can also vanish in Redis (a restart without persistence, a
+//! `FLUSHDB`, a key deleted by hand), which frees capacity early; so an entry answers for at
+//! most [`MAX_AGE`] before the store is asked again.
 
 use std::{
     collections::HashMap,
@@ -16,8 +18,13 @@ use std::{
 
 const SHARDS: usize = 16;
 
+/// The longest a cached denial answers before the store is asked again.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
+    /// Until when the entry answers: the denial's end, or `MAX_AGE` after it was sent.
+    valid: Instant,
     /// When one unit is available again.
     until: Instant,
     /// When the whole quota is available again.
@@ -63,7 +70,7 @@ impl DenyCache {
     pub(crate) fn get(&self, key: &str, now: Instant) -> Option<Hit> {
         let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let e = shard.map.get(key)?;
-        (now < e.until).then(|| Hit {
+        (now < e.valid).then(|| Hit {
             retry_after: e.until - now,
             reset_after: e.reset.saturating_duration_since(now),
         })
@@ -80,6 +87,7 @@ impl DenyCache {
     ) {
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let entry = Entry {
+            valid: sent + retry_after.min(MAX_AGE),
             until: sent + retry_after,
             reset: sent + reset_after,
         };
@@ -90,7 +98,7 @@ impl DenyCache {
         if shard.map.len() >= (2 * shard.swept_len).max(64) || shard.map.len() >= self.max_per_shard
         {
             let now = Instant::now();
-            shard.map.retain(|_, e| e.until > now);
+            shard.map.retain(|_, e| e.valid > now);
             shard.swept_len = shard.map.len();
         }
         // Full of live denials: do not cache this one (the store still decides it).
@@ -127,6 +135,16 @@ mod tests {
         assert_eq!(hit.reset_after, Duration::from_millis(4_960));
         assert_eq!(c.get("k", sent + Duration::from_millis(100)), None);
         assert_eq!(c.get("other", sent), None);
+        // A long denial answers for at most MAX_AGE, with its true retry time.
+        c.insert(
+            "day",
+            sent,
+            Duration::from_secs(3_600),
+            Duration::from_secs(7_200),
+        );
+        let hit = c.get("day", sent + Duration::from_millis(500)).unwrap();
+        assert_eq!(hit.retry_after, Duration::from_millis(3_599_500));
+        assert_eq!(c.get("day", sent + MAX_AGE), None);
     }
 
     #[test]

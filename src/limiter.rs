@@ -386,8 +386,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// free again, without a round trip. Exact (nothing but time frees capacity, and the
     /// deadline is measured from when the check was sent), so it never allows what the store
     /// would deny nor denies what it would allow; the flood case then costs no Redis calls.
-    /// Holds at most `max_keys` live denials (default 100,000); 0 switches it off. A key reset
-    /// in Redis by hand stays denied here until its deadline.
+    /// Holds at most `max_keys` live denials (default 100,000); 0 switches it off. An entry
+    /// answers for at most one second before the store is asked again, so state lost in Redis
+    /// (a restart, `FLUSHDB`) is noticed within a second.
     pub fn deny_cache(mut self, max_keys: usize) -> Self {
         self.deny_cache = max_keys;
         self

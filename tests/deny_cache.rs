@@ -192,3 +192,38 @@ async fn tight_loops_of_instant_answers_do_not_starve_the_runtime() {
         timer.await.unwrap();
     }
 }
+
+/// State lost in Redis (here a restart without persistence) frees capacity early; the cache
+/// notices within its one-second maximum entry age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_is_noticed_within_a_second() {
+    let mut redis = RedisServer::start();
+    let l = build(
+        redis.store().await,
+        Gcra::new(Quota::per_day(1)).unwrap(),
+        "dc-restart",
+        1_000,
+    );
+    assert!(l.check("k", 1).await.unwrap().allowed);
+    assert!(!l.check("k", 1).await.unwrap().allowed); // from Redis: a day to wait
+    assert!(!l.check("k", 1).await.unwrap().allowed); // from the cache
+    redis.restart();
+    let started = Instant::now();
+    loop {
+        if let Ok(d) = l.check("k", 1).await {
+            if d.allowed {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still denied after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        started.elapsed() <= Duration::from_millis(1_500),
+        "{:?}",
+        started.elapsed()
+    );
+}
