@@ -71,7 +71,8 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         .on_store_error(FailurePolicy::Local)
         .local_share(2);
     redis.kill();
-    assert!(limiter.check("k", 1).await.is_err());
+    // A key the deny cache does not know, so the check reaches the dead store.
+    assert!(limiter.check("k2", 1).await.is_err());
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
         .service(tower::service_fn(|_: http::Request<()>| async {
