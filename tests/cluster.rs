@@ -224,8 +224,23 @@ async fn primary_failover_under_load_bounded_overshoot() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let promoted_after = killed_at.elapsed();
-    // Limiting continues: after a moment for the client to learn the new map, no errors.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Limiting continues once the client has learnt the new map: wait until no check has
+    // failed for half a second (bounded), then count errors over the following second.
+    let mut last_errors = traffic.errors.load(Ordering::Relaxed);
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_millis(500) {
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "checks kept failing for 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now_errors = traffic.errors.load(Ordering::Relaxed);
+        if now_errors != last_errors {
+            last_errors = now_errors;
+            quiet_since = Instant::now();
+        }
+    }
+    let resumed_after = killed_at.elapsed() - Duration::from_millis(500);
     let errors_before_last_second = traffic.errors.load(Ordering::Relaxed);
     let checks_before_last_second = traffic.checks.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -240,7 +255,8 @@ async fn primary_failover_under_load_bounded_overshoot() {
         .unwrap_or(0);
     let over_keys = admitted.values().filter(|&&n| n > QUOTA).count();
     println!(
-        "failover: replica promoted and cluster ok {promoted_after:?} after the kill; {checks} \
+        "failover: replica promoted and cluster ok {promoted_after:?} after the kill, checks \
+         succeeding again by {resumed_after:?}; {checks} \
          checks, {errors} errors in all, {errors_late} of {checks_late} in the last second; \
          worst key admitted {overshoot} over its quota of {QUOTA} ({over_keys} of {KEYS} keys \
          over)"

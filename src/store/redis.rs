@@ -115,7 +115,9 @@ impl RedisStore {
             .retries(6)
             .min_retry_wait(10)
             .max_retry_wait(250)
-            .connection_timeout(Duration::from_secs(2))
+            // Short: while the client rebuilds its slot map after a failover, it may try the
+            // dead node; each try costs up to this.
+            .connection_timeout(Duration::from_millis(500))
             .build()?;
         let connection = client.get_async_connection().await?;
         Ok(Self {
