@@ -1,0 +1,142 @@
+//! Redis memory per key for each algorithm (`MEMORY USAGE`), and the sliding window's Redis
+//! time per check as its log grows from 10 to 100,000 members (`INFO commandstats`), against a
+//! `redis-server` this program starts on a free loopback port.
+//!
+//! ```text
+//! cargo bench --bench footprint
+//! ```
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::limiter;
+use tower_redis_ratelimit::{
+    redis, Algorithm, Gcra, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
+};
+
+fn memory_of<A: Algorithm>(conn: &mut redis::Connection, l: &RateLimiter<A>, key: &str) -> i64 {
+    l.algorithm()
+        .redis_keys(&l.storage_key(key))
+        .iter()
+        .map(|k| {
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(k)
+                .arg("SAMPLES")
+                .arg(0)
+                .query::<Option<i64>>(conn)
+                .unwrap()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// (calls, usec) of EVALSHA so far.
+fn evalsha_stats(conn: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("");
+    let field = |name: &str| -> u64 {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let redis = common::RedisServer::start();
+    let store = redis.store().await;
+    let mut conn = redis.conn();
+    let q = Quota::per_minute(100);
+
+    println!("## Redis memory per key (MEMORY USAGE, all keys of one limiter key)\n");
+    println!("| algorithm | state | bytes |");
+    println!("|---|---|---:|");
+    let g = limiter(store.clone(), Gcra::new(q).unwrap(), "fp-g");
+    g.check("user-12345", 1).await.unwrap();
+    println!(
+        "| GCRA | one integer | {} |",
+        memory_of(&mut conn, &g, "user-12345")
+    );
+    let tb = limiter(store.clone(), TokenBucket::new(q).unwrap(), "fp-tb");
+    tb.check("user-12345", 1).await.unwrap();
+    println!(
+        "| token bucket | hash of 2 fields | {} |",
+        memory_of(&mut conn, &tb, "user-12345")
+    );
+    let m = limiter(
+        store.clone(),
+        MultiLimit::new([("s", Quota::per_second(10)), ("d", Quota::per_day(1000))]).unwrap(),
+        "fp-m",
+    );
+    m.check("user-12345", 1).await.unwrap();
+    println!(
+        "| multi-limit (2) | two integers | {} |",
+        memory_of(&mut conn, &m, "user-12345")
+    );
+    for n in [1u32, 10, 100] {
+        let sw = limiter(
+            store.clone(),
+            SlidingWindow::new(q).unwrap(),
+            &format!("fp-sw{n}"),
+        );
+        for _ in 0..n {
+            sw.check("user-12345", 1).await.unwrap();
+        }
+        println!(
+            "| sliding window | log of {n} + totals | {} |",
+            memory_of(&mut conn, &sw, "user-12345")
+        );
+    }
+
+    println!("\n## Sliding window: Redis time per check as the log grows\n");
+    println!("| members in the window | allowed check, µs in Redis | denied check, µs in Redis |");
+    println!("|---:|---:|---:|");
+    let window = Duration::from_secs(3_600);
+    for n in [10u32, 100, 1_000, 10_000, 100_000] {
+        let prefix = format!("fp-curve{n}");
+        // A roomy limit fills the log; a limit of exactly n on the same log then denies.
+        let roomy = RateLimiter::builder(
+            store.clone(),
+            SlidingWindow::new(Quota::new(n + 1_000, window)).unwrap(),
+        )
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+        let full = RateLimiter::builder(
+            store.clone(),
+            SlidingWindow::new(Quota::new(n, window)).unwrap(),
+        )
+        .prefix(&prefix)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+        for _ in 0..n {
+            roomy.check("k", 1).await.unwrap();
+        }
+        let measure = |l: RateLimiter<SlidingWindow>, times: u32, conn: &mut redis::Connection| {
+            let before = evalsha_stats(conn);
+            async move {
+                for _ in 0..times {
+                    l.check("k", 1).await.unwrap();
+                }
+                before
+            }
+        };
+        let before = measure(full.clone(), 500, &mut conn).await;
+        let after = evalsha_stats(&mut conn);
+        let denied = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+        let before = measure(roomy.clone(), 500, &mut conn).await;
+        let after = evalsha_stats(&mut conn);
+        let allowed = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+        println!("| {n} | {allowed:.1} | {denied:.1} |");
+    }
+}
