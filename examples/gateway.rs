@@ -8,7 +8,7 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]...
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--prefix P] [--log error|warn|info|debug|trace]
+//!     [--prefix P] [--log error|warn|info|debug|trace] [--no-limit]
 //! ```
 //!
 //! Without `--redis` it uses the in-memory store. Try it:
@@ -25,7 +25,8 @@ use tower_redis_ratelimit::{
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed|local] \
-[--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL]";
+[--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL] \
+[--no-limit]";
 
 struct Args {
     listen: SocketAddr,
@@ -43,6 +44,8 @@ struct Args {
     headers: HeaderStyle,
     prefix: String,
     log: tracing::Level,
+    /// Serve without the limiter (to measure its overhead).
+    no_limit: bool,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -76,11 +79,16 @@ fn parse_args() -> Result<Args, String> {
         headers: HeaderStyle::Ietf,
         prefix: "gateway".into(),
         log: tracing::Level::INFO,
+        no_limit: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
+        }
+        if flag == "--no-limit" {
+            a.no_limit = true;
+            continue;
         }
         const FLAGS: &[&str] = &[
             "--listen",
@@ -208,8 +216,13 @@ async fn serve<A: Algorithm>(
     .local_share(args.local_share);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
-        .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") })
-        .layer(layer);
+        .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") });
+    let app = if args.no_limit {
+        println!("limiter: off (--no-limit)");
+        app
+    } else {
+        app.layer(layer)
+    };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(

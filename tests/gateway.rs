@@ -278,3 +278,13 @@ fn with_redis_cluster_the_limit_is_shared_between_instances() {
         assert_eq!(statuses, [200, 200, 200, 429], "{user}");
     }
 }
+
+#[test]
+fn no_limit_serves_without_the_layer() {
+    let gw = start_gateway(&["--no-limit", "--limit", "1", "--per", "1h"]);
+    for _ in 0..3 {
+        let (status, head) = get(gw.addr, "");
+        assert_eq!(status, 200);
+        assert!(!head.contains("ratelimit"), "{head}");
+    }
+}
