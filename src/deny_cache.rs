@@ -60,10 +60,7 @@ impl DenyCache {
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        &self.shards[(h as usize) % SHARDS]
+        &self.shards[crate::store::shard_index(key, SHARDS)]
     }
 
     /// The cached denial of `key`, if it is still running at `now`.

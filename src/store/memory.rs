@@ -94,11 +94,7 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        // FNV-1a: cheap, and only spreads keys over locks.
-        let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        &self.shards[(h as usize) % SHARDS]
+        &self.shards[shard_index(key, SHARDS)]
     }
 
     fn decide(
@@ -158,6 +154,14 @@ impl Shard {
         self.evicted += n as u64;
         self.swept_len = self.map.len();
     }
+}
+
+/// Which of `shards` lock shards holds `key`. FNV-1a: cheap, and only spreads keys over locks.
+pub(crate) fn shard_index(key: &str, shards: usize) -> usize {
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h as usize) % shards
 }
 
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {

@@ -8,6 +8,7 @@
 mod memory;
 mod redis;
 
+pub(crate) use self::memory::shard_index;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 
