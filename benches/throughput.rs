@@ -28,8 +28,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    redis, Algorithm, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer, RateLimiter,
-    RedisStore, SlidingWindow, TokenBucket,
+    redis, Algorithm, Batching, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -212,13 +212,14 @@ async fn main() {
             RedisStore::from_pool(pool)
         }
     };
+    let batched = |b: Batching| store.clone().with_batching(b).unwrap();
     let raw_conn = redis::aio::ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
         .await
         .unwrap();
     // 100 per second per key, burst 100: the hot key is far over its limit, spread keys are not.
     let q = Quota::per_second(100);
     let g = || Gcra::new(q).unwrap();
-    let contenders: Vec<(&str, bool, CheckFn)> = vec![
+    let mut contenders: Vec<(&str, bool, CheckFn)> = vec![
         (
             "raw GCRA script (multiplexed)",
             true,
@@ -228,6 +229,49 @@ async fn main() {
             "gcra check (multiplexed)",
             true,
             via_limiter(limiter(store.clone(), g(), "b-g")),
+        ),
+        (
+            "gcra check, batched (64 per call, 2 in flight)",
+            true,
+            via_limiter(limiter(batched(Batching::new()), g(), "b-gb")),
+        ),
+        (
+            "gcra check, batched, deny cache off",
+            true,
+            via_limiter(
+                RateLimiter::builder(batched(Batching::new()), g())
+                    .prefix("b-gbnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "gcra check, batched 1 in flight, deny cache off",
+            true,
+            via_limiter(
+                RateLimiter::builder(batched(Batching::new().max_in_flight(1)), g())
+                    .prefix("b-gb1")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "gcra check, batched 4 in flight, deny cache off",
+            true,
+            via_limiter(
+                RateLimiter::builder(batched(Batching::new().max_in_flight(4)), g())
+                    .prefix("b-gb4")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "gcra layer, batched",
+            true,
+            via_layer(limiter(batched(Batching::new()), g(), "b-glb")),
         ),
         (
             "gcra check, deny cache off",
@@ -270,6 +314,24 @@ async fn main() {
             )),
         ),
         (
+            "token-bucket check, batched",
+            true,
+            via_limiter(limiter(
+                batched(Batching::new()),
+                TokenBucket::new(q).unwrap(),
+                "b-tbb",
+            )),
+        ),
+        (
+            "sliding-window check, batched",
+            true,
+            via_limiter(limiter(
+                batched(Batching::new()),
+                SlidingWindow::new(q).unwrap(),
+                "b-swb",
+            )),
+        ),
+        (
             "multi-limit check (2 limits)",
             true,
             via_limiter(limiter(
@@ -298,6 +360,10 @@ async fn main() {
             )),
         ),
     ];
+    // BENCH_FILTER=word: only the contenders whose name contains it.
+    if let Ok(filter) = std::env::var("BENCH_FILTER") {
+        contenders.retain(|(name, _, _)| name.contains(filter.as_str()));
+    }
     let mut info = redis.conn();
     println!(
         "redis {version}, {tasks} tasks, {rounds} rounds x {secs} s, {} cores",

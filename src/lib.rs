@@ -54,7 +54,9 @@ mod store;
 pub mod telemetry;
 pub mod throttle;
 
-pub use algorithm::{Algorithm, Gcra, MemoryState, MultiLimit, SlidingWindow, TokenBucket};
+pub use algorithm::{
+    batch_script, Algorithm, Gcra, MemoryState, MultiLimit, SlidingWindow, TokenBucket,
+};
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
@@ -69,7 +71,7 @@ pub use limiter::{
 };
 pub use quota::Quota;
 pub use service::RateLimit;
-pub use store::{BoxFuture, MemoryStore, RedisStore, Store};
+pub use store::{Batching, BoxFuture, MemoryStore, RedisStore, Store};
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
 // The crates whose types appear in this API, so users can name matching versions.

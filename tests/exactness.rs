@@ -30,7 +30,7 @@ fn checks_per_task(backend: &Backend) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(match backend {
-            Backend::Standalone(_) => 2_000,
+            Backend::Standalone(_) | Backend::Batched(_) => 2_000,
             Backend::Cluster(_) => 500,
         })
 }

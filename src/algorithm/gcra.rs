@@ -85,6 +85,10 @@ impl Algorithm for Gcra {
         lua_script!("gcra.lua")
     }
 
+    fn batch_script(&self) -> Option<&'static Script> {
+        lua_batch_script!("gcra.lua")
+    }
+
     fn redis_keys(&self, base: &str) -> Vec<String> {
         vec![format!("{base}:g")]
     }

@@ -32,6 +32,49 @@ macro_rules! lua_script {
     }};
 }
 
+/// The batch form of `lua/$file` (see [`batch_script`]), built once. The prelude's functions
+/// are defined once per call, outside the per-check function.
+macro_rules! lua_batch_script {
+    ($file:literal) => {{
+        static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            crate::algorithm::batch_form(
+                include_str!("../../lua/prelude.lua"),
+                include_str!(concat!("../../lua/", $file)),
+            )
+        });
+        Some(&*SCRIPT)
+    }};
+}
+
+/// Wraps a one-check script into its batch form, for [`Algorithm::batch_script`].
+///
+/// `source` is a script as [`Algorithm::script`] runs it: it reads only `KEYS` and `ARGV`
+/// (with `ARGV[1]` the explicit time or `''`), defines no globals, and returns its reply. The
+/// batch form runs it once per check, in order, inside one atomic call, with one clock reading
+/// shared by all, and answers an array of the single replies (an error entry for a check
+/// that raised one).
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use tower_redis_ratelimit::{batch_script, redis::Script};
+///
+/// const SOURCE: &str = "local n = redis.call('INCRBY', KEYS[1], ARGV[2]) return { n }";
+/// static BATCH: LazyLock<Script> = LazyLock::new(|| batch_script(SOURCE));
+/// assert_ne!(BATCH.get_hash(), Script::new(SOURCE).get_hash());
+/// ```
+pub fn batch_script(source: &str) -> Script {
+    batch_form("", source)
+}
+
+/// `KEYS` and `ARGV` become locals that the driver points at each check's slice in turn; code
+/// in `shared` (defined once) and in `body` (run once per check) both see the current check's.
+pub(crate) fn batch_form(shared: &str, body: &str) -> Script {
+    Script::new(&format!(
+        "local KEYS, ARGV = KEYS, ARGV\n{shared}\nlocal function decide()\n{body}\nend\n{}",
+        include_str!("../../lua/batch.lua")
+    ))
+}
+
 mod gcra;
 mod multi;
 mod sliding_window;
@@ -66,6 +109,13 @@ pub trait Algorithm: Send + Sync + 'static {
 
     /// The script deciding one check. It is run with `EVALSHA`, falling back to loading it.
     fn script(&self) -> &Script;
+
+    /// The same script in batch form (see [`batch_script`]), deciding several checks in one
+    /// call. A [`RedisStore`](crate::RedisStore) with batching on sends concurrent checks of
+    /// this algorithm together through it; `None` (the default) sends each check alone.
+    fn batch_script(&self) -> Option<&'static Script> {
+        None
+    }
 
     /// The Redis keys of one check, derived from the limiter's base key (which carries a hash
     /// tag, so keys derived by appending a suffix share one cluster slot).

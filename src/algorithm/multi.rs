@@ -173,6 +173,10 @@ impl Algorithm for MultiLimit {
         lua_script!("multi_gcra.lua")
     }
 
+    fn batch_script(&self) -> Option<&'static Script> {
+        lua_batch_script!("multi_gcra.lua")
+    }
+
     fn redis_keys(&self, base: &str) -> Vec<String> {
         self.quotas
             .iter()

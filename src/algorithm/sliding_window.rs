@@ -119,6 +119,10 @@ impl Algorithm for SlidingWindow {
         lua_script!("sliding_window.lua")
     }
 
+    fn batch_script(&self) -> Option<&'static Script> {
+        lua_batch_script!("sliding_window.lua")
+    }
+
     fn redis_keys(&self, base: &str) -> Vec<String> {
         vec![format!("{base}:l"), format!("{base}:m")]
     }

@@ -117,6 +117,10 @@ impl Algorithm for TokenBucket {
         lua_script!("token_bucket.lua")
     }
 
+    fn batch_script(&self) -> Option<&'static Script> {
+        lua_batch_script!("token_bucket.lua")
+    }
+
     fn redis_keys(&self, base: &str) -> Vec<String> {
         vec![format!("{base}:b")]
     }

@@ -5,9 +5,11 @@
 //! - [`MemoryStore`]: in this process only, with the same decisions; for single-instance apps,
 //!   development and tests.
 
+mod batch;
 mod memory;
 mod redis;
 
+pub use self::batch::Batching;
 pub(crate) use self::memory::shard_index;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;

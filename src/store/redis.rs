@@ -10,8 +10,11 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
-use super::{BoxFuture, Store};
-use crate::{Algorithm, Error, Outcome};
+use super::{
+    batch::{Batcher, Batching},
+    BoxFuture, Store,
+};
+use crate::{Algorithm, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
 ///
@@ -40,10 +43,11 @@ use crate::{Algorithm, Error, Outcome};
 #[derive(Clone)]
 pub struct RedisStore {
     backend: Backend,
+    batcher: Option<Batcher>,
 }
 
 #[derive(Clone)]
-enum Backend {
+pub(crate) enum Backend {
     Multiplexed(ConnectionManager),
     Pool(Pool<RedisConnectionManager>),
     Cluster(ClusterConnection),
@@ -57,6 +61,7 @@ impl fmt::Debug for RedisStore {
             Backend::Pool(p) => d.field("pool", &p.state()),
             Backend::Cluster(_) => d.field("backend", &"cluster"),
         };
+        d.field("batching", &self.batcher.as_ref().map(Batcher::config));
         d.finish()
     }
 }
@@ -78,9 +83,7 @@ impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, Error> {
         let client = redis::Client::open(url)?;
         let manager = ConnectionManager::new_with_config(client, manager_config()).await?;
-        Ok(Self {
-            backend: Backend::Multiplexed(manager),
-        })
+        Ok(Self::new(Backend::Multiplexed(manager)))
     }
 
     /// Like [`RedisStore::connect`], but connects on the first check. The URL is still
@@ -92,9 +95,7 @@ impl RedisStore {
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
         let client = redis::Client::open(url)?;
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config())?;
-        Ok(Self {
-            backend: Backend::Multiplexed(manager),
-        })
+        Ok(Self::new(Backend::Multiplexed(manager)))
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (e.g.
@@ -120,9 +121,7 @@ impl RedisStore {
             .connection_timeout(Duration::from_millis(500))
             .build()?;
         let connection = client.get_async_connection().await?;
-        Ok(Self {
-            backend: Backend::Cluster(connection),
-        })
+        Ok(Self::new(Backend::Cluster(connection)))
     }
 
     /// Uses an existing bb8-redis pool.
@@ -133,9 +132,80 @@ impl RedisStore {
     /// `PING` costs a round trip per check; [`connect`](Self::connect) has neither the cost
     /// nor the problem.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
+        Self::new(Backend::Pool(pool))
+    }
+
+    fn new(backend: Backend) -> Self {
         Self {
-            backend: Backend::Pool(pool),
+            backend,
+            batcher: None,
         }
+    }
+
+    /// Sends concurrent checks to Redis together, as one script call per batch (exact
+    /// batching).
+    ///
+    /// While fewer than [`max_in_flight`](Batching::max_in_flight) calls are on their way,
+    /// a check leaves at once; checks arriving meanwhile queue up and leave together as one
+    /// call of the algorithm's [batch script](Algorithm::batch_script), which decides them one
+    /// after the other inside one atomic call. Every check gets exactly the decision its own
+    /// call would have got at that instant, so limits hold as they do without batching; under
+    /// load, Redis runs one script call for many checks. A check whose caller stopped waiting
+    /// (its store timeout passed) before its batch left is not sent. On a cluster, only checks
+    /// whose keys share a hash tag (one slot) share a call. Algorithms without a batch script
+    /// are sent alone.
+    ///
+    /// Errors when `batching` is out of range (naming the field) or when called outside a
+    /// Tokio runtime (the batching task runs on it).
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::{Batching, RedisStore};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379")
+    ///     .await?
+    ///     .with_batching(Batching::new().max_batch(64))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_batching(mut self, batching: Batching) -> Result<Self, ConfigError> {
+        self.batcher = Some(Batcher::start(self.backend.clone(), batching)?);
+        Ok(self)
+    }
+
+    /// Sends every check alone (the default).
+    pub fn without_batching(mut self) -> Self {
+        self.batcher = None;
+        self
+    }
+
+    /// The batching in use, if any.
+    pub fn batching(&self) -> Option<Batching> {
+        self.batcher.as_ref().map(Batcher::config)
+    }
+}
+
+impl Backend {
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Backend::Cluster(_))
+    }
+
+    /// Runs one script invocation (`EVALSHA`, loading the script on `NOSCRIPT`).
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<redis::Value, Error> {
+        Ok(match self {
+            Backend::Multiplexed(manager) => invocation.invoke_async(&mut manager.clone()).await?,
+            // EVALSHA is routed by the first key's slot; on NOSCRIPT the script is loaded on
+            // every primary and the call retried.
+            Backend::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await?,
+            Backend::Pool(pool) => {
+                // A multiplexed connection is a cheap handle: clone it and return the pooled
+                // one at once, so concurrent checks pipeline instead of queueing.
+                let mut conn = pool.get().await.map_err(pool_error)?.clone();
+                invocation.invoke_async(&mut conn).await?
+            }
+        })
     }
 }
 
@@ -155,33 +225,24 @@ impl Store for RedisStore {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
         Box::pin(async move {
-            let script = algorithm.script();
-            let mut invocation = script.prepare_invoke();
-            for key in algorithm.redis_keys(base_key) {
+            let keys = algorithm.redis_keys(base_key);
+            let args = algorithm.script_args(cost);
+            if let (Some(batcher), Some(script)) = (&self.batcher, algorithm.batch_script()) {
+                let reply = batcher.submit(script, keys, args, now_us).await?;
+                return algorithm.parse_reply(reply);
+            }
+            let mut invocation = algorithm.script().prepare_invoke();
+            for key in keys {
                 invocation.key(key);
             }
             match now_us {
                 Some(now) => invocation.arg(now),
                 None => invocation.arg(""),
             };
-            for arg in algorithm.script_args(cost) {
+            for arg in args {
                 invocation.arg(arg);
             }
-            let reply: redis::Value = match &self.backend {
-                Backend::Multiplexed(manager) => {
-                    invocation.invoke_async(&mut manager.clone()).await?
-                }
-                // EVALSHA is routed by the first key's slot; on NOSCRIPT the script is loaded
-                // on every primary and the call retried.
-                Backend::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await?,
-                Backend::Pool(pool) => {
-                    // A multiplexed connection is a cheap handle: clone it and return the pooled
-                    // one at once, so concurrent checks pipeline instead of queueing.
-                    let mut conn = pool.get().await.map_err(pool_error)?.clone();
-                    invocation.invoke_async(&mut conn).await?
-                }
-            };
-            algorithm.parse_reply(reply)
+            algorithm.parse_reply(self.backend.invoke(&invocation).await?)
         })
     }
 }

@@ -21,7 +21,8 @@ use axum::body::Body;
 use http::{Request, Response};
 use tower::service_fn;
 use tower_redis_ratelimit::{
-    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, RateLimiter, RedisStore, Store,
+    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, Batching, RateLimiter, RedisStore,
+    Store,
 };
 
 /// A running `redis-server`, killed (by PID) and reaped on drop.
@@ -408,6 +409,8 @@ impl RedisServer {
 /// A Redis to run a suite against: a standalone server or a 3-primary cluster.
 pub enum Backend {
     Standalone(RedisServer),
+    /// Standalone, with exact batching on (`RedisStore::with_batching`).
+    Batched(RedisServer),
     Cluster(RedisCluster),
 }
 
@@ -415,6 +418,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Standalone(_) => "standalone",
+            Backend::Batched(_) => "standalone, batched",
             Backend::Cluster(_) => "cluster",
         }
     }
@@ -423,22 +427,29 @@ impl Backend {
     pub async fn store(&self) -> RedisStore {
         match self {
             Backend::Standalone(s) => s.store().await,
+            Backend::Batched(s) => s
+                .store()
+                .await
+                .with_batching(Batching::new())
+                .expect("batching"),
             Backend::Cluster(c) => c.store().await,
         }
     }
 
     pub fn keys_with_pttl(&self, pattern: &str) -> Vec<(String, i64)> {
         match self {
-            Backend::Standalone(s) => keys_with_pttl(&mut s.conn(), pattern),
+            Backend::Standalone(s) | Backend::Batched(s) => keys_with_pttl(&mut s.conn(), pattern),
             Backend::Cluster(c) => c.keys_with_pttl(pattern),
         }
     }
 }
 
-/// Both backends, for suites that must hold on standalone Redis and on Redis Cluster alike.
+/// Every backend, for suites that must hold on standalone Redis (with and without batching)
+/// and on Redis Cluster alike.
 pub fn each_backend() -> Vec<Backend> {
     vec![
         Backend::Standalone(RedisServer::start()),
+        Backend::Batched(RedisServer::start()),
         Backend::Cluster(RedisCluster::start(3, 0)),
     ]
 }

@@ -1,0 +1,364 @@
+//! Exact batching (`RedisStore::with_batching`): checks decided together in one script call get
+//! exactly the decisions of one call each, in arrival order; a bad key fails alone; a check whose
+//! caller gave up is never sent; bad settings are refused by name.
+//!
+//! The exactness of batching under real concurrency (many stores x many tasks on one key) is
+//! covered by `tests/exactness.rs`, which runs every algorithm on a batched store too.
+
+mod common;
+
+use std::{
+    task::Poll,
+    time::{Duration, Instant},
+};
+
+use common::{dead_redis_url, RedisCluster, RedisServer};
+use tower_redis_ratelimit::{
+    redis, Algorithm, Batching, Error, Gcra, MultiLimit, Outcome, Quota, RedisStore, SlidingWindow,
+    Store, TokenBucket,
+};
+
+type Check<'a> = tower_redis_ratelimit::BoxFuture<'a, Result<Outcome, Error>>;
+
+/// Runs `checks` concurrently, polling each for the first time in index order, so their jobs
+/// reach the batching queue in that order (the test runtime has one thread).
+async fn in_order(mut checks: Vec<Check<'_>>) -> Vec<Result<Outcome, Error>> {
+    let mut out: Vec<Option<Result<Outcome, Error>>> = checks.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, check) in checks.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match check.as_mut().poll(cx) {
+                    Poll::Ready(r) => out[i] = Some(r),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+/// Script calls served so far by these servers (`INFO commandstats`).
+fn script_calls(conns: &mut [redis::Connection]) -> u64 {
+    conns
+        .iter_mut()
+        .map(|c| {
+            let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+const T0: u64 = 1_800_000_000_000_000;
+
+/// Waves of concurrent checks at explicit times, on four keys with costs up to one more than
+/// the burst: the batched store (small batches, one call in flight, so calls are strictly in
+/// arrival order) must answer exactly what one call per check, in the same order, answers.
+async fn same_as_one_call_each<A: Algorithm>(
+    name: &str,
+    algorithm: A,
+    batched: RedisStore,
+    single: RedisStore,
+    conns: &mut [redis::Connection],
+    max_calls_per_check: f64,
+) {
+    let batched = batched
+        .with_batching(Batching::new().max_batch(7).max_in_flight(1))
+        .unwrap();
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ name.len() as u64);
+    let (mut now, mut checks, mut calls, mut allowed, mut denied) = (T0, 0, 0, 0, 0);
+    for _wave in 0..40 {
+        now += rng.below(300_000);
+        let wave: Vec<(String, u32)> = (0..1 + rng.below(24))
+            .map(|_| (format!("k{}", rng.below(4)), 1 + rng.below(6) as u32))
+            .collect();
+        let keys_b: Vec<String> = wave
+            .iter()
+            .map(|(k, _)| format!("{{b-{name}:{k}}}"))
+            .collect();
+        let before = script_calls(conns);
+        let got = in_order(
+            wave.iter()
+                .zip(&keys_b)
+                .map(|((_, cost), key)| batched.check(&algorithm, key, *cost, Some(now)))
+                .collect(),
+        )
+        .await;
+        calls += script_calls(conns) - before;
+        checks += wave.len() as u64;
+        for ((key, cost), got) in wave.iter().zip(got) {
+            let want = single
+                .check(&algorithm, &format!("{{s-{name}:{key}}}"), *cost, Some(now))
+                .await
+                .unwrap();
+            assert_eq!(
+                got.unwrap(),
+                want,
+                "{name}: {key} cost {cost} at +{} µs",
+                now - T0
+            );
+            if want.allowed {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{name}: {checks} checks in {calls} script calls, {allowed} allowed, {denied} denied"
+    );
+    assert!(
+        allowed > 20 && denied > 20,
+        "{name}: the waves must both admit and deny"
+    );
+    assert!(
+        (calls as f64) < checks as f64 * max_calls_per_check,
+        "{name}: {checks} checks took {calls} script calls: not batched"
+    );
+}
+
+/// `max_calls_per_check`: on one server, a wave of up to 24 checks leaves in batches of 7; on a
+/// cluster, only checks on the same key (hash tag) share a call.
+async fn every_algorithm(
+    batched: impl Fn() -> RedisStore,
+    conns: &mut [redis::Connection],
+    max_calls_per_check: f64,
+) {
+    let q = Quota::per_second(10).burst(5);
+    same_as_one_call_each(
+        "gcra",
+        Gcra::new(q).unwrap(),
+        batched(),
+        batched(),
+        conns,
+        max_calls_per_check,
+    )
+    .await;
+    same_as_one_call_each(
+        "tb",
+        TokenBucket::new(q).unwrap(),
+        batched(),
+        batched(),
+        conns,
+        max_calls_per_check,
+    )
+    .await;
+    same_as_one_call_each(
+        "sw",
+        SlidingWindow::new(Quota::new(5, Duration::from_secs(1))).unwrap(),
+        batched(),
+        batched(),
+        conns,
+        max_calls_per_check,
+    )
+    .await;
+    let multi = MultiLimit::new([("s", q), ("m", Quota::per_minute(30))]).unwrap();
+    same_as_one_call_each(
+        "multi",
+        multi,
+        batched(),
+        batched(),
+        conns,
+        max_calls_per_check,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn batched_decisions_equal_one_call_each_on_standalone_redis() {
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    every_algorithm(|| store.clone(), &mut [redis.conn()], 0.25).await;
+}
+
+#[tokio::test]
+async fn batched_decisions_equal_one_call_each_on_redis_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster.store().await;
+    let mut conns: Vec<_> = cluster.nodes.iter().map(RedisServer::conn).collect();
+    every_algorithm(|| store.clone(), &mut conns, 0.75).await;
+}
+
+/// A key holding foreign or corrupted data fails its own check with the error a single call
+/// gets; the other checks of the same call are decided normally.
+#[tokio::test]
+async fn a_bad_key_fails_alone_within_its_batch() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let _: () = redis::cmd("HSET")
+        .arg("{be:wrongtype}:g")
+        .arg("x")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{be:corrupt}:g")
+        .arg("not a number")
+        .query(&mut conn)
+        .unwrap();
+    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    let single = redis.store().await;
+    let batched = redis.store().await.with_batching(Batching::new()).unwrap();
+    let keys = [
+        "{be:a}",
+        "{be:wrongtype}",
+        "{be:b}",
+        "{be:corrupt}",
+        "{be:c}",
+    ];
+    // Loads the script, so that the call below is counted once.
+    assert!(batched.check(&gcra, "{be:warm}", 1, None).await.is_ok());
+    let before = script_calls(&mut [redis.conn()]);
+    let got = in_order(
+        keys.iter()
+            .map(|k| batched.check(&gcra, k, 1, None))
+            .collect(),
+    )
+    .await;
+    assert_eq!(script_calls(&mut [redis.conn()]) - before, 1, "one call");
+    for (key, got) in keys.iter().zip(got) {
+        match got {
+            Ok(o) => {
+                assert!(!key.contains("wrongtype") && !key.contains("corrupt"));
+                assert!(o.allowed && o.remaining == 4, "{key}: {o:?}");
+            }
+            Err(e) => {
+                let alone = single.check(&gcra, key, 1, None).await.unwrap_err();
+                eprintln!("{key}: {e}\n  alone: {alone}");
+                let (Error::Redis(batched), Error::Redis(alone)) = (&e, &alone) else {
+                    panic!("{key}: {e:?} / {alone:?}");
+                };
+                assert_eq!(batched.code(), alone.code(), "{key}");
+                assert!(
+                    alone.to_string().contains(batched.detail().unwrap()),
+                    "{key}: {batched} / {alone}"
+                );
+                assert!(!e.is_unavailable(), "{key}: {e} blamed on the store");
+                assert!(key.contains("wrongtype") || key.contains("corrupt"));
+            }
+        }
+    }
+}
+
+/// A check whose caller stopped waiting while its batch was still queued is never sent, so it
+/// takes no quota for a request that was already answered by the failure policy.
+#[tokio::test]
+async fn a_check_abandoned_in_the_queue_is_not_sent() {
+    let redis = RedisServer::start();
+    let store = redis
+        .store()
+        .await
+        .with_batching(Batching::new().max_in_flight(1))
+        .unwrap();
+    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    redis.signal("-STOP");
+    let in_flight = {
+        let (store, gcra) = (store.clone(), gcra.clone());
+        tokio::spawn(async move { store.check(&gcra, "{ab:first}", 1, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        store.check(&gcra, "{ab:late}", 1, None),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "Redis is stopped: the check cannot finish"
+    );
+    redis.signal("-CONT");
+    assert!(in_flight.await.unwrap().unwrap().allowed);
+    assert!(
+        store
+            .check(&gcra, "{ab:next}", 1, None)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let mut conn = redis.conn();
+    let exists = |k: &str, c: &mut redis::Connection| -> i64 {
+        redis::cmd("EXISTS").arg(format!("{k}:g")).query(c).unwrap()
+    };
+    assert_eq!(exists("{ab:first}", &mut conn), 1);
+    assert_eq!(exists("{ab:next}", &mut conn), 1);
+    assert_eq!(
+        exists("{ab:late}", &mut conn),
+        0,
+        "an abandoned check took quota"
+    );
+}
+
+#[tokio::test]
+async fn bad_batching_settings_are_refused_by_name() {
+    let redis = RedisServer::start();
+    for (batching, field) in [
+        (Batching::new().max_batch(0), "batching.max_batch"),
+        (Batching::new().max_batch(5000), "batching.max_batch"),
+        (Batching::new().max_in_flight(0), "batching.max_in_flight"),
+    ] {
+        let err = redis.store().await.with_batching(batching).unwrap_err();
+        assert_eq!(err.field(), field);
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    let store = redis.store().await.with_batching(Batching::new()).unwrap();
+    assert_eq!(store.batching(), Some(Batching::new()));
+    assert_eq!(store.without_batching().batching(), None);
+}
+
+#[test]
+fn batching_outside_a_runtime_is_refused() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime.block_on(redis.store());
+    let err = store.with_batching(Batching::new()).unwrap_err();
+    assert_eq!(err.field(), "batching");
+}
+
+/// With Redis down, batched checks fail fast as unavailable (so the failure policy applies).
+#[tokio::test]
+async fn batched_checks_against_a_dead_redis_are_unavailable() {
+    let store = RedisStore::connect_lazy(&dead_redis_url())
+        .unwrap()
+        .with_batching(Batching::new())
+        .unwrap();
+    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    let started = Instant::now();
+    let results = in_order(
+        (0..10)
+            .map(|_| store.check(&gcra, "{dead:k}", 1, None))
+            .collect(),
+    )
+    .await;
+    for r in results {
+        let e = r.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+    }
+    eprintln!("10 checks failed in {:?}", started.elapsed());
+}
