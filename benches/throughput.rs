@@ -323,6 +323,17 @@ async fn main() {
             )),
         ),
         (
+            "sliding-window check, deny cache off",
+            true,
+            via_limiter(
+                RateLimiter::builder(store.clone(), SlidingWindow::new(q).unwrap())
+                    .prefix("b-swnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
             "sliding-window check, batched",
             true,
             via_limiter(limiter(

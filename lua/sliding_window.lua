@@ -52,12 +52,13 @@ if remaining < 0 then
   remaining = 0 -- the limit was lowered since these members were written
 end
 
+-- The newest member was logged at `last` (the hash keeps it; a rebuilt hash read it from the
+-- log), so the log empties at last + window.
 local function reset_after()
   if count == 0 then
     return 0
   end
-  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  return stored_int(newest[2], 'log score') + window - now
+  return last + window - now
 end
 
 if cost > limit or used + cost > limit then
@@ -67,9 +68,19 @@ if cost > limit or used + cost > limit then
   if cost > limit then
     return { 0, remaining, -1, reset_after() }
   end
-  -- The oldest member whose expiry frees enough units: binary search on the running total.
+  -- The oldest member whose expiry frees enough units: the first whose running total reaches
+  -- `target`. Every member holds at least one unit, so it is at index target - removed - 1 or
+  -- before; if the member there holds exactly that total, every member up to it holds one
+  -- unit and it is the one (one read, the common case). Otherwise: binary search below it.
   local target = removed + used + cost - limit
-  local lo, hi = 0, count - 1
+  local lo, hi = 0, target - removed - 1
+  if hi > count - 1 then
+    hi = count - 1
+  end
+  local probe = redis.call('ZRANGE', KEYS[1], hi, hi, 'WITHSCORES')
+  if stored_int(probe[1], 'log member') == removed + hi + 1 then
+    return { 0, remaining, stored_int(probe[2], 'log score') + window - now, reset_after() }
+  end
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     local m = redis.call('ZRANGE', KEYS[1], mid, mid)
