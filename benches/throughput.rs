@@ -149,7 +149,10 @@ fn via_layer<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
 
 /// The same GCRA script through redis-rs on one multiplexed connection, no limiter around it:
 /// the ceiling for this connection kind.
-fn raw_script(conn: redis::aio::ConnectionManager, gcra: Gcra) -> CheckFn {
+fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
+    conn: C,
+    gcra: Gcra,
+) -> CheckFn {
     let gcra = Arc::new(gcra);
     Arc::new(move |key| {
         let (mut conn, gcra) = (conn.clone(), gcra.clone());
@@ -224,6 +227,18 @@ async fn main() {
             "raw GCRA script (multiplexed)",
             true,
             raw_script(raw_conn, g()),
+        ),
+        (
+            "raw GCRA script (plain MultiplexedConnection)",
+            true,
+            raw_script(
+                redis::Client::open(redis.url())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap(),
+                g(),
+            ),
         ),
         (
             "gcra check (multiplexed)",
@@ -371,9 +386,9 @@ async fn main() {
             )),
         ),
     ];
-    // BENCH_FILTER=word: only the contenders whose name contains it.
+    // BENCH_FILTER=word[,word...]: only the contenders whose name contains one of them.
     if let Ok(filter) = std::env::var("BENCH_FILTER") {
-        contenders.retain(|(name, _, _)| name.contains(filter.as_str()));
+        contenders.retain(|(name, _, _)| filter.split(',').any(|f| name.contains(f)));
     }
     let mut info = redis.conn();
     println!(

@@ -45,9 +45,9 @@ for c = 1, n do
   ki, ai = ki + nk, ai + na
   KEYS, ARGV = keys, argv
   local ok, r = pcall(decide)
-  if ok then
+  if ok and not (type(r) == 'table' and r.err) then
     replies[c] = r
-  else
+  else -- raised, or returned with redis.error_reply
     if type(r) == 'table' and r.err then
       r = r.err
     end

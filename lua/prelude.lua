@@ -1,6 +1,7 @@
--- tower-redis-ratelimit: shared prelude, prepended to every algorithm script.
+-- tower-redis-ratelimit: shared prelude, prepended to every algorithm script except gcra.lua
+-- (which inlines what it needs, for speed).
 --
--- Conventions for every script:
+-- Conventions for every script (gcra.lua included):
 --   * ARGV[1] is an explicit time in microseconds, or '' to use the server clock (TIME).
 --     The explicit form exists for tests and simulations only.
 --   * Every other argument is a positive integer; all are validated here, before any write.

@@ -208,6 +208,7 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         vec!["", "100000", "abc", "1"],
         vec!["x", "100000", "5", "1"],
         vec!["", "100000", "5"],
+        vec!["", "4503599627370496", "2", "1"],
     ] {
         let mut inv = tower_redis_ratelimit::Algorithm::script(&g).prepare_invoke();
         inv.key("{bad}:g");

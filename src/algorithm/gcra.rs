@@ -82,11 +82,11 @@ impl Algorithm for Gcra {
     }
 
     fn script(&self) -> &Script {
-        lua_script!("gcra.lua")
+        lua_script!("gcra.lua", standalone)
     }
 
     fn batch_script(&self) -> Option<&'static Script> {
-        lua_batch_script!("gcra.lua")
+        lua_batch_script!("gcra.lua", standalone)
     }
 
     fn redis_keys(&self, base: &str) -> Vec<String> {

@@ -30,6 +30,13 @@ macro_rules! lua_script {
         });
         &SCRIPT
     }};
+    // A script that does without the prelude.
+    ($file:literal, standalone) => {{
+        static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(include_str!(concat!("../../lua/", $file)))
+        });
+        &SCRIPT
+    }};
 }
 
 /// The batch form of `lua/$file` (see [`batch_script`]), built once. The prelude's functions
@@ -41,6 +48,12 @@ macro_rules! lua_batch_script {
                 include_str!("../../lua/prelude.lua"),
                 include_str!(concat!("../../lua/", $file)),
             )
+        });
+        Some(&*SCRIPT)
+    }};
+    ($file:literal, standalone) => {{
+        static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            crate::algorithm::batch_form("", include_str!(concat!("../../lua/", $file)))
         });
         Some(&*SCRIPT)
     }};
