@@ -12,7 +12,10 @@
 
 use std::{
     collections::HashMap,
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -36,9 +39,21 @@ struct Entry {
 pub(crate) struct DenyCache {
     shards: [Mutex<Shard>; SHARDS],
     max_per_shard: usize,
+    /// Entries held (live or not yet swept): lets a lookup skip the lock and the hash while
+    /// nothing is denied, the common case.
+    held: Padded,
 }
 
+/// A counter on a cache line of its own: it is read on every lookup while the shard locks
+/// next to it change hands.
 #[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicUsize);
+
+#[derive(Debug, Default)]
+// Aligned so that each shard's lock sits on cache lines of its own: threads working on
+// different shards do not slow each other down.
+#[repr(align(128))]
 struct Shard {
     map: HashMap<String, Entry>,
     swept_len: usize,
@@ -56,6 +71,7 @@ impl DenyCache {
         Self {
             shards: Default::default(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            held: Padded::default(),
         }
     }
 
@@ -64,9 +80,14 @@ impl DenyCache {
     }
 
     /// The cached denial of `key`, if it is still running at `now`.
-    pub(crate) fn get(&self, key: &str, now: Instant) -> Option<Hit> {
+    /// The live denial for `key`, if any; `now` is read only when an entry is found.
+    pub(crate) fn get(&self, key: &str, now: impl FnOnce() -> Instant) -> Option<Hit> {
+        if self.held.0.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let e = shard.map.get(key)?;
+        let now = now();
         (now < e.valid).then(|| Hit {
             retry_after: e.until - now,
             reset_after: e.reset.saturating_duration_since(now),
@@ -92,8 +113,8 @@ impl DenyCache {
             *e = entry;
             return;
         }
-        if shard.map.len() >= (2 * shard.swept_len).max(64) || shard.map.len() >= self.max_per_shard
-        {
+        let before = shard.map.len();
+        if before >= (2 * shard.swept_len).max(64) || before >= self.max_per_shard {
             let now = Instant::now();
             shard.map.retain(|_, e| e.valid > now);
             shard.swept_len = shard.map.len();
@@ -101,6 +122,13 @@ impl DenyCache {
         // Full of live denials: do not cache this one (the store still decides it).
         if shard.map.len() < self.max_per_shard {
             shard.map.insert(key.to_owned(), entry);
+        }
+        // Under the shard's lock, so the count is exact once every insert has returned.
+        let after = shard.map.len();
+        if after >= before {
+            self.held.0.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.held.0.fetch_sub(before - after, Ordering::Relaxed);
         }
     }
 
@@ -127,11 +155,11 @@ mod tests {
             Duration::from_millis(100),
             Duration::from_secs(5),
         );
-        let hit = c.get("k", sent + Duration::from_millis(40)).unwrap();
+        let hit = c.get("k", || sent + Duration::from_millis(40)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(60));
         assert_eq!(hit.reset_after, Duration::from_millis(4_960));
-        assert_eq!(c.get("k", sent + Duration::from_millis(100)), None);
-        assert_eq!(c.get("other", sent), None);
+        assert_eq!(c.get("k", || sent + Duration::from_millis(100)), None);
+        assert_eq!(c.get("other", || sent), None);
         // A long denial answers for at most MAX_AGE, with its true retry time.
         c.insert(
             "day",
@@ -139,9 +167,9 @@ mod tests {
             Duration::from_secs(3_600),
             Duration::from_secs(7_200),
         );
-        let hit = c.get("day", sent + Duration::from_millis(500)).unwrap();
+        let hit = c.get("day", || sent + Duration::from_millis(500)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(3_599_500));
-        assert_eq!(c.get("day", sent + MAX_AGE), None);
+        assert_eq!(c.get("day", || sent + MAX_AGE), None);
     }
 
     #[test]
@@ -170,7 +198,7 @@ mod tests {
         // Expired entries were swept to make room for live ones.
         assert!(
             (0..10_000)
-                .filter(|i| c.get(&format!("live{i}"), now).is_some())
+                .filter(|i| c.get(&format!("live{i}"), || now).is_some())
                 .count()
                 >= 100
         );

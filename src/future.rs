@@ -36,7 +36,7 @@ pin_project! {
         S: Service<Request<B>>,
     {
         Checking {
-            check: BoxFuture<'static, Result<Decision, Error>>,
+            check: Check,
             request: Option<(Request<B>, S)>,
         },
         Calling {
@@ -47,12 +47,54 @@ pin_project! {
     }
 }
 
+/// The decision: already made in `call`, or on its way.
+pub(crate) enum Check {
+    Ready(Option<Result<Decision, Error>>),
+    Pending(BoxFuture<'static, Result<Decision, Error>>),
+}
+
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
+    pub(crate) fn decided(
+        result: Result<Decision, Error>,
+        request: Request<B>,
+        service: S,
+        responder: Arc<Responder>,
+        failure: FailurePolicy,
+        grpc: bool,
+    ) -> Self {
+        Self::with_check(
+            Check::Ready(Some(result)),
+            request,
+            service,
+            responder,
+            failure,
+            grpc,
+        )
+    }
+
     pub(crate) fn checking(
         check: BoxFuture<'static, Result<Decision, Error>>,
+        request: Request<B>,
+        service: S,
+        responder: Arc<Responder>,
+        failure: FailurePolicy,
+        grpc: bool,
+    ) -> Self {
+        Self::with_check(
+            Check::Pending(check),
+            request,
+            service,
+            responder,
+            failure,
+            grpc,
+        )
+    }
+
+    fn with_check(
+        check: Check,
         request: Request<B>,
         service: S,
         responder: Arc<Responder>,
@@ -98,7 +140,17 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, request } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                    let result = match check {
+                        Check::Pending(check) => ready!(check.as_mut().poll(cx)),
+                        Check::Ready(result) => {
+                            // Decided without waiting: still spend the task's budget, so a
+                            // loop of such requests lets the runtime run other tasks.
+                            ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                            result
+                                .take()
+                                .expect("ResponseFuture polled after completion")
+                        }
+                    };
                     let (req, mut service) = request
                         .take()
                         .expect("ResponseFuture polled after completion");

@@ -68,10 +68,9 @@ pub fn retry_after_secs(d: &Decision) -> Option<u64> {
     d.retry_after.map(|r| ceil_secs(r).max(1))
 }
 
-/// The policy name as a Structured Field string: `"` and `\` escaped, anything outside
+/// Appends the policy name as a Structured Field string: `"` and `\` escaped, anything outside
 /// visible ASCII and space replaced by `_` (limiter-built names never contain either).
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
+fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
     for c in name.chars() {
         match c {
@@ -84,7 +83,23 @@ fn sf_string(name: &str) -> String {
         }
     }
     out.push('"');
-    out
+}
+
+/// Appends `n` in decimal (without `format!`: headers are rendered on every response).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
 }
 
 /// The `pk` value for `key`: base64 of the first 12 bytes of SHA-1(secret, 0, key). Stable
@@ -128,29 +143,36 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         // sf-binary: base64 between colons; only base64 characters are ever stored here.
-        let pk = d
-            .partition_key
-            .as_deref()
-            .filter(|pk| {
-                pk.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
-            })
-            .map(|pk| format!(";pk=:{pk}:"))
-            .unwrap_or_default();
+        let pk = d.partition_key.as_deref().filter(|pk| {
+            pk.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+        });
         let mut item =
             |name: &str, limit: u64, window: Duration, remaining: u64, t: Option<u64>| {
-                let name = sf_string(name);
-                let w = ceil_secs(window).max(1);
-                headers.append(
-                    RATELIMIT_POLICY,
-                    value(format!("{name};q={limit};w={w}{pk}")),
-                );
-                let mut item = format!("{name};r={remaining}");
+                let extra = name.len() + pk.map_or(0, |pk| pk.len() + 6);
+                let mut policy = String::with_capacity(40 + extra);
+                push_sf_string(&mut policy, name);
+                policy.push_str(";q=");
+                push_u64(&mut policy, limit);
+                policy.push_str(";w=");
+                push_u64(&mut policy, ceil_secs(window).max(1));
+                let mut state = String::with_capacity(40 + extra);
+                push_sf_string(&mut state, name);
+                state.push_str(";r=");
+                push_u64(&mut state, remaining);
                 if let Some(t) = t {
-                    item.push_str(&format!(";t={t}"));
+                    state.push_str(";t=");
+                    push_u64(&mut state, t);
                 }
-                item.push_str(&pk);
-                headers.append(RATELIMIT, value(item));
+                if let Some(pk) = pk {
+                    for s in [&mut policy, &mut state] {
+                        s.push_str(";pk=:");
+                        s.push_str(pk);
+                        s.push(':');
+                    }
+                }
+                headers.append(RATELIMIT_POLICY, value(policy));
+                headers.append(RATELIMIT, value(state));
             };
         if d.limits.is_empty() {
             item(&d.policy, d.limit, d.window, d.remaining, t);
@@ -167,14 +189,14 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
         }
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        headers.insert(X_RATELIMIT_LIMIT, value(d.limit.to_string()));
-        headers.insert(X_RATELIMIT_REMAINING, value(d.remaining.to_string()));
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
         if let Some(t) = t {
-            headers.insert(X_RATELIMIT_RESET, value(t.to_string()));
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(t));
         }
     }
     if let Some(secs) = retry_after_secs(d) {
-        headers.insert(RETRY_AFTER, value(secs.to_string()));
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
 }
 
@@ -182,6 +204,18 @@ pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn decimal_digits() {
+        for n in [0, 7, 10, 99, 1_000_000_007, u64::MAX] {
+            let mut s = String::from("x");
+            push_u64(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+        let mut s = String::new();
+        push_sf_string(&mut s, "a\"b\\c\u{e9}");
+        assert_eq!(s, r#""a\"b\\c_""#);
+    }
 
     fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {
         Decision {

@@ -7,12 +7,13 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
+    task::Poll,
     time::{Duration, Instant},
 };
 
 use crate::{
     breaker::BreakerState, deny_cache::DenyCache, telemetry, Algorithm, CircuitBreaker,
-    ConfigError, Decision, Error, MemoryStore, Store,
+    ConfigError, Decision, Error, MemoryStore, Outcome, Store,
 };
 
 /// Default bound on one store call.
@@ -136,17 +137,41 @@ impl<A: Algorithm> RateLimiter<A> {
         // tight loop of checks still lets the runtime run other tasks and timers.
         tokio::task::coop::consume_budget().await;
         let base = self.storage_key(key);
-        if let Some(d) = self.cached_denial(&base, cost) {
-            return Ok(d);
+        match self.decide_now(&base, cost) {
+            Some(result) => result,
+            None => self.check_base(base, cost, None).await,
         }
-        self.check_base(base, cost, None).await
+    }
+
+    /// The base key of `key`, or of the quota shared by requests without a key: `{prefix:#}`,
+    /// which no client key can map to (client keys starting with `#` are always hashed).
+    pub(crate) fn base_key(&self, key: Option<&str>) -> String {
+        match key {
+            Some(key) => self.storage_key(key),
+            None => format!("{{{}:#}}", self.inner.prefix),
+        }
+    }
+
+    /// The decision for `base`, when it can be had without waiting: from the deny cache, or
+    /// from a store that decides at once ([`Store::check_now`], e.g. a `MemoryStore`). `None`
+    /// when the store must be asked with [`check_base`](Self::check_base).
+    pub(crate) fn decide_now(&self, base: &str, cost: u32) -> Option<Result<Decision, Error>> {
+        if cost == 0 {
+            return Some(Err(Error::InvalidInput("cost must be at least 1")));
+        }
+        if let Some(d) = self.cached_denial(base, cost) {
+            return Some(Ok(d));
+        }
+        let inner = &*self.inner;
+        let result = inner.store.check_now(&inner.algorithm, base, cost, None)?;
+        Some(self.conclude(base, cost, None, None, result))
     }
 
     /// A denial answered by the deny cache (see [`RateLimiterBuilder::deny_cache`]).
     fn cached_denial(&self, base: &str, cost: u32) -> Option<Decision> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref().filter(|_| cost == 1)?;
-        let hit = cache.get(base, Instant::now())?;
+        let hit = cache.get(base, Instant::now)?;
         inner.cache_hits.fetch_add(1, Ordering::Relaxed);
         Some(Decision {
             allowed: false,
@@ -163,13 +188,6 @@ impl<A: Algorithm> RateLimiter<A> {
         })
     }
 
-    /// Checks the quota shared by requests that have no key. Its storage key, `{prefix:#}`,
-    /// is one no client key can map to (client keys starting with `#` are always hashed).
-    pub(crate) async fn check_unkeyed(&self, cost: u32) -> Result<Decision, Error> {
-        let base = format!("{{{}:#}}", self.inner.prefix);
-        self.check_base(base, cost, None).await
-    }
-
     /// Like [`check`](Self::check), at an explicit time (microseconds since the Unix epoch)
     /// instead of the store's clock. For tests and simulations only: in production every
     /// instance must use the store's clock, or instances with skewed clocks disagree. Redis
@@ -181,7 +199,8 @@ impl<A: Algorithm> RateLimiter<A> {
             .await
     }
 
-    async fn check_base(
+    /// Asks the store (through the circuit breaker, within the store timeout).
+    pub(crate) async fn check_base(
         &self,
         base: String,
         cost: u32,
@@ -202,11 +221,30 @@ impl<A: Algorithm> RateLimiter<A> {
             return Err(Error::CircuitOpen);
         };
         let started = Instant::now();
-        let call = inner.store.check(&inner.algorithm, &base, cost, now);
-        let result = tokio::time::timeout(inner.timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(inner.timeout)));
+        let mut call = inner.store.check(&inner.algorithm, &base, cost, now);
+        // A store that answers at once needs no timer: poll once before arming the timeout.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => tokio::time::timeout(inner.timeout, call)
+                .await
+                .unwrap_or(Err(Error::Timeout(inner.timeout))),
+        };
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+        self.conclude(&base, cost, now, Some(started), result)
+    }
+
+    /// Turns the store's answer into a decision: counters, telemetry, and the deny cache.
+    /// `started`: when the store was asked; `None` when it answered without waiting.
+    fn conclude(
+        &self,
+        base: &str,
+        cost: u32,
+        now: Option<u64>,
+        started: Option<Instant>,
+        result: Result<Outcome, Error>,
+    ) -> Result<Decision, Error> {
+        let inner = &*self.inner;
         let outcome = match result {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -223,12 +261,13 @@ impl<A: Algorithm> RateLimiter<A> {
             Arc::clone(&inner.policy),
             inner.algorithm.parts(),
         );
-        telemetry::decided(&d, started.elapsed());
+        telemetry::decided(&d, started);
         // Only what cannot change before its deadline: a cost-1 denial with nothing left,
         // on the store's clock (never for explicit test times), for single-limit algorithms.
         if let (Some(cache), None, Some(retry)) = (&inner.deny_cache, now, d.retry_after) {
             if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
-                cache.insert(&base, started, retry, d.reset_after);
+                let sent = started.unwrap_or_else(Instant::now);
+                cache.insert(base, sent, retry, d.reset_after);
             }
         }
         Ok(d)
@@ -254,28 +293,25 @@ impl<A: Algorithm> RateLimiter<A> {
         }
     }
 
-    /// Decides `key` (or the keyless quota), and when the store is unavailable and `local` is
-    /// given, decides again with `local` (the local-share twin) and marks the decision degraded.
+    /// Decides `base` (made by [`base_key`](Self::base_key) from `key`, after
+    /// [`decide_now`](Self::decide_now) answered `None` or an unavailable store), and when the
+    /// store is unavailable and `local` is given, decides `key` again with `local` (the
+    /// local-share twin) and marks the decision degraded.
     pub(crate) async fn check_or_local(
         &self,
+        base: String,
         key: Option<&str>,
         cost: u32,
         local: Option<&RateLimiter<A>>,
     ) -> Result<Decision, Error> {
-        let result = match key {
-            Some(key) => self.check(key, cost).await,
-            None => self.check_unkeyed(cost).await,
-        };
+        let result = self.check_base(base, cost, None).await;
         let (Err(e), Some(local)) = (&result, local) else {
             return result;
         };
         if !e.is_unavailable() {
             return result;
         }
-        let mut d = match key {
-            Some(key) => local.check(key, cost).await?,
-            None => local.check_unkeyed(cost).await?,
-        };
+        let mut d = local.check_base(local.base_key(key), cost, None).await?;
         d.degraded = true;
         self.inner.degraded.fetch_add(1, Ordering::Relaxed);
         telemetry::degraded(&d);

@@ -112,8 +112,8 @@ fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<Res
     res
 }
 
-fn text_response<B>(status: StatusCode, body: String) -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::full(Bytes::from(body)));
+fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(body));
     *res.status_mut() = status;
     res.headers_mut().insert(
         CONTENT_TYPE,
@@ -130,6 +130,8 @@ impl Responder {
 
     /// The response to a denied request.
     pub(crate) fn denied<B>(&self, d: &Decision, grpc: bool) -> Response<ResponseBody<B>> {
+        // Responses built here carry no rate-limit header of their own: render straight into
+        // them. A custom rejection's own headers win (merged below).
         let mut res = if grpc {
             let message = if d.is_never() {
                 "request cost exceeds the rate-limit quota"
@@ -138,23 +140,29 @@ impl Responder {
             };
             grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
         } else if let Some(reject) = &self.reject {
-            reject(d).map(ResponseBody::full)
+            return self.merge_headers(d, reject(d).map(ResponseBody::full));
         } else if self.problem_details {
             problem_response(d)
         } else if d.is_never() {
             text_response(
                 StatusCode::TOO_MANY_REQUESTS,
-                format!(
+                Bytes::from(format!(
                     "request cost {} exceeds the quota of {}: it can never be allowed\n",
                     d.cost, d.limit
-                ),
+                )),
             )
         } else {
             text_response(
                 StatusCode::TOO_MANY_REQUESTS,
-                "rate limit exceeded\n".to_owned(),
+                Bytes::from_static(b"rate limit exceeded\n"),
             )
         };
+        render(self.style, d, res.headers_mut());
+        res
+    }
+
+    /// Adds the rate-limit headers to a custom rejection, except those it set itself.
+    fn merge_headers<B>(&self, d: &Decision, mut res: Response<B>) -> Response<B> {
         let mut headers = HeaderMap::new();
         render(self.style, d, &mut headers);
         // Each header the rejection did not set itself, with all its values (several limits
@@ -178,7 +186,7 @@ impl Responder {
         } else {
             text_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable\n".to_owned(),
+                Bytes::from_static(b"rate limiter unavailable\n"),
             )
         };
         res.headers_mut()

@@ -186,15 +186,35 @@ where
                 );
             }
         }
-        let limiter = policy.limiter.clone();
-        let local = policy.local.clone();
         let pk = config
             .partition_secret
             .as_ref()
             .map(|secret| partition_key(secret, key.as_deref().unwrap_or("#")));
+        let base = policy.limiter.base_key(key.as_deref());
+        // Answered without waiting (deny cache, in-memory store): no boxed future.
+        match policy.limiter.decide_now(&base, cost) {
+            Some(Err(e)) if policy.local.is_some() && e.is_unavailable() => {}
+            Some(result) => {
+                let result = result.map(|mut d| {
+                    d.partition_key = pk;
+                    d
+                });
+                return ResponseFuture::decided(
+                    result,
+                    req,
+                    inner,
+                    responder,
+                    config.failure,
+                    grpc,
+                );
+            }
+            None => {}
+        }
+        let limiter = policy.limiter.clone();
+        let local = policy.local.clone();
         let check: BoxFuture<'static, _> = Box::pin(async move {
             let mut d = limiter
-                .check_or_local(key.as_deref(), cost, local.as_ref())
+                .check_or_local(base, key.as_deref(), cost, local.as_ref())
                 .await?;
             d.partition_key = pk;
             Ok(d)

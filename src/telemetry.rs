@@ -13,8 +13,11 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
 //! | `ratelimit_degraded_total` | counter | `policy` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy` |
+//!
+//! A store that decides without waiting (`MemoryStore`) is not timed: its decisions report a
+//! store latency of zero.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{Decision, Error};
 
@@ -27,22 +30,27 @@ pub const DEGRADED: &str = "ratelimit_degraded_total";
 /// Metric names.
 pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
 
-pub(crate) fn decided(d: &Decision, latency: Duration) {
-    tracing::debug!(
-        policy = %d.policy,
-        allowed = d.allowed,
-        remaining = d.remaining,
-        cost = d.cost,
-        latency_us = latency.as_micros() as u64,
-        "rate limit: decided"
-    );
+/// A decision; `started` is when the store was asked (`None`: decided without waiting). The
+/// clock is read only if something records the latency.
+pub(crate) fn decided(d: &Decision, started: Option<Instant>) {
+    let latency = || started.map_or(Duration::ZERO, |s| s.elapsed());
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!(
+            policy = %d.policy,
+            allowed = d.allowed,
+            remaining = d.remaining,
+            cost = d.cost,
+            latency_us = latency().as_micros() as u64,
+            "rate limit: decided"
+        );
+    }
     #[cfg(feature = "metrics")]
     {
         let decision = if d.allowed { "allowed" } else { "denied" };
         metrics::counter!(DECISIONS, "policy" => d.policy.to_string(), "decision" => decision)
             .increment(1);
         metrics::histogram!(STORE_LATENCY, "policy" => d.policy.to_string())
-            .record(latency.as_secs_f64());
+            .record(latency().as_secs_f64());
     }
 }
 

@@ -172,24 +172,43 @@ async fn tight_loops_of_instant_answers_do_not_starve_the_runtime() {
         Gcra::new(Quota::per_hour(1)).unwrap(),
     );
     for (name, spin) in [("deny cache", cached), ("memory store", memory)] {
-        let fired = Arc::new(AtomicBool::new(false));
-        let timer = {
-            let fired = fired.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                fired.store(true, Ordering::Relaxed);
-            })
-        };
-        let mut spins = 0u64;
-        while !fired.load(Ordering::Relaxed) && spins < 20_000_000 {
-            spin.check("k", 1).await.unwrap();
-            spins += 1;
+        // Through the limiter, then through the layer (which decides such checks in `call`).
+        let mut svc = tower::ServiceBuilder::new()
+            .layer(tower_redis_ratelimit::RateLimitLayer::new(
+                spin.clone(),
+                tower_redis_ratelimit::GlobalKey,
+            ))
+            .service(tower::service_fn(|_req: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+            }));
+        for via_layer in [false, true] {
+            let fired = Arc::new(AtomicBool::new(false));
+            let timer = {
+                let fired = fired.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    fired.store(true, Ordering::Relaxed);
+                })
+            };
+            let mut spins = 0u64;
+            while !fired.load(Ordering::Relaxed) && spins < 20_000_000 {
+                if via_layer {
+                    use tower::{Service, ServiceExt};
+                    let req = http::Request::new(());
+                    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+                    // The global key's first request is allowed; the rest are denied.
+                    assert!(res.status() == 429 || spins == 0, "{}", res.status());
+                } else {
+                    spin.check("k", 1).await.unwrap();
+                }
+                spins += 1;
+            }
+            assert!(
+                fired.load(Ordering::Relaxed),
+                "{name} (layer: {via_layer}): the timer never ran in {spins} checks"
+            );
+            timer.await.unwrap();
         }
-        assert!(
-            fired.load(Ordering::Relaxed),
-            "{name}: the timer never ran in {spins} checks"
-        );
-        timer.await.unwrap();
     }
 }
 

@@ -200,7 +200,11 @@ impl MemoryState {
 
     /// Stores `value` until `now_us + ttl_us`.
     pub fn put<T: Any + Send>(&mut self, value: T, now_us: u64, ttl_us: u64) {
-        self.value = Some(Box::new(value));
+        // Overwrite in place when the key already holds a `T`: no allocation per check.
+        match self.value.as_mut().and_then(|v| v.downcast_mut::<T>()) {
+            Some(slot) => *slot = value,
+            None => self.value = Some(Box::new(value)),
+        }
         self.expires_at_us = now_us.saturating_add(ttl_us);
     }
 

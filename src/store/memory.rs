@@ -45,6 +45,9 @@ impl Default for MemoryStore {
 }
 
 #[derive(Default)]
+// Aligned so that each shard's lock sits on cache lines of its own: threads working on
+// different shards do not slow each other down.
+#[repr(align(128))]
 struct Shard {
     evicted: u64,
     map: HashMap<Box<str>, MemoryState>,
@@ -95,6 +98,19 @@ impl MemoryStore {
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[shard_index(key, SHARDS)]
+    }
+
+    fn decide_base(
+        &self,
+        algorithm: &dyn Algorithm,
+        base_key: &str,
+        cost: u32,
+        now: Option<u64>,
+    ) -> Result<Outcome, Error> {
+        // Keyed like the first Redis key, so algorithms sharing a prefix do not collide here
+        // any more than they do in Redis.
+        let key = algorithm.redis_keys(base_key).swap_remove(0);
+        self.decide(algorithm, &key, cost, now.unwrap_or_else(now_us))
     }
 
     fn decide(
@@ -185,11 +201,19 @@ impl Store for MemoryStore {
         cost: u32,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        // Keyed like the first Redis key, so algorithms sharing a prefix do not collide here
-        // any more than they do in Redis.
-        let key = algorithm.redis_keys(base_key).swap_remove(0);
-        let result = self.decide(algorithm, &key, cost, now.unwrap_or_else(now_us));
-        Box::pin(std::future::ready(result))
+        Box::pin(std::future::ready(
+            self.decide_base(algorithm, base_key, cost, now),
+        ))
+    }
+
+    fn check_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        base_key: &str,
+        cost: u32,
+        now: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        Some(self.decide_base(algorithm, base_key, cost, now))
     }
 }
 

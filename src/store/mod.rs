@@ -35,6 +35,22 @@ pub trait Store: Send + Sync + 'static {
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>>;
+
+    /// Decides one check at once, without a future, when this store can (an in-memory store);
+    /// `None` (the default) when the check must go through [`check`](Self::check).
+    ///
+    /// The limiter tries this first on every check, so a store that implements it must answer
+    /// quickly: the store timeout and the circuit breaker do not apply to it.
+    fn check_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        base_key: &str,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        let _ = (algorithm, base_key, cost, now_us);
+        None
+    }
 }
 
 /// A shared store is a store: lets one `Arc<dyn Store>` serve several limiters, or a store be
@@ -48,5 +64,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
         (**self).check(algorithm, base_key, cost, now_us)
+    }
+
+    fn check_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        base_key: &str,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        (**self).check_now(algorithm, base_key, cost, now_us)
     }
 }
