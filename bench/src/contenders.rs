@@ -1,0 +1,496 @@
+//! The contenders: every one is a [`CheckFn`] deciding one request for one key, built on the
+//! same quota (100 per second, burst 100) and, for the layers, the same trivial inner service.
+
+use std::{
+    convert::Infallible,
+    fmt::Debug,
+    future::{ready, Ready},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use tower::{Service, ServiceExt};
+use tower_redis_ratelimit::{
+    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, BoxFuture, FailurePolicy, Gcra,
+    HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store,
+    TokenBucket,
+};
+
+/// One check: is this request for this key allowed?
+pub type CheckFn = Arc<dyn Fn(String) -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// The quota of every contender: 100 per second per key, burst 100.
+pub const PER_SECOND: u32 = 100;
+/// Every layer takes its key from this request header.
+pub const KEY_HEADER: &str = "k";
+/// Store timeout of our limiters and of tower-rate-limit-redis: generous, so that a stall of
+/// this shared machine shows as latency, not as errors.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// bb8 pool size (ours and the raw script through bb8 share one pool).
+const POOL_SIZE: u32 = 8;
+
+pub struct Contender {
+    pub name: String,
+    /// Counts Redis commands per check (`INFO commandstats`); in-memory contenders do not.
+    pub uses_redis: bool,
+    /// The contender this one's checks/s are divided by in the table ("vs baseline").
+    pub baseline: Option<String>,
+    /// Layers only: how many times the inner service was called.
+    pub inner_calls: Option<Arc<AtomicU64>>,
+    pub check: CheckFn,
+}
+
+/// Collects the contenders, each with its own key prefix, keeping those the filter selects.
+pub struct Contenders {
+    list: Vec<Contender>,
+    filter: Vec<String>,
+    prefixes: usize,
+}
+
+impl Contenders {
+    /// `filter`: keep contenders whose name contains any of these (case-insensitive); empty
+    /// keeps all.
+    pub fn new(filter: Vec<String>) -> Self {
+        Self {
+            list: Vec::new(),
+            filter: filter.into_iter().map(|f| f.to_lowercase()).collect(),
+            prefixes: 0,
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<Contender> {
+        self.list
+    }
+
+    fn prefix(&mut self) -> String {
+        self.prefixes += 1;
+        format!("c{}", self.prefixes)
+    }
+
+    fn push(
+        &mut self,
+        name: String,
+        uses_redis: bool,
+        baseline: Option<String>,
+        inner_calls: Option<Arc<AtomicU64>>,
+        check: CheckFn,
+    ) {
+        let lower = name.to_lowercase();
+        if self.filter.is_empty() || self.filter.iter().any(|f| lower.contains(f.as_str())) {
+            self.list.push(Contender {
+                name,
+                uses_redis,
+                baseline,
+                inner_calls,
+                check,
+            });
+        }
+    }
+}
+
+fn quota() -> Quota {
+    Quota::per_second(PER_SECOND)
+}
+
+/// Our algorithms, all on the same quota.
+#[derive(Clone, Copy)]
+pub enum Alg {
+    Gcra,
+    TokenBucket,
+    SlidingWindow,
+}
+
+pub const ALL_ALGS: [Alg; 3] = [Alg::Gcra, Alg::TokenBucket, Alg::SlidingWindow];
+
+/// How the raw-script ceiling reaches Redis: the same connection kind as the store it bounds.
+#[derive(Clone)]
+pub enum RawConn {
+    Multiplexed(redis::aio::ConnectionManager),
+    Pool(bb8::Pool<RedisConnectionManager>),
+}
+
+/// A multiplexed connection like `RedisStore::connect`'s (a redis-rs `ConnectionManager`).
+pub async fn multiplexed(url: &str) -> RawConn {
+    let client = redis::Client::open(url).expect("redis url");
+    RawConn::Multiplexed(
+        redis::aio::ConnectionManager::new(client)
+            .await
+            .expect("cannot connect to the benchmark redis"),
+    )
+}
+
+/// A bb8-redis pool without bb8's check-out `PING`.
+pub async fn pool(url: &str) -> bb8::Pool<RedisConnectionManager> {
+    bb8::Pool::builder()
+        .max_size(POOL_SIZE)
+        .test_on_check_out(false)
+        .build(RedisConnectionManager::new(url).expect("redis url"))
+        .await
+        .expect("cannot build the bb8 pool")
+}
+
+/// Ours on Redis, for each algorithm of `algs`: the raw script through `raw` (the ceiling;
+/// not run if `None`), then `RateLimiter::check` and the full layer, each with the deny cache
+/// on (the default) and off. `conn` names the connection kind in the contender names; every
+/// row's baseline is the raw script row of connection kind `raw_conn` (run here or earlier).
+pub fn ours_redis(
+    c: &mut Contenders,
+    conn: &str,
+    store: &RedisStore,
+    raw: Option<&RawConn>,
+    raw_conn: &str,
+    algs: &[Alg],
+) {
+    for alg in algs {
+        match alg {
+            Alg::Gcra => ours_redis_alg(c, conn, store, raw, raw_conn, "gcra", || {
+                Gcra::new(quota()).unwrap()
+            }),
+            Alg::TokenBucket => {
+                ours_redis_alg(c, conn, store, raw, raw_conn, "token-bucket", || {
+                    TokenBucket::new(quota()).unwrap()
+                })
+            }
+            Alg::SlidingWindow => {
+                ours_redis_alg(c, conn, store, raw, raw_conn, "sliding-window", || {
+                    SlidingWindow::new(quota()).unwrap()
+                })
+            }
+        }
+    }
+}
+
+fn ours_redis_alg<A: Algorithm>(
+    c: &mut Contenders,
+    conn: &str,
+    store: &RedisStore,
+    raw: Option<&RawConn>,
+    raw_conn: &str,
+    alg: &str,
+    make: impl Fn() -> A,
+) {
+    let raw_name = format!("raw {alg} script ({raw_conn})");
+    let baseline = Some(raw_name.clone());
+    if let Some(raw) = raw {
+        let prefix = c.prefix();
+        c.push(
+            raw_name,
+            true,
+            None,
+            None,
+            raw_script(raw.clone(), make(), prefix),
+        );
+    }
+    for deny_cache in [true, false] {
+        let variant = if deny_cache {
+            format!("({conn})")
+        } else {
+            format!("({conn}, deny cache off)")
+        };
+        let prefix = c.prefix();
+        let check = via_check(limiter(store.clone(), make(), prefix, deny_cache));
+        c.push(
+            format!("ours {alg} check {variant}"),
+            true,
+            baseline.clone(),
+            None,
+            check,
+        );
+        let prefix = c.prefix();
+        let (check, calls) = ours_layer(limiter(store.clone(), make(), prefix, deny_cache));
+        c.push(
+            format!("ours {alg} layer {variant}"),
+            true,
+            baseline.clone(),
+            Some(calls),
+            check,
+        );
+    }
+}
+
+/// Ours on `MemoryStore` (GCRA), check and layer, deny cache on and off; checks against
+/// `check_baseline` (governor's `check_key`), layers against `layer_baseline` (tower_governor).
+pub fn ours_memory(c: &mut Contenders, check_baseline: &str, layer_baseline: &str) {
+    for deny_cache in [true, false] {
+        let variant = if deny_cache { "" } else { " (deny cache off)" };
+        let prefix = c.prefix();
+        let check = via_check(limiter(
+            MemoryStore::new(),
+            Gcra::new(quota()).unwrap(),
+            prefix,
+            deny_cache,
+        ));
+        c.push(
+            format!("ours memory gcra check{variant}"),
+            false,
+            Some(check_baseline.to_owned()),
+            None,
+            check,
+        );
+        let prefix = c.prefix();
+        let (check, calls) = ours_layer(limiter(
+            MemoryStore::new(),
+            Gcra::new(quota()).unwrap(),
+            prefix,
+            deny_cache,
+        ));
+        c.push(
+            format!("ours memory gcra layer{variant}"),
+            false,
+            Some(layer_baseline.to_owned()),
+            Some(calls),
+            check,
+        );
+    }
+}
+
+fn limiter<A: Algorithm>(
+    store: impl Store,
+    algorithm: A,
+    prefix: String,
+    deny_cache: bool,
+) -> RateLimiter<A> {
+    let builder = RateLimiter::builder(store, algorithm)
+        .prefix(prefix)
+        .store_timeout(TIMEOUT);
+    let builder = if deny_cache {
+        builder // the default
+    } else {
+        builder.deny_cache(0)
+    };
+    builder.build().expect("limiter config")
+}
+
+/// `RateLimiter::check(key, 1)`.
+fn via_check<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
+    Arc::new(move |key: String| {
+        let limiter = limiter.clone();
+        Box::pin(async move { limiter.check(&key, 1).await.expect("check failed").allowed })
+    })
+}
+
+/// Our full layer with its defaults (IETF `RateLimit` headers on every response), keyed by
+/// the request header like the peers, failing closed so that a store error cannot pass as
+/// "allowed" (it would be a 503 and stop the benchmark).
+fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>) {
+    let (inner, calls) = Inner::new();
+    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap())
+        .on_store_error(FailurePolicy::Closed);
+    (
+        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
+        calls,
+    )
+}
+
+/// The same script as our store runs, invoked directly through redis-rs (`EVALSHA`, loading
+/// it on `NOSCRIPT`) with no limiter around it: the ceiling for that connection kind.
+fn raw_script<A: Algorithm>(conn: RawConn, algorithm: A, prefix: String) -> CheckFn {
+    let algorithm = Arc::new(algorithm);
+    let prefix: Arc<str> = prefix.into();
+    Arc::new(move |key: String| {
+        let (conn, algorithm, prefix) = (conn.clone(), algorithm.clone(), prefix.clone());
+        Box::pin(async move {
+            let mut invocation = algorithm.script().prepare_invoke();
+            for k in algorithm.redis_keys(&format!("{{{prefix}:{key}}}")) {
+                invocation.key(k);
+            }
+            invocation.arg(""); // no explicit time: the script reads Redis' TIME
+            for a in algorithm.script_args(1) {
+                invocation.arg(a);
+            }
+            let reply: Vec<i64> = match conn {
+                RawConn::Multiplexed(mut conn) => invocation.invoke_async(&mut conn).await,
+                RawConn::Pool(pool) => {
+                    // As `RedisStore::from_pool` does: a multiplexed connection is a cheap
+                    // handle, so clone it and give the pooled one back at once (holding it
+                    // for the round trip would queue 64 tasks on 8 connections).
+                    let mut conn = pool.get().await.expect("bb8 check-out failed").clone();
+                    invocation.invoke_async(&mut conn).await
+                }
+            }
+            .expect("script failed");
+            reply[0] == 1
+        })
+    })
+}
+
+/// tower-rate-limit-redis: its layer on a redis 0.32 `MultiplexedConnection` (the only
+/// connection it takes; it does not reconnect), GCRA with capacity 100 and an emission
+/// interval of 10 ms (= 100 per second, burst 100), our store timeout, and its default
+/// `fail_open(false)` (an error is a 500, which stops the benchmark).
+pub async fn tower_rate_limit_redis(c: &mut Contenders, url: &str, baseline: Option<String>) {
+    #[derive(Clone)]
+    struct FromHeader;
+    impl tower_rate_limit_redis::KeyResolver for FromHeader {
+        type Key = String;
+        type ErrorBody = Body;
+        fn key<T>(&self, req: &Request<T>) -> Result<String, Response<Body>> {
+            // Namespaced like ours (`{prefix:key}`), so its keys cannot meet another's.
+            req.headers()
+                .get(KEY_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(|k| format!("trlr:{k}"))
+                .ok_or_else(|| {
+                    let mut res = Response::new(Body::empty());
+                    *res.status_mut() = StatusCode::BAD_REQUEST;
+                    res
+                })
+        }
+    }
+    let conn = redis_peer::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("cannot connect to the benchmark redis");
+    let layer = tower_rate_limit_redis::RateLimitLayer::builder()
+        .conn(conn)
+        .key_resolver(FromHeader)
+        .capacity(PER_SECOND as u16)
+        .emission_interval(Duration::from_secs(1) / PER_SECOND)
+        .timeout(TIMEOUT)
+        .build();
+    let (inner, calls) = Inner::new();
+    c.push(
+        "tower-rate-limit-redis layer".to_owned(),
+        true,
+        baseline,
+        Some(calls),
+        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
+    );
+}
+
+/// tower_governor: its layer, in memory (governor's keyed GCRA on a DashMap), one cell every
+/// 10 ms with a burst of 100 (= 100 per second, burst 100), keyed by the same header through a
+/// custom key extractor; its default middleware (no `x-ratelimit-*` headers on allowed
+/// responses, `retry-after` on 429s).
+pub fn tower_governor(c: &mut Contenders, name: &str) {
+    use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
+    let config = GovernorConfigBuilder::default()
+        .period(Duration::from_secs(1) / PER_SECOND)
+        .burst_size(PER_SECOND)
+        .key_extractor(StringKey)
+        .finish()
+        .expect("governor config");
+    let (inner, calls) = Inner::new();
+    c.push(
+        name.to_owned(),
+        false,
+        None,
+        Some(calls),
+        via_service(
+            tower::ServiceBuilder::new()
+                .layer(GovernorLayer::new(config))
+                .service(inner),
+        ),
+    );
+}
+
+/// tower_governor's limiter alone (governor's keyed `check_key`, no layer, no response):
+/// the in-memory counterpart of `RateLimiter::check`, configured as in [`tower_governor`].
+pub fn governor_check_key(c: &mut Contenders, name: &str) {
+    use tower_governor::governor::GovernorConfigBuilder;
+    // The same keyed limiter the layer builds, keyed by the header value (a `String`).
+    let limiter = GovernorConfigBuilder::default()
+        .period(Duration::from_secs(1) / PER_SECOND)
+        .burst_size(PER_SECOND)
+        .key_extractor(StringKey)
+        .finish()
+        .expect("governor config")
+        .limiter()
+        .clone();
+    c.push(
+        name.to_owned(),
+        false,
+        None,
+        None,
+        Arc::new(move |key: String| {
+            let allowed = limiter.check_key(&key).is_ok();
+            Box::pin(ready(allowed))
+        }),
+    );
+}
+
+/// tower_governor's key extractor for our header (also keys [`governor_check_key`]).
+#[derive(Clone)]
+struct StringKey;
+
+impl tower_governor::key_extractor::KeyExtractor for StringKey {
+    type Key = String;
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get(KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+/// The trivial inner service behind every layer: an empty 200, counting its calls.
+#[derive(Clone)]
+struct Inner {
+    calls: Arc<AtomicU64>,
+}
+
+impl Inner {
+    fn new() -> (Self, Arc<AtomicU64>) {
+        let calls = Arc::new(AtomicU64::new(0));
+        (
+            Self {
+                calls: calls.clone(),
+            },
+            calls,
+        )
+    }
+}
+
+impl<B> Service<Request<B>> for Inner {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<B>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        ready(Ok(Response::new(Body::new(http_body_util::Empty::<
+            bytes::Bytes,
+        >::new()))))
+    }
+}
+
+/// A layered service called like a server would: `ready().call()` on a clone, with the key in
+/// the request header. 200 is allowed, 429 denied; anything else stops the benchmark.
+fn via_service<S, B>(svc: S) -> CheckFn
+where
+    S: Service<Request<()>, Response = Response<B>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: Debug,
+    B: Send + 'static,
+{
+    Arc::new(move |key: String| {
+        let mut svc = svc.clone();
+        Box::pin(async move {
+            let req = Request::get("/").header(KEY_HEADER, key).body(()).unwrap();
+            let res = svc
+                .ready()
+                .await
+                .expect("service not ready")
+                .call(req)
+                .await
+                .expect("service failed");
+            match res.status() {
+                StatusCode::OK => true,
+                StatusCode::TOO_MANY_REQUESTS => false,
+                other => panic!("unexpected status {other}"),
+            }
+        })
+    })
+}
