@@ -18,15 +18,16 @@ use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::{
-    Algorithm, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle, KeyExtractor,
-    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store, TokenBucket,
+    Algorithm, Batching, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle,
+    KeyExtractor, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
+    Store, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed|local] \
 [--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL] \
-[--no-limit]";
+[--batch] [--no-limit]";
 
 struct Args {
     listen: SocketAddr,
@@ -46,6 +47,8 @@ struct Args {
     log: tracing::Level,
     /// Serve without the limiter (to measure its overhead).
     no_limit: bool,
+    /// Exact batching of concurrent checks (`RedisStore::with_batching`).
+    batch: bool,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -80,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         prefix: "gateway".into(),
         log: tracing::Level::INFO,
         no_limit: false,
+        batch: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -88,6 +92,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--no-limit" {
             a.no_limit = true;
+            continue;
+        }
+        if flag == "--batch" {
+            a.batch = true;
             continue;
         }
         const FLAGS: &[&str] = &[
@@ -250,6 +258,18 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if args.redis.is_some() && args.redis_cluster.is_some() {
         return Err("give --redis or --redis-cluster, not both".into());
     }
+    if args.batch && args.redis.is_none() && args.redis_cluster.is_none() {
+        return Err("--batch batches Redis calls: give --redis or --redis-cluster".into());
+    }
+    let batching = |store: RedisStore| -> Result<RedisStore, String> {
+        if !args.batch {
+            return Ok(store);
+        }
+        println!("batching: concurrent checks share one script call (exact)");
+        store
+            .with_batching(Batching::new())
+            .map_err(|e| format!("--batch: {e}"))
+    };
     let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster) {
         (None, Some(nodes)) => {
             let store = RedisStore::connect_cluster(nodes)
@@ -259,14 +279,14 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 "store: redis cluster via {} (shared by every instance pointing at it)",
                 nodes.join(",")
             );
-            Arc::new(store)
+            Arc::new(batching(store)?)
         }
         (Some(url), _) => {
             let store = RedisStore::connect(url)
                 .await
                 .map_err(|e| format!("--redis {url}: {e}"))?;
             println!("store: redis at {url} (shared by every instance pointing at it)");
-            Arc::new(store)
+            Arc::new(batching(store)?)
         }
         (None, None) => {
             println!("store: in-memory (no --redis given; limits hold for this process only)");

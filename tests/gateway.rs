@@ -117,20 +117,44 @@ fn in_memory_by_default() {
 #[test]
 fn with_redis_the_limit_is_shared_between_instances() {
     let redis = RedisServer::start();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--algorithm",
-        "sliding-window",
-        "--limit",
-        "4",
-        "--per",
-        "60s",
-        "--key",
-        "header:x-api-key",
-    ];
+    let url = redis.url();
+    shared_limit(&["--redis", &url]);
+    // The same with exact batching on one of the two instances.
+    let redis = RedisServer::start();
+    let url = redis.url();
+    shared_limit(&["--redis", &url, "--batch"]);
+}
+
+fn shared_limit(store: &[&str]) {
+    let args: Vec<&str> = store
+        .iter()
+        .copied()
+        .chain([
+            "--algorithm",
+            "sliding-window",
+            "--limit",
+            "4",
+            "--per",
+            "60s",
+            "--key",
+            "header:x-api-key",
+        ])
+        .collect();
     let a = start_gateway(&args);
-    let b = start_gateway(&args);
+    let b = start_gateway(
+        &args[..2]
+            .iter()
+            .chain(&args[store.len()..])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    if store.contains(&"--batch") {
+        assert!(
+            a.banner.iter().any(|l| l.contains("batching")),
+            "{:?}",
+            a.banner
+        );
+    }
     assert!(
         a.banner.iter().any(|l| l.contains("redis")),
         "{:?}",
@@ -207,6 +231,7 @@ fn bad_flags_exit_with_a_clear_error() {
             &["--on-redis-error", "local", "--local-share", "0"][..],
             "--local-share",
         ),
+        (&["--batch"][..], "--batch"),
     ] {
         let out = Command::new(gateway_bin()).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");
