@@ -8,9 +8,9 @@
 -- then, per check: its key count, its argument count, its arguments (those after `now`)
 -- KEYS     every check's keys, in order
 -- Reply: one entry per check: the algorithm's reply (an array), or the message of an error that
--- concerns that check alone, as a string (a check's validation runs before its first write, so
--- a failed check wrote nothing). Not as a nested error reply, which clients may take as the
--- whole call failing.
+-- concerns that check alone, as a string (not as a nested error reply, which clients may take
+-- as the whole call failing). A check that fails leaves behind what its own call would have:
+-- the scripts validate their arguments before writing.
 local ALL_KEYS, ALL_ARGV = KEYS, ARGV
 
 local function count_arg(i, name)
@@ -45,7 +45,11 @@ for c = 1, n do
   ki, ai = ki + nk, ai + na
   KEYS, ARGV = keys, argv
   local ok, r = pcall(decide)
-  if ok and not (type(r) == 'table' and r.err) then
+  if ok and type(r) ~= 'table' then
+    -- Not an array (a custom script): an error for this check, never a hole in the reply.
+    ok, r = false, 'ERR tower-redis-ratelimit: a check returned ' .. type(r) .. ', not an array'
+  end
+  if ok and not r.err then
     replies[c] = r
   else -- raised, or returned with redis.error_reply
     if type(r) == 'table' and r.err then

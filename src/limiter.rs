@@ -293,25 +293,33 @@ impl<A: Algorithm> RateLimiter<A> {
         }
     }
 
-    /// Decides `base` (made by [`base_key`](Self::base_key) from `key`, after
-    /// [`decide_now`](Self::decide_now) answered `None` or an unavailable store), and when the
-    /// store is unavailable and `local` is given, decides `key` again with `local` (the
-    /// local-share twin) and marks the decision degraded.
+    /// Decides `base` (made by [`base_key`](Self::base_key) from `key`) in the store, unless
+    /// [`decide_now`](Self::decide_now) already failed with `failed`; when the store is
+    /// unavailable and `local` is given, decides `key` again with `local` (the local-share
+    /// twin) and marks the decision degraded.
     pub(crate) async fn check_or_local(
         &self,
         base: String,
         key: Option<&str>,
         cost: u32,
         local: Option<&RateLimiter<A>>,
+        failed: Option<Error>,
     ) -> Result<Decision, Error> {
-        let result = self.check_base(base, cost, None).await;
+        let result = match failed {
+            Some(e) => Err(e),
+            None => self.check_base(base, cost, None).await,
+        };
         let (Err(e), Some(local)) = (&result, local) else {
             return result;
         };
         if !e.is_unavailable() {
             return result;
         }
-        let mut d = local.check_base(local.base_key(key), cost, None).await?;
+        let local_base = local.base_key(key);
+        let mut d = match local.decide_now(&local_base, cost) {
+            Some(result) => result?,
+            None => local.check_base(local_base, cost, None).await?,
+        };
         d.degraded = true;
         self.inner.degraded.fetch_add(1, Ordering::Relaxed);
         telemetry::degraded(&d);

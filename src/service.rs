@@ -192,8 +192,10 @@ where
             .map(|secret| partition_key(secret, key.as_deref().unwrap_or("#")));
         let base = policy.limiter.base_key(key.as_deref());
         // Answered without waiting (deny cache, in-memory store): no boxed future.
+        let mut failed = None;
         match policy.limiter.decide_now(&base, cost) {
-            Some(Err(e)) if policy.local.is_some() && e.is_unavailable() => {}
+            // The store is down and a local share is configured: decide below, locally.
+            Some(Err(e)) if policy.local.is_some() && e.is_unavailable() => failed = Some(e),
             Some(result) => {
                 let result = result.map(|mut d| {
                     d.partition_key = pk;
@@ -214,7 +216,7 @@ where
         let local = policy.local.clone();
         let check: BoxFuture<'static, _> = Box::pin(async move {
             let mut d = limiter
-                .check_or_local(base, key.as_deref(), cost, local.as_ref())
+                .check_or_local(base, key.as_deref(), cost, local.as_ref(), failed)
                 .await?;
             d.partition_key = pk;
             Ok(d)

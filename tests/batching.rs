@@ -79,19 +79,18 @@ impl Rng {
 const T0: u64 = 1_800_000_000_000_000;
 
 /// Waves of concurrent checks at explicit times, on four keys with costs up to one more than
-/// the burst: the batched store (small batches, one call in flight, so calls are strictly in
-/// arrival order) must answer exactly what one call per check, in the same order, answers.
+/// the burst: the batched store must answer exactly what one call per check, in the same order,
+/// answers. On one server: small batches and one call in flight, so calls are strictly in
+/// arrival order; on a cluster (calls are not held back there), batches big enough for a wave.
 async fn same_as_one_call_each<A: Algorithm>(
     name: &str,
     algorithm: A,
     batched: RedisStore,
     single: RedisStore,
     conns: &mut [redis::Connection],
-    max_calls_per_check: f64,
+    (batching, max_calls_per_check): (Batching, f64),
 ) {
-    let batched = batched
-        .with_batching(Batching::new().max_batch(7).max_in_flight(1))
-        .unwrap();
+    let batched = batched.with_batching(batching).unwrap();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ name.len() as u64);
     let (mut now, mut checks, mut calls, mut allowed, mut denied) = (T0, 0, 0, 0, 0);
     for _wave in 0..40 {
@@ -145,11 +144,11 @@ async fn same_as_one_call_each<A: Algorithm>(
 }
 
 /// `max_calls_per_check`: on one server, a wave of up to 24 checks leaves in batches of 7; on a
-/// cluster, only checks on the same key (hash tag) share a call.
+/// cluster, only checks on the same slot (here: the same key) share a call.
 async fn every_algorithm(
     batched: impl Fn() -> RedisStore,
     conns: &mut [redis::Connection],
-    max_calls_per_check: f64,
+    setup: (Batching, f64),
 ) {
     let q = Quota::per_second(10).burst(5);
     same_as_one_call_each(
@@ -158,7 +157,7 @@ async fn every_algorithm(
         batched(),
         batched(),
         conns,
-        max_calls_per_check,
+        setup,
     )
     .await;
     same_as_one_call_each(
@@ -167,7 +166,7 @@ async fn every_algorithm(
         batched(),
         batched(),
         conns,
-        max_calls_per_check,
+        setup,
     )
     .await;
     same_as_one_call_each(
@@ -176,26 +175,19 @@ async fn every_algorithm(
         batched(),
         batched(),
         conns,
-        max_calls_per_check,
+        setup,
     )
     .await;
     let multi = MultiLimit::new([("s", q), ("m", Quota::per_minute(30))]).unwrap();
-    same_as_one_call_each(
-        "multi",
-        multi,
-        batched(),
-        batched(),
-        conns,
-        max_calls_per_check,
-    )
-    .await;
+    same_as_one_call_each("multi", multi, batched(), batched(), conns, setup).await;
 }
 
 #[tokio::test]
 async fn batched_decisions_equal_one_call_each_on_standalone_redis() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    every_algorithm(|| store.clone(), &mut [redis.conn()], 0.25).await;
+    let batching = Batching::new().max_batch(7).max_in_flight(1);
+    every_algorithm(|| store.clone(), &mut [redis.conn()], (batching, 0.25)).await;
 }
 
 #[tokio::test]
@@ -203,7 +195,7 @@ async fn batched_decisions_equal_one_call_each_on_redis_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let store = cluster.store().await;
     let mut conns: Vec<_> = cluster.nodes.iter().map(RedisServer::conn).collect();
-    every_algorithm(|| store.clone(), &mut conns, 0.75).await;
+    every_algorithm(|| store.clone(), &mut conns, (Batching::new(), 0.75)).await;
 }
 
 /// A key holding foreign or corrupted data fails its own check with the error a single call
@@ -361,4 +353,66 @@ async fn batched_checks_against_a_dead_redis_are_unavailable() {
         assert!(e.is_unavailable(), "{e}");
     }
     eprintln!("10 checks failed in {:?}", started.elapsed());
+}
+
+/// A call that Redis does not answer within `call_timeout` fails its checks with a timeout and
+/// frees its in-flight slot: later checks are not stuck behind it.
+#[tokio::test]
+async fn a_stalled_call_times_out_and_frees_its_slot() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(150);
+    let store = redis
+        .store()
+        .await
+        .with_batching(Batching::new().max_in_flight(1).call_timeout(timeout))
+        .unwrap();
+    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    assert!(store.check(&gcra, "{st:warm}", 1, None).await.is_ok());
+    redis.signal("-STOP");
+    for key in ["{st:a}", "{st:b}"] {
+        let started = Instant::now();
+        let e = store.check(&gcra, key, 1, None).await.unwrap_err();
+        assert!(
+            matches!(e, Error::Timeout(t) if t == timeout),
+            "{key}: {e:?}"
+        );
+        assert!(e.is_unavailable());
+        eprintln!("{key}: timed out after {:?}", started.elapsed());
+    }
+    redis.signal("-CONT");
+    assert!(store.check(&gcra, "{st:c}", 1, None).await.unwrap().allowed);
+}
+
+/// The batch form of a custom script: a check whose script returns something other than an
+/// array (nil, a string) gets an error of its own; the others get their replies.
+#[tokio::test]
+async fn custom_batch_scripts_answer_every_check() {
+    use tower_redis_ratelimit::batch_script;
+    let redis = RedisServer::start();
+    let script = batch_script(
+        "if ARGV[2] == 'nil' then return nil end \
+         if ARGV[2] == 'str' then return 'x' end \
+         return { tonumber(redis.call('INCR', KEYS[1])) }",
+    );
+    let mut inv = script.prepare_invoke();
+    for k in ["{c}:1", "{c}:2", "{c}:3", "{c}:4"] {
+        inv.key(k);
+    }
+    inv.arg("").arg(4);
+    for a in ["ok", "nil", "str", "ok"] {
+        inv.arg(1).arg(1).arg(a);
+    }
+    let reply: Vec<redis::Value> = inv.invoke(&mut redis.conn()).unwrap();
+    assert_eq!(reply.len(), 4, "{reply:?}");
+    assert_eq!(reply[0], redis::Value::Array(vec![redis::Value::Int(1)]));
+    for bad in &reply[1..3] {
+        let redis::Value::BulkString(msg) = bad else {
+            panic!("{reply:?}");
+        };
+        assert!(
+            String::from_utf8_lossy(msg).contains("not an array"),
+            "{reply:?}"
+        );
+    }
+    assert_eq!(reply[3], redis::Value::Array(vec![redis::Value::Int(1)]));
 }

@@ -619,3 +619,64 @@ async fn multi_limit_headers_and_problem_details() {
         "{body}"
     );
 }
+
+/// A store that decides at once (`Store::check_now`) but is down: under `FailurePolicy::Local`
+/// the layer asks it once per request, then decides with its local share, marked degraded.
+#[tokio::test]
+async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
+    use tower_redis_ratelimit::{Algorithm, BoxFuture, Error, FailurePolicy, Outcome, Store};
+
+    struct Down(Arc<AtomicUsize>);
+    impl Store for Down {
+        fn check<'a>(
+            &'a self,
+            _: &'a dyn Algorithm,
+            _: &'a str,
+            _: u32,
+            _: Option<u64>,
+        ) -> BoxFuture<'a, Result<Outcome, Error>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Err(Error::Timeout(Duration::from_millis(1))) })
+        }
+        fn check_now(
+            &self,
+            _: &dyn Algorithm,
+            _: &str,
+            _: u32,
+            _: Option<u64>,
+        ) -> Option<Result<Outcome, Error>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Some(Err(Error::Timeout(Duration::from_millis(1))))
+        }
+    }
+
+    let asked = Arc::new(AtomicUsize::new(0));
+    let limiter = RateLimiter::new(Down(asked.clone()), Gcra::new(Quota::per_hour(4)).unwrap());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(limiter.clone(), GlobalKey)
+                .on_store_error(FailurePolicy::Local)
+                .local_share(2),
+        )
+        .service(counting(calls.clone()));
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let res = svc
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    // A share of 4 / 2 instances: 2 allowed, then denied, all decided locally.
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        4,
+        "the store was asked more than once per request"
+    );
+    assert_eq!(limiter.stats().degraded, 4);
+    assert_eq!(limiter.stats().store_errors, 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

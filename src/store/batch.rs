@@ -1,13 +1,17 @@
 //! Exact batching: concurrent checks go to Redis as one script call that decides them all.
 //!
-//! A background task owns the queue. While fewer than `max_in_flight` batches are on their way
-//! to Redis, whatever is queued (at least one check, at most `max_batch`) leaves at once as one
+//! A background task owns the queue. While fewer than `max_in_flight` calls are on their way to
+//! Redis, whatever is queued (at least one check, at most `max_batch`) leaves at once as one
 //! call of the algorithm's batch script; checks arriving meanwhile wait for the next. A lone
 //! check therefore never waits for company, and under load one call carries many checks. The
 //! batch script decides its checks one after the other inside one atomic call, so each decision
-//! is exactly the one its own call would have got at that instant.
+//! is exactly the one its own call would have got at that instant. Every call is bounded by
+//! `call_timeout`, so a stalled Redis cannot hold the in-flight slots for longer.
+//!
+//! On a cluster, calls are not held back: whatever is queued leaves at once, one call per slot
+//! (checks on the same slot share it), so a slow node delays only its own checks.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -28,6 +32,7 @@ use crate::{ConfigError, Error};
 pub struct Batching {
     max_batch: usize,
     max_in_flight: usize,
+    call_timeout: Duration,
 }
 
 impl Default for Batching {
@@ -37,11 +42,13 @@ impl Default for Batching {
 }
 
 impl Batching {
-    /// At most 64 checks per call, at most 2 calls on their way at once.
+    /// At most 64 checks per call, at most 2 calls on their way at once, each call given up
+    /// after 1 s.
     pub const fn new() -> Self {
         Self {
             max_batch: 64,
             max_in_flight: 2,
+            call_timeout: Duration::from_secs(1),
         }
     }
 
@@ -51,10 +58,19 @@ impl Batching {
         self
     }
 
-    /// Batches sent and not yet answered, at most. While all are in flight, new checks queue
-    /// up for the next batch.
+    /// Calls sent and not yet answered, at most (1 to 1,024). While all are in flight, new
+    /// checks queue up for the next call. Not used on a cluster (see
+    /// [`RedisStore::with_batching`](crate::RedisStore::with_batching)).
     pub const fn max_in_flight(mut self, calls: usize) -> Self {
         self.max_in_flight = calls;
+        self
+    }
+
+    /// How long one call may take before its checks fail with [`Error::Timeout`] and its
+    /// in-flight slot is freed (at least 1 ms). Keep it at or above the limiters' store
+    /// timeout: a check's own timeout still applies to it.
+    pub const fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
         self
     }
 
@@ -68,6 +84,11 @@ impl Batching {
         self.max_in_flight
     }
 
+    /// The configured `call_timeout`.
+    pub const fn get_call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=1024).contains(&self.max_batch) {
             return Err(ConfigError::new(
@@ -75,10 +96,16 @@ impl Batching {
                 "must be between 1 and 1024",
             ));
         }
-        if self.max_in_flight == 0 {
+        if !(1..=1024).contains(&self.max_in_flight) {
             return Err(ConfigError::new(
                 "batching.max_in_flight",
-                "must be at least 1",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.call_timeout < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "batching.call_timeout",
+                "must be at least 1 ms",
             ));
         }
         Ok(())
@@ -109,7 +136,8 @@ impl Batcher {
             .map_err(|_| ConfigError::new("batching", "must be set up inside a Tokio runtime"))?;
         // Bounded: when Redis stalls, submitters wait here (within their store timeout)
         // instead of growing the queue without end.
-        let (queue, rx) = mpsc::channel(config.max_batch * config.max_in_flight * 64);
+        let capacity = (config.max_batch * config.max_in_flight * 64).min(1 << 16);
+        let (queue, rx) = mpsc::channel(capacity);
         runtime.spawn(run(rx, backend, config));
         Ok(Self { queue, config })
     }
@@ -145,20 +173,36 @@ async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
     let cluster = backend.is_cluster();
     let mut jobs = Vec::with_capacity(config.max_batch);
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
+        // One server: wait for a free slot before taking what is queued, so checks gather
+        // while the calls in flight run. A cluster: no wait (see the module docs).
+        let mut permit = None;
+        if !cluster {
+            let Ok(p) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            permit = Some(p);
+        }
         if rx.recv_many(&mut jobs, config.max_batch).await == 0 {
             return; // every sender is gone
         }
         // A check whose caller gave up (its store timeout passed) is not sent: it would take
         // quota for a request that was already answered.
         jobs.retain(|j| !j.reply.is_closed());
-        let permit = Arc::new(permit);
         for batch in group(&mut jobs, cluster) {
-            let (backend, permit) = (backend.clone(), permit.clone());
+            // Further calls of the same round (other scripts or explicit times) take slots of
+            // their own.
+            let permit = match permit.take() {
+                Some(p) => Some(p),
+                None if cluster => None,
+                None => match permits.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
+                    Err(_) => return,
+                },
+            };
+            let backend = backend.clone();
+            let timeout = config.call_timeout;
             tokio::spawn(async move {
-                send(batch, &backend).await;
+                send(batch, &backend, timeout).await;
                 drop(permit);
             });
         }
@@ -166,22 +210,27 @@ async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
 }
 
 /// Splits `jobs` into batches that one call can decide: the same script and explicit time,
-/// and on a cluster the same hash tag (so one slot). Arrival order is kept within each batch.
+/// and on a cluster the same slot. Arrival order is kept within each batch.
 fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
-    let mut batches: Vec<Vec<Job>> = Vec::new();
+    let slot = |job: &Job| if cluster { slot(&job.keys) } else { 0 };
+    let mut batches: Vec<(u16, Vec<Job>)> = Vec::new();
     for job in jobs.drain(..) {
-        let same = |b: &&mut Vec<Job>| {
-            let first = &b[0];
-            std::ptr::eq(first.script, job.script)
-                && first.now == job.now
-                && (!cluster || hash_tag(&first.keys) == hash_tag(&job.keys))
+        let job_slot = slot(&job);
+        let same = |b: &&mut (u16, Vec<Job>)| {
+            let first = &b.1[0];
+            std::ptr::eq(first.script, job.script) && first.now == job.now && b.0 == job_slot
         };
         match batches.iter_mut().find(same) {
-            Some(batch) => batch.push(job),
-            None => batches.push(vec![job]),
+            Some((_, batch)) => batch.push(job),
+            None => batches.push((job_slot, vec![job])),
         }
     }
-    batches
+    batches.into_iter().map(|(_, b)| b).collect()
+}
+
+/// The cluster slot of a check (all of a check's keys share its hash tag).
+fn slot(keys: &[String]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(keys).as_bytes()) % 16_384
 }
 
 /// The hash tag of a check's first key (all of a check's keys share it).
@@ -196,7 +245,7 @@ fn hash_tag(keys: &[String]) -> &str {
     }
 }
 
-async fn send(batch: Vec<Job>, backend: &Backend) {
+async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
     let script = batch[0].script;
     let mut invocation = script.prepare_invoke();
     for job in &batch {
@@ -215,7 +264,10 @@ async fn send(batch: Vec<Job>, backend: &Backend) {
             invocation.arg(*arg);
         }
     }
-    match backend.invoke(&invocation).await {
+    let reply = tokio::time::timeout(timeout, backend.invoke(&invocation))
+        .await
+        .unwrap_or(Err(Error::Timeout(timeout)));
+    match reply {
         Ok(Value::Array(replies)) if replies.len() == batch.len() => {
             for (job, reply) in batch.into_iter().zip(replies) {
                 let reply = match reply {
@@ -283,6 +335,16 @@ mod tests {
     }
 
     #[test]
+    fn slots_match_redis_cluster() {
+        // CLUSTER KEYSLOT values from a real Redis 7.0.
+        let k = |s: &str| vec![s.to_owned()];
+        assert_eq!(slot(&k("foo")), 12182);
+        assert_eq!(slot(&k("{user1000}.following")), 3443);
+        assert_eq!(slot(&k("{user1000}.followers")), 3443);
+        assert_eq!(slot(&k("{rl:a}:g")), slot(&k("{rl:a}:l")));
+    }
+
+    #[test]
     fn hash_tags() {
         let k = |s: &str| vec![s.to_owned()];
         assert_eq!(hash_tag(&k("{rl:a}:l")), "rl:a");
@@ -313,6 +375,22 @@ mod tests {
                 .unwrap_err()
                 .field(),
             "batching.max_in_flight"
+        );
+        assert_eq!(
+            Batching::new()
+                .max_in_flight(usize::MAX)
+                .validate()
+                .unwrap_err()
+                .field(),
+            "batching.max_in_flight"
+        );
+        assert_eq!(
+            Batching::new()
+                .call_timeout(Duration::ZERO)
+                .validate()
+                .unwrap_err()
+                .field(),
+            "batching.call_timeout"
         );
         assert!(Batching::new().validate().is_ok());
     }

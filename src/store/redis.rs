@@ -151,9 +151,14 @@ impl RedisStore {
     /// after the other inside one atomic call. Every check gets exactly the decision its own
     /// call would have got at that instant, so limits hold as they do without batching; under
     /// load, Redis runs one script call for many checks. A check whose caller stopped waiting
-    /// (its store timeout passed) before its batch left is not sent. On a cluster, only checks
-    /// whose keys share a hash tag (one slot) share a call. Algorithms without a batch script
-    /// are sent alone.
+    /// (its store timeout passed) before its batch left is not sent, and a call that takes
+    /// longer than [`call_timeout`](Batching::call_timeout) fails its checks with a timeout.
+    /// Algorithms without a batch script are sent alone.
+    ///
+    /// On a cluster, only checks on the same slot can share a call, and calls are never held
+    /// back (a slow node must not delay checks bound for the others): checks queued at the
+    /// same moment on the same slot share a call, the rest go as they would without
+    /// batching. It rarely pays there.
     ///
     /// Errors when `batching` is out of range (naming the field) or when called outside a
     /// Tokio runtime (the batching task runs on it).
