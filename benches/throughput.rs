@@ -305,6 +305,17 @@ async fn main() {
             via_layer(limiter(store.clone(), g(), "b-gl")),
         ),
         (
+            "gcra layer, deny cache off",
+            true,
+            via_layer(
+                RateLimiter::builder(store.clone(), g())
+                    .prefix("b-glnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
             "gcra check (bb8, check-out PING)",
             true,
             via_limiter(limiter(pool(true).await, g(), "b-gp")),
