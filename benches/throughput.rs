@@ -397,9 +397,9 @@ async fn main() {
             )),
         ),
     ];
-    // BENCH_FILTER=word[,word...]: only the contenders whose name contains one of them.
+    // BENCH_FILTER=word[|word...]: only the contenders whose name contains one of them.
     if let Ok(filter) = std::env::var("BENCH_FILTER") {
-        contenders.retain(|(name, _, _)| filter.split(',').any(|f| name.contains(f)));
+        contenders.retain(|(name, _, _)| filter.split('|').any(|f| name.contains(f)));
     }
     let mut info = redis.conn();
     println!(

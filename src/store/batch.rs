@@ -16,7 +16,7 @@ use std::{sync::Arc, time::Duration};
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::redis::Backend;
+use super::redis::{evalsha, Backend};
 use crate::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
@@ -247,24 +247,17 @@ fn hash_tag(keys: &[String]) -> &str {
 
 async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
     let script = batch[0].script;
-    let mut invocation = script.prepare_invoke();
+    let key_count = batch.iter().map(|job| job.keys.len()).sum();
+    let keys = batch.iter().flat_map(|job| job.keys.iter());
+    let mut cmd = evalsha(script, key_count, keys, batch[0].now);
+    cmd.arg(batch.len());
     for job in &batch {
-        for key in &job.keys {
-            invocation.key(key);
-        }
-    }
-    match batch[0].now {
-        Some(now) => invocation.arg(now),
-        None => invocation.arg(""),
-    };
-    invocation.arg(batch.len());
-    for job in &batch {
-        invocation.arg(job.keys.len()).arg(job.args.len());
+        cmd.arg(job.keys.len()).arg(job.args.len());
         for arg in &job.args {
-            invocation.arg(*arg);
+            cmd.arg(*arg);
         }
     }
-    let reply = tokio::time::timeout(timeout, backend.invoke(&invocation))
+    let reply = tokio::time::timeout(timeout, backend.eval(script, &cmd))
         .await
         .unwrap_or(Err(Error::Timeout(timeout)));
     match reply {

@@ -8,6 +8,7 @@ use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
+    Script,
 };
 
 use super::{
@@ -194,24 +195,60 @@ impl Backend {
         matches!(self, Backend::Cluster(_))
     }
 
-    /// Runs one script invocation (`EVALSHA`, loading the script on `NOSCRIPT`).
-    pub(crate) async fn invoke(
+    /// Runs `evalsha` (made by [`evalsha`]), loading `script` when Redis answers `NOSCRIPT`
+    /// (after a restart or `SCRIPT FLUSH`; on a cluster, `SCRIPT LOAD` goes to every primary)
+    /// and trying once more.
+    pub(crate) async fn eval(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        script: &Script,
+        evalsha: &redis::Cmd,
     ) -> Result<redis::Value, Error> {
-        Ok(match self {
-            Backend::Multiplexed(manager) => invocation.invoke_async(&mut manager.clone()).await?,
-            // EVALSHA is routed by the first key's slot; on NOSCRIPT the script is loaded on
-            // every primary and the call retried.
-            Backend::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await?,
+        match self {
+            Backend::Multiplexed(manager) => eval_on(&mut manager.clone(), script, evalsha).await,
+            // EVALSHA is routed by the slot of its first key.
+            Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
             Backend::Pool(pool) => {
                 // A multiplexed connection is a cheap handle: clone it and return the pooled
                 // one at once, so concurrent checks pipeline instead of queueing.
                 let mut conn = pool.get().await.map_err(pool_error)?.clone();
-                invocation.invoke_async(&mut conn).await?
+                eval_on(&mut conn, script, evalsha).await
             }
-        })
+        }
     }
+}
+
+async fn eval_on(
+    conn: &mut impl redis::aio::ConnectionLike,
+    script: &Script,
+    evalsha: &redis::Cmd,
+) -> Result<redis::Value, Error> {
+    match evalsha.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            Ok(evalsha.query_async(conn).await?)
+        }
+        result => Ok(result?),
+    }
+}
+
+/// `EVALSHA` of `script` with `keys` (`key_count` of them), then `ARGV[1]` (`now`, or `''` for the server clock) and
+/// `args`. Built straight into one command buffer: no per-argument allocation.
+pub(crate) fn evalsha(
+    script: &Script,
+    key_count: usize,
+    keys: impl Iterator<Item = impl redis::ToRedisArgs>,
+    now: Option<u64>,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(key_count);
+    for key in keys {
+        cmd.arg(key);
+    }
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd
 }
 
 fn pool_error(e: bb8::RunError<redis::RedisError>) -> Error {
@@ -236,18 +273,12 @@ impl Store for RedisStore {
                 let reply = batcher.submit(script, keys, args, now_us).await?;
                 return algorithm.parse_reply(reply);
             }
-            let mut invocation = algorithm.script().prepare_invoke();
-            for key in keys {
-                invocation.key(key);
-            }
-            match now_us {
-                Some(now) => invocation.arg(now),
-                None => invocation.arg(""),
-            };
+            let script = algorithm.script();
+            let mut cmd = evalsha(script, keys.len(), keys.iter(), now_us);
             for arg in args {
-                invocation.arg(arg);
+                cmd.arg(arg);
             }
-            algorithm.parse_reply(self.backend.invoke(&invocation).await?)
+            algorithm.parse_reply(self.backend.eval(script, &cmd).await?)
         })
     }
 }
