@@ -50,9 +50,22 @@ impl Default for MemoryStore {
 #[repr(align(128))]
 struct Shard {
     evicted: u64,
-    map: HashMap<Box<str>, MemoryState>,
+    /// Keyed by the limiter's base key (no allocation to look one up); see [`Entry`].
+    map: HashMap<Box<str>, Entry>,
+    /// Entries under an alternative key (`base \0 algorithm`), held when two algorithms share
+    /// a base key; while there are none, a lookup never builds that key.
+    alternative: usize,
     /// Size after the last sweep; the next sweep runs when the map has doubled.
     swept_len: usize,
+}
+
+/// One algorithm's state for one base key. Like the algorithms' Redis keys, which carry a
+/// suffix per algorithm, two algorithms sharing a prefix keep separate states: the first
+/// holds the entry under the base key, another one under `base \0 algorithm`.
+struct Entry {
+    algorithm: &'static str,
+    alternative: bool,
+    state: MemoryState,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -107,21 +120,33 @@ impl MemoryStore {
         cost: u32,
         now: Option<u64>,
     ) -> Result<Outcome, Error> {
-        // Keyed like the first Redis key, so algorithms sharing a prefix do not collide here
-        // any more than they do in Redis.
-        let key = algorithm.redis_keys(base_key).swap_remove(0);
-        self.decide(algorithm, &key, cost, now.unwrap_or_else(now_us))
+        self.decide(algorithm, base_key, cost, now.unwrap_or_else(now_us))
     }
 
     fn decide(
         &self,
         algorithm: &dyn Algorithm,
-        key: &str,
+        base: &str,
         cost: u32,
         now: u64,
     ) -> Result<Outcome, Error> {
-        let mut shard = lock(self.shard(key));
+        let name = algorithm.name();
+        let mut shard = lock(self.shard(base));
         let shard = &mut *shard;
+        // Where this algorithm's state for `base` lives (see `Entry`).
+        let other_key: String;
+        let (key, alternative) = match shard.map.get(base) {
+            Some(e) if e.algorithm == name => (base, false),
+            None if shard.alternative == 0 => (base, false),
+            held => {
+                other_key = format!("{base}\u{0}{name}");
+                if held.is_none() && !shard.map.contains_key(other_key.as_str()) {
+                    (base, false)
+                } else {
+                    (other_key.as_str(), true)
+                }
+            }
+        };
         if !shard.map.contains_key(key) {
             let full = shard.map.len() >= self.max_per_shard;
             if full || shard.map.len() >= 2 * shard.swept_len.max(512) {
@@ -130,15 +155,23 @@ impl MemoryStore {
             if shard.map.len() >= self.max_per_shard {
                 shard.evict_soonest_expiring();
             }
-            shard.map.insert(key.into(), MemoryState::default());
+            let entry = Entry {
+                algorithm: name,
+                alternative,
+                state: MemoryState::default(),
+            };
+            shard.map.insert(key.into(), entry);
+            shard.alternative += usize::from(alternative);
         }
-        let Some(state) = shard.map.get_mut(key) else {
+        let Some(entry) = shard.map.get_mut(key) else {
             unreachable!("the key was inserted above");
         };
+        let state = &mut entry.state;
         state.expire(now);
         let outcome = algorithm.check_in_memory(state, now, cost);
         if state.is_empty() {
             shard.map.remove(key);
+            shard.alternative -= usize::from(alternative);
         }
         outcome
     }
@@ -146,10 +179,14 @@ impl MemoryStore {
 
 impl Shard {
     fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, state| {
-            state.expire(now);
-            !state.is_empty()
+        let mut dropped_alternatives = 0;
+        self.map.retain(|_, e| {
+            e.state.expire(now);
+            let keep = !e.state.is_empty();
+            dropped_alternatives += usize::from(!keep && e.alternative);
+            keep
         });
+        self.alternative -= dropped_alternatives;
         self.swept_len = self.map.len();
     }
 
@@ -160,12 +197,14 @@ impl Shard {
         let mut by_expiry: Vec<(u64, &Box<str>)> = self
             .map
             .iter()
-            .map(|(k, state)| (state.expires_at(), k))
+            .map(|(k, e)| (e.state.expires_at(), k))
             .collect();
         by_expiry.select_nth_unstable(n - 1);
         let doomed: Vec<Box<str>> = by_expiry[..n].iter().map(|(_, k)| (*k).clone()).collect();
         for k in doomed {
-            self.map.remove(&k);
+            if self.map.remove(&k).is_some_and(|e| e.alternative) {
+                self.alternative -= 1;
+            }
         }
         self.evicted += n as u64;
         self.swept_len = self.map.len();
@@ -243,6 +282,35 @@ mod tests {
                 .unwrap()
                 .allowed
         );
+    }
+
+    /// Two algorithms on one base key keep separate states, as their Redis keys do, also when
+    /// the one holding the base key is swept while the other lives on under its own key.
+    #[test]
+    fn algorithms_sharing_a_base_key_keep_separate_states() {
+        use crate::TokenBucket;
+        let store = MemoryStore::new();
+        let short = Gcra::new(Quota::per_second(1)).unwrap();
+        let long = TokenBucket::new(Quota::per_hour(1)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        let allowed = |a: &dyn Algorithm, t: u64| store.decide(a, "{rl:k}", 1, t).unwrap().allowed;
+        assert!(allowed(&short, t0));
+        assert!(
+            allowed(&long, t0),
+            "the token bucket has a state of its own"
+        );
+        assert!(!allowed(&long, t0 + 1));
+        assert!(!allowed(&short, t0 + 1));
+        // The GCRA state expires and is swept; the bucket's lives on.
+        let later = t0 + 2_000_000;
+        for shard in store.shards.iter() {
+            lock(shard).sweep(later);
+        }
+        assert_eq!(store.len(), 1);
+        assert!(!allowed(&long, later), "the bucket lost its state");
+        assert!(allowed(&short, later));
+        assert!(!allowed(&long, later + 1));
+        assert_eq!(store.len(), 2);
     }
 
     #[test]
