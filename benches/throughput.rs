@@ -173,18 +173,7 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
 
 /// Calls of every Redis command so far, from `INFO commandstats` (minus the INFO calls).
 fn redis_calls(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    common::command_calls(conn, |name| name != "info")
 }
 
 #[tokio::main]

@@ -49,7 +49,7 @@ impl StdError for ConfigError {}
 /// Why a check could not reach a decision.
 ///
 /// The layer never surfaces these to clients as 500s: it applies its [`FailurePolicy`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
     /// The store did not answer within the configured timeout.

@@ -48,20 +48,7 @@ async fn in_order(mut checks: Vec<Check<'_>>) -> Vec<Result<Outcome, Error>> {
 fn script_calls(conns: &mut [redis::Connection]) -> u64 {
     conns
         .iter_mut()
-        .map(|c| {
-            let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>()
-        })
+        .map(|c| common::command_calls(c, |name| name == "evalsha" || name == "eval"))
         .sum()
 }
 

@@ -278,7 +278,7 @@ async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
         }
         Err(e) => {
             for job in batch {
-                let _ = job.reply.send(Err(duplicate(&e)));
+                let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
@@ -295,19 +295,6 @@ fn check_error(message: &[u8]) -> Error {
         Ok(Value::ServerError(e)) => Error::Redis(e.into()),
         Err(e) => Error::Redis(e),
         Ok(_) => Error::InvalidReply(String::from_utf8_lossy(message).into_owned()),
-    }
-}
-
-/// The same error again, for every check of a failed batch.
-fn duplicate(e: &Error) -> Error {
-    match e {
-        Error::Redis(e) => Error::Redis(e.clone()),
-        Error::Pool(e) => Error::Pool(e.clone()),
-        Error::InvalidReply(e) => Error::InvalidReply(e.clone()),
-        Error::Timeout(d) => Error::Timeout(*d),
-        Error::InvalidInput(e) => Error::InvalidInput(e),
-        Error::Unsupported(e) => Error::Unsupported(e),
-        Error::CircuitOpen => Error::CircuitOpen,
     }
 }
 
@@ -349,42 +336,20 @@ mod tests {
 
     #[test]
     fn limits_are_validated() {
-        assert_eq!(
-            Batching::new().max_batch(0).validate().unwrap_err().field(),
-            "batching.max_batch"
-        );
-        assert_eq!(
-            Batching::new()
-                .max_batch(1025)
-                .validate()
-                .unwrap_err()
-                .field(),
-            "batching.max_batch"
-        );
-        assert_eq!(
-            Batching::new()
-                .max_in_flight(0)
-                .validate()
-                .unwrap_err()
-                .field(),
-            "batching.max_in_flight"
-        );
-        assert_eq!(
-            Batching::new()
-                .max_in_flight(usize::MAX)
-                .validate()
-                .unwrap_err()
-                .field(),
-            "batching.max_in_flight"
-        );
-        assert_eq!(
-            Batching::new()
-                .call_timeout(Duration::ZERO)
-                .validate()
-                .unwrap_err()
-                .field(),
-            "batching.call_timeout"
-        );
+        let b = Batching::new;
+        for (batching, field) in [
+            (b().max_batch(0), "batching.max_batch"),
+            (b().max_batch(1025), "batching.max_batch"),
+            (b().max_in_flight(0), "batching.max_in_flight"),
+            (b().max_in_flight(usize::MAX), "batching.max_in_flight"),
+            (b().call_timeout(Duration::ZERO), "batching.call_timeout"),
+        ] {
+            assert_eq!(
+                batching.validate().unwrap_err().field(),
+                field,
+                "{batching:?}"
+            );
+        }
         assert!(Batching::new().validate().is_ok());
     }
 }

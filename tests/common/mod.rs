@@ -192,6 +192,27 @@ impl Drop for RedisServer {
     }
 }
 
+/// Calls served so far by the commands for which `counted(name)` holds, from
+/// `INFO commandstats` (`name` as Redis reports it, e.g. `evalsha`).
+pub fn command_calls(conn: &mut redis::Connection, counted: impl Fn(&str) -> bool) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !counted(name) {
+                return None;
+            }
+            stats
+                .split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// A loopback address on which nothing listens (for "Redis is down" tests).
 pub fn dead_redis_url() -> String {
     format!("redis://127.0.0.1:{}", free_port())
