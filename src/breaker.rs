@@ -13,7 +13,9 @@ use crate::ConfigError;
 
 /// When the limiter stops calling a failing store.
 ///
-/// After `failures` consecutive availability failures (timeouts, connection errors), the
+/// After `failures` consecutive failures of the store as a whole
+/// ([`ErrorScope::Store`](crate::ErrorScope::Store): timeouts, connection errors, and
+/// server-wide refusals such as `OOM`, `READONLY`, `NOAUTH`, `BUSY`, `LOADING`), the
 /// breaker opens: checks fail at once with [`Error::CircuitOpen`](crate::Error::CircuitOpen)
 /// (and the layer applies its failure policy) for `cool_down`. Then one check is let through as
 /// a probe: success closes the breaker, failure opens it for another `cool_down`. State changes

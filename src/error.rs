@@ -69,33 +69,74 @@ pub enum Error {
     CircuitOpen,
 }
 
+/// What an [`Error`] says about the next check: is the whole store refusing work, or only
+/// this key, or only this check?
+///
+/// The circuit breaker counts only [`ErrorScope::Store`] errors, and
+/// [`FailurePolicy::Local`] decides locally only on them: a store that refuses every key
+/// (down, hung, out of memory, read-only after a failover, asking for a password) is
+/// unavailable, while an answer about one key (`WRONGTYPE`, a corrupted value) shows that the
+/// store is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorScope {
+    /// The store refuses or cannot take any check now: timeouts, connection failures, the
+    /// breaker open, and the server-wide refusals `OOM`, `READONLY`, `NOAUTH`, `WRONGPASS`,
+    /// `NOPERM`, `BUSY`, `LOADING`, `MISCONF`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, and
+    /// any error this crate does not recognise.
+    Store,
+    /// The store is up but this key's state is unusable: `WRONGTYPE` (foreign data under
+    /// the key), a corrupted stored value, a reply of the wrong shape.
+    Key,
+    /// This check itself is invalid (a cost of zero, an argument the script rejects, an
+    /// algorithm the store does not support); other checks are unaffected.
+    Check,
+}
+
+/// The scope of an error the Redis server (or a script) answered with, by its code.
+fn server_error_scope(code: &str, detail: &str) -> ErrorScope {
+    match code {
+        "WRONGTYPE" | "CROSSSLOT" => ErrorScope::Key,
+        // The scripts' own errors: a corrupted value under one key, or an argument the script
+        // rejects (a bug in this check, not in the store).
+        "ERR" if detail.starts_with(SCRIPT_ERROR_CORRUPTED) => ErrorScope::Key,
+        "ERR" if detail.starts_with(SCRIPT_ERROR_ARGUMENT) => ErrorScope::Check,
+        // OOM, READONLY, NOAUTH, WRONGPASS, NOPERM, BUSY, LOADING, MISCONF, MASTERDOWN,
+        // CLUSTERDOWN, TRYAGAIN, `ERR max number of clients reached`, a killed script...:
+        // every key is refused. Unknown codes too: failing over to the local share (or the
+        // breaker's rest) costs little when wrong, while blaming one key for a store-wide
+        // refusal turns `Local` into an outage.
+        _ => ErrorScope::Store,
+    }
+}
+
+/// How the scripts' errors about a stored value start (after `ERR `).
+const SCRIPT_ERROR_CORRUPTED: &str = "tower-redis-ratelimit: corrupted";
+/// How the scripts' errors about an argument start (after `ERR `).
+const SCRIPT_ERROR_ARGUMENT: &str = "tower-redis-ratelimit: invalid argument";
+
 impl Error {
-    /// True when the error says the store is unreachable or unhealthy (timeouts, connection
-    /// failures, a loading or failing-over server), as opposed to an answer about one key
-    /// (`WRONGTYPE`, a corrupted value). Only these count towards the circuit breaker and
-    /// switch [`FailurePolicy::Local`] to local decisions.
-    pub fn is_unavailable(&self) -> bool {
-        use redis::{ErrorKind, ServerErrorKind};
+    /// What this error means for the next check: see [`ErrorScope`].
+    pub fn scope(&self) -> ErrorScope {
+        use redis::ErrorKind;
         match self {
-            Error::Timeout(_) | Error::Pool(_) | Error::CircuitOpen => true,
-            Error::Redis(e) => {
-                e.is_io_error()
-                    || e.is_connection_refusal()
-                    || e.is_connection_dropped()
-                    || e.is_timeout()
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::ClusterConnectionNotFound
-                            | ErrorKind::Server(
-                                ServerErrorKind::BusyLoading
-                                    | ServerErrorKind::TryAgain
-                                    | ServerErrorKind::ClusterDown
-                                    | ServerErrorKind::MasterDown
-                            )
-                    )
-            }
-            _ => false,
+            Error::Timeout(_) | Error::Pool(_) | Error::CircuitOpen => ErrorScope::Store,
+            Error::InvalidReply(_) => ErrorScope::Key,
+            Error::InvalidInput(_) | Error::Unsupported(_) => ErrorScope::Check,
+            Error::Redis(e) => match (e.kind(), e.code()) {
+                (_, Some(code)) => server_error_scope(code, e.detail().unwrap_or("")),
+                (ErrorKind::UnexpectedReturnType, None) => ErrorScope::Key,
+                // Connection, protocol, authentication and client-side failures.
+                _ => ErrorScope::Store,
+            },
         }
+    }
+
+    /// True when the store as a whole is unavailable ([`ErrorScope::Store`]): only these
+    /// count towards the circuit breaker and switch [`FailurePolicy::Local`] to local
+    /// decisions.
+    pub fn is_unavailable(&self) -> bool {
+        self.scope() == ErrorScope::Store
     }
 }
 
@@ -152,4 +193,64 @@ pub enum FailurePolicy {
     /// logged and counted. Errors that are about one key rather than the store's health
     /// (e.g. `WRONGTYPE`) are handled as [`FailurePolicy::Closed`].
     Local,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error Redis answers with `line` (e.g. `-OOM command not allowed...`).
+    fn server_error(line: &str) -> Error {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => Error::Redis(e.into()),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_wide_refusals_are_store_errors() {
+        for line in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "READONLY You can't write against a read only replica.",
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOPERM User rl has no permissions to run the 'evalsha' command",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "LOADING Redis is loading the dataset in memory",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "ERR max number of clients reached",
+            "ERR Error running script (call to f_0123): @user_script:1: Script killed by user with SCRIPT KILL...",
+            "SOMETHINGNEW a code this crate has never seen",
+        ] {
+            let e = server_error(line);
+            assert_eq!(e.scope(), ErrorScope::Store, "{line}");
+            assert!(e.is_unavailable(), "{line}");
+        }
+    }
+
+    #[test]
+    fn answers_about_one_key_or_one_check_are_not() {
+        let key = [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR tower-redis-ratelimit: corrupted TAT under {rl:k}:g",
+            "ERR tower-redis-ratelimit: corrupted log total under {rl:k}:l script: 1a2b, on @user_script:40.",
+        ];
+        for line in key {
+            assert_eq!(server_error(line).scope(), ErrorScope::Key, "{line}");
+        }
+        let check = server_error("ERR tower-redis-ratelimit: invalid argument cost");
+        assert_eq!(check.scope(), ErrorScope::Check);
+        assert_eq!(Error::InvalidReply("x".into()).scope(), ErrorScope::Key);
+        assert_eq!(Error::InvalidInput("x").scope(), ErrorScope::Check);
+        for e in [
+            Error::Timeout(Duration::from_millis(5)),
+            Error::CircuitOpen,
+            Error::Redis(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into()),
+        ] {
+            assert_eq!(e.scope(), ErrorScope::Store, "{e}");
+        }
+    }
 }

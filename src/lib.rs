@@ -60,7 +60,7 @@ pub use algorithm::{
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
-pub use error::{ConfigError, Error, FailurePolicy};
+pub use error::{ConfigError, Error, ErrorScope, FailurePolicy};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
 pub use key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
