@@ -5,7 +5,7 @@
 //! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
 //!     [--redis-cluster redis://HOST:PORT,redis://HOST:PORT,...]
 //!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
-//!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]...
+//!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
 //!     [--prefix P] [--log error|warn|info|debug|trace] [--no-limit]
@@ -25,8 +25,9 @@ use tower_redis_ratelimit::{
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
-[--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--on-redis-error open|closed|local] \
-[--local-share N] [--timeout-ms N] [--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL] \
+[--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
+[--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
+[--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL] \
 [--batch] [--no-limit]";
 
 struct Args {
@@ -39,6 +40,8 @@ struct Args {
     burst: Option<u32>,
     key: String,
     trusted: Vec<String>,
+    /// `--key ip` keys IPv6 clients by this network prefix.
+    ipv6_prefix: u8,
     on_error: FailurePolicy,
     local_share: u32,
     timeout: Duration,
@@ -76,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
         burst: None,
         key: "ip".into(),
         trusted: Vec::new(),
+        ipv6_prefix: 64,
         on_error: FailurePolicy::Open,
         local_share: 1,
         timeout: Duration::from_millis(100),
@@ -108,6 +112,7 @@ fn parse_args() -> Result<Args, String> {
             "--burst",
             "--key",
             "--trusted-proxy",
+            "--ipv6-prefix",
             "--on-redis-error",
             "--local-share",
             "--timeout-ms",
@@ -155,6 +160,13 @@ fn parse_args() -> Result<Args, String> {
                 _ => return Err(bad("global, ip or header:NAME")),
             },
             "--trusted-proxy" => a.trusted.push(value),
+            "--ipv6-prefix" => {
+                a.ipv6_prefix = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=128).contains(n))
+                    .ok_or_else(|| bad("a prefix length from 1 to 128"))?
+            }
             "--on-redis-error" => {
                 a.on_error = match value.as_str() {
                     "open" => FailurePolicy::Open,
@@ -196,7 +208,7 @@ fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     Ok(match args.key.as_str() {
         "global" => Arc::new(GlobalKey),
         "ip" => {
-            let mut ip = ClientIp::new();
+            let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
             for cidr in &args.trusted {
                 ip = ip.trust(cidr)?;
             }

@@ -81,15 +81,15 @@ fn start_gateway(args: &[&str]) -> Gateway {
     }
 }
 
-/// GET / over a fresh connection; returns (status, lower-cased head).
-fn get(addr: SocketAddr, extra: &str) -> (u16, String) {
+/// GET / over a fresh connection with `extra` header lines (raw bytes, each ending in
+/// `\r\n`, so they may hold bytes that are not UTF-8); returns (status, lower-cased head).
+fn get(addr: SocketAddr, extra: impl AsRef<[u8]>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n{extra}\r\n"
-    )
-    .unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n".to_vec();
+    request.extend_from_slice(extra.as_ref());
+    request.extend_from_slice(b"\r\n");
+    s.write_all(&request).unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out[9..12].parse().unwrap();
@@ -206,6 +206,78 @@ fn trusted_proxy_and_failure_policy_flags() {
         get(gw.addr, "x-forwarded-for: 198.51.100.2, 127.0.0.5\r\n").0,
         200
     );
+}
+
+/// Issue 10: a `"` or a non-UTF-8 byte in the client-written part of X-Forwarded-For made the
+/// whole header count as garbage, so the request was keyed by the trusted proxy's address and
+/// a client that had spent its quota got a fresh one.
+#[test]
+fn garbage_left_of_the_client_entry_does_not_reset_its_quota() {
+    let gw = start_gateway(&[
+        "--limit",
+        "5",
+        "--per",
+        "1h",
+        "--key",
+        "ip",
+        "--trusted-proxy",
+        "127.0.0.1/32",
+    ]);
+    let client = "x-forwarded-for: 198.51.100.77\r\n";
+    let statuses: Vec<u16> = (0..6).map(|_| get(gw.addr, client).0).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    for garbage in [
+        &b"x-forwarded-for: \", 198.51.100.77\r\n"[..],
+        b"x-forwarded-for: \xff\xfe, 198.51.100.77\r\n",
+        b"x-forwarded-for: \"\xc3, 198.51.100.77\r\n",
+        b"x-forwarded-for: \xff\r\nx-forwarded-for: 198.51.100.77\r\n",
+    ] {
+        let statuses: Vec<u16> = (0..5).map(|_| get(gw.addr, garbage).0).collect();
+        assert_eq!(
+            statuses,
+            [429; 5],
+            "{:?} escaped the client's quota",
+            String::from_utf8_lossy(garbage)
+        );
+    }
+    // The trusted proxy's own bucket (requests without the header) was never touched.
+    assert_eq!(get(gw.addr, "").0, 200);
+}
+
+#[test]
+fn ipv6_prefix_groups_clients() {
+    let args = [
+        "--limit",
+        "1",
+        "--per",
+        "1h",
+        "--trusted-proxy",
+        "127.0.0.1/32",
+    ];
+    // Two clients in 2001:db8:1::/48, in different /64s.
+    let a = "x-forwarded-for: 2001:db8:1:a::1\r\n";
+    let b = "x-forwarded-for: [2001:db8:1:b::2]:443\r\n";
+    let by48 = start_gateway(&[&args[..], &["--ipv6-prefix", "48"]].concat());
+    assert_eq!(get(by48.addr, a).0, 200);
+    assert_eq!(get(by48.addr, b).0, 429, "same /48: one quota");
+    let by64 = start_gateway(&args);
+    assert_eq!(get(by64.addr, a).0, 200);
+    assert_eq!(get(by64.addr, b).0, 200, "different /64s: two quotas");
+    assert_eq!(
+        get(by64.addr, "x-forwarded-for: 2001:db8:1:a::9\r\n").0,
+        429
+    );
+
+    for bad in ["0", "129", "-1", "x", ""] {
+        let out = Command::new(gateway_bin())
+            .args(["--ipv6-prefix", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--ipv6-prefix {bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--ipv6-prefix"), "{err}");
+        assert!(err.contains("usage:"), "{err}");
+    }
 }
 
 #[test]

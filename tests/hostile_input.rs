@@ -8,7 +8,8 @@ use http::{request::Parts, HeaderMap, HeaderValue, Request};
 use proptest::prelude::*;
 use tower_redis_ratelimit::{
     headers::{render, HeaderStyle},
-    ClientIp, Decision, Gcra, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Quota, RateLimiter,
+    ClientIp, Decision, Gcra, HeaderKey, KeyExtractor, MemoryStore, PeerIp, ProxyHeader, Quota,
+    RateLimiter,
 };
 
 /// Bytes a header value may hold: visible ASCII, space, tab and obs-text (0x80-0xFF).
@@ -93,6 +94,59 @@ proptest! {
             prop_assert_eq!(parsed, peer.ip().to_canonical(), "untrusted peer must be the key");
         }
         prop_assert_eq!(PeerIp.extract(&parts), Some(peer.ip().to_canonical().to_string()));
+    }
+
+    /// Issue 10: whatever the client writes left of the entry our proxy appended (quotes,
+    /// commas, bytes that are not UTF-8), the key is the address the proxy appended.
+    #[test]
+    fn client_written_prefix_never_moves_the_key(
+        prefix in header_bytes(60),
+        lines in 1..3usize,
+        proxy_hop in any::<bool>(),
+        port in prop::option::of(1u16..),
+    ) {
+        let client = match port {
+            Some(port) => format!("198.51.100.77:{port}"),
+            None => "198.51.100.77".to_owned(),
+        };
+        let hop = if proxy_hop { ", 10.0.0.1" } else { "" };
+        let appended = format!("{client}{hop}");
+        // One line `P, client[, hop]`, or the client's `P` on a line of its own.
+        let headers: Vec<(&str, Vec<u8>)> = if lines == 1 {
+            let mut line = prefix;
+            line.extend_from_slice(b", ");
+            line.extend_from_slice(appended.as_bytes());
+            vec![("x-forwarded-for", line)]
+        } else {
+            vec![("x-forwarded-for", prefix), ("x-forwarded-for", appended.into_bytes())]
+        };
+        let parts = parts_with(&headers, Some("10.0.0.9:1".parse().unwrap()));
+        let ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
+        prop_assert_eq!(ip.extract(&parts), Some("198.51.100.77".to_owned()));
+    }
+
+    /// The same for RFC 7239 `Forwarded`, whose quoted strings a stray `"` on the client's
+    /// side must not stretch over the proxy's element.
+    #[test]
+    fn client_written_prefix_never_moves_the_forwarded_key(
+        prefix in header_bytes(60),
+        quoted in any::<bool>(),
+        proxy_hop in any::<bool>(),
+    ) {
+        let element = if quoted {
+            r#"for="198.51.100.77:4711";proto=https"#
+        } else {
+            "for=198.51.100.77"
+        };
+        let hop = if proxy_hop { r#", for="10.0.0.1";by=_edge"# } else { "" };
+        let mut line = prefix;
+        line.extend_from_slice(format!(", {element}{hop}").as_bytes());
+        let parts = parts_with(&[("forwarded", line)], Some("10.0.0.9:1".parse().unwrap()));
+        let ip = ClientIp::new()
+            .trust("10.0.0.0/8")
+            .unwrap()
+            .header(ProxyHeader::Forwarded);
+        prop_assert_eq!(ip.extract(&parts), Some("198.51.100.77".to_owned()));
     }
 
     #[test]

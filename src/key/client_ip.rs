@@ -1,4 +1,4 @@
-use std::net::{IpAddr, Ipv6Addr};
+use std::{net::IpAddr, ops::ControlFlow};
 
 use http::{header::FORWARDED, request::Parts};
 use ipnet::{IpNet, Ipv6Net};
@@ -13,7 +13,9 @@ use crate::ConfigError;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ProxyHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the default). An entry is an address,
+    /// optionally with a port: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`, `[2001:db8::1]`,
+    /// `[2001:db8::1]:443`.
     #[default]
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`; the `for=` parameter of
@@ -26,11 +28,21 @@ pub enum ProxyHeader {
 ///
 /// **Spoofing model.** A client can write any `X-Forwarded-For` or `Forwarded` it likes; only
 /// the entries your own proxies appended are true. So the header is used only when the peer
-/// is in a trusted CIDR, and it is read from the right: trusted proxies are skipped and the
-/// first untrusted address is the client. A malformed, `unknown` or obfuscated entry stops the
-/// walk and the peer address is used. Read only the header your proxies write
-/// ([`ProxyHeader`]); the other one is the client's to forge. With no trusted proxies this is
-/// the peer address.
+/// is in a trusted CIDR, and it is read from the right (the last header line first, each line
+/// from its last entry): trusted proxies are skipped and the first untrusted address is the
+/// client. What lies to the left of that entry is the client's own text and is never parsed,
+/// however malformed (quotes, bytes that are not UTF-8, stray commas). Read only the header
+/// your proxies write ([`ProxyHeader`]); the other one is the client's to forge. With no
+/// trusted proxies this is the peer address.
+///
+/// **No address.** When the walk meets a malformed entry (empty, `unknown`, an obfuscated
+/// `_name`, garbage) before any untrusted address, or every entry is a trusted proxy, the key
+/// is the peer address. A client cannot steer a request there: each trusted proxy appends the
+/// address that connected to it, so the right-most untrusted entry is always written by one
+/// of your proxies and is a real address. It happens when a trusted proxy appends no address
+/// (`for=unknown`, a Unix-socket listener, a proxy that passes the header on without adding
+/// to it) or when the request comes from a proxy itself; those requests share the peer's
+/// quota. Trusted CIDRs must hold only proxies: a host inside them can claim any address.
 ///
 /// **IPv6.** One host usually owns a whole /64, so IPv6 clients are keyed by their /64
 /// network (`2001:db8:1:2::/64`); [`ipv6_prefix`](Self::ipv6_prefix) changes it.
@@ -120,30 +132,32 @@ impl ClientIp {
             ProxyHeader::XForwardedFor => "x-forwarded-for",
             ProxyHeader::Forwarded => FORWARDED.as_str(),
         };
-        // Header lines in order, then their comma-separated entries, walked from the right.
-        let lines: Vec<&[u8]> = parts
-            .headers
-            .get_all(name)
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
-        for line in lines.into_iter().rev() {
-            let Ok(line) = std::str::from_utf8(line) else {
-                return Some(peer);
+        // Bytes, not text: a line is never rejected as a whole, so what a client wrote on the
+        // left cannot hide what our proxies appended on the right.
+        for line in parts.headers.get_all(name).iter().rev() {
+            let line = line.as_bytes();
+            let walk = match self.header {
+                // No quoted strings in X-Forwarded-For: a `"` is just a malformed entry.
+                ProxyHeader::XForwardedFor => self.walk(line.rsplit(|&b| b == b',').map(xff_entry)),
+                ProxyHeader::Forwarded => self.walk(rsplit_quoted(line, b',').map(forwarded_for)),
             };
-            for entry in split_unquoted(line, ',').into_iter().rev() {
-                let ip = match self.header {
-                    ProxyHeader::XForwardedFor => entry.trim().parse::<IpAddr>().ok(),
-                    ProxyHeader::Forwarded => forwarded_for(entry),
-                };
-                match ip.map(canonical) {
-                    Some(ip) if self.is_trusted(ip) => continue,
-                    Some(ip) => return Some(ip),
-                    None => return Some(peer),
-                }
+            if let ControlFlow::Break(client) = walk {
+                return Some(client.unwrap_or(peer));
             }
         }
         Some(peer)
+    }
+
+    /// Skips trusted proxies; stops at the first untrusted address, or with `None` at a
+    /// malformed entry (the client cannot be identified).
+    fn walk(&self, entries: impl Iterator<Item = Option<IpAddr>>) -> ControlFlow<Option<IpAddr>> {
+        for entry in entries {
+            match entry.map(canonical) {
+                Some(ip) if self.is_trusted(ip) => {}
+                found => return ControlFlow::Break(found),
+            }
+        }
+        ControlFlow::Continue(())
     }
 }
 
@@ -159,60 +173,100 @@ impl KeyExtractor for ClientIp {
     }
 }
 
-/// Splits on `sep` outside double-quoted strings (which may contain `\`-escapes).
-fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, c) in s.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            c if c == sep && !quoted => {
-                parts.push(&s[start..i]);
-                start = i + c.len_utf8();
-            }
-            _ => {}
-        }
-    }
-    parts.push(&s[start..]);
-    parts
+/// One `X-Forwarded-For` entry: an address, optionally with a port (see
+/// [`ProxyHeader::XForwardedFor`]), between spaces or tabs.
+fn xff_entry(entry: &[u8]) -> Option<IpAddr> {
+    let entry = std::str::from_utf8(entry.trim_ascii()).ok()?;
+    entry.parse().ok().or_else(|| node(entry, is_port))
 }
 
 /// The address in the `for=` parameter of one RFC 7239 element, e.g. `for=192.0.2.1`,
 /// `for="192.0.2.1:8080"`, `For="[2001:db8::1]:4711"`. `unknown`, obfuscated identifiers
-/// (`_hidden`), a missing `for=` or anything malformed give `None`.
-fn forwarded_for(element: &str) -> Option<IpAddr> {
-    let value = split_unquoted(element, ';').into_iter().find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        k.trim().eq_ignore_ascii_case("for").then(|| v.trim())
-    })?;
-    let node = match value.strip_prefix('"') {
+/// (`_hidden`), a missing or repeated `for=` or anything malformed give `None`.
+fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
+    let mut values = rsplit_quoted(element, b';').filter_map(|pair| {
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (name, value) = pair.split_at(eq);
+        name.trim_ascii()
+            .eq_ignore_ascii_case(b"for")
+            .then(|| value[1..].trim_ascii())
+    });
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None; // RFC 7239: a parameter occurs at most once per element
+    }
+    let value = std::str::from_utf8(value).ok()?;
+    let value = match value.strip_prefix('"') {
         Some(rest) => rest.strip_suffix('"')?,
         None => value,
     };
-    if let Some(rest) = node.strip_prefix('[') {
-        // [v6] or [v6]:port
-        let (addr, after) = rest.split_once(']')?;
-        if !(after.is_empty() || after.strip_prefix(':').is_some_and(is_port)) {
-            return None;
-        }
-        return addr.parse::<Ipv6Addr>().ok().map(IpAddr::V6);
-    }
-    // v4 or v4:port (a bare IPv6 without brackets is invalid in RFC 7239)
-    let (addr, port) = match node.split_once(':') {
-        Some((a, p)) => (a, Some(p)),
-        None => (node, None),
-    };
-    if port.is_some_and(|p| !is_port(p)) {
-        return None;
-    }
-    addr.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+    // A bare IPv6 address without brackets is invalid in RFC 7239.
+    node(value, |p| is_port(p) || is_obfuscated_port(p))
 }
 
+/// `192.0.2.1`, `192.0.2.1:port`, `[2001:db8::1]` or `[2001:db8::1]:port`.
+fn node(node: &str, port_ok: fn(&str) -> bool) -> Option<IpAddr> {
+    let (addr, after) = match node.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, after) = rest.split_once(']')?;
+            (IpAddr::V6(v6.parse().ok()?), after)
+        }
+        None => {
+            let (v4, after) = node.split_at(node.find(':').unwrap_or(node.len()));
+            (IpAddr::V4(v4.parse().ok()?), after)
+        }
+    };
+    match after {
+        "" => Some(addr),
+        _ => after.strip_prefix(':').filter(|p| port_ok(p)).map(|_| addr),
+    }
+}
+
+/// 1 to 5 digits.
 fn is_port(p: &str) -> bool {
-    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) || p.starts_with('_')
-    // an obfuscated port still names a real address
+    (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// RFC 7239 `obfport`: `_` and letters, digits, `.`, `_`, `-`. It still names a real address.
+fn is_obfuscated_port(p: &str) -> bool {
+    p.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    })
+}
+
+/// Splits `s` on `sep` from the right, except inside double-quoted strings (which may hold
+/// `\`-escapes). Scanning right to left, a quote can only change how the bytes to its *left*
+/// are split: a stray `"` in the client's part cannot swallow the elements our proxies
+/// appended after it.
+fn rsplit_quoted(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let s = rest?;
+        let mut quoted = false;
+        for i in (0..s.len()).rev() {
+            match s[i] {
+                // Right to left, a quote outside a string closes one...
+                b'"' if !quoted => quoted = true,
+                // ...and inside one it opens it, unless it is an escaped `\"`.
+                b'"' if !escaped(&s[..i]) => quoted = false,
+                b if b == sep && !quoted => {
+                    rest = Some(&s[..i]);
+                    return Some(&s[i + 1..]);
+                }
+                _ => {}
+            }
+        }
+        rest = None;
+        Some(s)
+    })
+}
+
+/// Whether the byte after `before` is escaped: `before` ends in an odd run of `\`.
+fn escaped(before: &[u8]) -> bool {
+    before.iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
 }
 
 #[cfg(test)]
@@ -220,16 +274,18 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
 
-    fn extract(ip: &ClientIp, peer: &str, header: &str, values: &[&str]) -> String {
+    fn extract<V: AsRef<[u8]>>(ip: &ClientIp, peer: &str, header: &str, values: &[V]) -> String {
         let mut b = http::Request::get("/");
         for v in values {
-            b = b.header(header, *v);
+            b = b.header(header, http::HeaderValue::from_bytes(v.as_ref()).unwrap());
         }
         let mut req = b.body(()).unwrap();
         req.extensions_mut()
             .insert(peer.parse::<SocketAddr>().unwrap());
         ip.extract(&req.into_parts().0).unwrap()
     }
+
+    const NO_LINES: &[&str] = &[];
 
     fn trusted() -> ClientIp {
         ClientIp::new()
@@ -293,17 +349,141 @@ mod tests {
         }
     }
 
+    /// Issue 10: the header is read from the right and the walk stops at the first untrusted
+    /// address; nothing to its left (the client's part) is even parsed.
+    #[test]
+    fn x_forwarded_for_shapes() {
+        let ip = trusted().ipv6_prefix(128).unwrap();
+        let peer = "10.1.1.1";
+        // (header lines, expected key)
+        let table: &[(&[&[u8]], &str)] = &[
+            // Ports and brackets.
+            (&[b"1.2.3.4:80"], "1.2.3.4"),
+            (&[b"1.2.3.4:80, 10.0.0.3:8080"], "1.2.3.4"),
+            (&[b"[2001:db8::2]:443"], "2001:db8::2"),
+            (&[b"[2001:db8::2]"], "2001:db8::2"),
+            (&[b"2001:db8::2"], "2001:db8::2"),
+            (&[b"2.2.2.2, [2001:db8::1]:443"], "2.2.2.2"), // trusted v6 hop with a port
+            (&[b"[::ffff:1.2.3.4]:80"], "1.2.3.4"),
+            (&[b" \t1.2.3.4:65535\t "], "1.2.3.4"),
+            // Malformed addresses and ports.
+            (&[b"1.2.3.4:"], peer),
+            (&[b"1.2.3.4:123456"], peer),
+            (&[b"1.2.3.4:8a"], peer),
+            (&[b"1.2.3.4:+80"], peer),
+            (&[b"[2001:db8::2]:"], peer),
+            (&[b"[2001:db8::2]x"], peer),
+            (&[b"[1.2.3.4]"], peer),
+            (&[b"[2001:db8::2"], peer),
+            (&[b"2001:db8::2]:443"], peer),
+            (&[b"\"1.2.3.4\""], peer), // XFF has no quoted strings
+            (&[b"1.2.3.4 5.6.7.8"], peer),
+            (&[b"unknown"], peer),
+            // Garbage left of the client's entry never matters.
+            (&[b"\", 2.2.2.2"], "2.2.2.2"),
+            (&[b"\"1.1.1.1, 2.2.2.2"], "2.2.2.2"),
+            (&[b"\"a, b\", 2.2.2.2, 10.0.0.3"], "2.2.2.2"),
+            (&[b"garbage, 2.2.2.2:81, 10.0.0.3"], "2.2.2.2"),
+            (&[b"\xff, 2.2.2.2"], "2.2.2.2"),
+            (&[b"1.1.1.1\xfe\xff, 2.2.2.2, 10.0.0.3"], "2.2.2.2"),
+            (&[b"\"\xc3, [2001:db8::2]:443"], "2001:db8::2"),
+            (&[b"\xff\"", b"2.2.2.2"], "2.2.2.2"),
+            (&[b"garbage", b"1.1.1.1, 2.2.2.2", b"10.0.0.3"], "2.2.2.2"),
+            // The right-most untrusted entry malformed: the peer.
+            (&[b"2.2.2.2, garbage, 10.0.0.3"], peer),
+            (&[b"2.2.2.2, 1.1.1.1\xff"], peer),
+            (&[b"2.2.2.2", b"\xff"], peer),
+            (&[b"\xff, 10.0.0.3"], peer),
+            // All trusted, several lines: the peer.
+            (&[b"10.2.2.2", b"10.3.3.3:1, [2001:db8::1]"], peer),
+            // Empty entries: skipped only when they are the client's.
+            (&[b"1.1.1.1, , 2.2.2.2"], "2.2.2.2"),
+            (&[b"2.2.2.2, , 10.0.0.3"], peer),
+            (&[b""], peer),
+            (&[b"2.2.2.2", b""], peer),
+            (&[b",", b"2.2.2.2"], "2.2.2.2"),
+        ];
+        let wrong: Vec<String> = table
+            .iter()
+            .filter_map(|(values, want)| {
+                let got = extract(&ip, "10.1.1.1:1", "x-forwarded-for", values);
+                let shown: Vec<_> = values.iter().map(|v| String::from_utf8_lossy(v)).collect();
+                (got != *want).then(|| format!("{shown:?}: got {got}, want {want}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    #[test]
+    fn forwarded_shapes() {
+        let ip = trusted()
+            .header(ProxyHeader::Forwarded)
+            .ipv6_prefix(128)
+            .unwrap();
+        let peer = "10.1.1.1";
+        let table: &[(&[&[u8]], &str)] = &[
+            // Quotes and garbage left of the client's element never matter.
+            (&[b"\", for=192.0.2.61"], "192.0.2.61"),
+            (&[b"for=\"6.6.6.6, for=192.0.2.61"], "192.0.2.61"),
+            (&[b"for=6.6.6.6\", for=\"192.0.2.61:80\""], "192.0.2.61"),
+            (
+                &[b"for=\"\\\", for=\"192.0.2.61\";by=10.0.0.1"],
+                "192.0.2.61",
+            ),
+            (&[b"\";\";=, for=192.0.2.61, for=10.0.0.5"], "192.0.2.61"),
+            (&[b"for=\"", b"for=192.0.2.61"], "192.0.2.61"),
+            (&[b"for=\xff, for=192.0.2.61"], "192.0.2.61"),
+            (&[b"for=\"\xff, for=192.0.2.61"], "192.0.2.61"),
+            (
+                &[b"for=192.0.2.1", b"for=10.2.3.4;by=\"\xff\""],
+                "192.0.2.1",
+            ),
+            (&[b"\xff", b"for=192.0.2.1, for=10.2.3.4"], "192.0.2.1"),
+            // Quoted strings in the proxies' elements, with escapes and separators inside.
+            (&[b"for=192.0.2.62;by=\"a\\\"b, c;d\""], "192.0.2.62"),
+            (
+                &[b"for=\"192.0.2.63\";x=\"\\\\\", for=10.0.0.5"],
+                "192.0.2.63",
+            ),
+            (&[b"proto=https;for=\"[2001:db8::7]:443\""], "2001:db8::7"),
+            (&[b"for=\"192.0.2.43:_abc\""], "192.0.2.43"),
+            (&[b"for=192.0.2.1, for=\"[2001:db8::1]:80\""], "192.0.2.1"),
+            // The right-most untrusted element malformed: the peer.
+            (&[b"for=192.0.2.1, for=\"bad\", for=10.0.0.5"], peer),
+            (&[b"for=192.0.2.1, for=\"192.0.2.2"], peer),
+            (&[b"for=192.0.2.1, for=192.0.2.2\""], peer),
+            (&[b"for=192.0.2.1, for=\"192.0.2.2:\""], peer),
+            (&[b"for=192.0.2.1, for=\"192.0.2.2:_\""], peer),
+            (&[b"for=1.2.3.4;for=5.6.7.8"], peer), // a parameter at most once
+            (&[b"for=192.0.2.1", b"for=\xff"], peer),
+            // All trusted; empty elements.
+            (&[b"for=10.2.2.2, for=10.3.3.3"], peer),
+            (&[b"for=6.6.6.6,, for=192.0.2.1"], "192.0.2.1"),
+            (&[b"for=192.0.2.1,,for=10.0.0.5"], peer),
+            (&[b""], peer),
+        ];
+        let wrong: Vec<String> = table
+            .iter()
+            .filter_map(|(values, want)| {
+                let got = extract(&ip, "10.1.1.1:1", "forwarded", values);
+                let shown: Vec<_> = values.iter().map(|v| String::from_utf8_lossy(v)).collect();
+                (got != *want).then(|| format!("{shown:?}: got {got}, want {want}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
     #[test]
     fn ipv6_grouped_by_prefix() {
         let ip = ClientIp::new();
-        let key = |peer| extract(&ip, peer, "x-forwarded-for", &[]);
+        let key = |peer| extract(&ip, peer, "x-forwarded-for", NO_LINES);
         assert_eq!(key("[2001:db8:1:2:aaaa::1]:5"), "2001:db8:1:2::/64");
         assert_eq!(key("[2001:db8:1:2:bbbb::9]:5"), "2001:db8:1:2::/64");
         assert_eq!(key("[2001:db8:1:3::1]:5"), "2001:db8:1:3::/64");
         assert_eq!(key("203.0.113.9:5"), "203.0.113.9");
         let ip48 = ClientIp::new().ipv6_prefix(48).unwrap();
         assert_eq!(
-            extract(&ip48, "[2001:db8:1:2::1]:5", "x-forwarded-for", &[]),
+            extract(&ip48, "[2001:db8:1:2::1]:5", "x-forwarded-for", NO_LINES),
             "2001:db8:1::/48"
         );
         assert_eq!(
