@@ -6,6 +6,7 @@
 //!   development and tests.
 
 mod batch;
+mod connection;
 mod memory;
 mod redis;
 

@@ -4,15 +4,11 @@ use std::{fmt, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
-use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig},
-    cluster::ClusterClient,
-    cluster_async::ClusterConnection,
-    Script,
-};
+use redis::{cluster::ClusterClient, cluster_async::ClusterConnection, IntoConnectionInfo, Script};
 
 use super::{
     batch::{Batcher, Batching},
+    connection::Supervised,
     BoxFuture, Store,
 };
 use crate::{Algorithm, ConfigError, Error, Outcome};
@@ -25,8 +21,10 @@ use crate::{Algorithm, ConfigError, Error, Outcome};
 ///
 /// Two ways to reach Redis:
 /// - [`connect`](Self::connect) / [`connect_lazy`](Self::connect_lazy): one multiplexed
-///   connection (concurrent checks pipeline on one socket) that reconnects by itself when the
-///   connection breaks, e.g. after a Redis restart. The default, and the fastest.
+///   connection (concurrent checks pipeline on one socket), replaced as soon as it closes
+///   (Redis' idle `timeout`, a NAT, a restart), so that the next check goes out on a new one
+///   instead of failing. A check whose connection was cut after it was sent is not sent
+///   again (it may have spent units). The default, and the fastest.
 /// - [`from_pool`](Self::from_pool): your bb8-redis pool.
 /// - [`connect_cluster`](Self::connect_cluster): a Redis Cluster. Every key of one check
 ///   carries the same hash tag, so each check runs on one node; `MOVED`/`ASK` redirections
@@ -49,7 +47,7 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 pub(crate) enum Backend {
-    Multiplexed(ConnectionManager),
+    Multiplexed(Supervised),
     Pool(Pool<RedisConnectionManager>),
     Cluster(ClusterConnection),
 }
@@ -67,36 +65,28 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Reconnection: the first retry after 10 ms, then exponentially up to 500 ms between tries, so
-/// checks resume within about half a second of Redis accepting connections again. Requests
-/// arriving after the retries are spent start a new round.
-fn manager_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(500))
-        .set_number_of_retries(8)
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-}
+/// The default bound on connecting (TCP, handshake and a `PING`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl RedisStore {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) and waits for the connection, so
-    /// that a wrong address fails here rather than on the first request.
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) and waits until the server
+    /// answers a `PING`, so that a wrong address or a missing password fails here rather than
+    /// on the first request.
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let client = redis::Client::open(url)?;
-        let manager = ConnectionManager::new_with_config(client, manager_config()).await?;
-        Ok(Self::new(Backend::Multiplexed(manager)))
+        let info = url.into_connection_info()?;
+        let conn = Supervised::connect(info, CONNECT_TIMEOUT).await?;
+        Ok(Self::new(Backend::Multiplexed(conn)))
     }
 
-    /// Like [`RedisStore::connect`], but connects on the first check. The URL is still
-    /// parsed now.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime (the connection task needs one).
+    /// Like [`RedisStore::connect`], but connects on the first check (so the app can start
+    /// while Redis is away; checks fail, and the failure policy applies, until it answers).
+    /// The URL is still parsed now.
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
-        let client = redis::Client::open(url)?;
-        let manager = ConnectionManager::new_lazy_with_config(client, manager_config())?;
-        Ok(Self::new(Backend::Multiplexed(manager)))
+        let info = url.into_connection_info()?;
+        Ok(Self::new(Backend::Multiplexed(Supervised::lazy(
+            info,
+            CONNECT_TIMEOUT,
+        ))))
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (e.g.
@@ -204,18 +194,24 @@ impl Backend {
         evalsha: &redis::Cmd,
     ) -> Result<redis::Value, Error> {
         match self {
-            Backend::Multiplexed(manager) => eval_on(&mut manager.clone(), script, evalsha).await,
+            Backend::Multiplexed(conn) => eval_on(&mut conn.clone(), script, evalsha).await,
             // EVALSHA is routed by the slot of its first key.
             Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
             Backend::Pool(pool) => {
                 // A multiplexed connection is a cheap handle: clone it and return the pooled
                 // one at once, so concurrent checks pipeline instead of queueing.
                 let mut conn = pool.get().await.map_err(pool_error)?.clone();
+                // Every call is bounded by its caller; redis-rs' default response timeout
+                // (500 ms) would otherwise cut longer store timeouts short.
+                conn.set_response_timeout(UNBOUNDED);
                 eval_on(&mut conn, script, evalsha).await
             }
         }
     }
 }
+
+/// A response timeout that never fires before the caller's own timeout.
+const UNBOUNDED: Duration = Duration::from_secs(24 * 3600);
 
 async fn eval_on(
     conn: &mut impl redis::aio::ConnectionLike,

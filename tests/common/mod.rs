@@ -3,6 +3,8 @@
 //! A test that cannot start Redis panics with the reason; it never skips.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
@@ -45,7 +47,7 @@ fn redis_binary() -> String {
     std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("cannot bind a loopback port")
@@ -60,6 +62,20 @@ impl RedisServer {
             match Self::spawn(free_port(), Vec::new()) {
                 Ok(server) => return server,
                 Err(e) => last_error = e, // port taken in between, or a slow start: try again
+            }
+        }
+        panic!("redis-server did not come up on 127.0.0.1: {last_error}");
+    }
+
+    /// Starts a fresh server with extra `redis-server` arguments (e.g. `["--timeout", "1"]`),
+    /// kept for restarts.
+    pub fn start_with(args: &[&str]) -> Self {
+        let extra: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            match Self::spawn(free_port(), extra.clone()) {
+                Ok(server) => return server,
+                Err(e) => last_error = e,
             }
         }
         panic!("redis-server did not come up on 127.0.0.1: {last_error}");
