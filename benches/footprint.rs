@@ -1,6 +1,7 @@
-//! Redis memory per key for each algorithm (`MEMORY USAGE`), and the sliding window's Redis
-//! time per check as its log grows from 10 to 100,000 members (`INFO commandstats`), against a
-//! `redis-server` this program starts on a free loopback port.
+//! Redis memory per key for each algorithm (`MEMORY USAGE`), the sliding window's Redis time
+//! per check as its log grows from 10 to 100,000 members (`INFO commandstats`), against a
+//! `redis-server` this program starts on a free loopback port; and `MemoryStore`'s heap bytes
+//! per key and per log entry (counted by this program's allocator).
 //!
 //! ```text
 //! cargo bench --bench footprint
@@ -9,12 +10,64 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::Duration;
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    sync::atomic::{AtomicIsize, Ordering},
+    time::Duration,
+};
 
 use common::limiter;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Gcra, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    redis, Algorithm, Gcra, MemoryStore, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
+
+/// The system allocator, counting the bytes live on the heap.
+struct Counting;
+
+static HEAP: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HEAP.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HEAP.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HEAP.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap bytes per key of `keys` keys, each checked `checks` times, in a fresh `MemoryStore`
+/// (keys like a client IP: `203.0.113.x`-sized).
+async fn memory_store_bytes<A: Algorithm>(algorithm: A, keys: u32, checks: u32) -> f64 {
+    let before = HEAP.load(Ordering::Relaxed);
+    // No cap in the way of the measurement.
+    let store = MemoryStore::new().max_log_entries(usize::MAX / 2);
+    let l = RateLimiter::builder(store.clone(), algorithm)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    for i in 0..keys {
+        let key = format!("198.51.{}.{}", i / 256, i % 256);
+        for _ in 0..checks {
+            l.check(&key, 1).await.unwrap();
+        }
+    }
+    let used = HEAP.load(Ordering::Relaxed) - before;
+    assert_eq!(store.len(), keys as usize);
+    drop((l, store));
+    used as f64 / f64::from(keys)
+}
 
 fn memory_of<A: Algorithm>(conn: &mut redis::Connection, l: &RateLimiter<A>, key: &str) -> i64 {
     l.algorithm()
@@ -96,6 +149,25 @@ async fn main() {
             memory_of(&mut conn, &sw, "user-12345")
         );
     }
+
+    println!("\n## MemoryStore: heap bytes per key (100,000 keys, counted by the allocator)\n");
+    println!("| algorithm | state | bytes per key |");
+    println!("|---|---|---:|");
+    let keys = 100_000;
+    let gcra = memory_store_bytes(Gcra::new(q).unwrap(), keys, 1).await;
+    println!("| GCRA | one integer | {gcra:.0} |");
+    let bucket = memory_store_bytes(TokenBucket::new(q).unwrap(), keys, 1).await;
+    println!("| token bucket | tokens and a time | {bucket:.0} |");
+    for n in [1u32, 10, 100] {
+        let sw = memory_store_bytes(SlidingWindow::new(q).unwrap(), keys, n).await;
+        println!("| sliding window | log of {n} | {sw:.0} |");
+    }
+    let one = memory_store_bytes(SlidingWindow::new(q).unwrap(), keys, 1).await;
+    let hundred = memory_store_bytes(SlidingWindow::new(q).unwrap(), keys, 100).await;
+    println!(
+        "\nA sliding-window log entry: {:.1} bytes (from the logs of 1 and 100 entries).",
+        (hundred - one) / 99.0
+    );
 
     println!("\n## Sliding window: Redis time per check as the log grows\n");
     println!("| members in the window | allowed check, µs in Redis | denied check, µs in Redis |");

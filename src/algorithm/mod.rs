@@ -184,6 +184,8 @@ pub trait Algorithm: Send + Sync + 'static {
 pub struct MemoryState {
     value: Option<Box<dyn Any + Send>>,
     expires_at_us: u64,
+    /// Log entries the value holds (a sliding-window log), for the store's memory bound.
+    entries: usize,
 }
 
 impl MemoryState {
@@ -212,7 +214,18 @@ impl MemoryState {
     pub(crate) fn expire(&mut self, now_us: u64) {
         if self.value.is_some() && self.expires_at_us <= now_us {
             self.value = None;
+            self.entries = 0;
         }
+    }
+
+    /// Log entries the stored value holds (0 unless an algorithm says otherwise).
+    pub(crate) fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Records how many log entries the stored value holds.
+    pub(crate) fn set_entries(&mut self, entries: usize) {
+        self.entries = entries;
     }
 
     pub(crate) fn expires_at(&self) -> u64 {

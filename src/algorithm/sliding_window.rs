@@ -155,7 +155,13 @@ impl Algorithm for SlidingWindow {
         if write || !state.is_empty() {
             // The log lives one window past its newest entry, as the Redis keys do.
             let ttl = (log.last + self.window_us).saturating_sub(now_us);
+            // A log that emptied out gives its memory back; the store bounds what is held.
+            if log.entries.capacity() > 64 && log.entries.capacity() > 4 * log.entries.len() {
+                log.entries.shrink_to(2 * log.entries.len());
+            }
+            let entries = log.entries.capacity();
             state.put(log, now_us, ttl);
+            state.set_entries(entries);
         }
         Ok(outcome)
     }

@@ -15,11 +15,14 @@ const SHARDS: usize = 16;
 /// scripts, without a network hop. Limits are per process, so use it for single-instance apps,
 /// development, tests and demos, not behind a load balancer.
 ///
-/// Memory is bounded: expired state is swept as the map grows, and the number of keys is capped
-/// (default [`MemoryStore::DEFAULT_MAX_KEYS`]). At the cap, the keys whose state expires
+/// Memory is bounded: expired state is swept as the map grows, the number of keys is capped
+/// (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number of sliding-window log
+/// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
+/// log entry takes 16 bytes, a key about 120-230). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
-/// worst loosen the limit of the keys it pushed out by one quota each. Cloning shares the
+/// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
+/// never cut short to make room for itself: it is bounded by its limit. Cloning shares the
 /// counters.
 ///
 /// ```
@@ -36,6 +39,7 @@ const SHARDS: usize = 16;
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>; SHARDS]>,
     max_per_shard: usize,
+    max_entries_per_shard: usize,
 }
 
 impl Default for MemoryStore {
@@ -50,6 +54,8 @@ impl Default for MemoryStore {
 #[repr(align(128))]
 struct Shard {
     evicted: u64,
+    /// Log entries held by the states in `map` (see [`MemoryState::entries`]).
+    entries: usize,
     /// Keyed by the limiter's base key (no allocation to look one up); see [`Entry`].
     map: HashMap<Box<str>, Entry>,
     /// Entries under an alternative key (`base \0 algorithm`), held when two algorithms share
@@ -77,8 +83,13 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys (about 100-200 MB of state at the cap).
+    /// Default cap on the number of keys: about 120-130 MB of GCRA or token-bucket state at
+    /// the cap (122 and 130 bytes per key, `cargo bench --bench footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+    /// Default cap on the sliding-window log entries of all keys together: 64 MB of entries at
+    /// the cap (16 bytes each, counted as allocated), on top of the keys.
+    pub const DEFAULT_MAX_LOG_ENTRIES: usize = 4_000_000;
 
     /// An empty store with the default key cap.
     pub fn new() -> Self {
@@ -91,7 +102,22 @@ impl MemoryStore {
         Self {
             shards: Arc::default(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
         }
+    }
+
+    /// Caps the sliding-window log entries of all keys together at about `entries` (rounded
+    /// up to a multiple of 16, the number of lock shards; default
+    /// [`DEFAULT_MAX_LOG_ENTRIES`](Self::DEFAULT_MAX_LOG_ENTRIES)). Entries are counted as
+    /// allocated: 16 bytes each.
+    pub fn max_log_entries(mut self, entries: usize) -> Self {
+        self.max_entries_per_shard = entries.div_ceil(SHARDS).max(1);
+        self
+    }
+
+    /// Sliding-window log entries held (as allocated), across all keys.
+    pub fn log_entries(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).entries).sum()
     }
 
     /// Keys forgotten so far because the store was at its cap.
@@ -167,11 +193,19 @@ impl MemoryStore {
             unreachable!("the key was inserted above");
         };
         let state = &mut entry.state;
+        let before = state.entries();
         state.expire(now);
         let outcome = algorithm.check_in_memory(state, now, cost);
+        let after = state.entries();
+        shard.entries = shard.entries + after - before;
         if state.is_empty() {
             shard.map.remove(key);
             shard.alternative -= usize::from(alternative);
+        } else if after > before && shard.entries > self.max_entries_per_shard {
+            shard.sweep(now);
+            if shard.entries > self.max_entries_per_shard {
+                shard.evict_logs(key, self.max_entries_per_shard);
+            }
         }
         outcome
     }
@@ -180,14 +214,46 @@ impl MemoryStore {
 impl Shard {
     fn sweep(&mut self, now: u64) {
         let mut dropped_alternatives = 0;
+        let mut entries = 0;
         self.map.retain(|_, e| {
             e.state.expire(now);
             let keep = !e.state.is_empty();
             dropped_alternatives += usize::from(!keep && e.alternative);
+            entries += e.state.entries();
             keep
         });
         self.alternative -= dropped_alternatives;
+        self.entries = entries;
         self.swept_len = self.map.len();
+    }
+
+    /// Forgets keys holding log entries, soonest-expiring first, until the shard holds at most
+    /// 7/8 of `max` entries; never `keep` (the key being decided).
+    fn evict_logs(&mut self, keep: &str, max: usize) {
+        let mut logs: Vec<(u64, usize, Box<str>)> = self
+            .map
+            .iter()
+            .filter(|(k, e)| e.state.entries() > 0 && &***k != keep)
+            .map(|(k, e)| (e.state.expires_at(), e.state.entries(), k.clone()))
+            .collect();
+        logs.sort_unstable_by_key(|(expires, _, _)| *expires);
+        let target = max - max / 8;
+        for (_, _, k) in logs {
+            if self.entries <= target {
+                break;
+            }
+            self.forget(&k);
+        }
+        self.swept_len = self.map.len();
+    }
+
+    /// Removes `key` and what it held from the counts.
+    fn forget(&mut self, key: &str) {
+        if let Some(e) = self.map.remove(key) {
+            self.alternative -= usize::from(e.alternative);
+            self.entries -= e.state.entries();
+            self.evicted += 1;
+        }
     }
 
     /// Forgets an eighth of the keys (at least one): those whose state expires soonest.
@@ -202,11 +268,8 @@ impl Shard {
         by_expiry.select_nth_unstable(n - 1);
         let doomed: Vec<Box<str>> = by_expiry[..n].iter().map(|(_, k)| (*k).clone()).collect();
         for k in doomed {
-            if self.map.remove(&k).is_some_and(|e| e.alternative) {
-                self.alternative -= 1;
-            }
+            self.forget(&k);
         }
-        self.evicted += n as u64;
         self.swept_len = self.map.len();
     }
 }
@@ -329,5 +392,39 @@ mod tests {
         }
         assert!(store.len() < 15_000, "{}", store.len());
         assert_eq!(store.evicted(), 0);
+    }
+
+    /// Sliding-window logs of many keys stay under the entry cap: each shard holds at most its
+    /// share plus the log of the key being decided.
+    #[test]
+    fn log_entries_stay_under_the_cap() {
+        use crate::SlidingWindow;
+        let store = MemoryStore::with_max_keys(1_000_000).max_log_entries(1_024);
+        let w = SlidingWindow::new(Quota::per_hour(10)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        let mut peak = 0;
+        for round in 0..10u64 {
+            for i in 0..2_000u64 {
+                store.decide(&w, &format!("k{i}"), 1, t0 + round).unwrap();
+                peak = peak.max(store.log_entries());
+            }
+        }
+        // A log of 10 entries takes at most 16 slots: 16 shards x (64 + 16).
+        assert!(peak <= 16 * (64 + 16), "peak {peak}");
+        assert!(store.evicted() > 0);
+    }
+
+    /// The key being decided is never evicted to make room for its own log: a key whose log
+    /// alone exceeds the cap still admits exactly its limit.
+    #[test]
+    fn a_key_is_never_cut_short_by_its_own_log() {
+        use crate::SlidingWindow;
+        let store = MemoryStore::new().max_log_entries(160);
+        let w = SlidingWindow::new(Quota::per_hour(5_000)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        let admitted = (0..6_000u64)
+            .filter(|i| store.decide(&w, "big", 1, t0 + i).unwrap().allowed)
+            .count();
+        assert_eq!(admitted, 5_000);
     }
 }
