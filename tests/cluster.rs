@@ -312,3 +312,31 @@ async fn resharding_under_load_no_overshoot() {
     assert_eq!(admitted.len() as u64, KEYS);
     assert!(admitted.values().all(|&n| n == QUOTA), "{admitted:?}");
 }
+
+/// Every node closes connections idle for a second; checks spaced further apart still
+/// succeed (the cluster client reconnects to the node before or while sending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_while_idle_do_not_fail_checks() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster.store().await;
+    let l = RateLimiter::builder(store, Gcra::new(Quota::per_hour(100)).unwrap())
+        .prefix("idle")
+        .store_timeout(Duration::from_secs(2))
+        .circuit_breaker(CircuitBreaker::disabled())
+        .build()
+        .unwrap();
+    for key in 0..6 {
+        assert!(l.check(&format!("k{key}"), 1).await.is_ok());
+    }
+    cluster.on_each(&["CONFIG", "SET", "timeout", "1"]);
+    let mut failures = Vec::new();
+    for round in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1_600)).await;
+        for key in 0..6 {
+            if let Err(e) = l.check(&format!("k{key}"), 1).await {
+                failures.push(format!("round {round}, k{key}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -15,6 +15,7 @@ use std::{
 };
 
 use common::{RedisCluster, RedisServer};
+use tower_redis_ratelimit::redis;
 
 /// `target/<profile>/examples/gateway`, built by `cargo test` before the tests run.
 fn gateway_bin() -> PathBuf {
@@ -384,4 +385,101 @@ fn no_limit_serves_without_the_layer() {
         assert_eq!(status, 200);
         assert!(!head.contains("ratelimit"), "{head}");
     }
+}
+
+/// Issue 10, defect 1, as reported: Redis closes idle connections after a second, and an
+/// endpoint called more sparsely than that must not fail (503 under `closed`).
+#[test]
+fn sparse_traffic_survives_redis_closing_idle_connections() {
+    let redis = RedisServer::start_with(&["--timeout", "1"]);
+    let url = redis.url();
+    let gw = start_gateway(&[
+        "--redis",
+        &url,
+        "--key",
+        "header:x-key",
+        "--on-redis-error",
+        "closed",
+    ]);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(get(gw.addr, "x-key: a\r\n").0);
+        std::thread::sleep(Duration::from_millis(1_600));
+    }
+    statuses.push(get(gw.addr, "x-key: a\r\n").0);
+    assert_eq!(statuses, [200, 200, 200, 200]);
+}
+
+/// Issue 10, defect 2, as reported: a primary demoted to a replica answers READONLY to every
+/// key; under `--on-redis-error local` requests are decided at the local share, not 503.
+#[test]
+fn a_demoted_primary_is_an_unavailable_store_for_the_local_policy() {
+    let redis = RedisServer::start();
+    let other = RedisServer::start();
+    let url = redis.url();
+    let gw = start_gateway(&[
+        "--redis",
+        &url,
+        "--key",
+        "header:x-key",
+        "--limit",
+        "4",
+        "--per",
+        "1h",
+        "--on-redis-error",
+        "local",
+        "--local-share",
+        "2",
+    ]);
+    assert_eq!(get(gw.addr, "x-key: warm\r\n").0, 200);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .query(&mut redis.conn())
+        .unwrap();
+    // 4 / 2 = 2 for a fresh key, decided in the gateway.
+    let statuses: Vec<u16> = (0..3).map(|_| get(gw.addr, "x-key: fresh\r\n").0).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+/// Issue 10, defect 4, as reported: `--timeout-ms` above 500 was cut to about 500 ms by
+/// redis-rs' own response timeout. With Redis hung, a request waits out the timeout given,
+/// above and below 500 ms, and then gets the closed policy's 503.
+#[test]
+fn timeout_ms_is_the_timeout_in_force() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gateways: Vec<(u64, Gateway)> = [300u64, 1_500]
+        .into_iter()
+        .map(|ms| {
+            let ms_arg = ms.to_string();
+            let gw = start_gateway(&[
+                "--redis",
+                &url,
+                "--timeout-ms",
+                &ms_arg,
+                "--on-redis-error",
+                "closed",
+            ]);
+            assert_eq!(get(gw.addr, "").0, 200);
+            (ms, gw)
+        })
+        .collect();
+    redis.signal("-STOP");
+    for (ms, gw) in &gateways {
+        let started = std::time::Instant::now();
+        let (status, _) = get(gw.addr, "");
+        let took = started.elapsed();
+        println!("--timeout-ms {ms}: {status} after {took:?}");
+        assert_eq!(status, 503);
+        assert!(
+            took >= Duration::from_millis(*ms),
+            "--timeout-ms {ms}: {took:?}"
+        );
+        assert!(
+            took < Duration::from_millis(*ms + 2_000),
+            "--timeout-ms {ms}: {took:?}"
+        );
+    }
+    redis.signal("-CONT");
 }
