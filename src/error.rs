@@ -1,4 +1,4 @@
-//! Errors, and what the layer does when the store fails.
+//! Errors: a configuration that cannot work, and why a check could not be decided.
 
 use std::{error::Error as StdError, fmt, time::Duration};
 
@@ -48,7 +48,7 @@ impl StdError for ConfigError {}
 
 /// Why a check could not reach a decision.
 ///
-/// The layer never surfaces these to clients as 500s: it applies its [`FailurePolicy`].
+/// The layer never surfaces these to clients as 500s: it applies its [`FailurePolicy`](crate::FailurePolicy).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
@@ -73,7 +73,7 @@ pub enum Error {
 /// this key, or only this check?
 ///
 /// The circuit breaker counts only [`ErrorScope::Store`] errors, and
-/// [`FailurePolicy::Local`] decides locally only on them: a store that refuses every key
+/// [`FailurePolicy::Local`](crate::FailurePolicy::Local) decides locally only on them: a store that refuses every key
 /// (down, hung, out of memory, read-only after a failover, asking for a password) is
 /// unavailable, while an answer about one key (`WRONGTYPE`, a corrupted value) shows that the
 /// store is up.
@@ -133,7 +133,7 @@ impl Error {
     }
 
     /// True when the store as a whole is unavailable ([`ErrorScope::Store`]): only these
-    /// count towards the circuit breaker and switch [`FailurePolicy::Local`] to local
+    /// count towards the circuit breaker and switch [`FailurePolicy::Local`](crate::FailurePolicy::Local) to local
     /// decisions.
     pub fn is_unavailable(&self) -> bool {
         self.scope() == ErrorScope::Store
@@ -167,32 +167,6 @@ impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         Error::Redis(e)
     }
-}
-
-/// What the layer does with a request when the store fails or times out.
-///
-/// The default is [`FailurePolicy::Open`]: a rate limiter protects a service, and an outage of the
-/// limiter's store should not become an outage of the service. Choose [`FailurePolicy::Closed`]
-/// for routes where an unlimited burst is worse than unavailability (log-in, password reset,
-/// payments), or [`FailurePolicy::Local`] to keep limiting, approximately, while Redis is away.
-/// Failures are logged with `tracing` at `warn` level.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Let the request through, without rate-limit headers.
-    #[default]
-    Open,
-    /// Reject the request with `503 Service Unavailable` and `Retry-After: 1`
-    /// (gRPC: `UNAVAILABLE`).
-    Closed,
-    /// Decide in this process with the in-memory twin of the same algorithm, at the quota
-    /// divided by the number of instances set with
-    /// [`RateLimitLayer::local_share`](crate::RateLimitLayer::local_share), so that the fleet as
-    /// a whole stays near the global limit instead of N times it (fail open) or zero (fail
-    /// closed). Such decisions are marked [`Decision::degraded`](crate::Decision::degraded),
-    /// logged and counted. Errors that are about one key rather than the store's health
-    /// (e.g. `WRONGTYPE`) are handled as [`FailurePolicy::Closed`].
-    Local,
 }
 
 #[cfg(test)]

@@ -37,19 +37,12 @@
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 
 mod algorithm;
-mod body;
-mod breaker;
 mod decision;
-mod deny_cache;
 mod error;
-mod future;
-pub mod headers;
-mod key;
-mod layer;
+mod extract;
 mod limiter;
 mod quota;
-pub mod response;
-mod service;
+mod rate_limit;
 mod store;
 pub mod telemetry;
 pub mod throttle;
@@ -57,20 +50,19 @@ pub mod throttle;
 pub use algorithm::{
     batch_script, Algorithm, Gcra, MemoryState, MultiLimit, SlidingWindow, TokenBucket,
 };
-pub use body::ResponseBody;
-pub use breaker::CircuitBreaker;
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
-pub use error::{ConfigError, Error, ErrorScope, FailurePolicy};
-pub use future::ResponseFuture;
-pub use headers::HeaderStyle;
-pub use key::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
-pub use layer::{Class, MissingKey, RateLimitLayer};
+pub use error::{ConfigError, Error, ErrorScope};
+pub use extract::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
 pub use limiter::{
-    LimiterStats, RateLimiter, RateLimiterBuilder, DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN,
-    DEFAULT_POLICY_NAME, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    CircuitBreaker, FailurePolicy, LimiterStats, RateLimiter, RateLimiterBuilder,
+    DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT,
 };
 pub use quota::Quota;
-pub use service::RateLimit;
+pub use rate_limit::{
+    headers, response, Class, HeaderStyle, MissingKey, RateLimit, RateLimitLayer, ResponseBody,
+    ResponseFuture,
+};
 pub use store::{Batching, BoxFuture, MemoryStore, RedisStore, Store};
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

@@ -5,15 +5,12 @@
 //! - [`MemoryStore`]: in this process only, with the same decisions; for single-instance apps,
 //!   development and tests.
 
-mod batch;
-mod connection;
 mod memory;
 mod redis;
 
-pub use self::batch::Batching;
 pub(crate) use self::memory::shard_index;
 pub use self::memory::MemoryStore;
-pub use self::redis::RedisStore;
+pub use self::redis::{Batching, RedisStore};
 
 use std::{future::Future, pin::Pin, sync::Arc};
 

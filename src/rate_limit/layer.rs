@@ -1,30 +1,18 @@
 //! The tower layer.
 
-use std::{borrow::Cow, fmt, num::NonZeroU32, sync::Arc};
+use std::{fmt, num::NonZeroU32, sync::Arc};
 
 use bytes::Bytes;
 use http::{request::Parts, Response};
 use tower_layer::Layer;
 
-use crate::{
+use super::{
+    config::{Class, Config, MissingKey, Policy},
     headers::HeaderStyle,
     response::Responder,
-    service::{Config, Policy},
-    Algorithm, Decision, FailurePolicy, KeyExtractor, RateLimit, RateLimiter,
+    service::RateLimit,
 };
-
-/// What the layer does with a request whose [`KeyExtractor`] found no key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// All keyless requests share one quota (a key no client can produce). The default: a misconfigured
-    /// extractor (e.g. [`PeerIp`](crate::PeerIp) without connection info) still limits,
-    /// and the first such request logs a warning.
-    #[default]
-    Shared,
-    /// Keyless requests are not limited and get no rate-limit headers.
-    Allow,
-}
+use crate::{Algorithm, Decision, FailurePolicy, KeyExtractor, RateLimiter};
 
 /// Rate-limits the requests of a wrapped service, one key per request.
 ///
@@ -52,30 +40,6 @@ pub enum MissingKey {
 /// ```
 pub struct RateLimitLayer<K, A> {
     config: Config<K, A>,
-}
-
-pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
-pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Class + Send + Sync;
-
-/// Which policy a request falls under, as decided by [`RateLimitLayer::classify`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Class {
-    /// The layer's first (default) policy.
-    Default,
-    /// The policy with this name (see [`RateLimiterBuilder::policy_name`](crate::RateLimiterBuilder::policy_name)),
-    /// added with [`RateLimitLayer::policy`]. An unknown name falls back to the default
-    /// policy, with a warning.
-    Policy(Cow<'static, str>),
-    /// Not limited at all, and no rate-limit headers (health checks, internal callers).
-    Bypass,
-}
-
-impl Class {
-    /// The policy named `name`.
-    pub fn policy(name: impl Into<Cow<'static, str>>) -> Self {
-        Class::Policy(name.into())
-    }
 }
 
 impl<K, A> Clone for RateLimitLayer<K, A> {

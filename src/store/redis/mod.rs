@@ -1,16 +1,23 @@
-//! A store on one Redis server.
+//! The Redis store: checks run as atomic Lua scripts, on one server, a pool or a cluster.
+
+mod backend;
+mod batch;
+mod connection;
+
+pub use self::batch::Batching;
 
 use std::{fmt, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
-use redis::{cluster::ClusterClient, cluster_async::ClusterConnection, IntoConnectionInfo, Script};
+use redis::{cluster::ClusterClient, IntoConnectionInfo};
 
-use super::{
-    batch::{Batcher, Batching},
+use self::{
+    backend::{evalsha, Backend},
+    batch::Batcher,
     connection::Supervised,
-    BoxFuture, Store,
 };
+use super::{BoxFuture, Store};
 use crate::{Algorithm, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
@@ -43,13 +50,6 @@ use crate::{Algorithm, ConfigError, Error, Outcome};
 pub struct RedisStore {
     backend: Backend,
     batcher: Option<Batcher>,
-}
-
-#[derive(Clone)]
-pub(crate) enum Backend {
-    Multiplexed(Supervised),
-    Pool(Pool<RedisConnectionManager>),
-    Cluster(ClusterConnection),
 }
 
 impl fmt::Debug for RedisStore {
@@ -177,80 +177,6 @@ impl RedisStore {
     /// The batching in use, if any.
     pub fn batching(&self) -> Option<Batching> {
         self.batcher.as_ref().map(Batcher::config)
-    }
-}
-
-impl Backend {
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
-    }
-
-    /// Runs `evalsha` (made by [`evalsha`]), loading `script` when Redis answers `NOSCRIPT`
-    /// (after a restart or `SCRIPT FLUSH`; on a cluster, `SCRIPT LOAD` goes to every primary)
-    /// and trying once more.
-    pub(crate) async fn eval(
-        &self,
-        script: &Script,
-        evalsha: &redis::Cmd,
-    ) -> Result<redis::Value, Error> {
-        match self {
-            Backend::Multiplexed(conn) => eval_on(&mut conn.clone(), script, evalsha).await,
-            // EVALSHA is routed by the slot of its first key.
-            Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
-            Backend::Pool(pool) => {
-                // A multiplexed connection is a cheap handle: clone it and return the pooled
-                // one at once, so concurrent checks pipeline instead of queueing.
-                let mut conn = pool.get().await.map_err(pool_error)?.clone();
-                // Every call is bounded by its caller; redis-rs' default response timeout
-                // (500 ms) would otherwise cut longer store timeouts short.
-                conn.set_response_timeout(UNBOUNDED);
-                eval_on(&mut conn, script, evalsha).await
-            }
-        }
-    }
-}
-
-/// A response timeout that never fires before the caller's own timeout.
-const UNBOUNDED: Duration = Duration::from_secs(24 * 3600);
-
-async fn eval_on(
-    conn: &mut impl redis::aio::ConnectionLike,
-    script: &Script,
-    evalsha: &redis::Cmd,
-) -> Result<redis::Value, Error> {
-    match evalsha.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            Ok(evalsha.query_async(conn).await?)
-        }
-        result => Ok(result?),
-    }
-}
-
-/// `EVALSHA` of `script` with `keys` (`key_count` of them), then `ARGV[1]` (`now`, or `''` for the server clock) and
-/// `args`. Built straight into one command buffer: no per-argument allocation.
-pub(crate) fn evalsha(
-    script: &Script,
-    key_count: usize,
-    keys: impl Iterator<Item = impl redis::ToRedisArgs>,
-    now: Option<u64>,
-) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(key_count);
-    for key in keys {
-        cmd.arg(key);
-    }
-    match now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    cmd
-}
-
-fn pool_error(e: bb8::RunError<redis::RedisError>) -> Error {
-    match e {
-        bb8::RunError::User(e) => Error::Redis(e),
-        bb8::RunError::TimedOut => Error::Pool("timed out waiting for a connection".to_owned()),
     }
 }
 

@@ -2,7 +2,6 @@
 
 use std::{
     fmt,
-    num::NonZeroU32,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -15,86 +14,15 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::{
+use super::{
     body::ResponseBody,
+    config::{Config, MissingKey},
     future::ResponseFuture,
     headers::partition_key,
-    layer::{Class, ClassifyFn, CostFn, MissingKey},
-    response::{is_grpc, Responder},
-    store::BoxFuture,
-    Algorithm, FailurePolicy, KeyExtractor, RateLimiter,
+    response::is_grpc,
 };
+use crate::{Algorithm, BoxFuture, KeyExtractor};
 
-/// Everything a layer and its services share.
-pub(crate) struct Config<K, A> {
-    /// The default policy first, then the ones `classify` can pick by name.
-    pub(crate) policies: Vec<Policy<A>>,
-    pub(crate) classify: Option<Arc<ClassifyFn>>,
-    pub(crate) key: Arc<K>,
-    pub(crate) cost: Option<Arc<CostFn>>,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) local_share: NonZeroU32,
-    pub(crate) partition_secret: Option<Arc<[u8]>>,
-    pub(crate) responder: Arc<Responder>,
-}
-
-/// One policy: its limiter and, under `FailurePolicy::Local`, its local-share twin.
-pub(crate) struct Policy<A> {
-    pub(crate) limiter: RateLimiter<A>,
-    pub(crate) local: Option<RateLimiter<A>>,
-}
-
-impl<A> Clone for Policy<A> {
-    fn clone(&self) -> Self {
-        Self {
-            limiter: self.limiter.clone(),
-            local: self.local.clone(),
-        }
-    }
-}
-
-impl<K, A> Clone for Config<K, A> {
-    fn clone(&self) -> Self {
-        Self {
-            policies: self.policies.clone(),
-            classify: self.classify.clone(),
-            key: Arc::clone(&self.key),
-            cost: self.cost.clone(),
-            missing_key: self.missing_key,
-            failure: self.failure,
-            local_share: self.local_share,
-            partition_secret: self.partition_secret.clone(),
-            responder: Arc::clone(&self.responder),
-        }
-    }
-}
-
-impl<K, A: Algorithm> Config<K, A> {
-    /// The policy a request falls under; `None` to bypass limiting.
-    fn policy_for(&self, parts: &http::request::Parts) -> Option<&Policy<A>> {
-        let class = self.classify.as_ref().map_or(Class::Default, |f| f(parts));
-        match class {
-            Class::Bypass => None,
-            Class::Default => self.policies.first(),
-            Class::Policy(name) => self
-                .policies
-                .iter()
-                .find(|p| p.limiter.policy_name() == name)
-                .or_else(|| {
-                    if !WARNED_UNKNOWN_POLICY.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            policy = %name,
-                            "rate limit: classify named an unknown policy; using the default"
-                        );
-                    }
-                    self.policies.first()
-                }),
-        }
-    }
-}
-
-static WARNED_UNKNOWN_POLICY: AtomicBool = AtomicBool::new(false);
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).

@@ -26,11 +26,13 @@
 //! hash before they reach the store.
 
 mod client_ip;
+mod cost;
 mod global;
 mod header;
 mod peer_ip;
 
 pub use client_ip::{ClientIp, ProxyHeader};
+pub(crate) use cost::CostFn;
 pub use global::GlobalKey;
 pub use header::HeaderKey;
 pub use peer_ip::PeerIp;

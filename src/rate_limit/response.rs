@@ -8,11 +8,11 @@ use http::{
     HeaderMap, HeaderValue, Response, StatusCode,
 };
 
-use crate::{
+use super::{
     body::ResponseBody,
-    headers::{render, HeaderStyle},
-    Decision,
+    headers::{ceil_secs, render, HeaderStyle},
 };
+use crate::Decision;
 
 /// A user-supplied rejection: builds the response for a denied request. The limiter adds the
 /// rate-limit headers and `Retry-After` unless the response already has them.
@@ -57,7 +57,7 @@ fn problem_response<B>(d: &Decision) -> Response<ResponseBody<B>> {
             "cost {} exceeds the {} units left; retry in {} s",
             d.cost,
             d.remaining,
-            crate::headers::ceil_secs(wait).max(1)
+            ceil_secs(wait).max(1)
         ),
         None => format!("cost {} exceeds the quota of {}", d.cost, d.limit),
     };

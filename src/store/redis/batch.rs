@@ -16,7 +16,7 @@ use std::{sync::Arc, time::Duration};
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::redis::{evalsha, Backend};
+use super::backend::{evalsha, Backend};
 use crate::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see

@@ -11,10 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    breaker::BreakerState, deny_cache::DenyCache, telemetry, Algorithm, CircuitBreaker,
-    ConfigError, Decision, Error, MemoryStore, Outcome, Store,
-};
+mod breaker;
+mod deny_cache;
+mod failure;
+
+pub use self::{breaker::CircuitBreaker, failure::FailurePolicy};
+
+use self::{breaker::BreakerState, deny_cache::DenyCache};
+use crate::{telemetry, Algorithm, ConfigError, Decision, Error, MemoryStore, Outcome, Store};
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);

@@ -11,9 +11,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::{
-    body::ResponseBody, response::Responder, store::BoxFuture, Decision, Error, FailurePolicy,
-};
+use super::{body::ResponseBody, response::Responder};
+use crate::{BoxFuture, Decision, Error, FailurePolicy};
 
 pin_project! {
     /// Response future of [`RateLimit`](crate::RateLimit).
