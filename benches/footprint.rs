@@ -70,9 +70,12 @@ async fn memory_store_bytes<A: Algorithm>(algorithm: A, keys: u32, checks: u32) 
 }
 
 fn memory_of<A: Algorithm>(conn: &mut redis::Connection, l: &RateLimiter<A>, key: &str) -> i64 {
-    l.algorithm()
-        .redis_keys(&l.storage_key(key))
-        .iter()
+    // Every key of one check starts with its base key.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", l.storage_key(key)))
+        .query(conn)
+        .unwrap();
+    keys.iter()
         .map(|k| {
             redis::cmd("MEMORY")
                 .arg("USAGE")

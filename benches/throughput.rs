@@ -29,7 +29,7 @@ use std::{
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
     redis, Algorithm, Batching, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -153,18 +153,19 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
     conn: C,
     gcra: Gcra,
 ) -> CheckFn {
-    let gcra = Arc::new(gcra);
+    // The script the store runs for GCRA (it stands alone), with the same arguments.
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/gcra.lua")));
+    let Rule::Gcra(rate) = gcra.rule() else {
+        unreachable!("GCRA's rule")
+    };
     Arc::new(move |key| {
-        let (mut conn, gcra) = (conn.clone(), gcra.clone());
+        let mut conn = conn.clone();
         Box::pin(async move {
-            let mut inv = gcra.script().prepare_invoke();
-            for k in gcra.redis_keys(&format!("{{raw:{key}}}")) {
-                inv.key(k);
-            }
+            let mut inv = SCRIPT.prepare_invoke();
+            inv.key(format!("{{raw:{key}}}:g"));
             inv.arg("");
-            for a in gcra.script_args(1) {
-                inv.arg(a);
-            }
+            inv.arg(rate.emission_us()).arg(rate.burst()).arg(1);
             let reply: Vec<i64> = inv.invoke_async(&mut conn).await.expect("script failed");
             reply[0] == 1
         })

@@ -9,11 +9,11 @@
 use std::net::SocketAddr;
 
 use axum::{
+    response::IntoResponse,
     routing::{get, post},
     Router,
 };
-use bytes::Bytes;
-use http::{request::Parts, Method, Response, StatusCode};
+use http::{header::CONTENT_TYPE, request::Parts, Method, StatusCode};
 use tower_redis_ratelimit::{
     HeaderKey, MemoryStore, MissingKey, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
 };
@@ -56,11 +56,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     d.cost, d.limit
                 ),
             };
-            Response::builder()
-                .status(StatusCode::TOO_MANY_REQUESTS)
-                .header("content-type", "application/json")
-                .body(Bytes::from(body))
-                .expect("static parts are valid")
+            // Any response a handler could return: here axum's `IntoResponse`.
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response()
         });
 
     let app = Router::new()

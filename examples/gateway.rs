@@ -218,22 +218,18 @@ fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     })
 }
 
-async fn serve<A: Algorithm>(
+async fn serve(
     args: Args,
     store: Arc<dyn Store>,
-    algorithm: A,
+    algorithm: Arc<dyn Algorithm>,
 ) -> Result<(), BoxError> {
     let limiter = RateLimiter::builder(store, algorithm)
         .prefix(&args.prefix)
         .store_timeout(args.timeout)
+        .on_store_error(args.on_error)
+        .local_share(args.local_share)
         .build()?;
-    let key = key_extractor(&args)?;
-    let layer = RateLimitLayer::new(limiter, move |parts: &http::request::Parts| {
-        key.extract(parts)
-    })
-    .headers(args.headers)
-    .on_store_error(args.on_error)
-    .local_share(args.local_share);
+    let layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") });
@@ -316,11 +312,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
             String::new()
         }
     );
-    match args.algorithm.as_str() {
-        "token-bucket" => serve(args, store, TokenBucket::new(quota)?).await,
-        "sliding-window" => serve(args, store, SlidingWindow::new(quota)?).await,
-        _ => serve(args, store, Gcra::new(quota)?).await,
-    }
+    let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
+        "token-bucket" => Arc::new(TokenBucket::new(quota)?),
+        "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
+        _ => Arc::new(Gcra::new(quota)?),
+    };
+    serve(args, store, algorithm).await
 }
 
 #[tokio::main]

@@ -9,6 +9,7 @@ use crate::Error;
 /// Every built-in script replies `{allowed, remaining, retry_after_us, reset_after_us}`, with
 /// `retry_after_us = -1` meaning "never": the cost exceeds the capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Outcome {
     /// Whether the units were taken.
     pub allowed: bool,
@@ -50,7 +51,10 @@ impl Outcome {
         Self::from_ints(&items)
     }
 
-    pub(crate) fn from_ints(items: &[i64]) -> Result<Self, Error> {
+    /// Reads the shared reply shape from integers: `{allowed, remaining, retry_after_us,
+    /// reset_after_us}`, then for several limits the binding limit's index and three
+    /// integers per limit (see [`Outcome::from_redis`]).
+    pub fn from_ints(items: &[i64]) -> Result<Self, Error> {
         let bad = |what: &str| Err(Error::InvalidReply(format!("{what} in {items:?}")));
         let (&[allowed, remaining, retry, reset], rest) = items.split_at(items.len().min(4)) else {
             return bad("expected 4 integers");
@@ -110,7 +114,7 @@ impl Outcome {
     }
 
     /// A single-limit outcome.
-    pub(crate) fn single(
+    pub fn single(
         allowed: bool,
         remaining: u64,
         retry_after_us: Option<u64>,
@@ -130,6 +134,9 @@ impl Outcome {
 /// The decision for one check: whether it was allowed, and the numbers for the
 /// `RateLimit` headers.
 ///
+/// Decisions come from a limiter ([`RateLimiter::check`](crate::RateLimiter::check), or the
+/// layer); the struct may gain fields, so it cannot be built by hand.
+///
 /// ```
 /// # use tower_redis_ratelimit::Decision;
 /// fn describe(d: &Decision) -> String {
@@ -141,6 +148,7 @@ impl Outcome {
 /// }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// Whether the request may go ahead (its cost was taken from the quota).
     pub allowed: bool,
@@ -167,10 +175,6 @@ pub struct Decision {
     /// ([`MultiLimit`](crate::MultiLimit)); the fields above then describe the binding one
     /// (when denied: the longest wait; when allowed: the fewest units left). Empty otherwise.
     pub limits: Vec<LimitState>,
-    /// The IETF `pk` partition key, base64 (sf-binary content), when the layer is configured
-    /// with [`RateLimitLayer::partition_key`](crate::RateLimitLayer::partition_key): a keyed
-    /// hash of the rate-limit key, never the key itself.
-    pub partition_key: Option<String>,
 }
 
 /// One limit of a multi-limit decision, for the headers.
@@ -252,7 +256,28 @@ impl Decision {
             policy,
             degraded: false,
             limits,
-            partition_key: None,
+        }
+    }
+
+    /// A denial with nothing left, known without asking the store (the deny cache).
+    pub(crate) fn cached_denial(
+        limit: u64,
+        window: Duration,
+        policy: Arc<str>,
+        retry_after: Duration,
+        reset_after: Duration,
+    ) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_after,
+            retry_after: Some(retry_after),
+            window,
+            cost: 1,
+            policy,
+            degraded: false,
+            limits: Vec::new(),
         }
     }
 

@@ -19,10 +19,11 @@
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 //! let limiter = RateLimiter::builder(store, Gcra::new(Quota::per_minute(100).burst(20))?)
 //!     .store_timeout(Duration::from_millis(50))
+//!     .on_store_error(FailurePolicy::Open)
 //!     .build()?;
 //! let app = Router::new()
 //!     .route("/", get(|| async { "ok" }))
-//!     .layer(RateLimitLayer::new(limiter, PeerIp).on_store_error(FailurePolicy::Open));
+//!     .layer(RateLimitLayer::new(limiter, PeerIp));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 //! # Ok(()) }
@@ -41,6 +42,7 @@ mod decision;
 mod error;
 mod extract;
 mod limiter;
+mod lua;
 mod quota;
 mod rate_limit;
 mod store;
@@ -48,7 +50,8 @@ pub mod telemetry;
 pub mod throttle;
 
 pub use algorithm::{
-    batch_script, Algorithm, Gcra, MemoryState, MultiLimit, SlidingWindow, TokenBucket,
+    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
+    WindowRate,
 };
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, Error, ErrorScope};
@@ -58,15 +61,17 @@ pub use limiter::{
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };
+pub use lua::{batch_script, Scripted};
 pub use quota::Quota;
 pub use rate_limit::{
-    headers, response, Class, HeaderStyle, MissingKey, RateLimit, RateLimitLayer, ResponseBody,
-    ResponseFuture,
+    headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
+    RateLimitLayer, ResponseBody, ResponseFuture,
 };
-pub use store::{Batching, BoxFuture, MemoryStore, RedisStore, Store};
+pub use store::{Batching, BoxFuture, MemoryStore, Namespaces, RedisStore, Store};
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
 // The crates whose types appear in this API, so users can name matching versions.
 pub use bb8;
 pub use bb8_redis;
+pub use http;
 pub use redis;

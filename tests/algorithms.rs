@@ -183,7 +183,10 @@ async fn every_written_key_expires_on(backend: &common::Backend) {
                 "{key} has PTTL {ttl}, longer than its state needs"
             );
             // Every key of one check carries the same hash tag.
-            assert!(key.starts_with(&format!("{{{prefix}:user-")), "{key}");
+            assert!(
+                key.starts_with(&format!("{{{prefix}:default:user-")),
+                "{key}"
+            );
         }
     }
     // The sub-second window's keys are gone once the window has passed.
@@ -198,6 +201,8 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
     let redis_server = RedisServer::start();
     let mut conn = redis_server.conn();
     let g = Gcra::new(bucket_quota()).unwrap();
+    // The GCRA script as the store runs it (it stands alone, without the shared prelude).
+    let script = redis::Script::new(include_str!("../lua/gcra.lua"));
     // Bad arguments straight to the script: errors, and no key is written.
     for args in [
         vec!["", "0", "5", "1"],
@@ -210,7 +215,7 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         vec!["", "100000", "5"],
         vec!["", "4503599627370496", "2", "1"],
     ] {
-        let mut inv = tower_redis_ratelimit::Algorithm::script(&g).prepare_invoke();
+        let mut inv = script.prepare_invoke();
         inv.key("{bad}:g");
         for a in &args {
             inv.arg(*a);
@@ -235,12 +240,12 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
     );
     let sw = limiter(store, SlidingWindow::new(window_quota()).unwrap(), "x");
     let _: () = redis::cmd("SET")
-        .arg("{x:junk}:g")
+        .arg("{x:default:junk}:g")
         .arg("not a number")
         .query(&mut conn)
         .unwrap();
     let _: () = redis::cmd("HSET")
-        .arg("{x:junk}:b")
+        .arg("{x:default:junk}:b")
         .arg("n")
         .arg("-3")
         .arg("t")
@@ -248,12 +253,12 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         .query(&mut conn)
         .unwrap();
     let _: () = redis::cmd("SET")
-        .arg("{x:junk}:l")
+        .arg("{x:default:junk}:l")
         .arg("a string")
         .query(&mut conn)
         .unwrap();
     let _: () = redis::cmd("HSET")
-        .arg("{x:wrongtype}:g")
+        .arg("{x:default:wrongtype}:g")
         .arg("a")
         .arg("1")
         .query(&mut conn)
@@ -304,7 +309,7 @@ async fn sliding_window_survives_losing_its_totals() {
     }
     let mut conn = redis_server.conn();
     let n: i64 = redis::cmd("DEL")
-        .arg("{lost:k}:m")
+        .arg("{lost:default:k}:m")
         .query(&mut conn)
         .unwrap();
     assert_eq!(n, 1);
@@ -418,7 +423,7 @@ async fn multi_limit_maths_on_redis_and_memory() {
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(
         keys.iter()
-            .all(|(k, ttl)| *ttl > 0 && k.starts_with("{ml-ttl:k}:q:")),
+            .all(|(k, ttl)| *ttl > 0 && k.starts_with("{ml-ttl:default:k}:q:")),
         "{keys:?}"
     );
 }

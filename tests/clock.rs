@@ -81,7 +81,10 @@ async fn skewed_instances_share_one_count_on_server_time() {
     let mut conn = redis.conn();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
     let server_now = secs * 1_000_000 + micros;
-    let tat: u64 = redis::cmd("GET").arg("{g:k}:g").query(&mut conn).unwrap();
+    let tat: u64 = redis::cmd("GET")
+        .arg("{g:default:k}:g")
+        .query(&mut conn)
+        .unwrap();
     let ahead = tat.saturating_sub(server_now);
     assert!(
         ahead <= Duration::from_secs(2).as_micros() as u64,

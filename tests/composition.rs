@@ -33,9 +33,10 @@ fn rate_limit(
     let l: RateLimiter<Gcra> = RateLimiter::builder(store, Gcra::new(Quota::per_hour(5)).unwrap())
         .prefix(prefix)
         .store_timeout(store_timeout)
+        .on_store_error(FailurePolicy::Closed)
         .build()
         .unwrap();
-    RateLimitLayer::new(l, GlobalKey).on_store_error(FailurePolicy::Closed)
+    RateLimitLayer::new(l, GlobalKey)
 }
 
 fn timeout() -> TimeoutLayer {

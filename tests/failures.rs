@@ -53,9 +53,10 @@ async fn script_flush_between_checks_changes_nothing() {
     }
 }
 
-fn limiter(store: RedisStore) -> RateLimiter<Gcra> {
+fn limiter(store: RedisStore, policy: FailurePolicy) -> RateLimiter<Gcra> {
     RateLimiter::builder(store, Gcra::new(Quota::per_second(1)).unwrap())
         .store_timeout(TIMEOUT)
+        .on_store_error(policy)
         .build()
         .unwrap()
 }
@@ -68,7 +69,7 @@ async fn one_request(
 ) -> (StatusCode, Option<String>, bool, Duration) {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = ServiceBuilder::new()
-        .layer(RateLimitLayer::new(limiter(store), GlobalKey).on_store_error(policy))
+        .layer(RateLimitLayer::new(limiter(store, policy), GlobalKey))
         .service(counting(calls.clone()));
     let mut req = Request::get("/").body(Body::empty()).unwrap();
     if grpc {
@@ -123,7 +124,7 @@ async fn dead_redis_follows_the_failure_policy_within_the_timeout() {
 async fn paused_redis_times_out_and_then_recovers() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    let l = limiter(store.clone());
+    let l = limiter(store.clone(), FailurePolicy::Open);
     assert!(l.check("k", 1).await.unwrap().allowed);
 
     let signal = |sig: &str| redis.signal(sig);
@@ -163,7 +164,7 @@ async fn foreign_data_under_a_key_follows_the_policy() {
     let mut conn = redis.conn();
     // The global key's GCRA state replaced by a list: WRONGTYPE.
     let _: () = redis::cmd("RPUSH")
-        .arg("{rl:global}:g")
+        .arg("{rl:default:global}:g")
         .arg("x")
         .query(&mut conn)
         .unwrap();

@@ -14,7 +14,6 @@ use std::{
 };
 
 use axum::{body::Body, routing::get, Router};
-use bytes::Bytes;
 use common::{counting, RedisServer};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -204,10 +203,10 @@ async fn custom_key_cost_and_rejection() {
         Response::builder()
             .status(StatusCode::TOO_MANY_REQUESTS)
             .header("content-type", "application/json")
-            .body(Bytes::from(format!(
+            .body(format!(
                 "{{\"error\":\"quota\",\"remaining\":{},\"cost\":{}}}",
                 d.remaining, d.cost
-            )))
+            ))
             .unwrap()
     });
     let svc = ServiceBuilder::new()
@@ -474,7 +473,7 @@ async fn problem_details_and_partition_key() {
 }
 
 /// Requests classified into tiers get their tier's quota and policy name; health checks
-/// bypass the limiter; an unknown tier falls back to the default policy.
+/// bypass the limiter.
 #[tokio::test]
 async fn tiers_and_bypass() {
     use tower_redis_ratelimit::Class;
@@ -491,18 +490,18 @@ async fn tiers_and_bypass() {
             .unwrap()
     };
     let calls = Arc::new(AtomicUsize::new(0));
+    let mut layer = RateLimitLayer::new(tier("free", 1), HeaderKey::new("x-api-key").unwrap());
+    let paid = layer.add_policy(tier("paid", 3)).unwrap();
+    let layer =
+        layer.classify(
+            move |parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
+                ("/health", _) => Class::Bypass,
+                (_, Some(Plan("paid"))) => Class::Policy(paid),
+                _ => Class::Default,
+            },
+        );
     let svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::new(tier("free", 1), HeaderKey::new("x-api-key").unwrap())
-                .policy(tier("paid", 3))
-                .classify(
-                    |parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
-                        ("/health", _) => Class::Bypass,
-                        (_, Some(Plan(name))) => Class::policy(*name),
-                        _ => Class::Default,
-                    },
-                ),
-        )
+        .layer(layer)
         .service(counting(calls.clone()));
     let req = |path: &str, key: &str, plan: Option<&'static str>| {
         let mut r = Request::get(path)
@@ -557,7 +556,7 @@ async fn tiers_and_bypass() {
         assert_eq!(status(&res), 200);
         assert_eq!(header(&res, "ratelimit"), None);
     }
-    // Unknown tier: the default policy.
+    // An unknown plan: the default policy.
     let res = svc
         .clone()
         .oneshot(req("/", "k2", Some("gold")))
@@ -568,6 +567,67 @@ async fn tiers_and_bypass() {
         Some("\"free\";q=1;w=3600")
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1 + 3 + 3 + 1);
+}
+
+/// A policy handle can only select a policy of the layer that handed it out: another layer's
+/// handle is answered 503 and never decided under a policy it was not meant for.
+#[tokio::test]
+async fn a_policy_handle_of_another_layer_is_refused() {
+    use tower_redis_ratelimit::{Class, MemoryStore};
+    let store = MemoryStore::new();
+    let limiter = |name: &str| {
+        RateLimiter::builder(store.clone(), Gcra::new(Quota::per_hour(5)).unwrap())
+            .policy_name(name)
+            .build()
+            .unwrap()
+    };
+    let mut other = RateLimitLayer::new(limiter("other-default"), GlobalKey);
+    let foreign = other.add_policy(limiter("other-login")).unwrap();
+    let mut layer = RateLimitLayer::new(limiter("default"), GlobalKey);
+    let own = layer.add_policy(limiter("login")).unwrap();
+    assert_ne!(own, foreign);
+    let layer = layer.classify(move |parts| match parts.uri.path() {
+        "/login" => Class::Policy(own),
+        "/mixed-up" => Class::Policy(foreign),
+        _ => Class::Default,
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+    let get = |path: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            svc.oneshot(req).await.unwrap()
+        }
+    };
+    let res = get("/login").await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"login\";q=5;w=3600")
+    );
+    let res = get("/mixed-up").await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Policy names are unique within a layer: each counts apart, so a duplicate would be a
+/// second set of counters under a name the headers cannot tell apart.
+#[tokio::test]
+async fn a_duplicate_policy_name_in_one_layer_is_an_error() {
+    use tower_redis_ratelimit::MemoryStore;
+    let limiter = |store: MemoryStore, name: &str| {
+        RateLimiter::builder(store, Gcra::new(Quota::per_hour(5)).unwrap())
+            .policy_name(name)
+            .build()
+            .unwrap()
+    };
+    let mut layer = RateLimitLayer::new(limiter(MemoryStore::new(), "login"), GlobalKey);
+    let err = layer
+        .add_policy(limiter(MemoryStore::new(), "login"))
+        .unwrap_err();
+    assert_eq!(err.field(), "policy_name");
 }
 
 /// Several limits on one key: each is its own header item; a denial names the violated limit
@@ -651,14 +711,14 @@ async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
     }
 
     let asked = Arc::new(AtomicUsize::new(0));
-    let limiter = RateLimiter::new(Down(asked.clone()), Gcra::new(Quota::per_hour(4)).unwrap());
+    let limiter = RateLimiter::builder(Down(asked.clone()), Gcra::new(Quota::per_hour(4)).unwrap())
+        .on_store_error(FailurePolicy::Local)
+        .local_share(2)
+        .build()
+        .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::new(limiter.clone(), GlobalKey)
-                .on_store_error(FailurePolicy::Local)
-                .local_share(2),
-        )
+        .layer(RateLimitLayer::new(limiter.clone(), GlobalKey))
         .service(counting(calls.clone()));
     let mut statuses = Vec::new();
     for _ in 0..4 {

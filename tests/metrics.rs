@@ -61,18 +61,18 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         .policy_name("m")
         .store_timeout(Duration::from_millis(100))
         .circuit_breaker(CircuitBreaker::disabled())
+        .on_store_error(FailurePolicy::Local)
+        .local_share(2)
         .build()
         .unwrap();
     for _ in 0..3 {
         limiter.check("k", 1).await.unwrap();
     }
-    // Degraded decisions go through the layer's local twin.
-    let layer = RateLimitLayer::new(limiter.clone(), GlobalKey)
-        .on_store_error(FailurePolicy::Local)
-        .local_share(2);
+    let layer = RateLimitLayer::new(limiter.clone(), GlobalKey);
     redis.kill();
-    // A key the deny cache does not know, so the check reaches the dead store.
-    assert!(limiter.check("k2", 1).await.is_err());
+    // A key the deny cache does not know, so the check reaches the dead store and is decided
+    // at the local share.
+    assert!(limiter.check("k2", 1).await.unwrap().degraded);
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
         .service(tower::service_fn(|_: http::Request<()>| async {
@@ -90,12 +90,13 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         Some(Seen::Counter(n)) => n,
         other => panic!("{name} {labels:?}: {other:?}"),
     };
+    // 2 from Redis, and the 2 degraded ones (the direct check's and the layer's).
     assert_eq!(
         counter(
             telemetry::DECISIONS,
             &[("policy", "m"), ("decision", "allowed")]
         ),
-        3
+        4
     );
     assert_eq!(
         counter(
@@ -114,7 +115,7 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         })
         .sum();
     assert_eq!(store_errors, 2);
-    assert_eq!(counter(telemetry::DEGRADED, &[("policy", "m")]), 1);
+    assert_eq!(counter(telemetry::DEGRADED, &[("policy", "m")]), 2);
     match find(&snapshot, telemetry::STORE_LATENCY, &[("policy", "m")]) {
         Some(Seen::Histogram(n)) => assert!(n >= 4, "{n} latency samples"),
         other => panic!("latency histogram: {other:?}"),

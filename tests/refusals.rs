@@ -126,12 +126,14 @@ fn release(redis: &RedisServer, refusal: Refusal, provoked: Provoked) {
     }
 }
 
-fn limiter(store: RedisStore, prefix: &str) -> RateLimiter<Gcra> {
+fn limiter(store: RedisStore, name: &str, policy: FailurePolicy) -> RateLimiter<Gcra> {
     // 4 an hour; 2 per instance under `Local` with a share of 2.
     RateLimiter::builder(store, Gcra::new(Quota::per_hour(4)).unwrap())
-        .prefix(prefix)
+        .policy_name(name)
         .store_timeout(Duration::from_millis(500))
         .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(60)))
+        .on_store_error(policy)
+        .local_share(2)
         .build()
         .unwrap()
 }
@@ -165,11 +167,9 @@ async fn follows_each_policy(refusal: Refusal) {
     let mut limiters = Vec::new();
     let mut services = Vec::new();
     for (i, policy) in policies.into_iter().enumerate() {
-        let l = limiter(store.clone(), &format!("p{i}"));
+        let l = limiter(store.clone(), &format!("p{i}"), policy);
         limiters.push(l.clone());
-        let layer = RateLimitLayer::new(l, HeaderKey::new("x-key").unwrap())
-            .on_store_error(policy)
-            .local_share(2);
+        let layer = RateLimitLayer::new(l, HeaderKey::new("x-key").unwrap());
         services.push(
             ServiceBuilder::new()
                 .layer(layer)

@@ -17,7 +17,7 @@ use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     redis, CircuitBreaker, Error, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    RateLimiter, RateLimiterBuilder, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(150);
@@ -25,11 +25,13 @@ const TIMEOUT: Duration = Duration::from_millis(150);
 const MARGIN: Duration = Duration::from_secs(2);
 
 fn limiter(store: RedisStore, quota: Quota, breaker: CircuitBreaker) -> RateLimiter<Gcra> {
+    builder(store, quota, breaker).build().unwrap()
+}
+
+fn builder(store: RedisStore, quota: Quota, breaker: CircuitBreaker) -> RateLimiterBuilder<Gcra> {
     RateLimiter::builder(store, Gcra::new(quota).unwrap())
         .store_timeout(TIMEOUT)
         .circuit_breaker(breaker)
-        .build()
-        .unwrap()
 }
 
 /// Polls `check` until it succeeds; returns how long that took.
@@ -187,25 +189,26 @@ async fn killed_redis_under_load_follows_each_policy() {
     let store = redis.store().await;
     // 40 a day on one global key, shared by 4 instances: 10 each while Redis is away.
     let quota = Quota::per_day(40);
-    let layer = |policy| {
-        RateLimitLayer::new(
-            limiter(
-                store.clone(),
-                quota,
-                CircuitBreaker::new(5, Duration::from_millis(500)),
-            ),
-            GlobalKey,
+    let layer = |policy, name| {
+        let limiter = builder(
+            store.clone(),
+            quota,
+            CircuitBreaker::new(5, Duration::from_millis(500)),
         )
+        .policy_name(name)
         .on_store_error(policy)
         .local_share(4)
+        .build()
+        .unwrap();
+        RateLimitLayer::new(limiter, GlobalKey)
     };
     let open = ServiceBuilder::new()
-        .layer(layer(FailurePolicy::Open))
+        .layer(layer(FailurePolicy::Open, "open"))
         .service(counting(Default::default()));
     let closed = ServiceBuilder::new()
-        .layer(layer(FailurePolicy::Closed))
+        .layer(layer(FailurePolicy::Closed, "closed"))
         .service(counting(Default::default()));
-    let local_layer = layer(FailurePolicy::Local);
+    let local_layer = layer(FailurePolicy::Local, "local");
     let local_limiter = local_layer.limiter().clone();
     let local = ServiceBuilder::new()
         .layer(local_layer)

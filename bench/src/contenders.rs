@@ -7,7 +7,7 @@ use std::{
     future::{ready, Ready},
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, LazyLock,
     },
     task::{Context, Poll},
     time::Duration,
@@ -17,9 +17,9 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::{
-    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, BoxFuture, FailurePolicy, Gcra,
-    HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store,
-    TokenBucket,
+    bb8, bb8_redis::RedisConnectionManager, redis, redis::Script, Algorithm, BoxFuture,
+    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
+    Rule, SlidingWindow, Store, TokenBucket,
 };
 
 /// One check: is this request for this key allowed?
@@ -256,9 +256,12 @@ fn limiter<A: Algorithm>(
     prefix: String,
     deny_cache: bool,
 ) -> RateLimiter<A> {
+    // Failing closed, so that a store error cannot pass as "allowed" (the layer answers 503
+    // and `check` an error, which stops the benchmark).
     let builder = RateLimiter::builder(store, algorithm)
         .prefix(prefix)
-        .store_timeout(TIMEOUT);
+        .store_timeout(TIMEOUT)
+        .on_store_error(FailurePolicy::Closed);
     let builder = if deny_cache {
         builder // the default
     } else {
@@ -276,34 +279,58 @@ fn via_check<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
 }
 
 /// Our full layer with its defaults (IETF `RateLimit` headers on every response), keyed by
-/// the request header like the peers, failing closed so that a store error cannot pass as
-/// "allowed" (it would be a 503 and stop the benchmark).
+/// the request header like the peers.
 fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>) {
     let (inner, calls) = Inner::new();
-    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap())
-        .on_store_error(FailurePolicy::Closed);
+    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap());
     (
         via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
         calls,
     )
 }
 
+/// The script our store runs for `algorithm` (from the crate's `lua/`), the suffixes of its
+/// keys, and its arguments before the cost.
+fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static str], [u64; 2]) {
+    static GCRA: LazyLock<Script> =
+        LazyLock::new(|| Script::new(include_str!("../../lua/gcra.lua")));
+    static BUCKET: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(concat!(
+            include_str!("../../lua/prelude.lua"),
+            include_str!("../../lua/token_bucket.lua")
+        ))
+    });
+    static WINDOW: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(concat!(
+            include_str!("../../lua/prelude.lua"),
+            include_str!("../../lua/sliding_window.lua")
+        ))
+    });
+    match algorithm.rule() {
+        Rule::Gcra(r) => (&GCRA, &[":g"], [r.emission_us(), r.burst()]),
+        Rule::TokenBucket(r) => (&BUCKET, &[":b"], [r.emission_us(), r.burst()]),
+        Rule::SlidingWindow(w) => (&WINDOW, &[":l", ":m"], [w.window_us(), w.limit()]),
+        other => panic!("no raw script for {other:?}"),
+    }
+}
+
 /// The same script as our store runs, invoked directly through redis-rs (`EVALSHA`, loading
 /// it on `NOSCRIPT`) with no limiter around it: the ceiling for that connection kind.
 fn raw_script<A: Algorithm>(conn: RawConn, algorithm: A, prefix: String) -> CheckFn {
-    let algorithm = Arc::new(algorithm);
+    let (script, suffixes, args) = raw_wire(&algorithm);
     let prefix: Arc<str> = prefix.into();
     Arc::new(move |key: String| {
-        let (conn, algorithm, prefix) = (conn.clone(), algorithm.clone(), prefix.clone());
+        let (conn, prefix) = (conn.clone(), prefix.clone());
         Box::pin(async move {
-            let mut invocation = algorithm.script().prepare_invoke();
-            for k in algorithm.redis_keys(&format!("{{{prefix}:{key}}}")) {
-                invocation.key(k);
+            let mut invocation = script.prepare_invoke();
+            for suffix in suffixes {
+                invocation.key(format!("{{{prefix}:{key}}}{suffix}"));
             }
             invocation.arg(""); // no explicit time: the script reads Redis' TIME
-            for a in algorithm.script_args(1) {
+            for a in args {
                 invocation.arg(a);
             }
+            invocation.arg(1); // cost
             let reply: Vec<i64> = match conn {
                 RawConn::Multiplexed(mut conn) => invocation.invoke_async(&mut conn).await,
                 RawConn::Pool(pool) => {

@@ -1,11 +1,9 @@
 //! GCRA: the generic cell rate algorithm, one integer per key.
 
-use std::time::Duration;
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use redis::Script;
-
-use super::{Algorithm, MemoryState};
-use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
+use super::{bucket::BucketQuota, rate::BucketRate, Algorithm, MemoryState, Rule};
+use crate::{ConfigError, Error, Outcome, Quota};
 
 /// GCRA (generic cell rate algorithm): a token bucket stored as one integer per key, the
 /// "theoretical arrival time". Capacity `quota.burst_size()`, refilled at `quota.limit()` per
@@ -20,27 +18,23 @@ use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
 /// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct Gcra {
-    quota: Quota,
-    rate: BucketRate,
-}
+pub struct Gcra(BucketQuota);
 
 impl Gcra {
     /// Validates the quota (see [`ConfigError`] for the fields named).
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
-        Ok(Self {
-            quota,
-            rate: BucketRate::from_quota(&quota)?,
-        })
+        BucketQuota::new(quota).map(Self)
     }
 
     /// The quota this was built from.
     pub fn quota_config(&self) -> Quota {
-        self.quota
+        self.0.quota
     }
 }
 
-/// In-memory twin of `lua/gcra.lua`; integer for integer the same maths.
+/// The decision for one check on a stored TAT (`None`: a rested key): the outcome, and the
+/// TAT to store when the check was allowed. The in-memory twin of `lua/gcra.lua`, integer for
+/// integer the same maths.
 pub(crate) fn decide(
     rate: BucketRate,
     stored_tat: Option<u64>,
@@ -65,53 +59,32 @@ pub(crate) fn decide(
     (o, Some(new_tat))
 }
 
-#[derive(Debug)]
-struct Tat(u64);
-
 impl Algorithm for Gcra {
     fn name(&self) -> &'static str {
         "gcra"
     }
 
     fn quota(&self) -> u64 {
-        self.rate.burst
+        self.0.quota()
     }
 
     fn window(&self) -> Duration {
-        Duration::from_micros(self.rate.tolerance_us())
+        self.0.window()
     }
 
-    fn script(&self) -> &Script {
-        lua_script!("gcra.lua", standalone)
+    fn rule(&self) -> Rule<'_> {
+        Rule::Gcra(self.0.rate)
     }
 
-    fn batch_script(&self) -> Option<&'static Script> {
-        lua_batch_script!("gcra.lua", standalone)
-    }
-
-    fn redis_keys(&self, base: &str) -> Vec<String> {
-        vec![format!("{base}:g")]
-    }
-
-    fn script_args(&self, cost: u32) -> Vec<u64> {
-        vec![self.rate.emission_us, self.rate.burst, u64::from(cost)]
-    }
-
-    fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Self> {
-        Self::new(super::divided(self.quota, instances)).ok()
-    }
-
-    fn check_in_memory(
-        &self,
-        state: &mut MemoryState,
-        now_us: u64,
-        cost: u32,
-    ) -> Result<Outcome, Error> {
-        let stored = state.get_mut::<Tat>()?.map(|t| t.0);
-        let (outcome, write) = decide(self.rate, stored, now_us, u64::from(cost));
+    fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
+        let (outcome, write) = decide(self.0.rate, state.tat()?, now_us, u64::from(cost));
         if let Some(tat) = write {
-            state.put(Tat(tat), now_us, tat - now_us);
+            state.put_tat(tat, now_us, tat - now_us);
         }
         Ok(outcome)
+    }
+
+    fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+        Some(Arc::new(Self(self.0.divided(instances)?)))
     }
 }

@@ -2,12 +2,9 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use redis::Script;
-
-use super::{divided, Algorithm, MemoryState};
+use super::{bucket::divided, rate::BucketRate, Algorithm, MemoryState, Rule};
 use crate::{
     decision::{PartInfo, PartOutcome},
-    quota::BucketRate,
     ConfigError, Error, Outcome, Quota,
 };
 
@@ -149,9 +146,6 @@ pub(crate) fn decide(
     }
 }
 
-#[derive(Debug)]
-struct Tats(Vec<Option<u64>>);
-
 impl Algorithm for MultiLimit {
     fn name(&self) -> &'static str {
         "multi-gcra"
@@ -169,56 +163,33 @@ impl Algorithm for MultiLimit {
         &self.parts
     }
 
-    fn script(&self) -> &Script {
-        lua_script!("multi_gcra.lua")
+    fn rule(&self) -> Rule<'_> {
+        Rule::Multi(&self.rates)
     }
 
-    fn batch_script(&self) -> Option<&'static Script> {
-        lua_batch_script!("multi_gcra.lua")
-    }
-
-    fn redis_keys(&self, base: &str) -> Vec<String> {
-        self.quotas
-            .iter()
-            .map(|(name, _)| format!("{base}:q:{name}"))
-            .collect()
-    }
-
-    fn script_args(&self, cost: u32) -> Vec<u64> {
-        let mut args = Vec::with_capacity(1 + 2 * self.rates.len());
-        args.push(u64::from(cost));
-        for r in &self.rates {
-            args.push(r.emission_us);
-            args.push(r.burst);
+    fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
+        let n = self.rates.len();
+        let mut tats = [None; 8];
+        if let Some(stored) = state.tats(n)? {
+            tats[..n].copy_from_slice(stored);
         }
-        args
+        let tats = &mut tats[..n];
+        let outcome = decide(&self.rates, tats, now_us, u64::from(cost));
+        if outcome.allowed {
+            // The state lives as long as its longest-lived limit.
+            let ttl = tats.iter().flatten().map(|t| t - now_us).max().unwrap_or(0);
+            state.put_tats(tats, now_us, ttl);
+        }
+        Ok(outcome)
     }
 
-    fn local_share(&self, instances: NonZeroU32) -> Option<Self> {
-        Self::new(
+    fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+        let divided = Self::new(
             self.quotas
                 .iter()
                 .map(|(name, q)| (name.to_string(), divided(*q, instances))),
         )
-        .ok()
-    }
-
-    fn check_in_memory(
-        &self,
-        state: &mut MemoryState,
-        now_us: u64,
-        cost: u32,
-    ) -> Result<Outcome, Error> {
-        let mut tats = match state.get_mut::<Tats>()? {
-            Some(t) if t.0.len() == self.rates.len() => t.0.clone(),
-            _ => vec![None; self.rates.len()],
-        };
-        let outcome = decide(&self.rates, &mut tats, now_us, u64::from(cost));
-        if outcome.allowed {
-            // The state lives as long as its longest-lived limit.
-            let ttl = tats.iter().flatten().map(|t| t - now_us).max().unwrap_or(0);
-            state.put(Tats(tats), now_us, ttl);
-        }
-        Ok(outcome)
+        .ok()?;
+        Some(Arc::new(divided))
     }
 }

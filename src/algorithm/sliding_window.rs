@@ -1,10 +1,13 @@
 //! Sliding-window log with per-request cost and a running total.
 
-use std::{collections::VecDeque, time::Duration};
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use redis::Script;
-
-use super::{Algorithm, MemoryState};
+use super::{
+    bucket::divided,
+    rate::WindowRate,
+    state::{Log, MemoryState},
+    Algorithm, Rule,
+};
 use crate::{ConfigError, Error, Outcome, Quota};
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
@@ -24,8 +27,7 @@ use crate::{ConfigError, Error, Outcome, Quota};
 #[derive(Debug, Clone)]
 pub struct SlidingWindow {
     quota: Quota,
-    window_us: u64,
-    limit: u64,
+    rate: WindowRate,
 }
 
 impl SlidingWindow {
@@ -41,8 +43,10 @@ impl SlidingWindow {
         }
         Ok(Self {
             quota,
-            window_us,
-            limit: u64::from(quota.limit()),
+            rate: WindowRate {
+                window_us,
+                limit: u64::from(quota.limit()),
+            },
         })
     }
 
@@ -50,15 +54,6 @@ impl SlidingWindow {
     pub fn quota_config(&self) -> Quota {
         self.quota
     }
-}
-
-/// In-memory state: the log (time, running total) and the totals of the Lua hash.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Log {
-    pub(crate) entries: VecDeque<(u64, u64)>,
-    pub(crate) added: u64,
-    pub(crate) removed: u64,
-    pub(crate) last: u64,
 }
 
 /// In-memory twin of `lua/sliding_window.lua`; mutates `log` exactly as the script does and
@@ -108,61 +103,39 @@ impl Algorithm for SlidingWindow {
     }
 
     fn quota(&self) -> u64 {
-        self.limit
+        self.rate.limit
     }
 
     fn window(&self) -> Duration {
-        Duration::from_micros(self.window_us)
+        Duration::from_micros(self.rate.window_us)
     }
 
-    fn script(&self) -> &Script {
-        lua_script!("sliding_window.lua")
+    fn rule(&self) -> Rule<'_> {
+        Rule::SlidingWindow(self.rate)
     }
 
-    fn batch_script(&self) -> Option<&'static Script> {
-        lua_batch_script!("sliding_window.lua")
-    }
-
-    fn redis_keys(&self, base: &str) -> Vec<String> {
-        vec![format!("{base}:l"), format!("{base}:m")]
-    }
-
-    fn script_args(&self, cost: u32) -> Vec<u64> {
-        vec![self.window_us, self.limit, u64::from(cost)]
-    }
-
-    fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Self> {
-        Self::new(super::divided(self.quota, instances)).ok()
-    }
-
-    fn check_in_memory(
-        &self,
-        state: &mut MemoryState,
-        now_us: u64,
-        cost: u32,
-    ) -> Result<Outcome, Error> {
-        let mut log = state
-            .get_mut::<Log>()?
-            .map(std::mem::take)
-            .unwrap_or_default();
-        let (outcome, write) = decide(
-            self.window_us,
-            self.limit,
-            &mut log,
-            now_us,
-            u64::from(cost),
-        );
-        if write || !state.is_empty() {
-            // The log lives one window past its newest entry, as the Redis keys do.
-            let ttl = (log.last + self.window_us).saturating_sub(now_us);
-            // A log that emptied out gives its memory back; the store bounds what is held.
-            if log.entries.capacity() > 64 && log.entries.capacity() > 4 * log.entries.len() {
-                log.entries.shrink_to(2 * log.entries.len());
-            }
-            let entries = log.entries.capacity();
-            state.put(log, now_us, ttl);
-            state.set_entries(entries);
+    fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
+        let was_empty = state.is_empty();
+        let WindowRate { window_us, limit } = self.rate;
+        let log = state.log()?;
+        let (outcome, write) = decide(window_us, limit, log, now_us, u64::from(cost));
+        if !write && was_empty {
+            // Denied on a key that held nothing: keep nothing, as the script writes nothing.
+            state.clear();
+            return Ok(outcome);
         }
+        // A log that emptied out gives its memory back; the store bounds what is held.
+        let entries = &mut log.entries;
+        if entries.capacity() > 64 && entries.capacity() > 4 * entries.len() {
+            entries.shrink_to(2 * entries.len());
+        }
+        // The log lives one window past its newest entry, as the Redis keys do.
+        let ttl = (log.last + window_us).saturating_sub(now_us);
+        state.keep_log(now_us, ttl);
         Ok(outcome)
+    }
+
+    fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+        Some(Arc::new(Self::new(divided(self.quota, instances)).ok()?))
     }
 }

@@ -1,11 +1,14 @@
 //! Token bucket: whole tokens and the time of the last credit, in one hash per key.
 
-use std::time::Duration;
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use redis::Script;
-
-use super::{Algorithm, MemoryState};
-use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
+use super::{
+    bucket::BucketQuota,
+    rate::BucketRate,
+    state::{Bucket, MemoryState},
+    Algorithm, Rule,
+};
+use crate::{ConfigError, Error, Outcome, Quota};
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
 /// `quota.period()`; each request takes `cost` tokens. A key that was never seen, or rested long
@@ -22,31 +25,18 @@ use crate::{quota::BucketRate, ConfigError, Error, Outcome, Quota};
 /// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
-    quota: Quota,
-    rate: BucketRate,
-}
+pub struct TokenBucket(BucketQuota);
 
 impl TokenBucket {
     /// Validates the quota (see [`ConfigError`] for the fields named).
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
-        Ok(Self {
-            quota,
-            rate: BucketRate::from_quota(&quota)?,
-        })
+        BucketQuota::new(quota).map(Self)
     }
 
     /// The quota this was built from.
     pub fn quota_config(&self) -> Quota {
-        self.quota
+        self.0.quota
     }
-}
-
-/// Bucket state: whole tokens, and the time the last whole token was credited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Bucket {
-    pub(crate) tokens: u64,
-    pub(crate) ts: u64,
 }
 
 /// In-memory twin of `lua/token_bucket.lua`. Returns the outcome, and the state to write with
@@ -106,44 +96,26 @@ impl Algorithm for TokenBucket {
     }
 
     fn quota(&self) -> u64 {
-        self.rate.burst
+        self.0.quota()
     }
 
     fn window(&self) -> Duration {
-        Duration::from_micros(self.rate.tolerance_us())
+        self.0.window()
     }
 
-    fn script(&self) -> &Script {
-        lua_script!("token_bucket.lua")
+    fn rule(&self) -> Rule<'_> {
+        Rule::TokenBucket(self.0.rate)
     }
 
-    fn batch_script(&self) -> Option<&'static Script> {
-        lua_batch_script!("token_bucket.lua")
-    }
-
-    fn redis_keys(&self, base: &str) -> Vec<String> {
-        vec![format!("{base}:b")]
-    }
-
-    fn script_args(&self, cost: u32) -> Vec<u64> {
-        vec![self.rate.emission_us, self.rate.burst, u64::from(cost)]
-    }
-
-    fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Self> {
-        Self::new(super::divided(self.quota, instances)).ok()
-    }
-
-    fn check_in_memory(
-        &self,
-        state: &mut MemoryState,
-        now_us: u64,
-        cost: u32,
-    ) -> Result<Outcome, Error> {
-        let stored = state.get_mut::<Bucket>()?.copied();
-        let (outcome, write) = decide(self.rate, stored, now_us, u64::from(cost));
+    fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
+        let (outcome, write) = decide(self.0.rate, state.bucket()?, now_us, u64::from(cost));
         if let Some((bucket, ttl)) = write {
-            state.put(bucket, now_us, ttl);
+            state.put_bucket(bucket, now_us, ttl);
         }
         Ok(outcome)
+    }
+
+    fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+        Some(Arc::new(Self(self.0.divided(instances)?)))
     }
 }

@@ -45,6 +45,14 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract(&self, parts: &Parts) -> Option<String>;
 }
 
+/// A shared extractor is an extractor: lets one be chosen at run time
+/// (`Arc<dyn KeyExtractor>`).
+impl<T: KeyExtractor + ?Sized> KeyExtractor for std::sync::Arc<T> {
+    fn extract(&self, parts: &Parts) -> Option<String> {
+        (**self).extract(parts)
+    }
+}
+
 impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,

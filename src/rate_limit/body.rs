@@ -1,4 +1,4 @@
-//! The response body: the inner service's, or a small one the limiter wrote.
+//! The response body: the inner service's, or one the limiter (or a custom rejection) wrote.
 
 use std::{
     pin::Pin,
@@ -7,12 +7,16 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt};
 use pin_project_lite::pin_project;
+
+/// The error type of [`ResponseBody`]: the inner body's error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// Body of responses passing through [`RateLimit`](crate::RateLimit): the inner service's
-    /// body, or the body of a rejection written by the limiter.
-    #[derive(Debug)]
+    /// body, the body of a rejection written by the limiter, or the body of a custom rejection
+    /// ([`RateLimitLayer::on_limited`](crate::RateLimitLayer::on_limited)).
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -21,10 +25,21 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    #[derive(Debug)]
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
+        Boxed { #[pin] body: UnsyncBoxBody<Bytes, BoxError> },
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { .. } => "inner",
+            Kind::Full { .. } => "limiter",
+            Kind::Boxed { .. } => "custom",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
     }
 }
 
@@ -42,6 +57,21 @@ impl<B> ResponseBody<B> {
             },
         }
     }
+
+    pub(crate) fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+        Self {
+            kind: Kind::Boxed { body },
+        }
+    }
+}
+
+/// Boxes any body whose data is `Bytes` (an axum `Body`, `String`, `Full<Bytes>`...).
+pub(crate) fn box_body<T>(body: T) -> UnsyncBoxBody<Bytes, BoxError>
+where
+    T: Body<Data = Bytes> + Send + 'static,
+    T::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
 }
 
 /// An empty body, so layers that write their own responses (e.g. tower-http's `TimeoutLayer`)
@@ -55,17 +85,19 @@ impl<B> Default for ResponseBody<B> {
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Boxed { body } => body.poll_frame(cx),
         }
     }
 
@@ -73,6 +105,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
+            Kind::Boxed { body } => body.is_end_stream(),
         }
     }
 
@@ -82,6 +115,7 @@ where
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Boxed { body } => body.size_hint(),
         }
     }
 }

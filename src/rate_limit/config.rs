@@ -2,10 +2,9 @@
 //! the key and cost functions, and how to answer.
 
 use std::{
-    borrow::Cow,
-    num::NonZeroU32,
+    fmt,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicU64, Ordering},
         Arc,
     },
 };
@@ -13,111 +12,125 @@ use std::{
 use http::request::Parts;
 
 use super::response::Responder;
-use crate::{extract::CostFn, Algorithm, FailurePolicy, RateLimiter};
+use crate::{extract::CostFn, limiter::Engine};
 
-/// What the layer does with a request whose [`KeyExtractor`] found no key.
+/// What the layer does with a request whose [`KeyExtractor`](crate::KeyExtractor) found no
+/// key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// All keyless requests share one quota (a key no client can produce). The default: a misconfigured
-    /// extractor (e.g. [`PeerIp`](crate::PeerIp) without connection info) still limits,
-    /// and the first such request logs a warning.
+    /// All keyless requests share one quota (a key no client can produce). The default: a
+    /// misconfigured extractor (e.g. [`PeerIp`](crate::PeerIp) without connection info)
+    /// still limits, and the first such request logs a warning.
     #[default]
     Shared,
     /// Keyless requests are not limited and get no rate-limit headers.
     Allow,
 }
 
-pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Class + Send + Sync;
+/// A policy of one layer, as [`RateLimitLayer::add_policy`](super::RateLimitLayer::add_policy)
+/// returns it, for [`Class::Policy`]. A handle, not a name: a typo cannot silently select the
+/// default policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyId {
+    /// The layer that handed it out.
+    layer: u64,
+    index: usize,
+}
 
-/// Which policy a request falls under, as decided by [`RateLimitLayer::classify`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl PolicyId {
+    pub(crate) fn new(layer: u64, index: usize) -> Self {
+        Self { layer, index }
+    }
+}
+
+/// Which policy a request falls under, as decided by
+/// [`RateLimitLayer::classify`](super::RateLimitLayer::classify).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Class {
     /// The layer's first (default) policy.
     Default,
-    /// The policy with this name (see [`RateLimiterBuilder::policy_name`](crate::RateLimiterBuilder::policy_name)),
-    /// added with [`RateLimitLayer::policy`]. An unknown name falls back to the default
-    /// policy, with a warning.
-    Policy(Cow<'static, str>),
+    /// A policy added with [`RateLimitLayer::add_policy`](super::RateLimitLayer::add_policy).
+    ///
+    /// A handle from another layer matches none of this layer's policies: the request is
+    /// answered `503` (gRPC `UNAVAILABLE`) and an error logged every time, never decided
+    /// under the wrong policy nor let through.
+    Policy(PolicyId),
     /// Not limited at all, and no rate-limit headers (health checks, internal callers).
     Bypass,
 }
 
-impl Class {
-    /// The policy named `name`.
-    pub fn policy(name: impl Into<Cow<'static, str>>) -> Self {
-        Class::Policy(name.into())
-    }
+pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Class + Send + Sync;
+
+/// A number for each layer, so that its policy handles are its own.
+pub(crate) fn next_layer_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Everything a layer and its services share.
-pub(crate) struct Config<K, A> {
-    /// The default policy first, then the ones `classify` can pick by name.
-    pub(crate) policies: Vec<Policy<A>>,
+pub(crate) struct Config<K> {
+    pub(crate) id: u64,
+    /// The default policy first, then those added with `add_policy`, in order.
+    pub(crate) policies: Vec<Arc<Engine>>,
     pub(crate) classify: Option<Arc<ClassifyFn>>,
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) missing_key: MissingKey,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) local_share: NonZeroU32,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder>,
 }
 
-/// One policy: its limiter and, under `FailurePolicy::Local`, its local-share twin.
-pub(crate) struct Policy<A> {
-    pub(crate) limiter: RateLimiter<A>,
-    pub(crate) local: Option<RateLimiter<A>>,
-}
-
-impl<A> Clone for Policy<A> {
+impl<K> Clone for Config<K> {
     fn clone(&self) -> Self {
         Self {
-            limiter: self.limiter.clone(),
-            local: self.local.clone(),
-        }
-    }
-}
-
-impl<K, A> Clone for Config<K, A> {
-    fn clone(&self) -> Self {
-        Self {
+            id: self.id,
             policies: self.policies.clone(),
             classify: self.classify.clone(),
             key: Arc::clone(&self.key),
             cost: self.cost.clone(),
             missing_key: self.missing_key,
-            failure: self.failure,
-            local_share: self.local_share,
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),
         }
     }
 }
 
-impl<K, A: Algorithm> Config<K, A> {
-    /// The policy a request falls under; `None` to bypass limiting.
-    pub(crate) fn policy_for(&self, parts: &Parts) -> Option<&Policy<A>> {
-        let class = self.classify.as_ref().map_or(Class::Default, |f| f(parts));
-        match class {
-            Class::Bypass => None,
-            Class::Default => self.policies.first(),
-            Class::Policy(name) => self
-                .policies
-                .iter()
-                .find(|p| p.limiter.policy_name() == name)
-                .or_else(|| {
-                    if !WARNED_UNKNOWN_POLICY.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            policy = %name,
-                            "rate limit: classify named an unknown policy; using the default"
-                        );
-                    }
-                    self.policies.first()
-                }),
-        }
+impl<K> fmt::Debug for Config<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policies: Vec<(&str, _)> = self
+            .policies
+            .iter()
+            .map(|p| (&*p.policy, p.failure))
+            .collect();
+        f.debug_struct("RateLimitLayer")
+            .field("policies", &policies)
+            .field("missing_key", &self.missing_key)
+            .field("responder", &self.responder)
+            .finish_non_exhaustive()
     }
 }
 
-static WARNED_UNKNOWN_POLICY: AtomicBool = AtomicBool::new(false);
+/// The policy a request falls under.
+pub(crate) enum Selected<'a> {
+    Policy(&'a Arc<Engine>),
+    Bypass,
+    /// A handle of another layer.
+    Foreign(PolicyId),
+}
+
+impl<K> Config<K> {
+    pub(crate) fn policy_for(&self, parts: &Parts) -> Selected<'_> {
+        let class = self.classify.as_ref().map_or(Class::Default, |f| f(parts));
+        match class {
+            Class::Bypass => Selected::Bypass,
+            Class::Default => Selected::Policy(&self.policies[0]),
+            Class::Policy(id) if id.layer == self.id => match self.policies.get(id.index) {
+                Some(policy) => Selected::Policy(policy),
+                None => Selected::Foreign(id),
+            },
+            Class::Policy(id) => Selected::Foreign(id),
+        }
+    }
+}

@@ -25,6 +25,8 @@ pin_project! {
         responder: Arc<Responder>,
         failure: FailurePolicy,
         grpc: bool,
+        // The IETF `pk` parameter, when the layer writes one.
+        partition_key: Option<String>,
     }
 }
 
@@ -63,14 +65,14 @@ where
         responder: Arc<Responder>,
         failure: FailurePolicy,
         grpc: bool,
+        partition_key: Option<String>,
     ) -> Self {
         Self::with_check(
             Check::Ready(Some(result)),
             request,
             service,
             responder,
-            failure,
-            grpc,
+            (failure, grpc, partition_key),
         )
     }
 
@@ -81,14 +83,14 @@ where
         responder: Arc<Responder>,
         failure: FailurePolicy,
         grpc: bool,
+        partition_key: Option<String>,
     ) -> Self {
         Self::with_check(
             Check::Pending(check),
             request,
             service,
             responder,
-            failure,
-            grpc,
+            (failure, grpc, partition_key),
         )
     }
 
@@ -97,8 +99,7 @@ where
         request: Request<B>,
         service: S,
         responder: Arc<Responder>,
-        failure: FailurePolicy,
-        grpc: bool,
+        (failure, grpc, partition_key): (FailurePolicy, bool, Option<String>),
     ) -> Self {
         Self {
             state: State::Checking {
@@ -108,6 +109,7 @@ where
             responder,
             failure,
             grpc,
+            partition_key,
         }
     }
 
@@ -124,6 +126,7 @@ where
             responder,
             failure: FailurePolicy::Open,
             grpc: false,
+            partition_key: None,
         }
     }
 }
@@ -157,7 +160,8 @@ where
                         // The limiter logged the decision (see `telemetry`).
                         Ok(d) if d.allowed => Some(d),
                         Ok(d) => {
-                            return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc)));
+                            let pk = this.partition_key.as_deref();
+                            return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc, pk)));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, policy = ?this.failure, "rate limit: store failed");
@@ -175,7 +179,8 @@ where
                 StateProj::Calling { future, decision } => {
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(d) = decision.take() {
-                        this.responder.allowed(&d, &mut res);
+                        let pk = this.partition_key.as_deref();
+                        this.responder.allowed(&d, &mut res, pk);
                     }
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }

@@ -125,25 +125,34 @@ fn value(s: String) -> HeaderValue {
 /// legacy fields and `Retry-After` replace earlier values.
 ///
 /// ```
-/// use std::{sync::Arc, time::Duration};
-/// use tower_redis_ratelimit::{headers::{render, HeaderStyle}, Decision};
+/// use tower_redis_ratelimit::{headers::{render, HeaderStyle}, Gcra, MemoryStore, Quota, RateLimiter};
 ///
-/// let d = Decision {
-///     allowed: true, limit: 100, remaining: 42, cost: 1,
-///     reset_after: Duration::from_millis(17_200), retry_after: None,
-///     window: Duration::from_secs(60), policy: Arc::from("api"), degraded: false,
-///     limits: Vec::new(), partition_key: None,
-/// };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(100))?)
+///     .policy_name("api")
+///     .build()?;
+/// let d = limiter.check("user-1", 58).await?;
 /// let mut h = http::HeaderMap::new();
 /// render(HeaderStyle::Ietf, &d, &mut h);
 /// assert_eq!(h["ratelimit-policy"], r#""api";q=100;w=60"#);
-/// assert_eq!(h["ratelimit"], r#""api";r=42;t=18"#);
+/// assert_eq!(h["ratelimit"], r#""api";r=42;t=35"#);
+/// # Ok(()) }
 /// ```
 pub fn render(style: HeaderStyle, d: &Decision, headers: &mut HeaderMap) {
+    render_with(style, d, None, headers);
+}
+
+/// [`render`], with the IETF `pk` parameter (base64, the content of an sf-binary) when given.
+pub(crate) fn render_with(
+    style: HeaderStyle,
+    d: &Decision,
+    pk: Option<&str>,
+    headers: &mut HeaderMap,
+) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         // sf-binary: base64 between colons; only base64 characters are ever stored here.
-        let pk = d.partition_key.as_deref().filter(|pk| {
+        let pk = pk.filter(|pk| {
             pk.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
         });
@@ -229,13 +238,16 @@ mod tests {
             policy: Arc::from("p"),
             degraded: false,
             limits: Vec::new(),
-            partition_key: None,
         }
     }
 
     fn rendered(style: HeaderStyle, d: &Decision) -> Vec<(String, String)> {
+        rendered_pk(style, d, None)
+    }
+
+    fn rendered_pk(style: HeaderStyle, d: &Decision, pk: Option<&str>) -> Vec<(String, String)> {
         let mut h = HeaderMap::new();
-        render(style, d, &mut h);
+        render_with(style, d, pk, &mut h);
         let mut v: Vec<_> = h
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
@@ -284,17 +296,17 @@ mod tests {
 
     #[test]
     fn partition_key_is_an_sf_binary_on_both_fields() {
-        let mut d = decision(true, None);
-        d.partition_key = Some("q83vEjRWeJA=".to_owned());
+        let d = decision(true, None);
         assert_eq!(
-            rendered(HeaderStyle::Ietf, &d),
+            rendered_pk(HeaderStyle::Ietf, &d, Some("q83vEjRWeJA=")),
             pairs(&[
                 ("ratelimit", "\"p\";r=0;t=3;pk=:q83vEjRWeJA=:"),
                 ("ratelimit-policy", "\"p\";q=10;w=1;pk=:q83vEjRWeJA=:")
             ])
         );
-        d.partition_key = Some("not base64!".to_owned());
-        assert!(!rendered(HeaderStyle::Ietf, &d)[0].1.contains("pk="));
+        assert!(!rendered_pk(HeaderStyle::Ietf, &d, Some("not base64!"))[0]
+            .1
+            .contains("pk="));
     }
 
     #[test]
@@ -318,5 +330,64 @@ mod tests {
                 ("x-ratelimit-remaining", "0"),
             ])
         );
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+    #[test]
+    fn rendered_headers_are_well_formed(
+        allowed in any::<bool>(),
+        limit in any::<u64>(),
+        remaining in any::<u64>(),
+        reset_us in any::<u64>(),
+        retry_us in prop::option::of(any::<u64>()),
+        window_us in any::<u64>(),
+        policy in "[ -~]{0,20}",
+    ) {
+        let d = Decision {
+            allowed, limit, remaining, cost: 1,
+            reset_after: Duration::from_micros(reset_us),
+            retry_after: retry_us.map(Duration::from_micros),
+            window: Duration::from_micros(window_us),
+            policy: Arc::from(policy.as_str()),
+            degraded: false,
+            limits: Vec::new(),
+        };
+        let mut h = HeaderMap::new();
+        render(HeaderStyle::Both, &d, &mut h);
+        for (name, value) in &h {
+            let text = value.to_str().expect("visible ASCII only");
+            prop_assert!(!text.is_empty(), "{name} is empty");
+            prop_assert_ne!(text, "invalid");
+        }
+        let item = h["ratelimit"].to_str().unwrap();
+        prop_assert!(item.starts_with('"'));
+        // A quoted name (with `\\` escapes), then `;key=integer` parameters.
+        let bytes = item.as_bytes();
+        let mut i = 1;
+        let close = loop {
+            match bytes[i] {
+                b'\\' => i += 2,
+                b'"' => break i,
+                _ => i += 1,
+            }
+        };
+        for param in item[close + 1..].split(';').skip(1) {
+            let (k, v) = param.split_once('=').expect("key=value");
+            prop_assert!(k == "r" || k == "t", "{}", k);
+            prop_assert!(v.parse::<u64>().is_ok(), "{}", v);
+        }
+        if let Some(retry) = h.get("retry-after") {
+            let retry: u64 = retry.to_str().unwrap().parse().unwrap();
+            prop_assert!(retry >= 1);
+        }
+    }
     }
 }

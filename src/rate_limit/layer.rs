@@ -1,25 +1,29 @@
 //! The tower layer.
 
-use std::{fmt, num::NonZeroU32, sync::Arc};
+use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
 use http::{request::Parts, Response};
+use http_body::Body;
 use tower_layer::Layer;
 
 use super::{
-    config::{Class, Config, MissingKey, Policy},
+    body::{box_body, BoxError},
+    config::{next_layer_id, Class, Config, MissingKey, PolicyId},
     headers::HeaderStyle,
     response::Responder,
     service::RateLimit,
 };
-use crate::{Algorithm, Decision, FailurePolicy, KeyExtractor, RateLimiter};
+use crate::{Algorithm, ConfigError, Decision, KeyExtractor, RateLimiter};
 
 /// Rate-limits the requests of a wrapped service, one key per request.
 ///
 /// An allowed request goes to the inner service and its response gets the rate-limit headers;
 /// a denied request never reaches the inner service and gets `429 Too Many Requests` with the
 /// headers and `Retry-After` (gRPC requests: HTTP 200 with `grpc-status: 8`,
-/// RESOURCE_EXHAUSTED). When the store fails, the [`FailurePolicy`] decides.
+/// RESOURCE_EXHAUSTED). When the store fails, the policy's
+/// [`FailurePolicy`](crate::FailurePolicy) decides (set on its limiter with
+/// [`RateLimiterBuilder::on_store_error`](crate::RateLimiterBuilder::on_store_error)).
 ///
 /// Cloning is cheap: the configuration is shared; `K` and `A` need not be `Clone`.
 ///
@@ -39,55 +43,49 @@ use crate::{Algorithm, Decision, FailurePolicy, KeyExtractor, RateLimiter};
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<K, A> {
-    config: Config<K, A>,
+    config: Config<K>,
+    default: RateLimiter<A>,
 }
 
 impl<K, A> Clone for RateLimitLayer<K, A> {
     fn clone(&self) -> Self {
         Self {
             config: self.config.clone(),
+            default: self.default.clone(),
         }
     }
 }
 
-impl<K, A: Algorithm> fmt::Debug for RateLimitLayer<K, A> {
+impl<K, A> fmt::Debug for RateLimitLayer<K, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.config;
-        let names: Vec<&str> = c.policies.iter().map(|p| p.limiter.policy_name()).collect();
-        f.debug_struct("RateLimitLayer")
-            .field("policies", &names)
-            .field("failure", &c.failure)
-            .field("missing_key", &c.missing_key)
-            .field("responder", &c.responder)
-            .finish_non_exhaustive()
+        self.config.fmt(f)
     }
 }
 
 impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
-    /// Limits each request under the key `key` gives it, with `limiter`'s algorithm and store.
-    /// Defaults: cost 1, IETF headers, [`FailurePolicy::Open`], [`MissingKey::Shared`].
+    /// Limits each request under the key `key` gives it, with `limiter`'s algorithm, store and
+    /// failure policy. Defaults: cost 1, IETF headers, [`MissingKey::Shared`].
     pub fn new(limiter: RateLimiter<A>, key: K) -> Self {
         Self {
             config: Config {
-                policies: vec![Policy {
-                    limiter,
-                    local: None,
-                }],
+                id: next_layer_id(),
+                policies: vec![Arc::clone(&limiter.engine)],
                 classify: None,
                 key: Arc::new(key),
                 cost: None,
                 missing_key: MissingKey::default(),
-                failure: FailurePolicy::default(),
-                local_share: NonZeroU32::MIN,
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
             },
+            default: limiter,
         }
     }
 
-    /// Adds a policy that [`classify`](Self::classify) can select by the limiter's policy
-    /// name, e.g. a paid tier with its own quota. Give each policy its own key prefix, or they
-    /// share counters.
+    /// Adds a policy that [`classify`](Self::classify) can select with the returned handle,
+    /// e.g. a stricter log-in limit, or a paid tier with its own quota. It may use another
+    /// algorithm than the default policy, and has its own failure policy. Each policy counts
+    /// under its own name: a second policy with a name already in this layer is an error
+    /// (field `policy_name`).
     ///
     /// ```
     /// use tower_redis_ratelimit::*;
@@ -97,25 +95,40 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///
     /// let store = MemoryStore::new();
     /// let free = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(60))?)
-    ///     .prefix("free").policy_name("free").build()?;
-    /// let paid = RateLimiter::builder(store, Gcra::new(Quota::per_minute(6000))?)
-    ///     .prefix("paid").policy_name("paid").build()?;
-    /// let layer = RateLimitLayer::new(free, HeaderKey::new("x-api-key")?)
-    ///     .policy(paid)
-    ///     .classify(|parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
-    ///         ("/health", _) => Class::Bypass,
-    ///         (_, Some(Plan("paid"))) => Class::policy("paid"),
-    ///         _ => Class::Default,
-    ///     });
+    ///     .policy_name("free").build()?;
+    /// let paid = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(6000))?)
+    ///     .policy_name("paid").build()?;
+    /// let login = RateLimiter::builder(store, SlidingWindow::new(Quota::per_minute(5))?)
+    ///     .policy_name("login")
+    ///     .on_store_error(FailurePolicy::Closed)
+    ///     .build()?;
+    /// let mut layer = RateLimitLayer::new(free, HeaderKey::new("x-api-key")?);
+    /// let paid = layer.add_policy(paid)?;
+    /// let login = layer.add_policy(login)?;
+    /// let layer = layer.classify(move |parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
+    ///     ("/health", _) => Class::Bypass,
+    ///     ("/login", _) => Class::Policy(login),
+    ///     (_, Some(Plan("paid"))) => Class::Policy(paid),
+    ///     _ => Class::Default,
+    /// });
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn policy(mut self, limiter: RateLimiter<A>) -> Self {
-        self.config.policies.push(Policy {
-            limiter,
-            local: None,
-        });
-        self.rebuild_local();
-        self
+    pub fn add_policy<B: Algorithm>(
+        &mut self,
+        limiter: RateLimiter<B>,
+    ) -> Result<PolicyId, ConfigError> {
+        let name = &limiter.engine.policy;
+        if self.config.policies.iter().any(|p| p.policy == *name) {
+            return Err(ConfigError::new(
+                "policy_name",
+                format!("this layer already has a policy named {name:?}"),
+            ));
+        }
+        self.config.policies.push(Arc::clone(&limiter.engine));
+        Ok(PolicyId::new(
+            self.config.id,
+            self.config.policies.len() - 1,
+        ))
     }
 
     /// Picks each request's policy (default: always the first). Classify on what the client
@@ -132,58 +145,6 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         Arc::make_mut(&mut self.config.responder).style = style;
         self
-    }
-
-    /// What to do when the store fails or times out (default [`FailurePolicy::Open`]).
-    ///
-    /// With [`FailurePolicy::Local`], also set [`local_share`](Self::local_share) to the number
-    /// of instances sharing the quota.
-    ///
-    /// ```
-    /// # use tower_redis_ratelimit::*;
-    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(600)).unwrap());
-    /// // Four gateways: while Redis is away, each admits 150 a minute per key.
-    /// let layer = RateLimitLayer::new(limiter, PeerIp)
-    ///     .on_store_error(FailurePolicy::Local)
-    ///     .local_share(4);
-    /// ```
-    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.config.failure = policy;
-        self.rebuild_local();
-        self
-    }
-
-    /// The number of instances that share the quota, for [`FailurePolicy::Local`]: while the
-    /// store is unavailable, each instance decides alone with the quota (limit and burst)
-    /// divided by `instances`, rounded down but at least one unit (default 1: the whole quota
-    /// per instance).
-    ///
-    /// # Panics
-    ///
-    /// If `instances` is 0.
-    pub fn local_share(mut self, instances: u32) -> Self {
-        self.config.local_share =
-            NonZeroU32::new(instances).expect("local_share must be at least 1");
-        self.rebuild_local();
-        self
-    }
-
-    /// (Re)builds each policy's local twin for [`FailurePolicy::Local`].
-    fn rebuild_local(&mut self) {
-        let c = &mut self.config;
-        for p in &mut c.policies {
-            p.local = None;
-            if c.failure == FailurePolicy::Local {
-                p.local = p.limiter.local_twin(c.local_share);
-                if p.local.is_none() {
-                    tracing::error!(
-                        algorithm = p.limiter.algorithm().name(),
-                        "rate limit: FailurePolicy::Local needs an algorithm with a local \
-                         share; requests are rejected while the store is unavailable"
-                    );
-                }
-            }
-        }
     }
 
     /// What to do with requests that have no key (default [`MissingKey::Shared`]).
@@ -213,25 +174,29 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     }
 
     /// Builds the response for denied (non-gRPC) requests instead of the default plain-text
-    /// 429. The rate-limit headers and `Retry-After` are added unless already present.
+    /// 429, with any body: an axum response (`IntoResponse::into_response()`), a `String`,
+    /// `Full<Bytes>`... The rate-limit headers and `Retry-After` are added unless already
+    /// present.
     ///
     /// ```
     /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
+    /// use axum::{http::StatusCode, response::IntoResponse};
+    ///
     /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap());
     /// let layer = RateLimitLayer::new(limiter, GlobalKey).on_limited(|d| {
     ///     let body = format!(r#"{{"error":"slow down","remaining":{}}}"#, d.remaining);
-    ///     http::Response::builder()
-    ///         .status(429)
-    ///         .header("content-type", "application/json")
-    ///         .body(body.into())
-    ///         .unwrap()
+    ///     (StatusCode::TOO_MANY_REQUESTS, [("content-type", "application/json")], body)
+    ///         .into_response()
     /// });
     /// ```
-    pub fn on_limited<F>(mut self, reject: F) -> Self
+    pub fn on_limited<F, B>(mut self, reject: F) -> Self
     where
-        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&Decision) -> Response<B> + Send + Sync + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
     {
-        Arc::make_mut(&mut self.config.responder).reject = Some(Arc::new(reject));
+        Arc::make_mut(&mut self.config.responder).reject =
+            Some(Arc::new(move |d: &Decision| reject(d).map(box_body)));
         self
     }
 
@@ -259,7 +224,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
 
     /// The default policy's limiter.
     pub fn limiter(&self) -> &RateLimiter<A> {
-        &self.config.policies[0].limiter
+        &self.default
     }
 }
 

@@ -13,8 +13,8 @@ pub mod response;
 mod service;
 
 pub use self::{
-    body::ResponseBody,
-    config::{Class, MissingKey},
+    body::{BoxError, ResponseBody},
+    config::{Class, MissingKey, PolicyId},
     future::ResponseFuture,
     headers::HeaderStyle,
     layer::RateLimitLayer,

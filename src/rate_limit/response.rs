@@ -8,15 +8,18 @@ use http::{
     HeaderMap, HeaderValue, Response, StatusCode,
 };
 
+use http_body_util::combinators::UnsyncBoxBody;
+
 use super::{
-    body::ResponseBody,
-    headers::{ceil_secs, render, HeaderStyle},
+    body::{BoxError, ResponseBody},
+    headers::{ceil_secs, render_with, HeaderStyle},
 };
 use crate::Decision;
 
 /// A user-supplied rejection: builds the response for a denied request. The limiter adds the
 /// rate-limit headers and `Retry-After` unless the response already has them.
-pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+pub(crate) type RejectFn =
+    dyn Fn(&Decision) -> Response<UnsyncBoxBody<Bytes, BoxError>> + Send + Sync;
 
 /// gRPC status code RESOURCE_EXHAUSTED.
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
@@ -124,12 +127,17 @@ fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>
 
 impl Responder {
     /// Adds the rate-limit headers of an allowed decision to the inner service's response.
-    pub(crate) fn allowed<B>(&self, d: &Decision, res: &mut Response<B>) {
-        render(self.style, d, res.headers_mut());
+    pub(crate) fn allowed<B>(&self, d: &Decision, res: &mut Response<B>, pk: Option<&str>) {
+        render_with(self.style, d, pk, res.headers_mut());
     }
 
     /// The response to a denied request.
-    pub(crate) fn denied<B>(&self, d: &Decision, grpc: bool) -> Response<ResponseBody<B>> {
+    pub(crate) fn denied<B>(
+        &self,
+        d: &Decision,
+        grpc: bool,
+        pk: Option<&str>,
+    ) -> Response<ResponseBody<B>> {
         // Responses built here carry no rate-limit header of their own: render straight into
         // them. A custom rejection's own headers win (merged below).
         let mut res = if grpc {
@@ -140,7 +148,7 @@ impl Responder {
             };
             grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
         } else if let Some(reject) = &self.reject {
-            return self.merge_headers(d, reject(d).map(ResponseBody::full));
+            return self.merge_headers(d, pk, reject(d).map(ResponseBody::boxed));
         } else if self.problem_details {
             problem_response(d)
         } else if d.is_never() {
@@ -157,14 +165,19 @@ impl Responder {
                 Bytes::from_static(b"rate limit exceeded\n"),
             )
         };
-        render(self.style, d, res.headers_mut());
+        render_with(self.style, d, pk, res.headers_mut());
         res
     }
 
     /// Adds the rate-limit headers to a custom rejection, except those it set itself.
-    fn merge_headers<B>(&self, d: &Decision, mut res: Response<B>) -> Response<B> {
+    fn merge_headers<B>(
+        &self,
+        d: &Decision,
+        pk: Option<&str>,
+        mut res: Response<B>,
+    ) -> Response<B> {
         let mut headers = HeaderMap::new();
-        render(self.style, d, &mut headers);
+        render_with(self.style, d, pk, &mut headers);
         // Each header the rejection did not set itself, with all its values (several limits
         // give several `RateLimit` list members).
         let mut current = None;
@@ -213,13 +226,12 @@ mod tests {
             policy: Arc::from("free-tier"),
             degraded: false,
             limits: Vec::new(),
-            partition_key: None,
         };
         let r = Responder {
             problem_details: true,
             ..Responder::default()
         };
-        let res: Response<ResponseBody<http_body_util_free::Empty>> = r.denied(&d, false);
+        let res: Response<ResponseBody<http_body_util_free::Empty>> = r.denied(&d, false, None);
         assert_eq!(res.status(), 429);
         assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(res.headers()["retry-after"], "3");

@@ -2,6 +2,7 @@
 
 use std::{
     fmt,
+    marker::PhantomData,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -9,31 +10,35 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body;
 use tower_service::Service;
 
 use super::{
     body::ResponseBody,
-    config::{Config, MissingKey},
+    config::{Config, MissingKey, Selected},
     future::ResponseFuture,
     headers::partition_key,
     response::is_grpc,
 };
-use crate::{Algorithm, BoxFuture, KeyExtractor};
+use crate::{BoxFuture, Error, FailurePolicy, KeyExtractor};
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
 pub struct RateLimit<S, K, A> {
     inner: S,
-    config: Arc<Config<K, A>>,
+    config: Arc<Config<K>>,
+    /// The default policy's algorithm, as in the layer's type.
+    _algorithm: PhantomData<fn() -> A>,
 }
 
 impl<S, K, A> RateLimit<S, K, A> {
-    pub(crate) fn new(inner: S, config: Arc<Config<K, A>>) -> Self {
-        Self { inner, config }
+    pub(crate) fn new(inner: S, config: Arc<Config<K>>) -> Self {
+        Self {
+            inner,
+            config,
+            _algorithm: PhantomData,
+        }
     }
 
     /// The wrapped service.
@@ -54,30 +59,23 @@ impl<S, K, A> RateLimit<S, K, A> {
 
 impl<S: Clone, K, A> Clone for RateLimit<S, K, A> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
-        }
+        Self::new(self.inner.clone(), Arc::clone(&self.config))
     }
 }
 
-impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for RateLimit<S, K, A> {
+impl<S: fmt::Debug, K, A> fmt::Debug for RateLimit<S, K, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.config.policies[0].limiter)
-            .finish_non_exhaustive()
+            .field("layer", &self.config)
+            .finish()
     }
 }
 
 impl<S, K, A, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, A>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor,
-    A: Algorithm,
-    ReqBody: Send + 'static,
-    ResBody: Body<Data = Bytes>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -97,12 +95,31 @@ where
 
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        let policy = config.policy_for(&parts);
+        let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let key = config.key.extract(&parts);
         let req = Request::from_parts(parts, body);
-        let Some(policy) = policy.filter(|_| cost > 0) else {
-            return ResponseFuture::unchecked(req, inner, responder);
+        let policy = match selected {
+            Selected::Policy(policy) if cost > 0 => policy,
+            Selected::Policy(_) | Selected::Bypass => {
+                return ResponseFuture::unchecked(req, inner, responder)
+            }
+            Selected::Foreign(id) => {
+                tracing::error!(
+                    ?id,
+                    "rate limit: classify returned a policy handle of another layer; answering 503"
+                );
+                let e = Error::InvalidInput("a policy handle of another layer");
+                return ResponseFuture::decided(
+                    Err(e),
+                    req,
+                    inner,
+                    responder,
+                    FailurePolicy::Closed,
+                    grpc,
+                    None,
+                );
+            }
         };
         if key.is_none() {
             if config.missing_key == MissingKey::Allow {
@@ -118,37 +135,15 @@ where
             .partition_secret
             .as_ref()
             .map(|secret| partition_key(secret, key.as_deref().unwrap_or("#")));
-        let base = policy.limiter.base_key(key.as_deref());
+        let base = policy.base_key(key.as_deref());
+        let failure = policy.failure;
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        let mut failed = None;
-        match policy.limiter.decide_now(&base, cost) {
-            // The store is down and a local share is configured: decide below, locally.
-            Some(Err(e)) if policy.local.is_some() && e.is_unavailable() => failed = Some(e),
-            Some(result) => {
-                let result = result.map(|mut d| {
-                    d.partition_key = pk;
-                    d
-                });
-                return ResponseFuture::decided(
-                    result,
-                    req,
-                    inner,
-                    responder,
-                    config.failure,
-                    grpc,
-                );
-            }
-            None => {}
+        if let Some(result) = policy.decide_now(&base, cost) {
+            return ResponseFuture::decided(result, req, inner, responder, failure, grpc, pk);
         }
-        let limiter = policy.limiter.clone();
-        let local = policy.local.clone();
-        let check: BoxFuture<'static, _> = Box::pin(async move {
-            let mut d = limiter
-                .check_or_local(base, key.as_deref(), cost, local.as_ref(), failed)
-                .await?;
-            d.partition_key = pk;
-            Ok(d)
-        });
-        ResponseFuture::checking(check, req, inner, responder, config.failure, grpc)
+        let policy = Arc::clone(policy);
+        let check: BoxFuture<'static, _> =
+            Box::pin(async move { policy.check(&base, cost, None).await });
+        ResponseFuture::checking(check, req, inner, responder, failure, grpc, pk)
     }
 }

@@ -6,7 +6,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use super::{BoxFuture, Store};
+use super::{BoxFuture, Namespaces, Store};
 use crate::{algorithm::MemoryState, Algorithm, Error, Outcome};
 
 const SHARDS: usize = 16;
@@ -40,6 +40,7 @@ pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>; SHARDS]>,
     max_per_shard: usize,
     max_entries_per_shard: usize,
+    namespaces: Arc<Namespaces>,
 }
 
 impl Default for MemoryStore {
@@ -103,6 +104,7 @@ impl MemoryStore {
             shards: Arc::default(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
+            namespaces: Arc::default(),
         }
     }
 
@@ -195,7 +197,7 @@ impl MemoryStore {
         let state = &mut entry.state;
         let before = state.entries();
         state.expire(now);
-        let outcome = algorithm.check_in_memory(state, now, cost);
+        let outcome = algorithm.decide(state, now, cost);
         let after = state.entries();
         shard.entries = shard.entries + after - before;
         if state.is_empty() {
@@ -316,6 +318,10 @@ impl Store for MemoryStore {
         now: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
         Some(self.decide_base(algorithm, base_key, cost, now))
+    }
+
+    fn namespaces(&self) -> Option<&Namespaces> {
+        Some(&self.namespaces)
     }
 }
 

@@ -6,11 +6,16 @@
 //!   development and tests.
 
 mod memory;
+mod namespaces;
 mod redis;
 
 pub(crate) use self::memory::shard_index;
 pub use self::memory::MemoryStore;
-pub use self::redis::{Batching, RedisStore};
+pub(crate) use self::namespaces::Claim;
+pub use self::{
+    namespaces::Namespaces,
+    redis::{Batching, RedisStore},
+};
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
@@ -49,6 +54,13 @@ pub trait Store: Send + Sync + 'static {
         let _ = (algorithm, base_key, cost, now_us);
         None
     }
+
+    /// The namespaces of the limiters built on this store, so that two limiters with the same
+    /// namespace and different quotas are a [`ConfigError`](crate::ConfigError) (see
+    /// [`Namespaces`]). `None` (the default): not checked.
+    fn namespaces(&self) -> Option<&Namespaces> {
+        None
+    }
 }
 
 /// A shared store is a store: lets one `Arc<dyn Store>` serve several limiters, or a store be
@@ -72,5 +84,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now_us: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
         (**self).check_now(algorithm, base_key, cost, now_us)
+    }
+
+    fn namespaces(&self) -> Option<&Namespaces> {
+        (**self).namespaces()
     }
 }

@@ -3,10 +3,11 @@
 mod backend;
 mod batch;
 mod connection;
+mod scripts;
 
 pub use self::batch::Batching;
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
@@ -16,8 +17,9 @@ use self::{
     backend::{evalsha, Backend},
     batch::Batcher,
     connection::Supervised,
+    scripts::Wire,
 };
-use super::{BoxFuture, Store};
+use super::{BoxFuture, Namespaces, Store};
 use crate::{Algorithm, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
@@ -50,6 +52,7 @@ use crate::{Algorithm, ConfigError, Error, Outcome};
 pub struct RedisStore {
     backend: Backend,
     batcher: Option<Batcher>,
+    namespaces: Arc<Namespaces>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -130,6 +133,7 @@ impl RedisStore {
         Self {
             backend,
             batcher: None,
+            namespaces: Arc::default(),
         }
     }
 
@@ -189,18 +193,25 @@ impl Store for RedisStore {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
         Box::pin(async move {
-            let keys = algorithm.redis_keys(base_key);
-            let args = algorithm.script_args(cost);
-            if let (Some(batcher), Some(script)) = (&self.batcher, algorithm.batch_script()) {
-                let reply = batcher.submit(script, keys, args, now_us).await?;
-                return algorithm.parse_reply(reply);
+            let Wire {
+                script,
+                batch,
+                keys,
+                args,
+            } = Wire::of(algorithm, base_key, cost)?;
+            if let (Some(batcher), Some(batch)) = (&self.batcher, batch) {
+                let reply = batcher.submit(batch, keys, args, now_us).await?;
+                return scripts::parse(algorithm, reply);
             }
-            let script = algorithm.script();
             let mut cmd = evalsha(script, keys.len(), keys.iter(), now_us);
             for arg in args {
                 cmd.arg(arg);
             }
-            algorithm.parse_reply(self.backend.eval(script, &cmd).await?)
+            scripts::parse(algorithm, self.backend.eval(script, &cmd).await?)
         })
+    }
+
+    fn namespaces(&self) -> Option<&Namespaces> {
+        Some(&self.namespaces)
     }
 }

@@ -1,0 +1,171 @@
+//! One key's state in a [`MemoryStore`](crate::MemoryStore), with its expiry.
+
+use std::{any::Any, collections::VecDeque};
+
+use crate::Error;
+
+/// One key's state in a [`MemoryStore`](crate::MemoryStore), with its expiry.
+///
+/// Like a Redis key, it holds a value of one type or nothing, and it expires: an algorithm
+/// stores its state with [`MemoryState::put`] and a time to live, and finds nothing after that.
+/// The built-in algorithms keep their state inline (no allocation per key for GCRA and the
+/// token bucket); a custom algorithm stores any `T: Any + Send`.
+#[derive(Debug, Default)]
+pub struct MemoryState {
+    value: Value,
+    expires_at_us: u64,
+    /// Log entries the value holds (a sliding-window log), for the store's memory bound.
+    entries: usize,
+}
+
+#[derive(Debug, Default)]
+enum Value {
+    #[default]
+    Empty,
+    Tat(u64),
+    Bucket(Bucket),
+    Tats(Box<[Option<u64>]>),
+    Log(Log),
+    Any(Box<dyn Any + Send>),
+}
+
+/// Token-bucket state: whole tokens, and the time the last whole token was credited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    pub(crate) tokens: u64,
+    pub(crate) ts: u64,
+}
+
+/// Sliding-window state: the log (time, running total) and the totals of the Lua hash.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Log {
+    pub(crate) entries: VecDeque<(u64, u64)>,
+    pub(crate) added: u64,
+    pub(crate) removed: u64,
+    pub(crate) last: u64,
+}
+
+fn wrong_type() -> Error {
+    Error::InvalidReply("key holds another algorithm's state".to_owned())
+}
+
+impl MemoryState {
+    /// The stored value, if any; an error if a value of another type is stored under this key
+    /// (two algorithms sharing a key), like Redis' `WRONGTYPE`.
+    pub fn get_mut<T: Any + Send>(&mut self) -> Result<Option<&mut T>, Error> {
+        match &mut self.value {
+            Value::Empty => Ok(None),
+            Value::Any(v) => v.downcast_mut::<T>().map(Some).ok_or_else(wrong_type),
+            _ => Err(wrong_type()),
+        }
+    }
+
+    /// Stores `value` until `now_us + ttl_us`.
+    pub fn put<T: Any + Send>(&mut self, value: T, now_us: u64, ttl_us: u64) {
+        // Overwrite in place when the key already holds a `T`: no allocation per check.
+        match &mut self.value {
+            Value::Any(v) if v.is::<T>() => {
+                if let Some(slot) = v.downcast_mut::<T>() {
+                    *slot = value;
+                }
+            }
+            _ => self.value = Value::Any(Box::new(value)),
+        }
+        self.expire_after(now_us, ttl_us);
+    }
+
+    fn expire_after(&mut self, now_us: u64, ttl_us: u64) {
+        self.expires_at_us = now_us.saturating_add(ttl_us);
+    }
+
+    /// A GCRA's theoretical arrival time, if one is stored.
+    pub(crate) fn tat(&self) -> Result<Option<u64>, Error> {
+        match self.value {
+            Value::Empty => Ok(None),
+            Value::Tat(t) => Ok(Some(t)),
+            _ => Err(wrong_type()),
+        }
+    }
+
+    pub(crate) fn put_tat(&mut self, tat: u64, now_us: u64, ttl_us: u64) {
+        self.value = Value::Tat(tat);
+        self.expire_after(now_us, ttl_us);
+    }
+
+    /// A token bucket, if one is stored.
+    pub(crate) fn bucket(&self) -> Result<Option<Bucket>, Error> {
+        match self.value {
+            Value::Empty => Ok(None),
+            Value::Bucket(b) => Ok(Some(b)),
+            _ => Err(wrong_type()),
+        }
+    }
+
+    pub(crate) fn put_bucket(&mut self, bucket: Bucket, now_us: u64, ttl_us: u64) {
+        self.value = Value::Bucket(bucket);
+        self.expire_after(now_us, ttl_us);
+    }
+
+    /// Several GCRAs' arrival times, if `n` of them are stored.
+    pub(crate) fn tats(&self, n: usize) -> Result<Option<&[Option<u64>]>, Error> {
+        match &self.value {
+            Value::Empty => Ok(None),
+            Value::Tats(t) if t.len() == n => Ok(Some(t)),
+            Value::Tats(_) => Ok(None), // the limits were reconfigured: start afresh
+            _ => Err(wrong_type()),
+        }
+    }
+
+    pub(crate) fn put_tats(&mut self, tats: &[Option<u64>], now_us: u64, ttl_us: u64) {
+        match &mut self.value {
+            Value::Tats(t) if t.len() == tats.len() => t.copy_from_slice(tats),
+            _ => self.value = Value::Tats(tats.into()),
+        }
+        self.expire_after(now_us, ttl_us);
+    }
+
+    /// The sliding-window log, created empty if the key holds nothing.
+    pub(crate) fn log(&mut self) -> Result<&mut Log, Error> {
+        if let Value::Empty = self.value {
+            self.value = Value::Log(Log::default());
+        }
+        match &mut self.value {
+            Value::Log(log) => Ok(log),
+            _ => Err(wrong_type()),
+        }
+    }
+
+    /// Keeps the log until `now_us + ttl_us` and records how many entries it holds.
+    pub(crate) fn keep_log(&mut self, now_us: u64, ttl_us: u64) {
+        if let Value::Log(log) = &self.value {
+            self.entries = log.entries.capacity();
+        }
+        self.expire_after(now_us, ttl_us);
+    }
+
+    /// Forgets the value (an algorithm that found nothing worth keeping).
+    pub(crate) fn clear(&mut self) {
+        self.value = Value::Empty;
+        self.entries = 0;
+    }
+
+    /// Clears the value if it expired at or before `now_us`.
+    pub(crate) fn expire(&mut self, now_us: u64) {
+        if !self.is_empty() && self.expires_at_us <= now_us {
+            self.clear();
+        }
+    }
+
+    pub(crate) fn expires_at(&self) -> u64 {
+        self.expires_at_us
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self.value, Value::Empty)
+    }
+
+    /// Log entries the stored value holds (as allocated).
+    pub(crate) fn entries(&self) -> usize {
+        self.entries
+    }
+}

@@ -1,0 +1,343 @@
+//! Building a [`RateLimiter`]: every option validated at once, with an error naming the field.
+
+use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
+
+use super::{
+    breaker::{BreakerState, CircuitBreaker},
+    deny_cache::DenyCache,
+    engine::Engine,
+    failure::FailurePolicy,
+    rate_limiter::RateLimiter,
+    stats::Counters,
+    DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT,
+};
+use crate::{Algorithm, ConfigError, MemoryStore, Store};
+
+impl<A: Algorithm> RateLimiter<A> {
+    /// A limiter with the default prefix (`rl`), policy name (`default`), store timeout
+    /// (100 ms), key length bound (128 bytes) and failure policy ([`FailurePolicy::Open`]).
+    ///
+    /// # Panics
+    ///
+    /// When another limiter on the same store already counts under the default namespace
+    /// (`rl:default`) with another algorithm or quota: use [`builder`](Self::builder) and give
+    /// each its own [`policy_name`](RateLimiterBuilder::policy_name) (`build` returns that
+    /// as an error instead).
+    pub fn new(store: impl Store, algorithm: A) -> Self {
+        match Self::builder(store, algorithm).build() {
+            Ok(limiter) => limiter,
+            Err(e) => panic!("RateLimiter::new: {e}"),
+        }
+    }
+
+    /// A builder for the other options.
+    pub fn builder(store: impl Store, algorithm: A) -> RateLimiterBuilder<A> {
+        RateLimiterBuilder {
+            store: Arc::new(store),
+            algorithm,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            policy: DEFAULT_POLICY_NAME.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            breaker: CircuitBreaker::default(),
+            deny_cache: DEFAULT_DENY_CACHE_KEYS,
+            failure: FailurePolicy::default(),
+            local_share: 1,
+            share_counters: false,
+        }
+    }
+}
+
+/// Options for a [`RateLimiter`]; [`build`](Self::build) validates them.
+pub struct RateLimiterBuilder<A> {
+    store: Arc<dyn Store>,
+    algorithm: A,
+    prefix: String,
+    policy: String,
+    timeout: Duration,
+    max_key_len: usize,
+    breaker: CircuitBreaker,
+    deny_cache: usize,
+    failure: FailurePolicy,
+    local_share: u32,
+    share_counters: bool,
+}
+
+impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiterBuilder")
+            .field("algorithm", &self.algorithm.name())
+            .field("prefix", &self.prefix)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Algorithm> RateLimiterBuilder<A> {
+    /// The first part of this limiter's namespace (default `rl`); keys are
+    /// `{prefix:policy:key}`. 1 to 64 visible ASCII characters, without `{`, `}`. Handy to
+    /// keep apps or environments sharing one Redis apart.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The policy name (default `default`): the second part of this limiter's namespace, and
+    /// the name in the `RateLimit` headers. 1 to 64 characters from `A-Z a-z 0-9 - _ . :`.
+    ///
+    /// Each policy counts under its own name. Two limiters on one store with the same prefix
+    /// and name but another algorithm or quota would spend each other's counters, so building
+    /// the second fails, unless both [`share_counters`](Self::share_counters).
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy = name.into();
+        self
+    }
+
+    /// Shares this limiter's counters with other limiters of the same namespace (prefix and
+    /// policy name) that decide with another algorithm or quota, on purpose: e.g. a back-fill
+    /// job with a lower threshold on the same sliding-window log as interactive calls, so that
+    /// bulk work only uses what interactive calls leave. Every limiter sharing must call it.
+    pub fn share_counters(mut self) -> Self {
+        self.share_counters = true;
+        self
+    }
+
+    /// Bound on one store call, including waiting for a pooled connection (default 100 ms).
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Keys longer than this many bytes are stored as a hash (default 128, at least 16).
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key_len = len;
+        self
+    }
+
+    /// When to stop calling a failing store (default: after 5 failures in a row, for 1 s).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// The exact local deny cache: once the store denies a cost-1 check of a key with no units
+    /// left, this limiter denies further cost-1 checks of that key itself until one unit is
+    /// free again, without a round trip. Exact (nothing but time frees capacity, and the
+    /// deadline is measured from when the check was sent), so it never allows what the store
+    /// would deny nor denies what it would allow; the flood case then costs no Redis calls.
+    /// Holds at most `max_keys` live denials (default 100,000); 0 switches it off. An entry
+    /// answers for at most one second before the store is asked again, so state lost in Redis
+    /// (a restart, `FLUSHDB`) is noticed within a second.
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.deny_cache = max_keys;
+        self
+    }
+
+    /// What a check gets when the store fails or times out (default
+    /// [`FailurePolicy::Open`]). With [`FailurePolicy::Local`], also set
+    /// [`local_share`](Self::local_share).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// // Log-in: never unlimited, even when Redis is away.
+    /// let login = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)
+    ///     .policy_name("login")
+    ///     .on_store_error(FailurePolicy::Closed)
+    ///     .build()?;
+    /// // Four gateways: while Redis is away, each admits 150 a minute per key.
+    /// let general = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(600))?)
+    ///     .on_store_error(FailurePolicy::Local)
+    ///     .local_share(4)
+    ///     .build()?;
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The number of instances that share the quota, for [`FailurePolicy::Local`]: while the
+    /// store is unavailable, each instance decides alone with the quota (limit and burst)
+    /// divided by `instances`, rounded down but at least one unit (default 1: the whole quota
+    /// per instance). At least 1.
+    pub fn local_share(mut self, instances: u32) -> Self {
+        self.local_share = instances;
+        self
+    }
+
+    /// Validates the options; the error names the field.
+    pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
+        self.breaker.validate()?;
+        let p = &self.prefix;
+        if p.is_empty()
+            || p.len() > 64
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return Err(ConfigError::new(
+                "prefix",
+                format!("{p:?}: must be 1 to 64 visible ASCII characters without braces"),
+            ));
+        }
+        let n = &self.policy;
+        if n.is_empty()
+            || n.len() > 64
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        {
+            return Err(ConfigError::new(
+                "policy_name",
+                format!("{n:?}: must be 1 to 64 characters from A-Z a-z 0-9 - _ . :"),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new("store_timeout", "must be more than zero"));
+        }
+        if self.max_key_len < 16 {
+            return Err(ConfigError::new("max_key_len", "must be at least 16"));
+        }
+        let Some(instances) = NonZeroU32::new(self.local_share) else {
+            return Err(ConfigError::new("local_share", "must be at least 1"));
+        };
+        let algorithm = Arc::new(self.algorithm);
+        let namespace = format!("{}:{}", self.prefix, self.policy);
+        let local = match self.failure {
+            FailurePolicy::Local => {
+                let Some(shared) = algorithm.local_share(instances) else {
+                    return Err(ConfigError::new(
+                        "on_store_error",
+                        format!(
+                            "FailurePolicy::Local needs an algorithm whose quota can be divided \
+                             among instances; {} cannot",
+                            algorithm.name()
+                        ),
+                    ));
+                };
+                Some(Arc::new(local_engine(
+                    shared,
+                    &namespace,
+                    &self.policy,
+                    self.max_key_len,
+                )))
+            }
+            _ => None,
+        };
+        let claim = match self.store.namespaces() {
+            Some(namespaces) => {
+                let rule = fingerprint(&*algorithm);
+                let share = self.share_counters;
+                Some(namespaces.claim(&namespace, algorithm.name(), rule, share)?)
+            }
+            None => None,
+        };
+        let dyn_algorithm: Arc<dyn Algorithm> = algorithm.clone();
+        let engine = Engine {
+            store: self.store,
+            algorithm: dyn_algorithm,
+            namespace,
+            policy: self.policy.into(),
+            timeout: self.timeout,
+            max_key_len: self.max_key_len,
+            breaker: BreakerState::new(self.breaker),
+            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+            failure: self.failure,
+            local,
+            counters: Counters::default(),
+            _claim: claim,
+        };
+        Ok(RateLimiter {
+            engine: Arc::new(engine),
+            algorithm,
+        })
+    }
+}
+
+/// What a limiter decides with, to tell two limiters of one namespace apart.
+fn fingerprint(algorithm: &dyn Algorithm) -> String {
+    let parts: Vec<&str> = algorithm.parts().iter().map(|p| &*p.name).collect();
+    match parts.is_empty() {
+        true => format!("{:?}", algorithm.rule()),
+        false => format!("{:?} {parts:?}", algorithm.rule()),
+    }
+}
+
+/// The in-memory limiter deciding at the local share while the store is unavailable.
+fn local_engine(
+    algorithm: Arc<dyn Algorithm>,
+    namespace: &str,
+    policy: &str,
+    max_key_len: usize,
+) -> Engine {
+    Engine {
+        store: Arc::new(MemoryStore::new()),
+        algorithm,
+        namespace: namespace.to_owned(),
+        policy: policy.into(),
+        timeout: DEFAULT_TIMEOUT,
+        max_key_len,
+        breaker: BreakerState::new(CircuitBreaker::disabled()),
+        deny_cache: None,
+        failure: FailurePolicy::Closed,
+        local: None,
+        counters: Counters::default(),
+        _claim: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Error, Gcra, Quota};
+
+    fn builder() -> RateLimiterBuilder<Gcra> {
+        RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap())
+    }
+
+    #[test]
+    fn rejects_bad_options_naming_the_field() {
+        let field = |b: RateLimiterBuilder<Gcra>| b.build().unwrap_err().field();
+        assert_eq!(field(builder().prefix("")), "prefix");
+        assert_eq!(field(builder().prefix("a{b")), "prefix");
+        assert_eq!(field(builder().prefix("a b")), "prefix");
+        assert_eq!(field(builder().policy_name("x\"y")), "policy_name");
+        assert_eq!(field(builder().policy_name("")), "policy_name");
+        assert_eq!(
+            field(builder().store_timeout(Duration::ZERO)),
+            "store_timeout"
+        );
+        assert_eq!(field(builder().max_key_len(3)), "max_key_len");
+        assert_eq!(field(builder().local_share(0)), "local_share");
+        assert!(builder()
+            .prefix("api:v1")
+            .policy_name("free-tier")
+            .build()
+            .is_ok());
+    }
+
+    #[test]
+    fn long_and_marker_keys_are_hashed() {
+        let l = builder().build().unwrap();
+        let long = "k".repeat(129);
+        let hashed = l.storage_key(&long);
+        assert!(
+            hashed.starts_with("{rl:default:#") && hashed.len() == 54,
+            "{hashed}"
+        );
+        assert_eq!(
+            l.storage_key(&"k".repeat(128)),
+            format!("{{rl:default:{}}}", "k".repeat(128))
+        );
+        // A client cannot pick a raw key equal to another key's hashed form.
+        let forged = &hashed[12..hashed.len() - 1];
+        assert_ne!(l.storage_key(forged), hashed);
+    }
+
+    #[tokio::test]
+    async fn zero_cost_is_an_error() {
+        let l = builder().build().unwrap();
+        assert!(matches!(l.check("k", 0).await, Err(Error::InvalidInput(_))));
+    }
+}

@@ -1,0 +1,188 @@
+//! The engine behind every [`RateLimiter`](super::RateLimiter), whatever its algorithm's type:
+//! the store call through the breaker and the timeout, the deny cache, the local share, the
+//! counters.
+
+use std::{
+    sync::{atomic::Ordering, Arc},
+    task::Poll,
+    time::{Duration, Instant},
+};
+
+use super::{
+    breaker::BreakerState, deny_cache::DenyCache, failure::FailurePolicy, stats::Counters,
+};
+use crate::{
+    quota::MAX_EXACT, store::Claim, telemetry, Algorithm, Decision, Error, Outcome, Store,
+};
+
+/// A limiter without its algorithm's type: what the layer's policies hold.
+pub(crate) struct Engine {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) algorithm: Arc<dyn Algorithm>,
+    /// `prefix:policy`: every key of this limiter is `{namespace:key}`.
+    pub(crate) namespace: String,
+    pub(crate) policy: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) max_key_len: usize,
+    pub(crate) breaker: BreakerState,
+    pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: the same algorithm at the local share, in memory.
+    pub(crate) local: Option<Arc<Engine>>,
+    pub(crate) counters: Counters,
+    /// This limiter's hold on its namespace in the store (released when dropped).
+    pub(crate) _claim: Option<Arc<Claim>>,
+}
+
+impl Engine {
+    /// The base key under which `key`'s state is stored: `{namespace:key}`, with a key longer
+    /// than the bound (or starting with `#`) replaced by `#` and its SHA-1; `None` (no key) is
+    /// `{namespace:#}`, which no client key can map to. The braces are a Redis Cluster hash
+    /// tag, so every key of one check lands on one slot.
+    pub(crate) fn base_key(&self, key: Option<&str>) -> String {
+        let ns = &self.namespace;
+        match key {
+            None => format!("{{{ns}:#}}"),
+            Some(key) if key.len() > self.max_key_len || key.starts_with('#') => {
+                let digest = sha1_smol::Sha1::from(key.as_bytes()).digest();
+                format!("{{{ns}:#{digest}}}")
+            }
+            Some(key) => format!("{{{ns}:{key}}}"),
+        }
+    }
+
+    /// The decision for `base`, when it can be had without waiting: from the deny cache, or
+    /// from a store that decides at once ([`Store::check_now`], e.g. a `MemoryStore`). `None`
+    /// when the store must be asked with [`check`](Self::check).
+    pub(crate) fn decide_now(&self, base: &str, cost: u32) -> Option<Result<Decision, Error>> {
+        if cost == 0 {
+            return Some(Err(Error::InvalidInput("cost must be at least 1")));
+        }
+        if let Some(d) = self.cached_denial(base, cost) {
+            return Some(Ok(d));
+        }
+        let result = self.store.check_now(&*self.algorithm, base, cost, None)?;
+        let result = self.conclude(base, cost, None, None, result);
+        Some(match result {
+            Err(e) => self.fall_back_now(base, cost, e),
+            ok => ok,
+        })
+    }
+
+    /// Decides `base` in the store (through the circuit breaker, within the store timeout),
+    /// or at the local share when the store is unavailable and the policy says so.
+    pub(crate) async fn check(
+        &self,
+        base: &str,
+        cost: u32,
+        now: Option<u64>,
+    ) -> Result<Decision, Error> {
+        let result = self.ask_store(base, cost, now).await;
+        match result {
+            Err(e) if now.is_none() => self.fall_back_now(base, cost, e),
+            result => result,
+        }
+    }
+
+    /// Under [`FailurePolicy::Local`] and a store-wide failure: the local share's decision,
+    /// marked degraded. Otherwise the error.
+    fn fall_back_now(&self, base: &str, cost: u32, e: Error) -> Result<Decision, Error> {
+        let Some(local) = self.local.as_ref().filter(|_| e.is_unavailable()) else {
+            return Err(e);
+        };
+        let mut d = match local.decide_now(base, cost) {
+            Some(result) => result?,
+            None => return Err(e), // a local share always decides at once (a MemoryStore)
+        };
+        d.degraded = true;
+        self.counters.degraded.fetch_add(1, Ordering::Relaxed);
+        telemetry::degraded(&d);
+        tracing::debug!(error = %e, allowed = d.allowed, "rate limit: decided locally (degraded)");
+        Ok(d)
+    }
+
+    async fn ask_store(&self, base: &str, cost: u32, now: Option<u64>) -> Result<Decision, Error> {
+        if cost == 0 {
+            return Err(Error::InvalidInput("cost must be at least 1"));
+        }
+        if now.is_some_and(|t| t > MAX_EXACT) {
+            return Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ));
+        }
+        let Some(permit) = self.breaker.permit() else {
+            self.counters
+                .short_circuited
+                .fetch_add(1, Ordering::Relaxed);
+            telemetry::store_failed(&self.policy, &Error::CircuitOpen);
+            return Err(Error::CircuitOpen);
+        };
+        let started = Instant::now();
+        let mut call = self.store.check(&*self.algorithm, base, cost, now);
+        // A store that answers at once needs no timer: poll once before arming the timeout.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => tokio::time::timeout(self.timeout, call)
+                .await
+                .unwrap_or(Err(Error::Timeout(self.timeout))),
+        };
+        permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+        self.conclude(base, cost, now, Some(started), result)
+    }
+
+    /// A denial answered by the deny cache (see
+    /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
+    fn cached_denial(&self, base: &str, cost: u32) -> Option<Decision> {
+        let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
+        let hit = cache.get(base, Instant::now)?;
+        self.counters
+            .deny_cache_hits
+            .fetch_add(1, Ordering::Relaxed);
+        Some(Decision::cached_denial(
+            self.algorithm.quota(),
+            self.algorithm.window(),
+            Arc::clone(&self.policy),
+            hit.retry_after,
+            hit.reset_after,
+        ))
+    }
+
+    /// Turns the store's answer into a decision: counters, telemetry, and the deny cache.
+    /// `started`: when the store was asked; `None` when it answered without waiting.
+    fn conclude(
+        &self,
+        base: &str,
+        cost: u32,
+        now: Option<u64>,
+        started: Option<Instant>,
+        result: Result<Outcome, Error>,
+    ) -> Result<Decision, Error> {
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                telemetry::store_failed(&self.policy, &e);
+                return Err(e);
+            }
+        };
+        let d = Decision::from_outcome(
+            outcome,
+            self.algorithm.quota(),
+            self.algorithm.window(),
+            cost,
+            Arc::clone(&self.policy),
+            self.algorithm.parts(),
+        );
+        telemetry::decided(&d, started);
+        // Only what cannot change before its deadline: a cost-1 denial with nothing left,
+        // on the store's clock (never for explicit test times), for single-limit algorithms.
+        if let (Some(cache), None, Some(retry)) = (&self.deny_cache, now, d.retry_after) {
+            if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
+                let sent = started.unwrap_or_else(Instant::now);
+                cache.insert(base, sent, retry, d.reset_after);
+            }
+        }
+        Ok(d)
+    }
+}

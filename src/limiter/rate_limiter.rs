@@ -1,0 +1,133 @@
+//! The limiter's typed handle.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use super::{engine::Engine, failure::FailurePolicy, stats::LimiterStats};
+use crate::{Algorithm, Decision, Error};
+
+/// Checks keys against one algorithm in one store. Usable on its own (a background job
+/// throttling its calls to a third-party API) and the engine of
+/// [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// Cloning is cheap and shares everything.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Quota, RateLimiter, RedisStore, SlidingWindow};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// // The back-fill job's share: 150 units a minute per mailbox.
+/// let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::per_minute(150))?)
+///     .policy_name("gmail-backfill")
+///     .store_timeout(Duration::from_millis(50))
+///     .build()?;
+///
+/// let decision = backfill.check("user-7f3a", 5).await?; // a "send" costs 5 units
+/// if !decision.allowed {
+///     tokio::time::sleep(decision.retry_after.unwrap_or(Duration::from_secs(60))).await;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct RateLimiter<A> {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) algorithm: Arc<A>,
+}
+
+impl<A> Clone for RateLimiter<A> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: Arc::clone(&self.engine),
+            algorithm: Arc::clone(&self.algorithm),
+        }
+    }
+}
+
+impl<A> fmt::Debug for RateLimiter<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = &*self.engine;
+        f.debug_struct("RateLimiter")
+            .field("algorithm", &e.algorithm.name())
+            .field("namespace", &e.namespace)
+            .field("policy", &e.policy)
+            .field("timeout", &e.timeout)
+            .field("on_store_error", &e.failure)
+            .finish()
+    }
+}
+
+impl<A: Algorithm> RateLimiter<A> {
+    /// Takes `cost` units for `key`, if they are available. `cost` must be at least 1.
+    ///
+    /// When the store fails or does not answer within the store timeout: under
+    /// [`FailurePolicy::Local`], the decision made in this process at the local share
+    /// (marked [`degraded`](Decision::degraded)); otherwise the error (the layer then applies
+    /// its [`FailurePolicy`]).
+    pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
+        // Answers from the deny cache or a MemoryStore never wait: spend the task's budget so a
+        // tight loop of checks still lets the runtime run other tasks and timers.
+        tokio::task::coop::consume_budget().await;
+        let engine = &*self.engine;
+        let base = engine.base_key(Some(key));
+        match engine.decide_now(&base, cost) {
+            Some(result) => result,
+            None => engine.check(&base, cost, None).await,
+        }
+    }
+
+    /// Like [`check`](Self::check), at an explicit time (microseconds since the Unix epoch)
+    /// instead of the store's clock. For tests and simulations only: in production every
+    /// instance must use the store's clock, or instances with skewed clocks disagree. Redis
+    /// still expires keys on its own clock, so keep simulated periods far longer than the
+    /// test's real run time.
+    pub async fn check_at(&self, key: &str, cost: u32, now_us: u64) -> Result<Decision, Error> {
+        tokio::task::coop::consume_budget().await;
+        let engine = &*self.engine;
+        engine
+            .check(&engine.base_key(Some(key)), cost, Some(now_us))
+            .await
+    }
+
+    /// The base key under which `key`'s state is stored: `{prefix:policy:key}`, with a key
+    /// longer than the bound (or starting with `#`) replaced by `#` and its SHA-1. The braces
+    /// are a Redis Cluster hash tag, so every key of one check lands on one slot.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap());
+    /// assert_eq!(limiter.storage_key("10.0.0.1"), "{rl:default:10.0.0.1}");
+    /// assert_eq!(
+    ///     limiter.storage_key(&"x".repeat(10_000)).len(),
+    ///     "{rl:default:#}".len() + 40
+    /// );
+    /// ```
+    pub fn storage_key(&self, key: &str) -> String {
+        self.engine.base_key(Some(key))
+    }
+
+    /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.
+    pub fn stats(&self) -> LimiterStats {
+        let e = &*self.engine;
+        e.counters.snapshot(e.breaker.times_opened())
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The policy name used in the headers.
+    pub fn policy_name(&self) -> &str {
+        &self.engine.policy
+    }
+
+    /// The bound on one store call.
+    pub fn store_timeout(&self) -> Duration {
+        self.engine.timeout
+    }
+
+    /// What a check gets when the store fails.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.engine.failure
+    }
+}
