@@ -18,7 +18,7 @@ pub enum FailurePolicy {
     Closed,
     /// Decide in this process with the in-memory twin of the same algorithm, at the quota
     /// divided by the number of instances set with
-    /// [`RateLimitLayer::local_share`](crate::RateLimitLayer::local_share), so that the fleet as
+    /// [`RateLimiterBuilder::local_share`](crate::RateLimiterBuilder::local_share), so that the fleet as
     /// a whole stays near the global limit instead of N times it (fail open) or zero (fail
     /// closed). Such decisions are marked [`Decision::degraded`](crate::Decision::degraded),
     /// logged and counted. Errors that are about one key rather than the store's health

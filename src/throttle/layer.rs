@@ -8,10 +8,10 @@ use tower_layer::Layer;
 use super::{config::Settings, service::Throttle};
 use crate::{Algorithm, KeyExtractor, RateLimiter};
 
-/// Makes each outbound request wait for its quota (see the [module docs](self)).
+/// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
 ///
 /// The service's error is a [`tower::BoxError`](https://docs.rs/tower/latest/tower/type.BoxError.html):
-/// the inner service's error, or a [`ThrottleError`]. A store failure fails the call rather than
+/// the inner service's error, or a [`ThrottleError`](crate::ThrottleError). A store failure fails the call rather than
 /// let it exceed a third party's limit.
 pub struct ThrottleLayer<K, A> {
     settings: Settings<K, A>,
@@ -58,7 +58,7 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
     }
 
     /// The longest a request waits for its quota before failing with
-    /// [`ThrottleError::WouldExceedMaxWait`]. A request that would have to wait longer fails at
+    /// [`ThrottleError::WouldExceedMaxWait`](crate::ThrottleError::WouldExceedMaxWait). A request that would have to wait longer fails at
     /// once, without waiting in vain.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.settings.max_wait = max_wait;

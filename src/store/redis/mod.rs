@@ -19,7 +19,7 @@ use self::{
     connection::Supervised,
     scripts::Wire,
 };
-use super::{BoxFuture, Namespaces, Store};
+use super::{BoxFuture, Namespaces, Store, StoreKey};
 use crate::{Algorithm, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
@@ -142,7 +142,7 @@ impl RedisStore {
     ///
     /// While fewer than [`max_in_flight`](Batching::max_in_flight) calls are on their way,
     /// a check leaves at once; checks arriving meanwhile queue up and leave together as one
-    /// call of the algorithm's [batch script](Algorithm::batch_script), which decides them one
+    /// call of the algorithm's [batch script](crate::Scripted::batch_script), which decides them one
     /// after the other inside one atomic call. Every check gets exactly the decision its own
     /// call would have got at that instant, so limits hold as they do without batching; under
     /// load, Redis runs one script call for many checks. A check whose caller stopped waiting
@@ -188,27 +188,32 @@ impl Store for RedisStore {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
-        base_key: &'a str,
+        key: StoreKey<'a>,
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        Box::pin(async move {
-            let Wire {
-                script,
-                batch,
-                keys,
-                args,
-            } = Wire::of(algorithm, base_key, cost)?;
-            if let (Some(batcher), Some(batch)) = (&self.batcher, batch) {
+        // Everything the call needs is copied before the future: it borrows no key.
+        let wire = Wire::of(algorithm, key, cost);
+        if let (Some(batcher), Some(batch)) = (&self.batcher, wire.batch) {
+            let mut keys = Vec::with_capacity(wire.key_count());
+            wire.each_key(key, |k| keys.push(k.to_vec()));
+            let args = wire.args().to_vec();
+            return Box::pin(async move {
                 let reply = batcher.submit(batch, keys, args, now_us).await?;
-                return scripts::parse(algorithm, reply);
-            }
-            let mut cmd = evalsha(script, keys.len(), keys.iter(), now_us);
-            for arg in args {
-                cmd.arg(arg);
-            }
-            scripts::parse(algorithm, self.backend.eval(script, &cmd).await?)
-        })
+                scripts::parse(algorithm, reply)
+            });
+        }
+        let write_keys = |cmd: &mut redis::Cmd| {
+            wire.each_key(key, |k| {
+                cmd.arg(k);
+            })
+        };
+        let mut cmd = evalsha(wire.script, wire.key_count(), write_keys, now_us);
+        for arg in wire.args() {
+            cmd.arg(*arg);
+        }
+        let script = wire.script;
+        Box::pin(async move { scripts::parse(algorithm, self.backend.eval(script, &cmd).await?) })
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {
