@@ -55,7 +55,9 @@ pub use algorithm::{
 };
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, Error, ErrorScope};
-pub use extract::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
+pub use extract::{
+    key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
+};
 pub use limiter::{
     CircuitBreaker, FailurePolicy, LimiterStats, RateLimiter, RateLimiterBuilder,
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
@@ -67,7 +69,7 @@ pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
     RateLimitLayer, ResponseBody, ResponseFuture,
 };
-pub use store::{Batching, BoxFuture, MemoryStore, Namespaces, RedisStore, Store};
+pub use store::{Batching, BoxFuture, MemoryStore, Namespaces, RedisStore, Store, StoreKey};
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
 // The crates whose types appear in this API, so users can name matching versions.

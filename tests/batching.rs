@@ -14,9 +14,30 @@ use std::{
 
 use common::{dead_redis_url, RedisCluster, RedisServer};
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, Error, Gcra, MultiLimit, Outcome, Quota, RedisStore, SlidingWindow,
-    Store, TokenBucket,
+    redis, Algorithm, Batching, Error, Gcra, Key, MultiLimit, Outcome, Quota, RedisStore,
+    SlidingWindow, Store, StoreKey, TokenBucket,
 };
+
+/// `store.check` on the base key `{namespace:key}`.
+fn check_at_base<'a>(
+    store: &'a RedisStore,
+    algorithm: &'a dyn Algorithm,
+    base: &'a str,
+    cost: u32,
+    now: Option<u64>,
+) -> Check<'a> {
+    Box::pin(async move {
+        let (namespace, key) = base
+            .trim_start_matches('{')
+            .trim_end_matches('}')
+            .split_once(':')
+            .expect("{namespace:key}");
+        let key = Key::from(key);
+        store
+            .check(algorithm, StoreKey::new(namespace, Some(&key)), cost, now)
+            .await
+    })
+}
 
 type Check<'a> = tower_redis_ratelimit::BoxFuture<'a, Result<Outcome, Error>>;
 
@@ -93,17 +114,22 @@ async fn same_as_one_call_each<A: Algorithm>(
         let got = in_order(
             wave.iter()
                 .zip(&keys_b)
-                .map(|((_, cost), key)| batched.check(&algorithm, key, *cost, Some(now)))
+                .map(|((_, cost), key)| check_at_base(&batched, &algorithm, key, *cost, Some(now)))
                 .collect(),
         )
         .await;
         calls += script_calls(conns) - before;
         checks += wave.len() as u64;
         for ((key, cost), got) in wave.iter().zip(got) {
-            let want = single
-                .check(&algorithm, &format!("{{s-{name}:{key}}}"), *cost, Some(now))
-                .await
-                .unwrap();
+            let want = check_at_base(
+                &single,
+                &algorithm,
+                &format!("{{s-{name}:{key}}}"),
+                *cost,
+                Some(now),
+            )
+            .await
+            .unwrap();
             assert_eq!(
                 got.unwrap(),
                 want,
@@ -213,11 +239,13 @@ async fn a_bad_key_fails_alone_within_its_batch() {
         "{be:c}",
     ];
     // Loads the script, so that the call below is counted once.
-    assert!(batched.check(&gcra, "{be:warm}", 1, None).await.is_ok());
+    assert!(check_at_base(&batched, &gcra, "{be:warm}", 1, None)
+        .await
+        .is_ok());
     let before = script_calls(&mut [redis.conn()]);
     let got = in_order(
         keys.iter()
-            .map(|k| batched.check(&gcra, k, 1, None))
+            .map(|k| check_at_base(&batched, &gcra, k, 1, None))
             .collect(),
     )
     .await;
@@ -229,7 +257,9 @@ async fn a_bad_key_fails_alone_within_its_batch() {
                 assert!(o.allowed && o.remaining == 4, "{key}: {o:?}");
             }
             Err(e) => {
-                let alone = single.check(&gcra, key, 1, None).await.unwrap_err();
+                let alone = check_at_base(&single, &gcra, key, 1, None)
+                    .await
+                    .unwrap_err();
                 eprintln!("{key}: {e}\n  alone: {alone}");
                 let (Error::Redis(batched), Error::Redis(alone)) = (&e, &alone) else {
                     panic!("{key}: {e:?} / {alone:?}");
@@ -260,12 +290,12 @@ async fn a_check_abandoned_in_the_queue_is_not_sent() {
     redis.signal("-STOP");
     let in_flight = {
         let (store, gcra) = (store.clone(), gcra.clone());
-        tokio::spawn(async move { store.check(&gcra, "{ab:first}", 1, None).await })
+        tokio::spawn(async move { check_at_base(&store, &gcra, "{ab:first}", 1, None).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let gave_up = tokio::time::timeout(
         Duration::from_millis(50),
-        store.check(&gcra, "{ab:late}", 1, None),
+        check_at_base(&store, &gcra, "{ab:late}", 1, None),
     )
     .await;
     assert!(
@@ -275,8 +305,7 @@ async fn a_check_abandoned_in_the_queue_is_not_sent() {
     redis.signal("-CONT");
     assert!(in_flight.await.unwrap().unwrap().allowed);
     assert!(
-        store
-            .check(&gcra, "{ab:next}", 1, None)
+        check_at_base(&store, &gcra, "{ab:next}", 1, None)
             .await
             .unwrap()
             .allowed
@@ -331,7 +360,7 @@ async fn batched_checks_against_a_dead_redis_are_unavailable() {
     let started = Instant::now();
     let results = in_order(
         (0..10)
-            .map(|_| store.check(&gcra, "{dead:k}", 1, None))
+            .map(|_| check_at_base(&store, &gcra, "{dead:k}", 1, None))
             .collect(),
     )
     .await;
@@ -354,11 +383,15 @@ async fn a_stalled_call_times_out_and_frees_its_slot() {
         .with_batching(Batching::new().max_in_flight(1).call_timeout(timeout))
         .unwrap();
     let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
-    assert!(store.check(&gcra, "{st:warm}", 1, None).await.is_ok());
+    assert!(check_at_base(&store, &gcra, "{st:warm}", 1, None)
+        .await
+        .is_ok());
     redis.signal("-STOP");
     for key in ["{st:a}", "{st:b}"] {
         let started = Instant::now();
-        let e = store.check(&gcra, key, 1, None).await.unwrap_err();
+        let e = check_at_base(&store, &gcra, key, 1, None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, Error::Timeout(t) if t == timeout),
             "{key}: {e:?}"
@@ -367,7 +400,12 @@ async fn a_stalled_call_times_out_and_frees_its_slot() {
         eprintln!("{key}: timed out after {:?}", started.elapsed());
     }
     redis.signal("-CONT");
-    assert!(store.check(&gcra, "{st:c}", 1, None).await.unwrap().allowed);
+    assert!(
+        check_at_base(&store, &gcra, "{st:c}", 1, None)
+            .await
+            .unwrap()
+            .allowed
+    );
 }
 
 /// The batch form of a custom script: a check whose script returns something other than an

@@ -83,7 +83,7 @@ proptest! {
         let headers: Vec<(&str, Vec<u8>)> = xff.into_iter().map(|v| ("x-forwarded-for", v)).collect();
         let parts = parts_with(&headers, Some(peer));
         let ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
-        let key = ip.extract(&parts).expect("a peer is always an answer");
+        let key = ip.extract(&parts).expect("a peer is always an answer").to_string();
         // An address, or an IPv6 /64 network.
         let addr = key.strip_suffix("/64").unwrap_or(&key);
         let parsed: std::net::IpAddr = addr.parse().expect("the key is an IP address");
@@ -91,7 +91,10 @@ proptest! {
         if !peer.ip().to_canonical().to_string().starts_with("10.") {
             prop_assert_eq!(parsed, peer.ip().to_canonical(), "untrusted peer must be the key");
         }
-        prop_assert_eq!(PeerIp.extract(&parts), Some(peer.ip().to_canonical().to_string()));
+        prop_assert_eq!(
+            PeerIp.extract(&parts).map(|k| k.to_string()),
+            Some(peer.ip().to_canonical().to_string())
+        );
     }
 
     /// Issue 10: whatever the client writes left of the entry our proxy appended (quotes,
@@ -120,7 +123,7 @@ proptest! {
         };
         let parts = parts_with(&headers, Some("10.0.0.9:1".parse().unwrap()));
         let ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
-        prop_assert_eq!(ip.extract(&parts), Some("198.51.100.77".to_owned()));
+        prop_assert_eq!(ip.extract(&parts).map(|k| k.to_string()), Some("198.51.100.77".to_owned()));
     }
 
     /// The same for RFC 7239 `Forwarded`, whose quoted strings a stray `"` on the client's
@@ -144,7 +147,7 @@ proptest! {
             .trust("10.0.0.0/8")
             .unwrap()
             .header(ProxyHeader::Forwarded);
-        prop_assert_eq!(ip.extract(&parts), Some("198.51.100.77".to_owned()));
+        prop_assert_eq!(ip.extract(&parts).map(|k| k.to_string()), Some("198.51.100.77".to_owned()));
     }
 }
 
@@ -160,7 +163,7 @@ proptest! {
         if let Some(key) = extractor.extract(&parts) {
             let stored = l.storage_key(&key);
             prop_assert!(stored.len() <= MAX_STORAGE_KEY);
-            prop_assert_eq!(stored, l.storage_key(&extractor.extract(&parts).unwrap()));
+            prop_assert_eq!(stored, l.storage_key(extractor.extract(&parts).unwrap()));
         }
     }
 }

@@ -684,14 +684,16 @@ async fn multi_limit_headers_and_problem_details() {
 /// the layer asks it once per request, then decides with its local share, marked degraded.
 #[tokio::test]
 async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
-    use tower_redis_ratelimit::{Algorithm, BoxFuture, Error, FailurePolicy, Outcome, Store};
+    use tower_redis_ratelimit::{
+        Algorithm, BoxFuture, Error, FailurePolicy, Outcome, Store, StoreKey,
+    };
 
     struct Down(Arc<AtomicUsize>);
     impl Store for Down {
         fn check<'a>(
             &'a self,
             _: &'a dyn Algorithm,
-            _: &'a str,
+            _: StoreKey<'a>,
             _: u32,
             _: Option<u64>,
         ) -> BoxFuture<'a, Result<Outcome, Error>> {
@@ -701,7 +703,7 @@ async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
         fn check_now(
             &self,
             _: &dyn Algorithm,
-            _: &str,
+            _: StoreKey<'_>,
             _: u32,
             _: Option<u64>,
         ) -> Option<Result<Outcome, Error>> {

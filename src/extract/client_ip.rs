@@ -1,12 +1,9 @@
 use std::{net::IpAddr, ops::ControlFlow};
 
 use http::{header::FORWARDED, request::Parts};
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 
-use super::{
-    peer_ip::{canonical, peer_ip},
-    KeyExtractor,
-};
+use super::{canonical, peer_ip::peer_ip, Key, KeyExtractor};
 use crate::ConfigError;
 
 /// Which header your trusted proxies append the client address to.
@@ -59,7 +56,7 @@ pub enum ProxyHeader {
 ///     .unwrap();
 /// req.extensions_mut().insert("10.0.0.2:443".parse::<SocketAddr>().unwrap());
 /// // 6.6.6.6 was written by the client; 198.51.100.4 is who connected to our proxies.
-/// assert_eq!(ip.extract(&req.into_parts().0).as_deref(), Some("198.51.100.4"));
+/// assert_eq!(ip.extract(&req.into_parts().0).unwrap().to_string(), "198.51.100.4");
 /// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -162,13 +159,10 @@ impl ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    fn extract(&self, parts: &Parts) -> Option<String> {
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Key<'a>> {
         self.client_addr(parts).map(|ip| match ip {
-            IpAddr::V6(v6) if self.ipv6_prefix < 128 => {
-                let net = Ipv6Net::new(v6, self.ipv6_prefix).map_or(v6, |n| n.network());
-                format!("{}/{}", net, self.ipv6_prefix)
-            }
-            ip => ip.to_string(),
+            IpAddr::V6(_) => Key::network(ip, self.ipv6_prefix),
+            ip => Key::ip(ip),
         })
     }
 }
@@ -282,7 +276,7 @@ mod tests {
         let mut req = b.body(()).unwrap();
         req.extensions_mut()
             .insert(peer.parse::<SocketAddr>().unwrap());
-        ip.extract(&req.into_parts().0).unwrap()
+        ip.extract(&req.into_parts().0).unwrap().to_string()
     }
 
     const NO_LINES: &[&str] = &[];

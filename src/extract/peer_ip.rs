@@ -2,16 +2,23 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::{canonical, Key, KeyExtractor};
 
 /// The TCP peer's IP address.
 ///
-/// Read from axum's `ConnectInfo<SocketAddr>` (serve the router with
-/// `into_make_service_with_connect_info::<SocketAddr>()`) or from a `SocketAddr` request
-/// extension. IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) count as their IPv4 address.
+/// Read from the request extensions, where the server put it:
 ///
-/// Behind a reverse proxy every request has the proxy's address: use [`ClientIp`](crate::ClientIp)
-/// with the proxy's address as trusted. Without connection info the request has no key.
+/// - **axum**: `ConnectInfo<SocketAddr>`; serve the router with
+///   `into_make_service_with_connect_info::<SocketAddr>()` (feature `axum`, on by default).
+/// - **tonic**: `TcpConnectInfo`, which tonic's server inserts for TCP connections (feature
+///   `tonic`). Not over TLS: tonic then inserts `TlsConnectInfo<TcpConnectInfo>`; use a
+///   closure extractor reading that.
+/// - **anything else** (hyper, a test): a `SocketAddr` extension.
+///
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) count as their IPv4 address. Behind a
+/// reverse proxy every request has the proxy's address: use [`ClientIp`](crate::ClientIp) with
+/// the proxy's address as trusted. Without connection info the request has no key (see
+/// [`MissingKey`](crate::MissingKey)).
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -19,14 +26,14 @@ use super::KeyExtractor;
 ///
 /// let mut req = http::Request::get("/").body(()).unwrap();
 /// req.extensions_mut().insert("[::ffff:203.0.113.9]:5000".parse::<SocketAddr>().unwrap());
-/// assert_eq!(PeerIp.extract(&req.into_parts().0).as_deref(), Some("203.0.113.9"));
+/// assert_eq!(PeerIp.extract(&req.into_parts().0).unwrap().to_string(), "203.0.113.9");
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
 impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts) -> Option<String> {
-        peer_ip(parts).map(|ip| ip.to_string())
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Key<'a>> {
+        peer_ip(parts).map(Key::ip)
     }
 }
 
@@ -39,15 +46,16 @@ pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
     {
         return Some(canonical(info.0.ip()));
     }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = parts
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(canonical(addr.ip()));
+    }
     parts
         .extensions
         .get::<SocketAddr>()
         .map(|addr| canonical(addr.ip()))
-}
-
-pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
 }

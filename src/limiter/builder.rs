@@ -321,13 +321,13 @@ mod tests {
     fn long_and_marker_keys_are_hashed() {
         let l = builder().build().unwrap();
         let long = "k".repeat(129);
-        let hashed = l.storage_key(&long);
+        let hashed = l.storage_key(long.as_str());
         assert!(
             hashed.starts_with("{rl:default:#") && hashed.len() == 54,
             "{hashed}"
         );
         assert_eq!(
-            l.storage_key(&"k".repeat(128)),
+            l.storage_key("k".repeat(128)),
             format!("{{rl:default:{}}}", "k".repeat(128))
         );
         // A client cannot pick a raw key equal to another key's hashed form.

@@ -11,13 +11,14 @@
 //! most [`MAX_AGE`] before the store is asked again.
 
 use std::{
-    collections::HashMap,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Mutex,
+        OnceLock,
     },
     time::{Duration, Instant},
 };
+
+use crate::store::{Expiring, Sharded};
 
 const SHARDS: usize = 16;
 
@@ -34,11 +35,22 @@ struct Entry {
     reset: Instant,
 }
 
-/// A bounded map from storage key to the end of a known denial.
-#[derive(Debug)]
+/// Microseconds since a fixed instant of this process, for the map's sweeps.
+fn micros(at: Instant) -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(|| Instant::now() - Duration::from_secs(3600));
+    at.saturating_duration_since(epoch).as_micros() as u64
+}
+
+impl Expiring for Entry {
+    fn expires_at(&self) -> u64 {
+        micros(self.valid)
+    }
+}
+
+/// A bounded map from a limiter's key to the end of a known denial.
 pub(crate) struct DenyCache {
-    shards: [Mutex<Shard>; SHARDS],
-    max_per_shard: usize,
+    entries: Sharded<Entry>,
     /// Entries held (live or not yet swept): lets a lookup skip the lock and the hash while
     /// nothing is denied, the common case.
     held: Padded,
@@ -50,15 +62,6 @@ pub(crate) struct DenyCache {
 #[repr(align(128))]
 struct Padded(AtomicUsize);
 
-#[derive(Debug, Default)]
-// Aligned so that each shard's lock sits on cache lines of its own: threads working on
-// different shards do not slow each other down.
-#[repr(align(128))]
-struct Shard {
-    map: HashMap<String, Entry>,
-    swept_len: usize,
-}
-
 /// A cached denial: how long until one unit frees, and until the quota is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hit {
@@ -69,24 +72,19 @@ pub(crate) struct Hit {
 impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
-            shards: Default::default(),
-            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            entries: Sharded::new(SHARDS, max_keys),
             held: Padded::default(),
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
-        &self.shards[crate::store::shard_index(key, SHARDS)]
-    }
-
-    /// The cached denial of `key`, if it is still running at `now`.
     /// The live denial for `key`, if any; `now` is read only when an entry is found.
-    pub(crate) fn get(&self, key: &str, now: impl FnOnce() -> Instant) -> Option<Hit> {
+    pub(crate) fn get(&self, key: &[u8], now: impl FnOnce() -> Instant) -> Option<Hit> {
         if self.held.0.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        let e = shard.map.get(key)?;
+        let slot = self.entries.slot(key);
+        let mut shard = self.entries.lock(slot);
+        let e = *shard.get_mut(slot, key)?;
         let now = now();
         (now < e.valid).then(|| Hit {
             retry_after: e.until - now,
@@ -98,33 +96,27 @@ impl DenyCache {
     /// one unit frees after `retry_after`, the quota after `reset_after`.
     pub(crate) fn insert(
         &self,
-        key: &str,
+        key: &[u8],
         sent: Instant,
         retry_after: Duration,
         reset_after: Duration,
     ) {
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let entry = Entry {
             valid: sent + retry_after.min(MAX_AGE),
             until: sent + retry_after,
             reset: sent + reset_after,
         };
-        if let Some(e) = shard.map.get_mut(key) {
+        let slot = self.entries.slot(key);
+        let mut shard = self.entries.lock(slot);
+        if let Some(e) = shard.get_mut(slot, key) {
             *e = entry;
             return;
         }
-        let before = shard.map.len();
-        if before >= (2 * shard.swept_len).max(64) || before >= self.max_per_shard {
-            let now = Instant::now();
-            shard.map.retain(|_, e| e.valid > now);
-            shard.swept_len = shard.map.len();
-        }
-        // Full of live denials: do not cache this one (the store still decides it).
-        if shard.map.len() < self.max_per_shard {
-            shard.map.insert(key.to_owned(), entry);
-        }
+        let before = shard.len();
+        shard.room(micros(Instant::now()));
+        shard.insert(slot, key, entry);
         // Under the shard's lock, so the count is exact once every insert has returned.
-        let after = shard.map.len();
+        let after = shard.len();
         if after >= before {
             self.held.0.fetch_add(after - before, Ordering::Relaxed);
         } else {
@@ -134,10 +126,7 @@ impl DenyCache {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap().map.len())
-            .sum()
+        self.entries.each().map(|s| s.len()).sum()
     }
 }
 
@@ -150,26 +139,26 @@ mod tests {
         let c = DenyCache::new(1_000);
         let sent = Instant::now();
         c.insert(
-            "k",
+            b"k",
             sent,
             Duration::from_millis(100),
             Duration::from_secs(5),
         );
-        let hit = c.get("k", || sent + Duration::from_millis(40)).unwrap();
+        let hit = c.get(b"k", || sent + Duration::from_millis(40)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(60));
         assert_eq!(hit.reset_after, Duration::from_millis(4_960));
-        assert_eq!(c.get("k", || sent + Duration::from_millis(100)), None);
-        assert_eq!(c.get("other", || sent), None);
+        assert_eq!(c.get(b"k", || sent + Duration::from_millis(100)), None);
+        assert_eq!(c.get(b"other", || sent), None);
         // A long denial answers for at most MAX_AGE, with its true retry time.
         c.insert(
-            "day",
+            b"day",
             sent,
             Duration::from_secs(3_600),
             Duration::from_secs(7_200),
         );
-        let hit = c.get("day", || sent + Duration::from_millis(500)).unwrap();
+        let hit = c.get(b"day", || sent + Duration::from_millis(500)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(3_599_500));
-        assert_eq!(c.get("day", || sent + MAX_AGE), None);
+        assert_eq!(c.get(b"day", || sent + MAX_AGE), None);
     }
 
     #[test]
@@ -178,7 +167,7 @@ mod tests {
         let long_ago = Instant::now() - Duration::from_secs(10);
         for i in 0..10_000 {
             c.insert(
-                &format!("old{i}"),
+                format!("old{i}").as_bytes(),
                 long_ago,
                 Duration::from_secs(1),
                 Duration::from_secs(1),
@@ -188,17 +177,17 @@ mod tests {
         let now = Instant::now();
         for i in 0..10_000 {
             c.insert(
-                &format!("live{i}"),
+                format!("live{i}").as_bytes(),
                 now,
                 Duration::from_secs(60),
                 Duration::from_secs(60),
             );
         }
         assert!(c.len() <= 160, "{}", c.len());
-        // Expired entries were swept to make room for live ones.
+        // The cache holds live denials up to its bound.
         assert!(
             (0..10_000)
-                .filter(|i| c.get(&format!("live{i}"), || now).is_some())
+                .filter(|i| c.get(format!("live{i}").as_bytes(), || now).is_some())
                 .count()
                 >= 100
         );

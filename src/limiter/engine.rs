@@ -12,7 +12,9 @@ use super::{
     breaker::BreakerState, deny_cache::DenyCache, failure::FailurePolicy, stats::Counters,
 };
 use crate::{
-    quota::MAX_EXACT, store::Claim, telemetry, Algorithm, Decision, Error, Outcome, Store,
+    quota::MAX_EXACT,
+    store::{Claim, KeyBuf},
+    telemetry, Algorithm, Decision, Error, Key, Outcome, Store, StoreKey,
 };
 
 /// A limiter without its algorithm's type: what the layer's policies hold.
@@ -35,62 +37,57 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// The base key under which `key`'s state is stored: `{namespace:key}`, with a key longer
-    /// than the bound (or starting with `#`) replaced by `#` and its SHA-1; `None` (no key) is
-    /// `{namespace:#}`, which no client key can map to. The braces are a Redis Cluster hash
-    /// tag, so every key of one check lands on one slot.
-    pub(crate) fn base_key(&self, key: Option<&str>) -> String {
-        let ns = &self.namespace;
-        match key {
-            None => format!("{{{ns}:#}}"),
-            Some(key) if key.len() > self.max_key_len || key.starts_with('#') => {
-                let digest = sha1_smol::Sha1::from(key.as_bytes()).digest();
-                format!("{{{ns}:#{digest}}}")
-            }
-            Some(key) => format!("{{{ns}:{key}}}"),
-        }
+    /// The store key of `key` (`None`: the quota keyless requests share).
+    pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
+        StoreKey::bounded(&self.namespace, key, self.max_key_len)
     }
 
-    /// The decision for `base`, when it can be had without waiting: from the deny cache, or
+    /// The decision for `key`, when it can be had without waiting: from the deny cache, or
     /// from a store that decides at once ([`Store::check_now`], e.g. a `MemoryStore`). `None`
     /// when the store must be asked with [`check`](Self::check).
-    pub(crate) fn decide_now(&self, base: &str, cost: u32) -> Option<Result<Decision, Error>> {
+    pub(crate) fn decide_now(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+    ) -> Option<Result<Decision, Error>> {
         if cost == 0 {
             return Some(Err(Error::InvalidInput("cost must be at least 1")));
         }
-        if let Some(d) = self.cached_denial(base, cost) {
+        let key = self.store_key(key);
+        if let Some(d) = self.cached_denial(key, cost) {
             return Some(Ok(d));
         }
-        let result = self.store.check_now(&*self.algorithm, base, cost, None)?;
-        let result = self.conclude(base, cost, None, None, result);
+        let result = self.store.check_now(&*self.algorithm, key, cost, None)?;
+        let result = self.conclude(key, cost, None, None, result);
         Some(match result {
-            Err(e) => self.fall_back_now(base, cost, e),
+            Err(e) => self.fall_back_now(key, cost, e),
             ok => ok,
         })
     }
 
-    /// Decides `base` in the store (through the circuit breaker, within the store timeout),
+    /// Decides `key` in the store (through the circuit breaker, within the store timeout),
     /// or at the local share when the store is unavailable and the policy says so.
     pub(crate) async fn check(
         &self,
-        base: &str,
+        key: Option<&Key<'_>>,
         cost: u32,
         now: Option<u64>,
     ) -> Result<Decision, Error> {
-        let result = self.ask_store(base, cost, now).await;
+        let key = self.store_key(key);
+        let result = self.ask_store(key, cost, now).await;
         match result {
-            Err(e) if now.is_none() => self.fall_back_now(base, cost, e),
+            Err(e) if now.is_none() => self.fall_back_now(key, cost, e),
             result => result,
         }
     }
 
     /// Under [`FailurePolicy::Local`] and a store-wide failure: the local share's decision,
     /// marked degraded. Otherwise the error.
-    fn fall_back_now(&self, base: &str, cost: u32, e: Error) -> Result<Decision, Error> {
+    fn fall_back_now(&self, key: StoreKey<'_>, cost: u32, e: Error) -> Result<Decision, Error> {
         let Some(local) = self.local.as_ref().filter(|_| e.is_unavailable()) else {
             return Err(e);
         };
-        let mut d = match local.decide_now(base, cost) {
+        let mut d = match local.decide_now(key.key(), cost) {
             Some(result) => result?,
             None => return Err(e), // a local share always decides at once (a MemoryStore)
         };
@@ -101,7 +98,12 @@ impl Engine {
         Ok(d)
     }
 
-    async fn ask_store(&self, base: &str, cost: u32, now: Option<u64>) -> Result<Decision, Error> {
+    async fn ask_store(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        now: Option<u64>,
+    ) -> Result<Decision, Error> {
         if cost == 0 {
             return Err(Error::InvalidInput("cost must be at least 1"));
         }
@@ -118,7 +120,7 @@ impl Engine {
             return Err(Error::CircuitOpen);
         };
         let started = Instant::now();
-        let mut call = self.store.check(&*self.algorithm, base, cost, now);
+        let mut call = self.store.check(&*self.algorithm, key, cost, now);
         // A store that answers at once needs no timer: poll once before arming the timeout.
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         let result = match first {
@@ -128,14 +130,16 @@ impl Engine {
                 .unwrap_or(Err(Error::Timeout(self.timeout))),
         };
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
-        self.conclude(base, cost, now, Some(started), result)
+        self.conclude(key, cost, now, Some(started), result)
     }
 
     /// A denial answered by the deny cache (see
     /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
-    fn cached_denial(&self, base: &str, cost: u32) -> Option<Decision> {
+    fn cached_denial(&self, key: StoreKey<'_>, cost: u32) -> Option<Decision> {
         let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
-        let hit = cache.get(base, Instant::now)?;
+        let mut compact = KeyBuf::new();
+        key.write_key_compact(&mut compact);
+        let hit = cache.get(compact.as_bytes(), Instant::now)?;
         self.counters
             .deny_cache_hits
             .fetch_add(1, Ordering::Relaxed);
@@ -152,7 +156,7 @@ impl Engine {
     /// `started`: when the store was asked; `None` when it answered without waiting.
     fn conclude(
         &self,
-        base: &str,
+        key: StoreKey<'_>,
         cost: u32,
         now: Option<u64>,
         started: Option<Instant>,
@@ -180,7 +184,9 @@ impl Engine {
         if let (Some(cache), None, Some(retry)) = (&self.deny_cache, now, d.retry_after) {
             if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
                 let sent = started.unwrap_or_else(Instant::now);
-                cache.insert(base, sent, retry, d.reset_after);
+                let mut compact = KeyBuf::new();
+                key.write_key_compact(&mut compact);
+                cache.insert(compact.as_bytes(), sent, retry, d.reset_after);
             }
         }
         Ok(d)

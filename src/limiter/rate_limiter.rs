@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{engine::Engine, failure::FailurePolicy, stats::LimiterStats};
-use crate::{Algorithm, Decision, Error};
+use crate::{Algorithm, Decision, Error, Key};
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
 /// throttling its calls to a third-party API) and the engine of
@@ -63,15 +63,17 @@ impl<A: Algorithm> RateLimiter<A> {
     /// [`FailurePolicy::Local`], the decision made in this process at the local share
     /// (marked [`degraded`](Decision::degraded)); otherwise the error (the layer then applies
     /// its [`FailurePolicy`]).
-    pub async fn check(&self, key: &str, cost: u32) -> Result<Decision, Error> {
+    ///
+    /// `key` is text (`&str`, `String`), an IP address, a number or a [`Key`].
+    pub async fn check<'k>(&self, key: impl Into<Key<'k>>, cost: u32) -> Result<Decision, Error> {
         // Answers from the deny cache or a MemoryStore never wait: spend the task's budget so a
         // tight loop of checks still lets the runtime run other tasks and timers.
         tokio::task::coop::consume_budget().await;
+        let key = key.into();
         let engine = &*self.engine;
-        let base = engine.base_key(Some(key));
-        match engine.decide_now(&base, cost) {
+        match engine.decide_now(Some(&key), cost) {
             Some(result) => result,
-            None => engine.check(&base, cost, None).await,
+            None => engine.check(Some(&key), cost, None).await,
         }
     }
 
@@ -80,29 +82,38 @@ impl<A: Algorithm> RateLimiter<A> {
     /// instance must use the store's clock, or instances with skewed clocks disagree. Redis
     /// still expires keys on its own clock, so keep simulated periods far longer than the
     /// test's real run time.
-    pub async fn check_at(&self, key: &str, cost: u32, now_us: u64) -> Result<Decision, Error> {
+    pub async fn check_at<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        cost: u32,
+        now_us: u64,
+    ) -> Result<Decision, Error> {
         tokio::task::coop::consume_budget().await;
-        let engine = &*self.engine;
-        engine
-            .check(&engine.base_key(Some(key)), cost, Some(now_us))
-            .await
+        let key = key.into();
+        self.engine.check(Some(&key), cost, Some(now_us)).await
     }
 
-    /// The base key under which `key`'s state is stored: `{prefix:policy:key}`, with a key
-    /// longer than the bound (or starting with `#`) replaced by `#` and its SHA-1. The braces
-    /// are a Redis Cluster hash tag, so every key of one check lands on one slot.
+    /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`
+    /// (see [`StoreKey::base`](crate::StoreKey::base)): text longer than the bound (or
+    /// starting with `#`) replaced by `#` and its SHA-1, addresses as `#ip:ADDR`, numbers as
+    /// `#n:N`. The braces are a Redis Cluster hash tag, so every key of one check lands on
+    /// one slot.
     ///
     /// ```
+    /// # use std::net::IpAddr;
     /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
     /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap());
-    /// assert_eq!(limiter.storage_key("10.0.0.1"), "{rl:default:10.0.0.1}");
+    /// assert_eq!(limiter.storage_key("k-123"), "{rl:default:k-123}");
+    /// let ip: IpAddr = "10.0.0.1".parse().unwrap();
+    /// assert_eq!(limiter.storage_key(ip), "{rl:default:#ip:10.0.0.1}");
     /// assert_eq!(
-    ///     limiter.storage_key(&"x".repeat(10_000)).len(),
+    ///     limiter.storage_key("x".repeat(10_000)).len(),
     ///     "{rl:default:#}".len() + 40
     /// );
     /// ```
-    pub fn storage_key(&self, key: &str) -> String {
-        self.engine.base_key(Some(key))
+    pub fn storage_key<'k>(&self, key: impl Into<Key<'k>>) -> String {
+        let key = key.into();
+        self.engine.store_key(Some(&key)).base()
     }
 
     /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.

@@ -102,15 +102,15 @@ fn push_u64(out: &mut String, mut n: u64) {
     }
 }
 
-/// The `pk` value for `key`: base64 of the first 12 bytes of SHA-1(secret, 0, key). Stable
-/// across instances sharing the secret; without the secret, low-entropy keys such as IP
-/// addresses cannot be recovered by trying them all.
-pub(crate) fn partition_key(secret: &[u8], key: &str) -> String {
+/// The `pk` value for `key` (its compact bytes): base64 of the first 12 bytes of
+/// SHA-1(secret, 0, key). Stable across instances sharing the secret; without the secret,
+/// low-entropy keys such as IP addresses cannot be recovered by trying them all.
+pub(crate) fn partition_key(secret: &[u8], key: &[u8]) -> String {
     use base64::Engine as _;
     let mut h = sha1_smol::Sha1::new();
     h.update(secret);
     h.update(&[0]);
-    h.update(key.as_bytes());
+    h.update(key);
     base64::engine::general_purpose::STANDARD.encode(&h.digest().bytes()[..12])
 }
 

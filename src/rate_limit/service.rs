@@ -20,7 +20,7 @@ use super::{
     headers::partition_key,
     response::is_grpc,
 };
-use crate::{BoxFuture, Error, FailurePolicy, KeyExtractor};
+use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key, KeyExtractor};
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
@@ -97,12 +97,11 @@ where
         let grpc = is_grpc(&parts.headers);
         let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
-        let key = config.key.extract(&parts);
-        let req = Request::from_parts(parts, body);
         let policy = match selected {
             Selected::Policy(policy) if cost > 0 => policy,
             Selected::Policy(_) | Selected::Bypass => {
-                return ResponseFuture::unchecked(req, inner, responder)
+                let req = Request::from_parts(parts, body);
+                return ResponseFuture::unchecked(req, inner, responder);
             }
             Selected::Foreign(id) => {
                 tracing::error!(
@@ -110,19 +109,17 @@ where
                     "rate limit: classify returned a policy handle of another layer; answering 503"
                 );
                 let e = Error::InvalidInput("a policy handle of another layer");
-                return ResponseFuture::decided(
-                    Err(e),
-                    req,
-                    inner,
-                    responder,
-                    FailurePolicy::Closed,
-                    grpc,
-                    None,
-                );
+                let req = Request::from_parts(parts, body);
+                let closed = FailurePolicy::Closed;
+                return ResponseFuture::decided(Err(e), req, inner, responder, closed, grpc, None);
             }
         };
+        // The key borrows from the request head: decide what can be decided at once before
+        // the head goes back into the request.
+        let key = config.key.extract(&parts);
         if key.is_none() {
             if config.missing_key == MissingKey::Allow {
+                let req = Request::from_parts(parts, body);
                 return ResponseFuture::unchecked(req, inner, responder);
             }
             if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
@@ -131,19 +128,25 @@ where
                 );
             }
         }
-        let pk = config
-            .partition_secret
-            .as_ref()
-            .map(|secret| partition_key(secret, key.as_deref().unwrap_or("#")));
-        let base = policy.base_key(key.as_deref());
+        let pk = config.partition_secret.as_ref().map(|secret| {
+            let mut compact = KeyBuf::new();
+            policy
+                .store_key(key.as_ref())
+                .write_key_compact(&mut compact);
+            partition_key(secret, compact.as_bytes())
+        });
         let failure = policy.failure;
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        if let Some(result) = policy.decide_now(&base, cost) {
+        if let Some(result) = policy.decide_now(key.as_ref(), cost) {
+            drop(key);
+            let req = Request::from_parts(parts, body);
             return ResponseFuture::decided(result, req, inner, responder, failure, grpc, pk);
         }
+        let key = key.map(Key::into_owned);
+        let req = Request::from_parts(parts, body);
         let policy = Arc::clone(policy);
         let check: BoxFuture<'static, _> =
-            Box::pin(async move { policy.check(&base, cost, None).await });
+            Box::pin(async move { policy.check(key.as_ref(), cost, None).await });
         ResponseFuture::checking(check, req, inner, responder, failure, grpc, pk)
     }
 }

@@ -5,14 +5,20 @@
 //! - [`MemoryStore`]: in this process only, with the same decisions; for single-instance apps,
 //!   development and tests.
 
+mod key;
 mod memory;
 mod namespaces;
 mod redis;
+mod sharded;
 
-pub(crate) use self::memory::shard_index;
 pub use self::memory::MemoryStore;
 pub(crate) use self::namespaces::Claim;
+pub(crate) use self::{
+    key::KeyBuf,
+    sharded::{Expiring, Sharded},
+};
 pub use self::{
+    key::StoreKey,
     namespaces::Namespaces,
     redis::{Batching, RedisStore},
 };
@@ -26,15 +32,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Something that can decide a check atomically.
 ///
-/// `base_key` is the limiter's namespaced, length-bounded key with its hash tag
-/// (e.g. `{rl:203.0.113.7}`); the algorithm derives its own keys from it.
-/// `now_us` is an explicit time for tests; `None` means the store's own clock.
+/// `key` is the limiter's namespace and the request's key (see [`StoreKey`]); the store runs
+/// `algorithm`'s [rule](Algorithm::rule) on that key's state. `now_us` is an explicit time
+/// for tests; `None` means the store's own clock.
 pub trait Store: Send + Sync + 'static {
     /// Decides one check.
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
-        base_key: &'a str,
+        key: StoreKey<'a>,
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>>;
@@ -47,11 +53,11 @@ pub trait Store: Send + Sync + 'static {
     fn check_now(
         &self,
         algorithm: &dyn Algorithm,
-        base_key: &str,
+        key: StoreKey<'_>,
         cost: u32,
         now_us: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
-        let _ = (algorithm, base_key, cost, now_us);
+        let _ = (algorithm, key, cost, now_us);
         None
     }
 
@@ -69,21 +75,21 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
-        base_key: &'a str,
+        key: StoreKey<'a>,
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        (**self).check(algorithm, base_key, cost, now_us)
+        (**self).check(algorithm, key, cost, now_us)
     }
 
     fn check_now(
         &self,
         algorithm: &dyn Algorithm,
-        base_key: &str,
+        key: StoreKey<'_>,
         cost: u32,
         now_us: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
-        (**self).check_now(algorithm, base_key, cost, now_us)
+        (**self).check_now(algorithm, key, cost, now_us)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

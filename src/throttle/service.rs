@@ -10,7 +10,7 @@ use http::Request;
 use tower_service::Service;
 
 use super::{config::Settings, error::ThrottleError};
-use crate::{Algorithm, BoxFuture, Decision, KeyExtractor, RateLimiter};
+use crate::{Algorithm, BoxFuture, Decision, Key, KeyExtractor, RateLimiter};
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
 pub struct Throttle<S, K, A> {
@@ -46,7 +46,7 @@ impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for Throttle<S, K, A> {
 /// Waits until `key` has `cost` units, within `max_wait`.
 async fn acquire<A: Algorithm>(
     limiter: &RateLimiter<A>,
-    key: &str,
+    key: &Key<'_>,
     cost: u32,
     max_wait: Duration,
 ) -> Result<Decision, ThrottleError> {
@@ -90,7 +90,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
-        let key = self.settings.key.extract(&parts);
+        let key = self.settings.key.extract(&parts).map(Key::into_owned);
         let cost = self.settings.cost.as_ref().map_or(1, |f| f(&parts));
         let req = Request::from_parts(parts, body);
         let limiter = self.settings.limiter.clone();

@@ -70,14 +70,12 @@ async fn eval_on(
 pub(crate) fn evalsha(
     script: &Script,
     key_count: usize,
-    keys: impl Iterator<Item = impl redis::ToRedisArgs>,
+    keys: impl FnOnce(&mut redis::Cmd),
     now: Option<u64>,
 ) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(key_count);
-    for key in keys {
-        cmd.arg(key);
-    }
+    keys(&mut cmd);
     match now {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),

@@ -115,7 +115,7 @@ impl Batching {
 /// One queued check.
 pub(crate) struct Job {
     pub(crate) script: &'static Script,
-    pub(crate) keys: Vec<String>,
+    pub(crate) keys: Vec<Vec<u8>>,
     pub(crate) args: Vec<u64>,
     pub(crate) now: Option<u64>,
     pub(crate) reply: oneshot::Sender<Result<Value, Error>>,
@@ -150,7 +150,7 @@ impl Batcher {
     pub(crate) async fn submit(
         &self,
         script: &'static Script,
-        keys: Vec<String>,
+        keys: Vec<Vec<u8>>,
         args: Vec<u64>,
         now: Option<u64>,
     ) -> Result<Value, Error> {
@@ -229,26 +229,30 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
 }
 
 /// The cluster slot of a check (all of a check's keys share its hash tag).
-fn slot(keys: &[String]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(keys).as_bytes()) % 16_384
+fn slot(keys: &[Vec<u8>]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(keys)) % 16_384
 }
 
 /// The hash tag of a check's first key (all of a check's keys share it).
-fn hash_tag(keys: &[String]) -> &str {
-    let Some(key) = keys.first() else { return "" };
-    match key.find('{') {
-        Some(open) => match key[open + 1..].find('}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
+fn hash_tag(keys: &[Vec<u8>]) -> &[u8] {
+    let Some(key) = keys.first() else { return b"" };
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    match key[open + 1..].iter().position(|&b| b == b'}') {
+        Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+        _ => key,
     }
 }
 
 async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
     let script = batch[0].script;
     let key_count = batch.iter().map(|job| job.keys.len()).sum();
-    let keys = batch.iter().flat_map(|job| job.keys.iter());
+    let keys = |cmd: &mut redis::Cmd| {
+        for key in batch.iter().flat_map(|job| job.keys.iter()) {
+            cmd.arg(key);
+        }
+    };
     let mut cmd = evalsha(script, key_count, keys, batch[0].now);
     cmd.arg(batch.len());
     for job in &batch {
@@ -317,7 +321,7 @@ mod tests {
     #[test]
     fn slots_match_redis_cluster() {
         // CLUSTER KEYSLOT values from a real Redis 7.0.
-        let k = |s: &str| vec![s.to_owned()];
+        let k = |s: &str| vec![s.as_bytes().to_vec()];
         assert_eq!(slot(&k("foo")), 12182);
         assert_eq!(slot(&k("{user1000}.following")), 3443);
         assert_eq!(slot(&k("{user1000}.followers")), 3443);
@@ -326,12 +330,12 @@ mod tests {
 
     #[test]
     fn hash_tags() {
-        let k = |s: &str| vec![s.to_owned()];
-        assert_eq!(hash_tag(&k("{rl:a}:l")), "rl:a");
-        assert_eq!(hash_tag(&k("x{rl:a}")), "rl:a");
-        assert_eq!(hash_tag(&k("{}x")), "{}x");
-        assert_eq!(hash_tag(&k("plain")), "plain");
-        assert_eq!(hash_tag(&[]), "");
+        let k = |s: &str| vec![s.as_bytes().to_vec()];
+        assert_eq!(hash_tag(&k("{rl:a}:l")), b"rl:a");
+        assert_eq!(hash_tag(&k("x{rl:a}")), b"rl:a");
+        assert_eq!(hash_tag(&k("{}x")), b"{}x");
+        assert_eq!(hash_tag(&k("plain")), b"plain");
+        assert_eq!(hash_tag(&[]), b"");
     }
 
     #[test]

@@ -9,7 +9,10 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::{lua::batch_form, Algorithm, Error, Outcome, Rule};
+use crate::{
+    decision::PartInfo, extract::Out, lua::batch_form, store::KeyBuf, Algorithm, Error, Outcome,
+    Rule, StoreKey,
+};
 
 /// A script and its batch form, each built (and hashed) once.
 struct Scripts {
@@ -53,58 +56,110 @@ pub(crate) struct Wire<'a> {
     pub(crate) script: &'a Script,
     /// Its batch form, when it has one.
     pub(crate) batch: Option<&'static Script>,
-    pub(crate) keys: Vec<String>,
-    /// The arguments after `ARGV[1]` (the explicit time or `''`).
-    pub(crate) args: Vec<u64>,
+    keys: Keys<'a>,
+    args: Args,
+}
+
+/// A check's keys: the base key with suffixes, or a custom algorithm's own.
+enum Keys<'a> {
+    Suffixes(&'static [&'static str]),
+    /// `:q:NAME` per limit.
+    Parts(&'a [PartInfo]),
+    Custom(Vec<String>),
+}
+
+/// The arguments after `ARGV[1]` (the explicit time or `''`).
+enum Args {
+    Three([u64; 3]),
+    List(Vec<u64>),
 }
 
 impl<'a> Wire<'a> {
-    /// The wire format of a check of `cost` on `base` under `algorithm`.
-    pub(crate) fn of(algorithm: &'a dyn Algorithm, base: &str, cost: u32) -> Result<Self, Error> {
-        let cost = u64::from(cost);
-        let builtin = |scripts: &'static Scripts, keys: Vec<String>, args: Vec<u64>| Wire {
+    /// The wire format of a check of `cost` on `key` under `algorithm`.
+    pub(crate) fn of(algorithm: &'a dyn Algorithm, key: StoreKey<'_>, cost: u32) -> Self {
+        let c = u64::from(cost);
+        let builtin = |scripts: &'static Scripts, keys: Keys<'a>, args: Args| Wire {
             script: &scripts.single,
             batch: Some(&*scripts.batch),
             keys,
             args,
         };
-        Ok(match algorithm.rule() {
+        match algorithm.rule() {
             Rule::Gcra(r) => builtin(
                 &GCRA,
-                vec![format!("{base}:g")],
-                vec![r.emission_us(), r.burst(), cost],
+                Keys::Suffixes(&[":g"]),
+                Args::Three([r.emission_us(), r.burst(), c]),
             ),
             Rule::TokenBucket(r) => builtin(
                 &TOKEN_BUCKET,
-                vec![format!("{base}:b")],
-                vec![r.emission_us(), r.burst(), cost],
+                Keys::Suffixes(&[":b"]),
+                Args::Three([r.emission_us(), r.burst(), c]),
             ),
             Rule::SlidingWindow(w) => builtin(
                 &SLIDING_WINDOW,
-                vec![format!("{base}:l"), format!("{base}:m")],
-                vec![w.window_us(), w.limit(), cost],
+                Keys::Suffixes(&[":l", ":m"]),
+                Args::Three([w.window_us(), w.limit(), c]),
             ),
             Rule::Multi(rates) => {
-                let keys = algorithm
-                    .parts()
-                    .iter()
-                    .map(|p| format!("{base}:q:{}", p.name))
-                    .collect();
                 let mut args = Vec::with_capacity(1 + 2 * rates.len());
-                args.push(cost);
+                args.push(c);
                 for r in rates {
                     args.push(r.emission_us());
                     args.push(r.burst());
                 }
-                builtin(&MULTI_GCRA, keys, args)
+                builtin(
+                    &MULTI_GCRA,
+                    Keys::Parts(algorithm.parts()),
+                    Args::List(args),
+                )
             }
             Rule::Script(s) => Wire {
                 script: s.script(),
                 batch: s.batch_script(),
-                keys: s.keys(base),
-                args: s.args(cost as u32),
+                keys: Keys::Custom(s.keys(&key.base())),
+                args: Args::List(s.args(cost)),
             },
-        })
+        }
+    }
+
+    /// How many keys the check has.
+    pub(crate) fn key_count(&self) -> usize {
+        match &self.keys {
+            Keys::Suffixes(s) => s.len(),
+            Keys::Parts(p) => p.len(),
+            Keys::Custom(k) => k.len(),
+        }
+    }
+
+    /// Calls `f` with each of the check's keys, in order.
+    pub(crate) fn each_key(&self, key: StoreKey<'_>, mut f: impl FnMut(&[u8])) {
+        let mut buf = KeyBuf::new();
+        match &self.keys {
+            Keys::Suffixes(suffixes) => {
+                for suffix in *suffixes {
+                    buf.clear();
+                    key.write_base_with(suffix.as_bytes(), &mut buf);
+                    f(buf.as_bytes());
+                }
+            }
+            Keys::Parts(parts) => {
+                for p in *parts {
+                    buf.clear();
+                    key.write_base_with(b":q:", &mut buf);
+                    buf.put(p.name.as_bytes());
+                    f(buf.as_bytes());
+                }
+            }
+            Keys::Custom(keys) => keys.iter().for_each(|k| f(k.as_bytes())),
+        }
+    }
+
+    /// The arguments after `ARGV[1]`.
+    pub(crate) fn args(&self) -> &[u64] {
+        match &self.args {
+            Args::Three(a) => a,
+            Args::List(a) => a,
+        }
     }
 }
 

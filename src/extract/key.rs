@@ -1,0 +1,359 @@
+//! A request's rate-limit key, borrowed from the request where it can be.
+
+use std::{
+    borrow::Cow,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+/// A request's rate-limit key: text or bytes (borrowed from a header where possible), an IP
+/// address, an IP network, or a number. It reaches the store without a `String` per request.
+///
+/// Keys of different kinds never meet: an API key `"203.0.113.7"` and the IP address
+/// 203.0.113.7 are different keys, so an extractor that falls back from one kind to another
+/// ([`KeyExtractor::or`](super::KeyExtractor::or)) cannot be made to spend the other's quota.
+///
+/// ```
+/// use std::net::{IpAddr, Ipv4Addr};
+/// use tower_redis_ratelimit::Key;
+///
+/// let api_key = Key::from("k-123");
+/// let ip = Key::from(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)));
+/// let tenant = Key::from(42u64);
+/// assert_eq!(ip.to_string(), "203.0.113.7");
+/// assert_ne!(Key::from("203.0.113.7"), ip);
+/// # let _ = (api_key, tenant);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key<'a>(Repr<'a>);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr<'a> {
+    Text(Cow<'a, str>),
+    /// Bytes that are not UTF-8.
+    Bytes(Cow<'a, [u8]>),
+    Ip(IpAddr),
+    Net(IpAddr, u8),
+    Number(u64),
+}
+
+impl<'a> Key<'a> {
+    /// Text, e.g. an API key or a user id.
+    pub fn text(text: impl Into<Cow<'a, str>>) -> Self {
+        Self(Repr::Text(text.into()))
+    }
+
+    /// Bytes, e.g. a header value that may not be UTF-8. Bytes that are valid UTF-8 are the
+    /// same key as that text.
+    pub fn bytes(bytes: impl Into<Cow<'a, [u8]>>) -> Self {
+        Self(match bytes.into() {
+            Cow::Borrowed(b) => match std::str::from_utf8(b) {
+                Ok(s) => Repr::Text(Cow::Borrowed(s)),
+                Err(_) => Repr::Bytes(Cow::Borrowed(b)),
+            },
+            Cow::Owned(b) => match String::from_utf8(b) {
+                Ok(s) => Repr::Text(Cow::Owned(s)),
+                Err(e) => Repr::Bytes(Cow::Owned(e.into_bytes())),
+            },
+        })
+    }
+
+    /// An IP address; IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are their IPv4 address.
+    pub fn ip(ip: IpAddr) -> Self {
+        Self(Repr::Ip(canonical(ip)))
+    }
+
+    /// The IP network of `ip` with a prefix of `bits` (e.g. an IPv6 client's /64); `bits` at
+    /// or above the address length is the address itself.
+    pub fn network(ip: IpAddr, bits: u8) -> Self {
+        let ip = canonical(ip);
+        match ip {
+            IpAddr::V4(v4) if bits < 32 => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                Self(Repr::Net(Ipv4Addr::from(u32::from(v4) & mask).into(), bits))
+            }
+            IpAddr::V6(v6) if bits < 128 => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                Self(Repr::Net(
+                    Ipv6Addr::from(u128::from(v6) & mask).into(),
+                    bits,
+                ))
+            }
+            ip => Self(Repr::Ip(ip)),
+        }
+    }
+
+    /// A number, e.g. a tenant id.
+    pub const fn number(n: u64) -> Self {
+        Self(Repr::Number(n))
+    }
+
+    /// The same key, owning what it borrowed.
+    pub fn into_owned(self) -> Key<'static> {
+        Key(match self.0 {
+            Repr::Text(t) => Repr::Text(Cow::Owned(t.into_owned())),
+            Repr::Bytes(b) => Repr::Bytes(Cow::Owned(b.into_owned())),
+            Repr::Ip(ip) => Repr::Ip(ip),
+            Repr::Net(ip, bits) => Repr::Net(ip, bits),
+            Repr::Number(n) => Repr::Number(n),
+        })
+    }
+
+    /// The key's text or bytes, when it is text or bytes.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Text(t) => Some(t.as_bytes()),
+            Repr::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Writes the key as it appears in a Redis key (always UTF-8): text as it is, but as `#`
+    /// and its SHA-1 when longer than `max_len` or starting with `#` (so no client key can look
+    /// like the forms below); bytes that are not UTF-8 as `#` and their SHA-1; IP addresses
+    /// and networks as `#ip:ADDR` and `#ip:ADDR/BITS`, numbers as `#n:N`.
+    pub(crate) fn write_stored(&self, max_len: usize, out: &mut impl Out) {
+        match &self.0 {
+            Repr::Text(t) if t.len() <= max_len && !t.starts_with('#') => out.put(t.as_bytes()),
+            Repr::Text(t) => write_sha1(t.as_bytes(), out),
+            Repr::Bytes(b) => write_sha1(b, out),
+            Repr::Ip(ip) => {
+                out.put(b"#ip:");
+                write_ip(*ip, out);
+            }
+            Repr::Net(ip, bits) => {
+                out.put(b"#ip:");
+                write_ip(*ip, out);
+                out.put(b"/");
+                write_u64(u64::from(*bits), out);
+            }
+            Repr::Number(n) => {
+                out.put(b"#n:");
+                write_u64(*n, out);
+            }
+        }
+    }
+
+    /// Writes a compact binary form, unique per key (a tag byte and the payload; long text as
+    /// its SHA-1): for in-memory lookups, where no one reads the key.
+    pub(crate) fn write_compact(&self, max_len: usize, out: &mut impl Out) {
+        let (tag, bytes) = match &self.0 {
+            Repr::Text(t) => (0, t.as_bytes()),
+            Repr::Bytes(b) => (6, &b[..]),
+            _ => (0, &[][..]),
+        };
+        match &self.0 {
+            Repr::Text(_) | Repr::Bytes(_) if bytes.len() > max_len => {
+                out.put(&[tag + 1]);
+                out.put(&sha1_smol::Sha1::from(bytes).digest().bytes());
+            }
+            Repr::Text(_) | Repr::Bytes(_) => {
+                out.put(&[tag]);
+                out.put(bytes);
+            }
+            Repr::Ip(IpAddr::V4(v4)) => {
+                out.put(&[2]);
+                out.put(&v4.octets());
+            }
+            Repr::Ip(IpAddr::V6(v6)) => {
+                out.put(&[3]);
+                out.put(&v6.octets());
+            }
+            Repr::Net(ip, bits) => {
+                out.put(&[4, *bits]);
+                match ip {
+                    IpAddr::V4(v4) => out.put(&v4.octets()),
+                    IpAddr::V6(v6) => out.put(&v6.octets()),
+                }
+            }
+            Repr::Number(n) => {
+                out.put(&[5]);
+                out.put(&n.to_be_bytes());
+            }
+        }
+    }
+}
+
+/// Where a key is written: a buffer on the stack, a `Vec`.
+pub(crate) trait Out {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Out for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// IPv4-mapped IPv6 addresses as IPv4.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// `#` and the SHA-1 of `bytes` in hex.
+fn write_sha1(bytes: &[u8], out: &mut impl Out) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = sha1_smol::Sha1::from(bytes).digest().bytes();
+    let mut hex = [0u8; 41];
+    hex[0] = b'#';
+    for (i, b) in digest.iter().enumerate() {
+        hex[1 + 2 * i] = HEX[usize::from(b >> 4)];
+        hex[2 + 2 * i] = HEX[usize::from(b & 15)];
+    }
+    out.put(&hex);
+}
+
+fn write_u64(mut n: u64, out: &mut impl Out) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put(&digits[i..]);
+}
+
+/// The address in its standard text form, without allocating.
+fn write_ip(ip: IpAddr, out: &mut impl Out) {
+    use std::io::Write;
+    // The longest IPv6 text form is 45 bytes.
+    let mut buf = [0u8; 48];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cursor, "{ip}");
+    let len = cursor.position() as usize;
+    out.put(&buf[..len]);
+}
+
+impl fmt::Display for Key<'_> {
+    /// The key as a person reads it: text as is (bytes that are not UTF-8 replaced), an
+    /// address, `ADDR/BITS`, a number.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Text(t) => f.write_str(t),
+            Repr::Bytes(b) => f.write_str(&String::from_utf8_lossy(b)),
+            Repr::Ip(ip) => write!(f, "{ip}"),
+            Repr::Net(ip, bits) => write!(f, "{ip}/{bits}"),
+            Repr::Number(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl fmt::Debug for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0 {
+            Repr::Text(_) => "Key::text",
+            Repr::Bytes(_) => "Key::bytes",
+            Repr::Ip(_) => "Key::ip",
+            Repr::Net(..) => "Key::network",
+            Repr::Number(_) => "Key::number",
+        };
+        write!(f, "{kind}({self})")
+    }
+}
+
+impl<'a> From<&'a str> for Key<'a> {
+    fn from(s: &'a str) -> Self {
+        Key::text(s)
+    }
+}
+
+impl<'a> From<&'a String> for Key<'a> {
+    fn from(s: &'a String) -> Self {
+        Key::text(s.as_str())
+    }
+}
+
+impl From<String> for Key<'static> {
+    fn from(s: String) -> Self {
+        Key::text(s)
+    }
+}
+
+impl From<IpAddr> for Key<'static> {
+    fn from(ip: IpAddr) -> Self {
+        Key::ip(ip)
+    }
+}
+
+impl From<u64> for Key<'static> {
+    fn from(n: u64) -> Self {
+        Key::number(n)
+    }
+}
+
+impl<'a> From<&'a Key<'a>> for Key<'a> {
+    fn from(key: &'a Key<'a>) -> Self {
+        Key(match &key.0 {
+            Repr::Text(t) => Repr::Text(Cow::Borrowed(t)),
+            Repr::Bytes(b) => Repr::Bytes(Cow::Borrowed(b)),
+            other => other.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(key: Key<'_>) -> String {
+        let mut out = Vec::new();
+        key.write_stored(128, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn stored_forms_never_collide_across_kinds() {
+        let v4: IpAddr = "203.0.113.7".parse().unwrap();
+        assert_eq!(stored(Key::from("203.0.113.7")), "203.0.113.7");
+        assert_eq!(stored(Key::ip(v4)), "#ip:203.0.113.7");
+        assert_eq!(stored(Key::number(42)), "#n:42");
+        assert_eq!(stored(Key::from("42")), "42");
+        let v6: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        assert_eq!(stored(Key::network(v6, 64)), "#ip:2001:db8:1:2::/64");
+        assert_eq!(stored(Key::network(v4, 24)), "#ip:203.0.113.0/24");
+        assert_eq!(stored(Key::network(v4, 32)), "#ip:203.0.113.7");
+        // Text that looks like one of those forms is hashed.
+        let forged = stored(Key::from("#ip:203.0.113.7"));
+        assert!(forged.starts_with('#') && forged.len() == 41, "{forged}");
+        assert_eq!(stored(Key::from("x".repeat(200))).len(), 41);
+        // Mapped addresses are their IPv4 address.
+        let mapped: IpAddr = "::ffff:203.0.113.7".parse().unwrap();
+        assert_eq!(Key::ip(mapped), Key::ip(v4));
+        assert_eq!(Key::bytes(&b"abc"[..]), Key::from("abc"));
+        // Bytes that are not UTF-8: stored as their hash, so every Redis key is UTF-8.
+        let bin = stored(Key::bytes(&[0xff, 0x80][..]));
+        assert!(bin.starts_with('#') && bin.len() == 41, "{bin}");
+        assert_ne!(bin, stored(Key::bytes(&[0xff, 0x81][..])));
+    }
+
+    #[test]
+    fn compact_forms_are_unique_per_key() {
+        let compact = |k: Key<'_>| {
+            let mut out = Vec::new();
+            k.write_compact(128, &mut out);
+            out
+        };
+        let v4: IpAddr = "203.0.113.7".parse().unwrap();
+        let keys = [
+            compact(Key::from("203.0.113.7")),
+            compact(Key::ip(v4)),
+            compact(Key::network(v4, 24)),
+            compact(Key::number(42)),
+            compact(Key::from("42")),
+            compact(Key::from("x".repeat(129))),
+            compact(Key::from("x".repeat(128))),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! One map for state kept in this process ([`MemoryStore`](super::MemoryStore)'s states, the
+//! limiter's deny cache): keys as bytes, split over lock shards so that checks on different
+//! keys rarely wait for each other, hashed once per lookup, expired entries swept as a shard
+//! grows, and a bound on entries per shard.
+
+use std::{
+    hash::BuildHasher,
+    sync::{Mutex, MutexGuard},
+};
+
+use hashbrown::HashTable;
+
+/// What the map needs to know of a value: when it stops mattering.
+pub(crate) trait Expiring {
+    /// The time (in the owner's clock) at and after which the value is dead.
+    fn expires_at(&self) -> u64;
+}
+
+/// A byte-keyed map split over lock shards.
+pub(crate) struct Sharded<V> {
+    shards: Box<[Padded<V>]>,
+    /// DoS-resistant and seeded per map: keys come from clients.
+    hasher: std::collections::hash_map::RandomState,
+}
+
+/// A shard's lock on cache lines of its own: threads working on different shards do not slow
+/// each other down.
+#[repr(align(128))]
+struct Padded<V>(Mutex<Shard<V>>);
+
+/// One shard: its entries, each with its hash (so growing the table needs no rehash).
+pub(crate) struct Shard<V> {
+    table: HashTable<(u64, Box<[u8]>, V)>,
+    /// Size after the last sweep; the next sweep runs when the shard has doubled.
+    swept_len: usize,
+    max: usize,
+    /// Entries forgotten because the shard was full.
+    pub(crate) evicted: u64,
+    /// What the owner counts besides entries (e.g. log entries), kept up to date by it.
+    pub(crate) weight: usize,
+}
+
+/// A key's hash and the shard it lives in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot {
+    hash: u64,
+}
+
+impl<V> Sharded<V> {
+    /// `shards` lock shards (a power of two), holding about `max_entries` entries in all.
+    pub(crate) fn new(shards: usize, max_entries: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        let max_per_shard = max_entries.div_ceil(shards).max(1);
+        Self {
+            shards: (0..shards)
+                .map(|_| {
+                    Padded(Mutex::new(Shard {
+                        table: HashTable::new(),
+                        swept_len: 0,
+                        max: max_per_shard,
+                        evicted: 0,
+                        weight: 0,
+                    }))
+                })
+                .collect(),
+            hasher: Default::default(),
+        }
+    }
+
+    pub(crate) fn slot(&self, key: &[u8]) -> Slot {
+        Slot {
+            hash: self.hasher.hash_one(key),
+        }
+    }
+
+    /// Locks the shard of `slot`.
+    pub(crate) fn lock(&self, slot: Slot) -> MutexGuard<'_, Shard<V>> {
+        // Middle bits: the table uses the low bits for buckets and the top ones as tags.
+        let i = (slot.hash >> 32) as usize & (self.shards.len() - 1);
+        lock(&self.shards[i].0)
+    }
+
+    /// Every shard in turn, locked.
+    pub(crate) fn each(&self) -> impl Iterator<Item = MutexGuard<'_, Shard<V>>> {
+        self.shards.iter().map(|s| lock(&s.0))
+    }
+}
+
+fn lock<V>(m: &Mutex<Shard<V>>) -> MutexGuard<'_, Shard<V>> {
+    // A panic while holding the lock cannot leave a shard half-updated in a way that matters
+    // more than losing the limiter: keep going with the data as it is.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<V> Shard<V> {
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub(crate) fn get_mut(&mut self, slot: Slot, key: &[u8]) -> Option<&mut V> {
+        self.table
+            .find_mut(slot.hash, |e| *e.1 == *key)
+            .map(|e| &mut e.2)
+    }
+
+    pub(crate) fn remove(&mut self, slot: Slot, key: &[u8]) -> Option<V> {
+        let entry = self.table.find_entry(slot.hash, |e| *e.1 == *key).ok()?;
+        Some(entry.remove().0 .2)
+    }
+
+    /// Adds `key` (not present) with `value`; the caller has made room (see [`Self::room`]).
+    pub(crate) fn insert(&mut self, slot: Slot, key: &[u8], value: V) -> &mut V {
+        let entry = self
+            .table
+            .insert_unique(slot.hash, (slot.hash, key.into(), value), |e| e.0);
+        &mut entry.into_mut().2
+    }
+
+    /// Keeps the entries for which `keep` holds.
+    #[cfg(test)]
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
+        self.table.retain(|e| keep(&mut e.2));
+        self.swept_len = self.table.len();
+    }
+
+    /// Values of all entries.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|e| &e.2)
+    }
+}
+
+impl<V: Expiring> Shard<V> {
+    /// Makes room for one more entry at `now`: sweeps expired entries when the shard has
+    /// doubled since the last sweep or is full, and when still full forgets the eighth of the
+    /// entries that expire soonest (they hold the least). True when entries were dropped.
+    /// Amortised over the inserts that refill the shard, this is O(log n) per new key.
+    pub(crate) fn room(&mut self, now: u64) -> bool {
+        let len = self.table.len();
+        if len >= self.max || len >= 2 * self.swept_len.max(256) {
+            self.table.retain(|e| e.2.expires_at() > now);
+            self.swept_len = self.table.len();
+        }
+        if self.table.len() < self.max {
+            return self.table.len() < len;
+        }
+        let n = (self.table.len() / 8).max(1);
+        let mut by_expiry: Vec<u64> = self.table.iter().map(|e| e.2.expires_at()).collect();
+        by_expiry.select_nth_unstable(n - 1);
+        let cutoff = by_expiry[n - 1];
+        let mut left = n;
+        self.table.retain(|e| {
+            let forget = left > 0 && e.2.expires_at() <= cutoff;
+            left -= usize::from(forget);
+            !forget
+        });
+        self.evicted += (n - left) as u64;
+        self.swept_len = self.table.len();
+        true
+    }
+
+    /// Forgets entries, soonest-expiring first and never `keep`, until their `weight`s add up
+    /// to `excess`; returns the weight freed. For bounds on something other than the number
+    /// of entries (e.g. log entries).
+    pub(crate) fn shed(
+        &mut self,
+        keep: &[u8],
+        excess: usize,
+        weight: impl Fn(&V) -> usize,
+    ) -> usize {
+        let mut order: Vec<(u64, u64)> = self
+            .table
+            .iter()
+            .filter(|e| *e.1 != *keep && weight(&e.2) > 0)
+            .map(|e| (e.2.expires_at(), e.0))
+            .collect();
+        order.sort_unstable();
+        let mut freed = 0;
+        for (_, hash) in order {
+            if freed >= excess {
+                break;
+            }
+            // Entries sharing a hash (rare): any of them but `keep`.
+            if let Ok(entry) = self.table.find_entry(hash, |e| *e.1 != *keep) {
+                let ((_, _, value), _) = entry.remove();
+                freed += weight(&value);
+                self.evicted += 1;
+            }
+        }
+        self.swept_len = self.table.len();
+        freed
+    }
+}
