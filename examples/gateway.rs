@@ -4,12 +4,19 @@
 //! ```text
 //! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
 //!     [--redis-cluster redis://HOST:PORT,redis://HOST:PORT,...]
+//!     [--redis-sentinel redis://HOST:PORT,redis://HOST:PORT,... --sentinel-master NAME]
+//!     [--redis-ca FILE] [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N]
+//!     [--lazy-connect]
 //!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
 //!     [--prefix P] [--log error|warn|info|debug|trace] [--no-limit]
 //! ```
+//!
+//! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
+//! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
+//! timeout, with one line on stderr naming the cause, before it listens.
 //!
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
@@ -24,6 +31,8 @@ use tower_redis_ratelimit::{
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
+[--redis-sentinel URL,URL,... --sentinel-master NAME] [--redis-ca FILE] \
+[--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N] [--lazy-connect] \
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
@@ -34,6 +43,13 @@ struct Args {
     listen: SocketAddr,
     redis: Option<String>,
     redis_cluster: Option<Vec<String>>,
+    redis_sentinel: Option<Vec<String>>,
+    sentinel_master: Option<String>,
+    redis_ca: Option<String>,
+    redis_cert: Option<String>,
+    redis_key: Option<String>,
+    connect_timeout: Duration,
+    lazy_connect: bool,
     algorithm: String,
     limit: u32,
     per: Duration,
@@ -68,11 +84,28 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(n.checked_mul(unit)?))
 }
 
+fn url_list(value: &str) -> Option<Vec<String>> {
+    let urls: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    (!urls.is_empty()).then_some(urls)
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         listen: "127.0.0.1:3000".parse().unwrap(),
         redis: None,
         redis_cluster: None,
+        redis_sentinel: None,
+        sentinel_master: None,
+        redis_ca: None,
+        redis_cert: None,
+        redis_key: None,
+        connect_timeout: tower_redis_ratelimit::DEFAULT_CONNECT_TIMEOUT,
+        lazy_connect: false,
         algorithm: "gcra".into(),
         limit: 10,
         per: Duration::from_secs(1),
@@ -102,10 +135,20 @@ fn parse_args() -> Result<Args, String> {
             a.batch = true;
             continue;
         }
+        if flag == "--lazy-connect" {
+            a.lazy_connect = true;
+            continue;
+        }
         const FLAGS: &[&str] = &[
             "--listen",
             "--redis",
             "--redis-cluster",
+            "--redis-sentinel",
+            "--sentinel-master",
+            "--redis-ca",
+            "--redis-cert",
+            "--redis-key",
+            "--connect-timeout-ms",
             "--algorithm",
             "--limit",
             "--per",
@@ -133,16 +176,28 @@ fn parse_args() -> Result<Args, String> {
             }
             "--redis" => a.redis = Some(value),
             "--redis-cluster" => {
-                let nodes: Vec<String> = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if nodes.is_empty() {
-                    return Err(bad("a comma-separated list of node URLs"));
-                }
-                a.redis_cluster = Some(nodes);
+                a.redis_cluster = Some(
+                    url_list(&value).ok_or_else(|| bad("a comma-separated list of node URLs"))?,
+                )
+            }
+            "--redis-sentinel" => {
+                a.redis_sentinel = Some(
+                    url_list(&value)
+                        .ok_or_else(|| bad("a comma-separated list of Sentinel URLs"))?,
+                )
+            }
+            "--sentinel-master" => a.sentinel_master = Some(value),
+            "--redis-ca" => a.redis_ca = Some(value),
+            "--redis-cert" => a.redis_cert = Some(value),
+            "--redis-key" => a.redis_key = Some(value),
+            "--connect-timeout-ms" => {
+                a.connect_timeout = Duration::from_millis(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|&n: &u64| n > 0)
+                        .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
+                )
             }
             "--algorithm" => match value.as_str() {
                 "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
@@ -263,11 +318,48 @@ async fn run(args: Args) -> Result<(), BoxError> {
         _ => Gcra::new(quota).map(|_| ())?,
     }
     key_extractor(&args)?;
-    if args.redis.is_some() && args.redis_cluster.is_some() {
-        return Err("give --redis or --redis-cluster, not both".into());
+    let redis_flags = [
+        args.redis.is_some(),
+        args.redis_cluster.is_some(),
+        args.redis_sentinel.is_some(),
+    ];
+    let uses_redis = redis_flags.contains(&true);
+    if redis_flags.iter().filter(|&&f| f).count() > 1 {
+        return Err("give one of --redis, --redis-cluster and --redis-sentinel".into());
     }
-    if args.batch && args.redis.is_none() && args.redis_cluster.is_none() {
-        return Err("--batch batches Redis calls: give --redis or --redis-cluster".into());
+    if args.redis_sentinel.is_some() != args.sentinel_master.is_some() {
+        return Err("--redis-sentinel and --sentinel-master go together".into());
+    }
+    if args.redis_cert.is_some() != args.redis_key.is_some() {
+        return Err("--redis-cert and --redis-key go together".into());
+    }
+    if !uses_redis && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect) {
+        return Err(
+            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster or --redis-sentinel"
+                .into(),
+        );
+    }
+    if args.batch && !uses_redis {
+        return Err(
+            "--batch batches Redis calls: give --redis, --redis-cluster or --redis-sentinel".into(),
+        );
+    }
+    let read = |flag: &str, path: &Option<String>| -> Result<Option<Vec<u8>>, String> {
+        path.as_ref()
+            .map(|p| std::fs::read(p).map_err(|e| format!("{flag} {p}: {e}")))
+            .transpose()
+    };
+    let mut builder = RedisStore::builder()
+        .connect_timeout(args.connect_timeout)
+        .lazy(args.lazy_connect);
+    if let Some(ca) = read("--redis-ca", &args.redis_ca)? {
+        builder = builder.ca_pem(ca);
+    }
+    if let (Some(cert), Some(key)) = (
+        read("--redis-cert", &args.redis_cert)?,
+        read("--redis-key", &args.redis_key)?,
+    ) {
+        builder = builder.client_cert_pem(cert, key);
     }
     let batching = |store: RedisStore| -> Result<RedisStore, String> {
         if !args.batch {
@@ -278,9 +370,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
             .with_batching(Batching::new())
             .map_err(|e| format!("--batch: {e}"))
     };
-    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster) {
-        (None, Some(nodes)) => {
-            let store = RedisStore::connect_cluster(nodes)
+    let lazy = if args.lazy_connect {
+        " (lazy: connects on the first check)"
+    } else {
+        ""
+    };
+    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
+        (_, Some(nodes), _) => {
+            let store = builder
+                .connect_cluster(nodes)
                 .await
                 .map_err(|e| format!("--redis-cluster {}: {e}", nodes.join(",")))?;
             println!(
@@ -289,14 +387,27 @@ async fn run(args: Args) -> Result<(), BoxError> {
             );
             Arc::new(batching(store)?)
         }
-        (Some(url), _) => {
-            let store = RedisStore::connect(url)
+        (_, _, Some(sentinels)) => {
+            let master = args.sentinel_master.as_deref().unwrap_or_default();
+            let store = builder
+                .connect_sentinel(sentinels, master)
                 .await
-                .map_err(|e| format!("--redis {url}: {e}"))?;
-            println!("store: redis at {url} (shared by every instance pointing at it)");
+                .map_err(|e| format!("--redis-sentinel {}: {e}", sentinels.join(",")))?;
+            println!(
+                "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
+                sentinels.join(",")
+            );
             Arc::new(batching(store)?)
         }
-        (None, None) => {
+        (Some(url), _, _) => {
+            let store = builder
+                .connect(url)
+                .await
+                .map_err(|e| format!("--redis {url}: {e}"))?;
+            println!("store: redis at {url}{lazy} (shared by every instance pointing at it)");
+            Arc::new(batching(store)?)
+        }
+        (None, None, None) => {
             println!("store: in-memory (no --redis given; limits hold for this process only)");
             Arc::new(MemoryStore::new())
         }

@@ -67,7 +67,92 @@ pub enum Error {
     Unsupported(&'static str),
     /// The circuit breaker is open after repeated store failures; the store was not called.
     CircuitOpen,
+    /// Connecting to the store failed; [`ConnectError::kind`] says how.
+    Connect(ConnectError),
+    /// The store's configuration cannot work (a certificate file that holds no certificate,
+    /// say); found when the store is built.
+    Config(ConfigError),
 }
+
+/// How connecting to Redis failed: what to fix is different for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectErrorKind {
+    /// No server at the address: the name does not resolve, or the connection was refused or
+    /// could not be routed.
+    Unreachable,
+    /// The server did not complete the TCP or TLS connection, the handshake and a `PING`
+    /// within the connect timeout (a black-holed address, a TLS port spoken to in plain text,
+    /// an overloaded server).
+    TimedOut,
+    /// The server wants a password (`NOAUTH`) that the configuration does not give.
+    AuthRequired,
+    /// The server refused the credentials: a wrong password, an unknown or disabled ACL user
+    /// (`WRONGPASS`), or a user not allowed to run the commands the store needs (`NOPERM`).
+    AuthFailed,
+    /// The TLS handshake failed: an untrusted or invalid certificate, a name mismatch, a
+    /// server that does not speak TLS, a client certificate the server refused.
+    Tls,
+    /// No Sentinel named a primary for the master name that answers as a primary.
+    NoPrimary,
+    /// Any other failure (a protocol error, a server error during the handshake).
+    Other,
+}
+
+/// Why connecting to Redis failed, with a message naming the address and the cause.
+///
+/// ```
+/// use tower_redis_ratelimit::{ConnectErrorKind, Error, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // Nothing listens on port 1.
+/// match RedisStore::connect("redis://127.0.0.1:1").await {
+///     Err(Error::Connect(e)) => assert_eq!(e.kind(), ConnectErrorKind::Unreachable),
+///     other => panic!("{other:?}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConnectError {
+    kind: ConnectErrorKind,
+    message: String,
+}
+
+impl ConnectError {
+    pub(crate) fn new(kind: ConnectErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// How connecting failed.
+    pub fn kind(&self) -> ConnectErrorKind {
+        self.kind
+    }
+
+    /// What happened, naming the address.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ConnectErrorKind::Unreachable => "unreachable",
+            ConnectErrorKind::TimedOut => "timed out",
+            ConnectErrorKind::AuthRequired => "authentication required",
+            ConnectErrorKind::AuthFailed => "authentication failed",
+            ConnectErrorKind::Tls => "TLS",
+            ConnectErrorKind::NoPrimary => "no primary",
+            ConnectErrorKind::Other => "failed",
+        };
+        write!(f, "cannot connect to redis ({what}): {}", self.message)
+    }
+}
+
+impl StdError for ConnectError {}
 
 /// What an [`Error`] says about the next check: is the whole store refusing work, or only
 /// this key, or only this check?
@@ -120,7 +205,10 @@ impl Error {
     pub fn scope(&self) -> ErrorScope {
         use redis::ErrorKind;
         match self {
-            Error::Timeout(_) | Error::Pool(_) | Error::CircuitOpen => ErrorScope::Store,
+            Error::Timeout(_) | Error::Pool(_) | Error::CircuitOpen | Error::Connect(_) => {
+                ErrorScope::Store
+            }
+            Error::Config(_) => ErrorScope::Check,
             Error::InvalidReply(_) => ErrorScope::Key,
             Error::InvalidInput(_) | Error::Unsupported(_) => ErrorScope::Check,
             Error::Redis(e) => match (e.kind(), e.code()) {
@@ -150,6 +238,8 @@ impl fmt::Display for Error {
             Error::InvalidInput(e) => write!(f, "invalid rate-limit check: {e}"),
             Error::Unsupported(e) => write!(f, "unsupported: {e}"),
             Error::CircuitOpen => write!(f, "circuit breaker open: the store is failing"),
+            Error::Connect(e) => e.fmt(f),
+            Error::Config(e) => e.fmt(f),
         }
     }
 }
@@ -158,8 +248,16 @@ impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::Redis(e) => Some(e),
+            Error::Connect(e) => Some(e),
+            Error::Config(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e)
     }
 }
 

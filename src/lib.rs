@@ -54,7 +54,7 @@ pub use algorithm::{
     WindowRate,
 };
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
-pub use error::{ConfigError, Error, ErrorScope};
+pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
     key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
 };
@@ -69,7 +69,10 @@ pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
     RateLimitLayer, ResponseBody, ResponseFuture,
 };
-pub use store::{Batching, BoxFuture, MemoryStore, Namespaces, RedisStore, Store, StoreKey};
+pub use store::{
+    Batching, BoxFuture, MemoryStore, Namespaces, RedisStore, RedisStoreBuilder, Store, StoreKey,
+    DEFAULT_CONNECT_TIMEOUT,
+};
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
 // The crates whose types appear in this API, so users can name matching versions.

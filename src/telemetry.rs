@@ -61,7 +61,7 @@ pub(crate) fn store_failed(policy: &str, e: &Error) {
         let kind = match e {
             Error::Timeout(_) => "timeout",
             Error::CircuitOpen => "circuit_open",
-            Error::Redis(_) | Error::Pool(_) => "redis",
+            Error::Redis(_) | Error::Pool(_) | Error::Connect(_) => "redis",
             _ => "other",
         };
         metrics::counter!(STORE_ERRORS, "policy" => policy.to_owned(), "kind" => kind).increment(1);

@@ -20,7 +20,7 @@ pub(crate) use self::{
 pub use self::{
     key::StoreKey,
     namespaces::Namespaces,
-    redis::{Batching, RedisStore},
+    redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
 };
 
 use std::{future::Future, pin::Pin, sync::Arc};

@@ -3,7 +3,9 @@
 //! A test that cannot start Redis panics with the reason; it never skips.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod gateway;
 pub mod proxy;
+pub mod tls;
 
 use std::{
     net::TcpListener,
@@ -81,6 +83,12 @@ impl RedisServer {
         panic!("redis-server did not come up on 127.0.0.1: {last_error}");
     }
 
+    /// Starts a fresh server on `port` (one a test reserved with [`free_port`]).
+    pub fn start_with_port(port: u16) -> Self {
+        Self::spawn(port, Vec::new())
+            .unwrap_or_else(|e| panic!("redis-server did not come up on 127.0.0.1:{port}: {e}"))
+    }
+
     fn spawn(port: u16, extra: Vec<String>) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("trr-redis-{port}"));
         // A fresh directory: a cluster node must not find an old nodes.conf.
@@ -154,8 +162,11 @@ impl RedisServer {
                 return Err(format!("redis-server exited with {status}"));
             }
             if let Ok(mut conn) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return Ok(());
+                match redis::cmd("PING").query::<String>(&mut conn) {
+                    Ok(_) => return Ok(()),
+                    // Up, and asking for a password (`--requirepass`, ACL users).
+                    Err(e) if e.code() == Some("NOAUTH") => return Ok(()),
+                    Err(_) => {}
                 }
             }
             if Instant::now() > deadline {

@@ -1,11 +1,13 @@
 //! How a [`RedisStore`](super::RedisStore) reaches Redis: one self-replacing connection, a
 //! bb8 pool, or a cluster; and how a script call is sent on any of them.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
-use redis::{cluster_async::ClusterConnection, Script};
+use redis::{
+    aio::ConnectionLike, cluster_async::ClusterConnection, Cmd, RedisFuture, Script, Value,
+};
 
 use super::connection::Supervised;
 use crate::Error;
@@ -16,6 +18,44 @@ pub(crate) enum Backend {
     Multiplexed(Supervised),
     Pool(Pool<RedisConnectionManager>),
     Cluster(ClusterConnection),
+    /// A connection the application built (`RedisStore::from_connection`).
+    Shared(Shared),
+}
+
+/// Any cloneable async connection, erased; each call works on a clone.
+#[derive(Clone)]
+pub(crate) struct Shared(Arc<dyn Fn() -> Box<dyn ConnectionLike + Send> + Send + Sync>);
+
+impl Shared {
+    pub(crate) fn new<C: ConnectionLike + Clone + Send + Sync + 'static>(conn: C) -> Self {
+        Self(Arc::new(move || Box::new(conn.clone())))
+    }
+
+    fn handle(&self) -> Handle {
+        Handle((self.0)())
+    }
+}
+
+/// One clone of a [`Shared`] connection.
+struct Handle(Box<dyn ConnectionLike + Send>);
+
+impl ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
 }
 
 impl Backend {
@@ -35,6 +75,7 @@ impl Backend {
             Backend::Multiplexed(conn) => eval_on(&mut conn.clone(), script, evalsha).await,
             // EVALSHA is routed by the slot of its first key.
             Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
+            Backend::Shared(shared) => eval_on(&mut shared.handle(), script, evalsha).await,
             Backend::Pool(pool) => {
                 // A multiplexed connection is a cheap handle: clone it and return the pooled
                 // one at once, so concurrent checks pipeline instead of queueing.

@@ -15,13 +15,13 @@
 //! remembered for a moment so that a dead Redis is not dialled once per request.
 //!
 //! Sockets keep TCP alive (a NAT or firewall keeps the flow, and a peer that vanished is
-//! noticed while idle) and give up on data unacknowledged for [`TCP_USER_TIMEOUT`] (a black
+//! noticed while idle) and give up on data unacknowledged for [`TCP_USER_TIMEOUT`](super::connect::TCP_USER_TIMEOUT) (a black
 //! hole is noticed under traffic too).
 
 use std::{
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, OnceLock, Weak,
+        Arc, Mutex, Weak,
     },
     time::{Duration, Instant},
 };
@@ -33,25 +33,14 @@ use futures_util::{
 };
 use redis::{
     aio::{ConnectionLike, MultiplexedConnection},
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, Value,
+    Cmd, RedisFuture, Value,
 };
 
+use super::connect::{monotonic_us, Connector};
 use crate::Error;
 
-/// Idle time before the first TCP keepalive probe.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
-/// Time between keepalive probes.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// How long sent data may stay unacknowledged before the socket gives up (Linux).
-pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a failed connection attempt answers for the next ones.
 const FAILURE_MEMORY: Duration = Duration::from_millis(100);
-
-/// Microseconds on a monotonic clock shared by every connection; never 0.
-fn monotonic_us() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
-}
 
 /// After this long without a command, a connection may have been closed meanwhile without
 /// its driver having run yet (a busy or blocked runtime): give it the chance first.
@@ -92,8 +81,7 @@ impl Live {
 type Attempt = Shared<BoxFuture<'static, Result<Arc<Live>, Error>>>;
 
 struct Inner {
-    info: ConnectionInfo,
-    connect_timeout: Duration,
+    connector: Connector,
     live: ArcSwapOption<Live>,
     pending: Mutex<Pending>,
 }
@@ -113,25 +101,24 @@ pub(crate) struct Supervised {
 }
 
 impl Supervised {
-    /// Connects to `info` when first used.
-    pub(crate) fn lazy(info: ConnectionInfo, connect_timeout: Duration) -> Self {
+    /// Connects with `connector` when first used.
+    pub(crate) fn lazy(connector: Connector) -> Self {
         Self {
             inner: Arc::new(Inner {
-                info,
-                connect_timeout,
+                connector,
                 live: ArcSwapOption::empty(),
                 pending: Mutex::new(Pending::default()),
             }),
         }
     }
 
-    /// Connects to `info` now and verifies the server answers.
-    pub(crate) async fn connect(
-        info: ConnectionInfo,
-        connect_timeout: Duration,
-    ) -> Result<Self, Error> {
-        let this = Self::lazy(info, connect_timeout);
-        this.connection().await?;
+    /// Connects with `connector` now and verifies the server answers.
+    pub(crate) async fn connect(connector: Connector) -> Result<Self, Error> {
+        // Opened here rather than through `reconnect`: the caller reports a failure, so it is
+        // not logged as well.
+        let live = open(&connector).await?;
+        let this = Self::lazy(connector);
+        this.inner.live.store(Some(live));
         Ok(this)
     }
 
@@ -162,9 +149,8 @@ impl Supervised {
                             return Err(e.clone());
                         }
                     }
-                    let attempt = open(self.inner.info.clone(), self.inner.connect_timeout)
-                        .boxed()
-                        .shared();
+                    let inner = Arc::clone(&self.inner);
+                    let attempt = async move { open(&inner.connector).await }.boxed().shared();
                     pending.attempt = Some(attempt.clone());
                     // Driven by a task of its own: it completes (and is installed) even when
                     // every caller waiting for it gave up.
@@ -247,94 +233,16 @@ fn lock(m: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Opens a connection to `info` and checks that the server answers `PING`, all within
-/// `timeout`.
-async fn open(info: ConnectionInfo, timeout: Duration) -> Result<Arc<Live>, Error> {
-    tokio::time::timeout(timeout, open_unbounded(&info))
-        .await
-        .unwrap_or(Err(Error::Timeout(timeout)))
-}
-
-async fn open_unbounded(info: &ConnectionInfo) -> Result<Arc<Live>, Error> {
-    // Every call is bounded by its caller (the limiter's store timeout, the batch call
-    // timeout), so the connection adds no response timeout of its own.
-    let config = AsyncConnectionConfig::new().set_response_timeout(None);
-    let (conn, driver) = match info.addr() {
-        ConnectionAddr::Tcp(host, port) => {
-            let stream = tcp(host, *port).await?;
-            let (conn, driver) =
-                MultiplexedConnection::new_with_config(info.redis_settings(), stream, config)
-                    .await?;
-            (conn, driver.boxed())
-        }
-        #[cfg(unix)]
-        ConnectionAddr::Unix(path) => {
-            let stream = tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(redis::RedisError::from)?;
-            let (conn, driver) =
-                MultiplexedConnection::new_with_config(info.redis_settings(), stream, config)
-                    .await?;
-            (conn, driver.boxed())
-        }
-        _ => {
-            return Err(Error::Redis(redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "this address kind is not supported",
-            ))))
-        }
-    };
-    let died_at = Arc::new(AtomicU64::new(0));
-    let flag = Arc::clone(&died_at);
-    tokio::spawn(async move {
-        driver.await;
-        // The driver (and the queue it read commands from) is gone: nothing sent from now on
-        // can reach Redis.
-        flag.store(monotonic_us(), Ordering::Release);
-    });
+/// Opens a connection with `connector` and watches its driver.
+async fn open(connector: &Connector) -> Result<Arc<Live>, Error> {
+    let opened = connector.open().await?;
     let now = monotonic_us();
-    let live = Arc::new(Live {
-        conn,
-        died_at,
+    Ok(Arc::new(Live {
+        conn: opened.conn,
+        died_at: opened.died_at,
         used_at: AtomicU64::new(now),
         born_at: now,
-    });
-    // The handshake (AUTH, HELLO, SELECT) ran; a server that wants a password the URL does
-    // not give answers only now.
-    let _: () = redis::cmd("PING")
-        .query_async(&mut live.conn.clone())
-        .await?;
-    Ok(live)
-}
-
-/// A TCP connection to `host:port`, trying each address it resolves to in turn.
-async fn tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Error> {
-    let mut last = None;
-    for addr in tokio::net::lookup_host((host, port))
-        .await
-        .map_err(redis::RedisError::from)?
-    {
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(stream) => {
-                tune(&stream);
-                return Ok(stream);
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let e = last.unwrap_or_else(|| std::io::Error::other(format!("{host} has no address")));
-    Err(Error::Redis(e.into()))
-}
-
-/// Keepalive and the user timeout (see the module docs); best effort.
-fn tune(stream: &tokio::net::TcpStream) {
-    let socket = socket2::SockRef::from(stream);
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL);
-    let _ = socket.set_tcp_keepalive(&keepalive);
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    let _ = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
+    }))
 }
 
 fn into_redis_error(e: Error) -> redis::RedisError {
@@ -375,6 +283,6 @@ impl ConnectionLike for Supervised {
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.info.redis_settings().db()
+        self.inner.connector.db()
     }
 }

@@ -2,21 +2,27 @@
 
 mod backend;
 mod batch;
+mod builder;
+mod connect;
 mod connection;
 mod scripts;
+#[cfg(feature = "tls")]
+mod tls;
 
-pub use self::batch::Batching;
+pub use self::{
+    batch::Batching,
+    builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+};
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc};
 
 use bb8::Pool;
 use bb8_redis::RedisConnectionManager;
-use redis::{cluster::ClusterClient, IntoConnectionInfo};
+use redis::{aio::ConnectionLike, cluster_async::ClusterConnection};
 
 use self::{
-    backend::{evalsha, Backend},
+    backend::{evalsha, Backend, Shared},
     batch::Batcher,
-    connection::Supervised,
     scripts::Wire,
 };
 use super::{BoxFuture, Namespaces, Store, StoreKey};
@@ -62,60 +68,59 @@ impl fmt::Debug for RedisStore {
             Backend::Multiplexed(_) => d.field("backend", &"multiplexed"),
             Backend::Pool(p) => d.field("pool", &p.state()),
             Backend::Cluster(_) => d.field("backend", &"cluster"),
+            Backend::Shared(_) => d.field("backend", &"your connection"),
         };
         d.field("batching", &self.batcher.as_ref().map(Batcher::config));
         d.finish()
     }
 }
 
-/// The default bound on connecting (TCP, handshake and a `PING`).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
 impl RedisStore {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) and waits until the server
-    /// answers a `PING`, so that a wrong address or a missing password fails here rather than
-    /// on the first request.
+    /// Settings for connecting: timeout, TLS, lazy start, Sentinel, Cluster (see
+    /// [`RedisStoreBuilder`]).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`, `rediss://` for TLS with the
+    /// system's roots) and waits until the server answers a `PING`, within
+    /// [`DEFAULT_CONNECT_TIMEOUT`], so that a wrong address, a missing password or an
+    /// untrusted certificate fails here, with a [`ConnectError`](crate::ConnectError)
+    /// saying which, rather than on the first request.
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let info = url.into_connection_info()?;
-        let conn = Supervised::connect(info, CONNECT_TIMEOUT).await?;
-        Ok(Self::new(Backend::Multiplexed(conn)))
+        Self::builder().connect(url).await
     }
 
     /// Like [`RedisStore::connect`], but connects on the first check (so the app can start
     /// while Redis is away; checks fail, and the failure policy applies, until it answers).
     /// The URL is still parsed now.
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
-        let info = url.into_connection_info()?;
-        Ok(Self::new(Backend::Multiplexed(Supervised::lazy(
-            info,
-            CONNECT_TIMEOUT,
-        ))))
+        Self::builder().lazy_direct(url)
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (e.g.
     /// `["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]`) and waits for the slot map, so a
-    /// wrong address fails here.
-    ///
-    /// Redirections (`MOVED`, `ASK`) and a failing-over node are retried for up to about a
-    /// second (bounded anyway by the limiter's store timeout); what still fails goes to the
-    /// failure policy.
+    /// wrong address fails here. See [`RedisStoreBuilder::connect_cluster`].
     pub async fn connect_cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Self, Error> {
-        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        if nodes.is_empty() {
-            return Err(Error::InvalidInput(
-                "a cluster needs at least one node address",
-            ));
-        }
-        let client = ClusterClient::builder(nodes)
-            .retries(6)
-            .min_retry_wait(10)
-            .max_retry_wait(250)
-            // Short: while the client rebuilds its slot map after a failover, it may try the
-            // dead node; each try costs up to this.
-            .connection_timeout(Duration::from_millis(500))
-            .build()?;
-        let connection = client.get_async_connection().await?;
-        Ok(Self::new(Backend::Cluster(connection)))
+        Self::builder().connect_cluster(nodes).await
+    }
+
+    /// Uses a multiplexed connection you built: a `redis::aio::MultiplexedConnection`, a
+    /// `redis::aio::ConnectionManager` (which reconnects by itself) or any other cloneable
+    /// async connection. Each check clones it. What happens when it breaks is up to it: a
+    /// plain `MultiplexedConnection` is not replaced, so prefer
+    /// [`RedisStoreBuilder::connect_client`] or a `ConnectionManager`.
+    pub fn from_connection<C>(connection: C) -> Self
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        Self::new(Backend::Shared(Shared::new(connection)))
+    }
+
+    /// Uses a Redis Cluster connection you built with redis-rs' `ClusterClient` (your
+    /// retries, timeouts, TLS, read routing).
+    pub fn from_cluster(connection: ClusterConnection) -> Self {
+        Self::new(Backend::Cluster(connection))
     }
 
     /// Uses an existing bb8-redis pool.
@@ -129,7 +134,7 @@ impl RedisStore {
         Self::new(Backend::Pool(pool))
     }
 
-    fn new(backend: Backend) -> Self {
+    pub(crate) fn new(backend: Backend) -> Self {
         Self {
             backend,
             batcher: None,
