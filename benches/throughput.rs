@@ -182,7 +182,16 @@ async fn main() {
     let secs = env("BENCH_SECS", 3);
     let rounds = env("BENCH_ROUNDS", 3);
     let tasks = env("BENCH_TASKS", 64);
-    let redis = common::RedisServer::start();
+    // One server, plain text on its port and TLS on another (certificates made here), so the
+    // TLS row differs from the plain one by TLS alone.
+    let certs = common::tls::Certs::make("bench CA");
+    let tls = common::tls::TlsRedis::start(&certs, false, &[]);
+    let redis = &tls.server;
+    let tls_store = RedisStore::builder()
+        .ca_pem(common::tls::Certs::read(&certs.ca))
+        .connect(&tls.url())
+        .await
+        .unwrap();
     let version: String = tower_redis_ratelimit::redis::cmd("INFO")
         .arg("server")
         .query::<String>(&mut redis.conn())
@@ -234,6 +243,28 @@ async fn main() {
             "gcra check (multiplexed)",
             true,
             via_limiter(limiter(store.clone(), g(), "b-g")),
+        ),
+        (
+            "gcra check, deny cache off (multiplexed)",
+            true,
+            via_limiter(
+                RateLimiter::builder(store.clone(), g())
+                    .prefix("b-gnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "gcra check, deny cache off, TLS",
+            true,
+            via_limiter(
+                RateLimiter::builder(tls_store.clone(), g())
+                    .prefix("b-gtls")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
         ),
         (
             "gcra check, batched (64 per call, 2 in flight)",
