@@ -207,13 +207,15 @@ impl RedisStoreBuilder {
         let connection =
             match tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await {
                 Ok(result) => result.map_err(|e| connect::classify(first, e))?,
-                Err(_) => return Err(Error::Connect(ConnectError::new(
-                    ConnectErrorKind::TimedOut,
-                    format!(
+                Err(_) => {
+                    return Err(Error::Connect(ConnectError::new(
+                        ConnectErrorKind::TimedOut,
+                        format!(
                         "the cluster at {first} did not answer within {:?} (the connect timeout)",
                         self.connect_timeout
                     ),
-                ))),
+                    )))
+                }
             };
         Ok(RedisStore::new(Backend::Cluster(connection)))
     }
