@@ -5,6 +5,7 @@
 
 pub mod gateway;
 pub mod proxy;
+pub mod sentinel;
 pub mod tls;
 
 use std::{

@@ -122,3 +122,101 @@ impl TlsRedis {
         format!("rediss://127.0.0.1:{}", self.tls_port)
     }
 }
+
+impl super::RedisCluster {
+    /// A Redis Cluster of `masters` primaries (no replicas) speaking TLS with `certs`: each
+    /// node serves clients on a TLS port (`--tls-port`) and talks to the other nodes over TLS
+    /// (`--tls-cluster yes`, `--tls-replication yes`), presenting the client certificate on the
+    /// connections it opens; its plain `port` stays open only for the harness (readiness,
+    /// inspection). Created with `redis-cli --tls --cluster create` on the TLS ports.
+    /// `auth_clients` asks clients for a certificate.
+    pub fn start_tls(masters: usize, certs: &Certs, auth_clients: bool) -> Self {
+        let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
+        let mut nodes = Vec::with_capacity(masters);
+        let mut tls_ports = Vec::with_capacity(masters);
+        while nodes.len() < masters {
+            // With `--tls-cluster yes` the cluster bus listens on the TLS port + 10000.
+            let tls_port = super::free_cluster_port();
+            let extra = vec![
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+                "nodes.conf".to_owned(),
+                "--cluster-node-timeout".to_owned(),
+                "1000".to_owned(),
+                "--cluster-require-full-coverage".to_owned(),
+                "no".to_owned(),
+                "--tls-port".to_owned(),
+                tls_port.to_string(),
+                "--tls-cluster".to_owned(),
+                "yes".to_owned(),
+                "--tls-replication".to_owned(),
+                "yes".to_owned(),
+                "--tls-cert-file".to_owned(),
+                path(&certs.server_cert),
+                "--tls-key-file".to_owned(),
+                path(&certs.server_key),
+                "--tls-client-cert-file".to_owned(),
+                path(&certs.client_cert),
+                "--tls-client-key-file".to_owned(),
+                path(&certs.client_key),
+                "--tls-ca-cert-file".to_owned(),
+                path(&certs.ca),
+                "--tls-auth-clients".to_owned(),
+                if auth_clients { "yes" } else { "no" }.to_owned(),
+            ];
+            // A port taken in between makes the server exit: try other ports.
+            if let Ok(node) = RedisServer::spawn(free_port(), extra) {
+                nodes.push(node);
+                tls_ports.push(tls_port);
+            }
+        }
+        let cluster = Self { nodes };
+        let addrs: Vec<String> = tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = std::process::Command::new(super::redis_cli())
+            .arg("--tls")
+            .arg("--cacert")
+            .arg(&certs.ca)
+            .arg("--cert")
+            .arg(&certs.client_cert)
+            .arg("--key")
+            .arg(&certs.client_key)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install redis-tools"));
+        assert!(
+            out.status.success(),
+            "redis-cli --tls --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_ok(std::time::Duration::from_secs(30));
+        cluster
+    }
+
+    /// The TLS port of each node (`CONFIG GET tls-port`, asked on its plain port).
+    pub fn tls_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let reply: Vec<String> = tower_redis_ratelimit::redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("tls-port")
+                    .query(&mut n.conn())
+                    .unwrap();
+                reply[1].parse().unwrap()
+            })
+            .collect()
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` for every node: seed URLs for the cluster client.
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.tls_ports()
+            .into_iter()
+            .map(|p| format!("rediss://127.0.0.1:{p}"))
+            .collect()
+    }
+}
