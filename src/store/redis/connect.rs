@@ -129,7 +129,9 @@ impl Connector {
     fn describe(&self) -> String {
         match &self.target {
             Target::Direct(info) => info.addr().to_string(),
-            Target::Sentinel { master, .. } => format!("the primary of {master:?}"),
+            Target::Sentinel { master, .. } => {
+                format!("the sentinels or the primary of {master:?}")
+            }
             Target::Client(client) => client.get_connection_info().addr().to_string(),
         }
     }
@@ -320,10 +322,21 @@ impl Connector {
                 }
             };
             // During a failover a Sentinel may still name the old primary.
-            let role: redis::Value = redis::cmd("ROLE")
+            // A server that fails `ROLE` (it went down, or it is loading) is one problem
+            // among the answers, not the end of the search.
+            let role: redis::Value = match redis::cmd("ROLE")
                 .query_async(&mut opened.conn.clone())
                 .await
-                .map_err(|e| classify(&addr.to_string(), e))?;
+            {
+                Ok(role) => role,
+                Err(e) => {
+                    problems.push(format!(
+                        "primary {addr}: ROLE failed: {}",
+                        classify(&addr.to_string(), e)
+                    ));
+                    continue;
+                }
+            };
             match role_name(&role) {
                 Some("master") => return Ok(opened),
                 other => problems.push(format!(
@@ -427,7 +440,8 @@ impl Phase {
             2 => " during the TLS handshake: is this a TLS port?",
             3 => {
                 " after the TCP (and TLS) connection, during the Redis handshake: \
-                 a TLS port spoken to in plain text (use rediss://), or a server that is not Redis?"
+                 a TLS port spoken to in plain text (use rediss://), a server that is not \
+                 Redis, or a Redis that does not answer (paused, overloaded)?"
             }
             _ => "",
         }

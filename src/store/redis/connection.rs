@@ -14,6 +14,12 @@
 //! every command waiting for it, and goes on when a waiting caller gives up; a failure is
 //! remembered for a moment so that a dead Redis is not dialled once per request.
 //!
+//! A server that stops answering without closing anything (a frozen or hung process, a
+//! primary Sentinel failed over while it was paused) keeps a connection that never dies. When
+//! commands have waited for [`STALL_US`] with no reply at all, the connection is retired and
+//! the next command connects afresh (through the Sentinels again, or the same address).
+//! Commands already handed to the stalled connection keep it until they end; none is resent.
+//!
 //! Sockets keep TCP alive (a NAT or firewall keeps the flow, and a peer that vanished is
 //! noticed while idle) and give up on data unacknowledged for [`TCP_USER_TIMEOUT`](super::connect::TCP_USER_TIMEOUT) (a black
 //! hole is noticed under traffic too).
@@ -49,13 +55,18 @@ const IDLE_US: u64 = 200_000;
 /// A connection answering `READONLY` is replaced only when it is older than this.
 const READONLY_RECONNECT_US: u64 = 1_000_000;
 
-/// A connection in use, when its driver ended (0 while it runs), and when it was last handed
-/// a command (to a resolution of [`IDLE_US`] / 2).
+/// A connection on which commands have waited this long with no reply at all is given up.
+const STALL_US: u64 = 1_000_000;
+
+/// A connection in use, when its driver ended (0 while it runs), when it was last handed
+/// a command (to a resolution of [`IDLE_US`] / 2), and since when commands wait for a reply
+/// (0 when none does, as far as completed commands tell).
 struct Live {
     conn: MultiplexedConnection,
     died_at: Arc<AtomicU64>,
     used_at: AtomicU64,
     born_at: u64,
+    waiting_since: AtomicU64,
 }
 
 impl Live {
@@ -75,6 +86,28 @@ impl Live {
             self.used_at.store(now, Ordering::Relaxed);
         }
         idle > IDLE_US
+    }
+
+    /// Records that a command is handed over at `now`; true when commands have waited on this
+    /// connection for longer than [`STALL_US`] without any reply since.
+    fn hand_over(&self, now: u64) -> bool {
+        // Read first: under load the value is rarely 0, and a read keeps the cache line shared.
+        let since = self.waiting_since.load(Ordering::Relaxed);
+        if since != 0 {
+            return now.saturating_sub(since) > STALL_US;
+        }
+        // Lost to a concurrent hand-over: that one started the wait, just now.
+        let _ = self
+            .waiting_since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        false
+    }
+
+    /// Records a reply (a result or an error from the server or the socket).
+    fn answered(&self) {
+        if self.waiting_since.load(Ordering::Relaxed) != 0 {
+            self.waiting_since.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -162,12 +195,25 @@ impl Supervised {
         attempt.await
     }
 
+    /// Forgets `stalled` (see [`STALL_US`]) if it is still the current connection.
+    fn retire_stalled(&self, stalled: &Arc<Live>) {
+        if self.retire(stalled) {
+            tracing::warn!(
+                "rate limit: redis has not answered for over {:?}; connecting afresh",
+                Duration::from_micros(STALL_US)
+            );
+        }
+    }
+
     /// Forgets `dead` if it is still the current connection.
-    fn retire(&self, dead: &Arc<Live>) {
+    /// True when this call retired it.
+    fn retire(&self, dead: &Arc<Live>) -> bool {
         let current = self.inner.live.load();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, dead)) {
-            self.inner.live.compare_and_swap(&current, None);
+            let previous = self.inner.live.compare_and_swap(&current, None);
+            return previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, dead));
         }
+        false
     }
 
     /// Sends `cmd` once; once more on a new connection when it provably never reached Redis.
@@ -186,7 +232,14 @@ impl Supervised {
                 }
                 handed_over = monotonic_us();
             }
+            if live.hand_over(handed_over) {
+                // Nothing has come back for a while: the server is frozen or gone without a
+                // word. This command has not been handed over; it goes on a new connection.
+                self.retire_stalled(&live);
+                continue;
+            }
             let result = live.conn.clone().send_packed_command(cmd).await;
+            live.answered();
             let Err(e) = &result else { return result };
             if e.is_unrecoverable_error() || e.is_connection_dropped() {
                 self.retire(&live);
@@ -242,6 +295,7 @@ async fn open(connector: &Connector) -> Result<Arc<Live>, Error> {
         died_at: opened.died_at,
         used_at: AtomicU64::new(now),
         born_at: now,
+        waiting_since: AtomicU64::new(0),
     }))
 }
 
@@ -269,12 +323,18 @@ impl ConnectionLike for Supervised {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let live = self.connection().await.map_err(into_redis_error)?;
+            let mut live = self.connection().await.map_err(into_redis_error)?;
+            if live.hand_over(monotonic_us()) {
+                self.retire_stalled(&live);
+                live = self.connection().await.map_err(into_redis_error)?;
+                live.hand_over(monotonic_us());
+            }
             let result = live
                 .conn
                 .clone()
                 .send_packed_commands(pipeline, offset, count)
                 .await;
+            live.answered();
             if matches!(&result, Err(e) if e.is_unrecoverable_error()) {
                 self.retire(&live);
             }
