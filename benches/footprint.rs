@@ -184,6 +184,7 @@ async fn main() {
             SlidingWindow::new(Quota::new(n + 1_000, window)).unwrap(),
         )
         .prefix(&prefix)
+        .share_counters()
         .build()
         .unwrap();
         let full = RateLimiter::builder(
@@ -191,6 +192,7 @@ async fn main() {
             SlidingWindow::new(Quota::new(n, window)).unwrap(),
         )
         .prefix(&prefix)
+        .share_counters()
         .deny_cache(0)
         .build()
         .unwrap();

@@ -87,16 +87,18 @@ async fn main() -> Result<(), BoxError> {
         Some(url) => Arc::new(RedisStore::connect(url).await?),
         None => Arc::new(MemoryStore::new()),
     };
-    // 30 units a second per user in all; back-fill may use at most 10 of them.
+    // 30 units a second per user in all; back-fill may use at most 10 of them. Both count on
+    // one sliding-window log (the same policy name, shared on purpose), so back-fill only
+    // spends what interactive calls leave below its lower threshold.
     let window = Duration::from_secs(1);
     let interactive =
         RateLimiter::builder(store.clone(), SlidingWindow::new(Quota::new(30, window))?)
-            .prefix("gmail")
-            .policy_name("interactive")
+            .policy_name("gmail")
+            .share_counters()
             .build()?;
     let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::new(10, window))?)
-        .prefix("gmail") // the same log as interactive calls
-        .policy_name("backfill")
+        .policy_name("gmail")
+        .share_counters()
         .build()?;
 
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
