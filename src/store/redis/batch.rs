@@ -26,13 +26,20 @@ use crate::{ConfigError, Error};
 /// use tower_redis_ratelimit::Batching;
 ///
 /// let batching = Batching::new().max_batch(128).max_in_flight(4);
-/// assert_eq!(batching.get_max_batch(), 128);
+/// assert_eq!(batching.max_batch, 128);
 /// ```
+///
+/// The fields are public to read; set them with the methods of the same name (the struct
+/// may grow, so it cannot be built as a literal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Batching {
-    max_batch: usize,
-    max_in_flight: usize,
-    call_timeout: Duration,
+    /// Checks decided by one script call, at most; see [`Batching::max_batch`].
+    pub max_batch: usize,
+    /// Calls sent and not yet answered, at most; see [`Batching::max_in_flight`].
+    pub max_in_flight: usize,
+    /// How long one call may take; see [`Batching::call_timeout`].
+    pub call_timeout: Duration,
 }
 
 impl Default for Batching {
@@ -75,16 +82,19 @@ impl Batching {
     }
 
     /// The configured `max_batch`.
+    #[deprecated(since = "0.2.0", note = "read the `max_batch` field")]
     pub const fn get_max_batch(&self) -> usize {
         self.max_batch
     }
 
     /// The configured `max_in_flight`.
+    #[deprecated(since = "0.2.0", note = "read the `max_in_flight` field")]
     pub const fn get_max_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
     /// The configured `call_timeout`.
+    #[deprecated(since = "0.2.0", note = "read the `call_timeout` field")]
     pub const fn get_call_timeout(&self) -> Duration {
         self.call_timeout
     }
