@@ -8,18 +8,15 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex,
+        Arc, Mutex,
     },
     time::{Duration, Instant},
 };
 
 use common::{
+    gateway::{get, start_gateway},
     keys_with_pttl, limiter,
     sentinel::{SentinelSetup, MASTER},
 };
@@ -479,104 +476,6 @@ async fn stopped_sentinels_are_bounded_by_the_connect_timeout() {
     );
 }
 
-// The gateway demo from outside.
-
-/// `target/<profile>/examples/gateway` (`cargo build --example gateway --all-features`, or the
-/// whole `cargo test`, builds it).
-fn gateway_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("examples").join("gateway");
-    assert!(
-        bin.exists(),
-        "{} not built; run `cargo build --example gateway --all-features` (or the whole \
-         `cargo test`, which builds the examples)",
-        bin.display()
-    );
-    bin
-}
-
-/// The gateway process, killed and reaped on drop.
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    banner: Vec<String>,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_gateway(args: &[&str]) -> Gateway {
-    let child = Command::new(gateway_bin())
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut gw = Gateway {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        banner: Vec::new(),
-    };
-    let stdout = gw.child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let line = match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) => line,
-            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => continue,
-            Err(_) => {
-                // Exited (a stale binary without --redis-sentinel, a connect error), or hung.
-                let _ = gw.child.kill();
-                let status = gw.child.wait();
-                let mut stderr = String::new();
-                if let Some(mut e) = gw.child.stderr.take() {
-                    let _ = e.read_to_string(&mut stderr);
-                }
-                panic!(
-                    "no `listening on` line from the gateway ({status:?}); stdout {:?}, \
-                     stderr: {stderr}",
-                    gw.banner
-                );
-            }
-        };
-        let addr = line
-            .split("listening on http://")
-            .nth(1)
-            .map(|a| a.trim().parse::<SocketAddr>());
-        gw.banner.push(line);
-        if let Some(addr) = addr {
-            gw.addr = addr.unwrap();
-            return gw;
-        }
-    }
-}
-
-/// GET / over a fresh connection with `extra` header lines (each ending in `\r\n`).
-fn get(addr: SocketAddr, extra: &str) -> u16 {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let request = format!("GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n{extra}\r\n");
-    s.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out.get(9..12)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {out:?}"))
-}
-
 #[test]
 fn gateway_with_redis_sentinel() {
     let setup = SentinelSetup::start();
@@ -598,9 +497,9 @@ fn gateway_with_redis_sentinel() {
         "{:?}",
         gw.banner
     );
-    let statuses: Vec<u16> = (0..4).map(|_| get(gw.addr, "x-key: k1\r\n")).collect();
+    let statuses: Vec<u16> = (0..4).map(|_| get(gw.addr, "x-key: k1\r\n").0).collect();
     assert_eq!(statuses, [200, 200, 200, 429]);
     // Another key has its own quota; the counters are on the primary.
-    assert_eq!(get(gw.addr, "x-key: k2\r\n"), 200);
+    assert_eq!(get(gw.addr, "x-key: k2\r\n").0, 200);
     assert!(!keys_with_pttl(&mut setup.primary.conn(), "*").is_empty());
 }
