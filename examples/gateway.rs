@@ -1,5 +1,6 @@
-//! The demo gateway: an axum server that rate-limits every route and answers `GET /` with
-//! `200 ok`.
+//! The demo gateway: an axum server that rate-limits every route. It answers `GET /` with
+//! `200 ok`, `GET /status/{code}` with that status (100-599, else 400) and `GET /sleep/{ms}`
+//! with 200 after sleeping that long (at most 60,000 ms, else 400).
 //!
 //! ```text
 //! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
@@ -11,8 +12,15 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--prefix P] [--log error|warn|info|debug|trace] [--no-limit]
+//!     [--plan KEY=N/PERIOD]... [--prefix P] [--log error|warn|info|debug|trace] [--shadow]
+//!     [--no-limit]
 //! ```
+//!
+//! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
+//! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`.
+//!
+//! `--shadow` never rejects: over-limit requests are served with the headers of the denial,
+//! and each is logged ("would deny") at `info`.
 //!
 //! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
@@ -21,9 +29,15 @@
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
 
-use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
-use axum::{routing::get, Router};
+use axum::{
+    extract::Path,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+    Router,
+};
 use tower_redis_ratelimit::{
     Algorithm, Batching, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle,
     KeyExtractor, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
@@ -36,8 +50,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
-[--headers ietf|legacy|both|none] [--prefix P] [--log LEVEL] \
-[--batch] [--no-limit]";
+[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--prefix P] [--log LEVEL] \
+[--shadow] [--batch] [--no-limit]";
 
 struct Args {
     listen: SocketAddr,
@@ -68,6 +82,10 @@ struct Args {
     no_limit: bool,
     /// Exact batching of concurrent checks (`RedisStore::with_batching`).
     batch: bool,
+    /// Shadow mode: decide and report, never reject.
+    shadow: bool,
+    /// `--plan KEY=N/PERIOD`: a quota per key.
+    plans: Vec<(String, Quota)>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -121,6 +139,8 @@ fn parse_args() -> Result<Args, String> {
         log: tracing::Level::INFO,
         no_limit: false,
         batch: false,
+        shadow: false,
+        plans: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -133,6 +153,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--batch" {
             a.batch = true;
+            continue;
+        }
+        if flag == "--shadow" {
+            a.shadow = true;
             continue;
         }
         if flag == "--lazy-connect" {
@@ -162,6 +186,7 @@ fn parse_args() -> Result<Args, String> {
             "--headers",
             "--prefix",
             "--log",
+            "--plan",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -250,6 +275,15 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--prefix" => a.prefix = value,
+            "--plan" => {
+                let plan = value.rsplit_once('=').and_then(|(key, quota)| {
+                    let (n, per) = quota.split_once('/')?;
+                    let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
+                    (!key.is_empty()).then(|| (key.to_owned(), quota))
+                });
+                a.plans
+                    .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
+            }
             "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
             _ => unreachable!("checked against FLAGS above"),
         }
@@ -283,11 +317,33 @@ async fn serve(
         .store_timeout(args.timeout)
         .on_store_error(args.on_error)
         .local_share(args.local_share)
+        .shadow(args.shadow)
         .build()?;
-    let layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    if let Some(header) = args
+        .key
+        .strip_prefix("header:")
+        .filter(|_| !args.plans.is_empty())
+    {
+        let header = http::HeaderName::from_bytes(header.as_bytes())?;
+        let plans: HashMap<Vec<u8>, Quota> = args
+            .plans
+            .iter()
+            .map(|(key, quota)| (key.as_bytes().to_vec(), *quota))
+            .collect();
+        layer = layer.quota_fn(move |parts| {
+            let key = parts.headers.get(&header)?;
+            plans.get(key.as_bytes()).copied()
+        });
+    }
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
+        .route("/status/{code}", get(status))
+        .route("/sleep/{ms}", get(sleep))
         .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") });
+    if args.shadow && !args.no_limit {
+        println!("shadow mode: over-limit requests are served (and logged), never rejected");
+    }
     let app = if args.no_limit {
         println!("limiter: off (--no-limit)");
         app
@@ -307,6 +363,28 @@ async fn serve(
     Ok(())
 }
 
+/// `GET /status/{code}`: that status, 100 to 599; anything else 400.
+async fn status(Path(code): Path<String>) -> Response {
+    match code.parse::<u16>().ok().filter(|c| (100..=599).contains(c)) {
+        Some(c) => {
+            let status = StatusCode::from_u16(c).expect("100-599 is a status code");
+            (status, format!("{c}\n")).into_response()
+        }
+        None => (StatusCode::BAD_REQUEST, "a status code is 100 to 599\n").into_response(),
+    }
+}
+
+/// `GET /sleep/{ms}`: 200 after `ms` milliseconds, at most 60,000; anything else 400.
+async fn sleep(Path(ms): Path<String>) -> Response {
+    match ms.parse::<u64>().ok().filter(|&ms| ms <= 60_000) {
+        Some(ms) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            (StatusCode::OK, format!("slept {ms} ms\n")).into_response()
+        }
+        None => (StatusCode::BAD_REQUEST, "sleep 0 to 60000 ms\n").into_response(),
+    }
+}
+
 async fn run(args: Args) -> Result<(), BoxError> {
     let mut quota = Quota::new(args.limit, args.per);
     if let Some(b) = args.burst {
@@ -318,6 +396,18 @@ async fn run(args: Args) -> Result<(), BoxError> {
         _ => Gcra::new(quota).map(|_| ())?,
     }
     key_extractor(&args)?;
+    if !args.plans.is_empty() && !args.key.starts_with("header:") {
+        return Err("--plan gives a quota per key of --key header:NAME".into());
+    }
+    for (key, plan) in &args.plans {
+        // The same checks as the algorithm makes when built.
+        let checked = match args.algorithm.as_str() {
+            "sliding-window" => SlidingWindow::new(*plan).map(|_| ()),
+            "token-bucket" => TokenBucket::new(*plan).map(|_| ()),
+            _ => Gcra::new(*plan).map(|_| ()),
+        };
+        checked.map_err(|e| format!("--plan {key}={}/{:?}: {e}", plan.limit(), plan.period()))?;
+    }
     let redis_flags = [
         args.redis.is_some(),
         args.redis_cluster.is_some(),
@@ -423,6 +513,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
             String::new()
         }
     );
+    for (key, plan) in &args.plans {
+        println!("plan: key {key:?} gets {plan}");
+    }
     let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
         "token-bucket" => Arc::new(TokenBucket::new(quota)?),
         "sliding-window" => Arc::new(SlidingWindow::new(quota)?),

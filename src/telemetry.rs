@@ -2,7 +2,7 @@
 //!
 //! Events (target `tower_redis_ratelimit`): each decision at `debug` (policy, allowed,
 //! remaining, store latency), store failures at `warn`, circuit-breaker changes at `warn` /
-//! `info`. Raw keys are never logged above `trace`.
+//! `info`, denials let through in shadow mode at `info`. Raw keys are never logged above `trace`.
 //!
 //! Metrics (feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade; install
 //! any recorder, e.g. a Prometheus exporter):
@@ -12,6 +12,7 @@
 //! | `ratelimit_decisions_total` | counter | `policy`, `decision` = `allowed` / `denied` |
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
 //! | `ratelimit_degraded_total` | counter | `policy` |
+//! | `ratelimit_shadow_denials_total` | counter | `policy` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy` |
 //!
 //! A store that decides without waiting (`MemoryStore`) is not timed: its decisions report a
@@ -27,6 +28,8 @@ pub const DECISIONS: &str = "ratelimit_decisions_total";
 pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
 /// Metric names.
 pub const DEGRADED: &str = "ratelimit_degraded_total";
+/// Metric names.
+pub const SHADOW_DENIALS: &str = "ratelimit_shadow_denials_total";
 /// Metric names.
 pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
 
@@ -66,6 +69,19 @@ pub(crate) fn store_failed(policy: &str, e: &Error) {
         };
         metrics::counter!(STORE_ERRORS, "policy" => policy.to_owned(), "kind" => kind).increment(1);
     }
+}
+
+/// A denial a layer let through because its policy is in shadow mode.
+pub(crate) fn shadow_denied(d: &Decision) {
+    tracing::info!(
+        policy = %d.policy,
+        cost = d.cost,
+        remaining = d.remaining,
+        retry_after_ms = d.retry_after.map(|r| r.as_millis() as u64),
+        "rate limit: would deny (shadow mode)"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(SHADOW_DENIALS, "policy" => d.policy.to_string()).increment(1);
 }
 
 pub(crate) fn degraded(d: &Decision) {

@@ -8,7 +8,7 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use common::{
-    gateway::{gateway_bin, get, start_gateway, Gateway},
+    gateway::{gateway_bin, get, get_path, start_gateway, start_gateway_with_stderr, Gateway},
     RedisCluster, RedisServer,
 };
 use tower_redis_ratelimit::redis;
@@ -398,4 +398,88 @@ fn timeout_ms_is_the_timeout_in_force() {
         );
     }
     redis.signal("-CONT");
+}
+
+#[test]
+fn status_and_sleep_routes() {
+    let gw = start_gateway(&["--limit", "1000"]);
+    for (path, want) in [
+        ("/status/404", 404),
+        ("/status/201", 201),
+        ("/status/599", 599),
+        ("/status/503", 503),
+        ("/status/600", 400),
+        ("/status/99", 400),
+        ("/status/abc", 400),
+        ("/sleep/60001", 400),
+        ("/sleep/x", 400),
+        ("/", 200),
+    ] {
+        assert_eq!(get_path(gw.addr, path, "").0, want, "{path}");
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(get_path(gw.addr, "/sleep/300", "").0, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+/// `--shadow` never rejects, says in the headers what would have happened, and logs each
+/// would-be denial; with each algorithm, in memory, on Redis and on a cluster.
+#[test]
+fn shadow_never_rejects_and_logs_each_would_be_denial() {
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    let stores: [Vec<String>; 3] = [
+        vec![],
+        vec!["--redis".into(), redis.url()],
+        vec!["--redis-cluster".into(), cluster.urls().join(",")],
+    ];
+    let dir = std::env::temp_dir().join(format!("shadow-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for store in &stores {
+        for algorithm in ["gcra", "token-bucket", "sliding-window"] {
+            let what = format!("{store:?} {algorithm}");
+            let log = dir.join(format!("{algorithm}-{}.log", store.len()));
+            let file = std::fs::File::create(&log).unwrap();
+            let mut args: Vec<&str> = store.iter().map(String::as_str).collect();
+            let prefix = format!("shadow-{algorithm}");
+            args.extend([
+                "--algorithm",
+                algorithm,
+                "--limit",
+                "3",
+                "--per",
+                "1h",
+                "--key",
+                "header:x-key",
+                "--prefix",
+                &prefix,
+                "--shadow",
+            ]);
+            let gw = start_gateway_with_stderr(&args, file);
+            assert!(
+                gw.banner.iter().any(|l| l.contains("shadow")),
+                "{:?}",
+                gw.banner
+            );
+            let responses: Vec<(u16, String)> =
+                (0..6).map(|_| get(gw.addr, "x-key: k\r\n")).collect();
+            assert!(
+                responses.iter().all(|r| r.0 == 200),
+                "{what}: {responses:?}"
+            );
+            // The fourth request on would have been denied: nothing left, no Retry-After.
+            for (status, head) in &responses[3..] {
+                assert!(head.contains(";r=0;"), "{what}: {status} {head}");
+                assert!(!head.contains("retry-after"), "{what}: {head}");
+            }
+            drop(gw);
+            let logged = std::fs::read_to_string(&log).unwrap();
+            assert_eq!(
+                logged.matches("would deny").count(),
+                3,
+                "{what}: log {logged}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

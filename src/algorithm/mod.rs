@@ -40,7 +40,7 @@ pub use self::{
 
 use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
 
-use crate::{decision::PartInfo, lua::Scripted, Error, Outcome};
+use crate::{decision::PartInfo, lua::Scripted, ConfigError, Error, Outcome, Quota};
 
 /// A rate-limiting algorithm: its parameters (for the headers and for stores) and its
 /// in-memory twin.
@@ -86,6 +86,21 @@ pub trait Algorithm: Send + Sync + 'static {
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
         let _ = instances;
         None
+    }
+
+    /// The same algorithm with another quota, validated as at construction: for quotas
+    /// decided per request ([`RateLimiter::check_with_quota`](crate::RateLimiter::check_with_quota),
+    /// [`RateLimitLayer::quota_fn`](crate::RateLimitLayer::quota_fn)). The key's state stays
+    /// the same, read under the new quota (see the README's "Quotas per request").
+    ///
+    /// The default is a [`ConfigError`] naming `quota`: an algorithm with no single quota
+    /// to replace ([`MultiLimit`], a custom one) does not take one per request.
+    fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
+        let _ = quota;
+        Err(ConfigError::new(
+            "quota",
+            format!("{} does not take a quota per request", self.name()),
+        ))
     }
 }
 
@@ -165,5 +180,9 @@ impl<T: Algorithm + ?Sized> Algorithm for Arc<T> {
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
         (**self).local_share(instances)
+    }
+
+    fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
+        (**self).with_quota(quota)
     }
 }

@@ -138,4 +138,8 @@ impl Algorithm for SlidingWindow {
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
         Some(Arc::new(Self::new(divided(self.quota, instances)).ok()?))
     }
+
+    fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
+        Ok(Box::new(Self::new(quota)?))
+    }
 }

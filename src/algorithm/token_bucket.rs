@@ -118,4 +118,8 @@ impl Algorithm for TokenBucket {
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
         Some(Arc::new(Self(self.0.divided(instances)?)))
     }
+
+    fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
+        Ok(Box::new(Self::new(quota)?))
+    }
 }

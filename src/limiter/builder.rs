@@ -45,6 +45,7 @@ impl<A: Algorithm> RateLimiter<A> {
             failure: FailurePolicy::default(),
             local_share: 1,
             share_counters: false,
+            shadow: false,
         }
     }
 }
@@ -62,6 +63,7 @@ pub struct RateLimiterBuilder<A> {
     failure: FailurePolicy,
     local_share: u32,
     share_counters: bool,
+    shadow: bool,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -166,6 +168,38 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         self
     }
 
+    /// Shadow (dry-run) mode, to roll a new limit out without risk (default off). The limiter
+    /// decides and records everything as usual (the [`Decision`](crate::Decision), its
+    /// counters, tracing and metrics), but a [`RateLimitLayer`](crate::RateLimitLayer) never
+    /// rejects under this policy:
+    ///
+    /// - a request over its limit goes on to the inner service, with the rate-limit headers
+    ///   of the denial (`r=0`, and `t` until it would have been allowed) but no `Retry-After`,
+    ///   and is logged at `info` ("rate limit: would deny (shadow mode)") and counted
+    ///   ([`LimiterStats::shadow_denials`](crate::LimiterStats), the metric
+    ///   `ratelimit_shadow_denials_total`);
+    /// - a store failure lets the request through, whatever
+    ///   [`on_store_error`](Self::on_store_error) says (it is still logged and counted).
+    ///
+    /// A denied request spends nothing, as when enforcing, so the counts are the ones the
+    /// limit would see if it were enforced. [`RateLimiter::check`](crate::RateLimiter::check)
+    /// still returns the real decision: direct callers read
+    /// [`RateLimiter::is_shadow`](crate::RateLimiter::is_shadow).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// let trial = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(60))?)
+    ///     .policy_name("new-limit")
+    ///     .shadow(true)
+    ///     .build()?;
+    /// assert!(trial.is_shadow());
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
     /// Validates the options; the error names the field.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
         self.breaker.validate()?;
@@ -234,6 +268,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             None => None,
         };
         let dyn_algorithm: Arc<dyn Algorithm> = algorithm.clone();
+        // A store on a manual clock decides on its own time; the cache's is real.
+        let deny_cache = (self.deny_cache > 0 && !self.store.manual_clock())
+            .then(|| DenyCache::new(self.deny_cache));
         let engine = Engine {
             store: self.store,
             algorithm: dyn_algorithm,
@@ -242,8 +279,10 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             timeout: self.timeout,
             max_key_len: self.max_key_len,
             breaker: BreakerState::new(self.breaker),
-            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+            deny_cache,
             failure: self.failure,
+            share: instances,
+            shadow: self.shadow,
             local,
             counters: Counters::default(),
             _claim: claim,
@@ -281,6 +320,8 @@ fn local_engine(
         breaker: BreakerState::new(CircuitBreaker::disabled()),
         deny_cache: None,
         failure: FailurePolicy::Closed,
+        share: NonZeroU32::MIN,
+        shadow: false,
         local: None,
         counters: Counters::default(),
         _claim: None,

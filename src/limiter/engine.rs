@@ -3,6 +3,7 @@
 //! counters.
 
 use std::{
+    num::NonZeroU32,
     sync::{atomic::Ordering, Arc},
     task::Poll,
     time::{Duration, Instant},
@@ -12,9 +13,10 @@ use super::{
     breaker::BreakerState, deny_cache::DenyCache, failure::FailurePolicy, stats::Counters,
 };
 use crate::{
+    extract::Out,
     quota::MAX_EXACT,
     store::{Claim, KeyBuf},
-    telemetry, Algorithm, Decision, Error, Key, Outcome, Store, StoreKey,
+    telemetry, Algorithm, ConfigError, Decision, Error, Key, Outcome, Quota, Store, StoreKey,
 };
 
 /// A limiter without its algorithm's type: what the layer's policies hold.
@@ -29,6 +31,11 @@ pub(crate) struct Engine {
     pub(crate) breaker: BreakerState,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) failure: FailurePolicy,
+    /// The number of instances the quota is divided among under [`FailurePolicy::Local`].
+    pub(crate) share: NonZeroU32,
+    /// Shadow mode: a layer never rejects under this policy (see
+    /// [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
+    pub(crate) shadow: bool,
     /// Under [`FailurePolicy::Local`]: the same algorithm at the local share, in memory.
     pub(crate) local: Option<Arc<Engine>>,
     pub(crate) counters: Counters,
@@ -42,6 +49,33 @@ impl Engine {
         StoreKey::bounded(&self.namespace, key, self.max_key_len)
     }
 
+    /// A denial a layer let through because this policy is in shadow mode.
+    pub(crate) fn shadow_denied(&self, d: &Decision) {
+        self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
+        telemetry::shadow_denied(d);
+    }
+
+    /// `quota` for one check: this limiter's algorithm with it (validated), and the tag that
+    /// keeps its deny-cache entries apart from other quotas' (see
+    /// [`Algorithm::with_quota`]).
+    pub(crate) fn quoted(&self, quota: Quota) -> Result<Quoted, ConfigError> {
+        let algorithm = self.algorithm.with_quota(quota)?;
+        let mut tag = [0u8; 24];
+        tag[..8].copy_from_slice(&u64::from(quota.limit()).to_le_bytes());
+        let period = u64::try_from(quota.period().as_micros()).unwrap_or(u64::MAX);
+        tag[8..16].copy_from_slice(&period.to_le_bytes());
+        tag[16..].copy_from_slice(&u64::from(quota.burst_size()).to_le_bytes());
+        Ok(Quoted { algorithm, tag })
+    }
+
+    /// The algorithm a check runs: the one given for it, else the limiter's.
+    fn algorithm<'a>(&'a self, quoted: Option<&'a Quoted>) -> &'a dyn Algorithm {
+        match quoted {
+            Some(q) => &*q.algorithm,
+            None => &*self.algorithm,
+        }
+    }
+
     /// The decision for `key`, when it can be had without waiting: from the deny cache, or
     /// from a store that decides at once ([`Store::check_now`], e.g. a `MemoryStore`). `None`
     /// when the store must be asked with [`check`](Self::check).
@@ -49,18 +83,20 @@ impl Engine {
         &self,
         key: Option<&Key<'_>>,
         cost: u32,
+        quoted: Option<&Quoted>,
     ) -> Option<Result<Decision, Error>> {
         if cost == 0 {
             return Some(Err(Error::InvalidInput("cost must be at least 1")));
         }
         let key = self.store_key(key);
-        if let Some(d) = self.cached_denial(key, cost) {
+        if let Some(d) = self.cached_denial(key, cost, quoted) {
             return Some(Ok(d));
         }
-        let result = self.store.check_now(&*self.algorithm, key, cost, None)?;
-        let result = self.conclude(key, cost, None, None, result);
+        let algorithm = self.algorithm(quoted);
+        let result = self.store.check_now(algorithm, key, cost, None)?;
+        let result = self.conclude(key, cost, quoted, None, None, result);
         Some(match result {
-            Err(e) => self.fall_back_now(key, cost, e),
+            Err(e) => self.fall_back_now(key, cost, quoted, e),
             ok => ok,
         })
     }
@@ -71,23 +107,41 @@ impl Engine {
         &self,
         key: Option<&Key<'_>>,
         cost: u32,
+        quoted: Option<&Quoted>,
         now: Option<u64>,
     ) -> Result<Decision, Error> {
         let key = self.store_key(key);
-        let result = self.ask_store(key, cost, now).await;
+        let result = self.ask_store(key, cost, quoted, now).await;
         match result {
-            Err(e) if now.is_none() => self.fall_back_now(key, cost, e),
+            Err(e) if now.is_none() => self.fall_back_now(key, cost, quoted, e),
             result => result,
         }
     }
 
     /// Under [`FailurePolicy::Local`] and a store-wide failure: the local share's decision,
     /// marked degraded. Otherwise the error.
-    fn fall_back_now(&self, key: StoreKey<'_>, cost: u32, e: Error) -> Result<Decision, Error> {
+    fn fall_back_now(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+        e: Error,
+    ) -> Result<Decision, Error> {
         let Some(local) = self.local.as_ref().filter(|_| e.is_unavailable()) else {
             return Err(e);
         };
-        let mut d = match local.decide_now(key.key(), cost) {
+        // A quota given for this check is divided like the configured one.
+        let local_quoted = match quoted {
+            Some(q) => match q.algorithm.local_share(self.share) {
+                Some(shared) => Some(Quoted {
+                    algorithm: Box::new(shared),
+                    tag: q.tag,
+                }),
+                None => return Err(e),
+            },
+            None => None,
+        };
+        let mut d = match local.decide_now(key.key(), cost, local_quoted.as_ref()) {
             Some(result) => result?,
             None => return Err(e), // a local share always decides at once (a MemoryStore)
         };
@@ -102,6 +156,7 @@ impl Engine {
         &self,
         key: StoreKey<'_>,
         cost: u32,
+        quoted: Option<&Quoted>,
         now: Option<u64>,
     ) -> Result<Decision, Error> {
         if cost == 0 {
@@ -120,7 +175,7 @@ impl Engine {
             return Err(Error::CircuitOpen);
         };
         let started = Instant::now();
-        let mut call = self.store.check(&*self.algorithm, key, cost, now);
+        let mut call = self.store.check(self.algorithm(quoted), key, cost, now);
         // A store that answers at once needs no timer: poll once before arming the timeout.
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         let result = match first {
@@ -130,22 +185,37 @@ impl Engine {
                 .unwrap_or(Err(Error::Timeout(self.timeout))),
         };
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
-        self.conclude(key, cost, now, Some(started), result)
+        self.conclude(key, cost, quoted, now, Some(started), result)
+    }
+
+    /// The deny cache's key for `key` (and the quota given for the check, if any).
+    fn cache_key(key: StoreKey<'_>, quoted: Option<&Quoted>, out: &mut KeyBuf) {
+        key.write_key_compact(out);
+        if let Some(q) = quoted {
+            out.put(b"\0q");
+            out.put(&q.tag);
+        }
     }
 
     /// A denial answered by the deny cache (see
     /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
-    fn cached_denial(&self, key: StoreKey<'_>, cost: u32) -> Option<Decision> {
+    fn cached_denial(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Decision> {
         let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
         let mut compact = KeyBuf::new();
-        key.write_key_compact(&mut compact);
+        Self::cache_key(key, quoted, &mut compact);
         let hit = cache.get(compact.as_bytes(), Instant::now)?;
         self.counters
             .deny_cache_hits
             .fetch_add(1, Ordering::Relaxed);
+        let algorithm = self.algorithm(quoted);
         Some(Decision::cached_denial(
-            self.algorithm.quota(),
-            self.algorithm.window(),
+            algorithm.quota(),
+            algorithm.window(),
             Arc::clone(&self.policy),
             hit.retry_after,
             hit.reset_after,
@@ -158,6 +228,7 @@ impl Engine {
         &self,
         key: StoreKey<'_>,
         cost: u32,
+        quoted: Option<&Quoted>,
         now: Option<u64>,
         started: Option<Instant>,
         result: Result<Outcome, Error>,
@@ -170,13 +241,14 @@ impl Engine {
                 return Err(e);
             }
         };
+        let algorithm = self.algorithm(quoted);
         let d = Decision::from_outcome(
             outcome,
-            self.algorithm.quota(),
-            self.algorithm.window(),
+            algorithm.quota(),
+            algorithm.window(),
             cost,
             Arc::clone(&self.policy),
-            self.algorithm.parts(),
+            algorithm.parts(),
         );
         telemetry::decided(&d, started);
         // Only what cannot change before its deadline: a cost-1 denial with nothing left,
@@ -185,10 +257,17 @@ impl Engine {
             if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
                 let sent = started.unwrap_or_else(Instant::now);
                 let mut compact = KeyBuf::new();
-                key.write_key_compact(&mut compact);
+                Self::cache_key(key, quoted, &mut compact);
                 cache.insert(compact.as_bytes(), sent, retry, d.reset_after);
             }
         }
         Ok(d)
     }
+}
+
+/// A quota given for one check: the limiter's algorithm with it, and a tag (limit, period,
+/// burst) that keeps its cached denials apart from other quotas' for the same key.
+pub(crate) struct Quoted {
+    algorithm: Box<dyn Algorithm>,
+    tag: [u8; 24],
 }

@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{engine::Engine, failure::FailurePolicy, stats::LimiterStats};
-use crate::{Algorithm, Decision, Error, Key};
+use crate::{Algorithm, Decision, Error, Key, Quota};
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
 /// throttling its calls to a third-party API) and the engine of
@@ -52,6 +52,7 @@ impl<A> fmt::Debug for RateLimiter<A> {
             .field("policy", &e.policy)
             .field("timeout", &e.timeout)
             .field("on_store_error", &e.failure)
+            .field("shadow", &e.shadow)
             .finish()
     }
 }
@@ -71,9 +72,44 @@ impl<A: Algorithm> RateLimiter<A> {
         tokio::task::coop::consume_budget().await;
         let key = key.into();
         let engine = &*self.engine;
-        match engine.decide_now(Some(&key), cost) {
+        match engine.decide_now(Some(&key), cost, None) {
             Some(result) => result,
-            None => engine.check(Some(&key), cost, None).await,
+            None => engine.check(Some(&key), cost, None, None).await,
+        }
+    }
+
+    /// Like [`check`](Self::check), under `quota` instead of the configured one: a quota
+    /// decided per request (a customer's plan, looked up at run time). The algorithm stays
+    /// the limiter's, and so do the key's counters: the state is read under the quota given
+    /// (see the README's "Quotas per request" for what an upgrade or a downgrade does to
+    /// each algorithm). A quota that would not build the algorithm is an
+    /// [`Error::Config`] naming the field (`quota.limit`, `quota.period`, `quota.burst`),
+    /// and nothing is spent; [`MultiLimit`](crate::MultiLimit) and custom algorithms take
+    /// no quota per request (`quota`).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?);
+    /// let pro = Quota::per_minute(1_000);
+    /// let d = limiter.check_with_quota("customer-42", 1, pro).await?;
+    /// assert_eq!((d.allowed, d.limit), (true, 1_000));
+    /// assert!(limiter.check_with_quota("customer-42", 1, Quota::per_minute(0)).await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_with_quota<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        cost: u32,
+        quota: Quota,
+    ) -> Result<Decision, Error> {
+        tokio::task::coop::consume_budget().await;
+        let key = key.into();
+        let engine = &*self.engine;
+        let quoted = engine.quoted(quota)?;
+        match engine.decide_now(Some(&key), cost, Some(&quoted)) {
+            Some(result) => result,
+            None => engine.check(Some(&key), cost, Some(&quoted), None).await,
         }
     }
 
@@ -90,7 +126,9 @@ impl<A: Algorithm> RateLimiter<A> {
     ) -> Result<Decision, Error> {
         tokio::task::coop::consume_budget().await;
         let key = key.into();
-        self.engine.check(Some(&key), cost, Some(now_us)).await
+        self.engine
+            .check(Some(&key), cost, None, Some(now_us))
+            .await
     }
 
     /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`
@@ -140,5 +178,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// What a check gets when the store fails.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.engine.failure
+    }
+
+    /// Whether the limiter is in shadow mode (see
+    /// [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
+    pub fn is_shadow(&self) -> bool {
+        self.engine.shadow
     }
 }

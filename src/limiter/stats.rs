@@ -16,6 +16,9 @@ pub struct LimiterStats {
     pub breaker_opened: u64,
     /// Checks denied by the local deny cache without a store call.
     pub deny_cache_hits: u64,
+    /// Requests a layer let through in shadow mode although they were denied (see
+    /// [`RateLimiterBuilder::shadow`](crate::RateLimiterBuilder::shadow)).
+    pub shadow_denials: u64,
 }
 
 /// The live counters behind [`LimiterStats`].
@@ -25,6 +28,7 @@ pub(crate) struct Counters {
     pub(crate) short_circuited: AtomicU64,
     pub(crate) degraded: AtomicU64,
     pub(crate) deny_cache_hits: AtomicU64,
+    pub(crate) shadow_denials: AtomicU64,
 }
 
 impl Counters {
@@ -35,6 +39,7 @@ impl Counters {
             degraded: self.degraded.load(Ordering::Relaxed),
             breaker_opened,
             deny_cache_hits: self.deny_cache_hits.load(Ordering::Relaxed),
+            shadow_denials: self.shadow_denials.load(Ordering::Relaxed),
         }
     }
 }

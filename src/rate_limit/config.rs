@@ -12,7 +12,7 @@ use std::{
 use http::request::Parts;
 
 use super::response::Responder;
-use crate::{extract::CostFn, limiter::Engine};
+use crate::{extract::CostFn, limiter::Engine, Quota};
 
 /// What the layer does with a request whose [`KeyExtractor`](crate::KeyExtractor) found no
 /// key.
@@ -63,6 +63,9 @@ pub enum Class {
 
 pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Class + Send + Sync;
 
+/// A quota decided per request (see [`RateLimitLayer::quota_fn`](super::RateLimitLayer::quota_fn)).
+pub(crate) type QuotaFn = dyn Fn(&Parts) -> Option<Quota> + Send + Sync;
+
 /// A number for each layer, so that its policy handles are its own.
 pub(crate) fn next_layer_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -77,6 +80,7 @@ pub(crate) struct Config<K> {
     pub(crate) classify: Option<Arc<ClassifyFn>>,
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) quota: Option<Arc<QuotaFn>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder>,
@@ -90,6 +94,7 @@ impl<K> Clone for Config<K> {
             classify: self.classify.clone(),
             key: Arc::clone(&self.key),
             cost: self.cost.clone(),
+            quota: self.quota.clone(),
             missing_key: self.missing_key,
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),

@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{body::ResponseBody, response::Responder};
-use crate::{BoxFuture, Decision, Error, FailurePolicy};
+use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy};
 
 pin_project! {
     /// Response future of [`RateLimit`](crate::RateLimit).
@@ -23,10 +23,30 @@ pin_project! {
         #[pin]
         state: State<S, B>,
         responder: Arc<Responder>,
-        failure: FailurePolicy,
-        grpc: bool,
-        // The IETF `pk` parameter, when the layer writes one.
-        partition_key: Option<String>,
+        answer: Answer,
+    }
+}
+
+/// How to answer one request, besides the decision.
+pub(crate) struct Answer {
+    /// The policy's policy on store errors.
+    pub(crate) failure: FailurePolicy,
+    /// The policy's shadow mode: a denial goes on to the inner service.
+    pub(crate) shadow: Option<Arc<Engine>>,
+    pub(crate) grpc: bool,
+    /// The IETF `pk` parameter, when the layer writes one.
+    pub(crate) partition_key: Option<String>,
+}
+
+impl Answer {
+    /// For a request that is not checked.
+    fn unchecked() -> Self {
+        Self {
+            failure: FailurePolicy::Open,
+            shadow: None,
+            grpc: false,
+            partition_key: None,
+        }
     }
 }
 
@@ -63,16 +83,14 @@ where
         request: Request<B>,
         service: S,
         responder: Arc<Responder>,
-        failure: FailurePolicy,
-        grpc: bool,
-        partition_key: Option<String>,
+        answer: Answer,
     ) -> Self {
         Self::with_check(
             Check::Ready(Some(result)),
             request,
             service,
             responder,
-            (failure, grpc, partition_key),
+            answer,
         )
     }
 
@@ -81,17 +99,9 @@ where
         request: Request<B>,
         service: S,
         responder: Arc<Responder>,
-        failure: FailurePolicy,
-        grpc: bool,
-        partition_key: Option<String>,
+        answer: Answer,
     ) -> Self {
-        Self::with_check(
-            Check::Pending(check),
-            request,
-            service,
-            responder,
-            (failure, grpc, partition_key),
-        )
+        Self::with_check(Check::Pending(check), request, service, responder, answer)
     }
 
     fn with_check(
@@ -99,7 +109,7 @@ where
         request: Request<B>,
         service: S,
         responder: Arc<Responder>,
-        (failure, grpc, partition_key): (FailurePolicy, bool, Option<String>),
+        answer: Answer,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -107,9 +117,7 @@ where
                 request: Some((request, service)),
             },
             responder,
-            failure,
-            grpc,
-            partition_key,
+            answer,
         }
     }
 
@@ -124,9 +132,7 @@ where
                 decision: None,
             },
             responder,
-            failure: FailurePolicy::Open,
-            grpc: false,
-            partition_key: None,
+            answer: Answer::unchecked(),
         }
     }
 }
@@ -156,19 +162,27 @@ where
                     let (req, mut service) = request
                         .take()
                         .expect("ResponseFuture polled after completion");
+                    let answer = &*this.answer;
                     let decision = match result {
                         // The limiter logged the decision (see `telemetry`).
                         Ok(d) if d.allowed => Some(d),
-                        Ok(d) => {
-                            let pk = this.partition_key.as_deref();
-                            return Poll::Ready(Ok(this.responder.denied(&d, *this.grpc, pk)));
-                        }
+                        Ok(d) => match &answer.shadow {
+                            Some(policy) => {
+                                policy.shadow_denied(&d);
+                                Some(d)
+                            }
+                            None => {
+                                let pk = answer.partition_key.as_deref();
+                                return Poll::Ready(Ok(this.responder.denied(&d, answer.grpc, pk)));
+                            }
+                        },
                         Err(e) => {
-                            tracing::warn!(error = %e, policy = ?this.failure, "rate limit: store failed");
+                            tracing::warn!(error = %e, policy = ?answer.failure, "rate limit: store failed");
                             // Under `Local`, an error reaching here was not about availability
                             // (or the local twin failed): reject rather than let it through.
-                            if *this.failure != FailurePolicy::Open {
-                                return Poll::Ready(Ok(this.responder.unavailable(*this.grpc)));
+                            // In shadow mode, never.
+                            if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {
+                                return Poll::Ready(Ok(this.responder.unavailable(answer.grpc)));
                             }
                             None
                         }
@@ -179,7 +193,7 @@ where
                 StateProj::Calling { future, decision } => {
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(d) = decision.take() {
-                        let pk = this.partition_key.as_deref();
+                        let pk = this.answer.partition_key.as_deref();
                         this.responder.allowed(&d, &mut res, pk);
                     }
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));

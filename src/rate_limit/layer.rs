@@ -14,7 +14,7 @@ use super::{
     response::Responder,
     service::RateLimit,
 };
-use crate::{Algorithm, ConfigError, Decision, KeyExtractor, RateLimiter};
+use crate::{Algorithm, ConfigError, Decision, KeyExtractor, Quota, RateLimiter};
 
 /// Rate-limits the requests of a wrapped service, one key per request.
 ///
@@ -73,6 +73,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 classify: None,
                 key: Arc::new(key),
                 cost: None,
+                quota: None,
                 missing_key: MissingKey::default(),
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
@@ -170,6 +171,40 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         F: Fn(&Parts) -> u32 + Send + Sync + 'static,
     {
         self.config.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// A quota decided per request: a customer's plan from what an authentication layer put
+    /// in the request extensions, a claim of a verified token, a plan cached from a
+    /// database. `None` keeps the policy's configured quota. It applies to whichever policy
+    /// the request falls under, with that policy's algorithm and counters (see
+    /// [`RateLimiter::check_with_quota`](crate::RateLimiter::check_with_quota) for what a
+    /// change of quota does to a key's state); the headers show the quota used.
+    ///
+    /// A quota that cannot build the policy's algorithm (a zero limit, say) is not used: the
+    /// request is decided under the configured quota, and a warning is logged each time. Never
+    /// a panic, never a request let through unlimited. Look the quota up from what the client
+    /// cannot forge.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// #[derive(Clone)]
+    /// struct Plan { per_minute: u32 } // put in the extensions by your auth layer
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60))?);
+    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+    ///     .quota_fn(|parts| {
+    ///         let plan = parts.extensions.get::<Plan>()?;
+    ///         Some(Quota::per_minute(plan.per_minute))
+    ///     });
+    /// # Ok(()) }
+    /// ```
+    pub fn quota_fn<F>(mut self, quota: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Quota> + Send + Sync + 'static,
+    {
+        self.config.quota = Some(Arc::new(quota));
         self
     }
 

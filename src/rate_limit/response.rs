@@ -127,8 +127,25 @@ fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>
 
 impl Responder {
     /// Adds the rate-limit headers of an allowed decision to the inner service's response.
+    /// A denial here is one let through in shadow mode: its headers say what would have
+    /// happened, but no `Retry-After` is added (one the inner service set stays).
     pub(crate) fn allowed<B>(&self, d: &Decision, res: &mut Response<B>, pk: Option<&str>) {
-        render_with(self.style, d, pk, res.headers_mut());
+        let headers = res.headers_mut();
+        let own_retry = if d.allowed {
+            None
+        } else {
+            Some(headers.remove(RETRY_AFTER))
+        };
+        render_with(self.style, d, pk, headers);
+        match own_retry {
+            None => {}
+            Some(Some(v)) => {
+                headers.insert(RETRY_AFTER, v);
+            }
+            Some(None) => {
+                headers.remove(RETRY_AFTER);
+            }
+        }
     }
 
     /// The response to a denied request.

@@ -16,7 +16,7 @@ use tower_service::Service;
 use super::{
     body::ResponseBody,
     config::{Config, MissingKey, Selected},
-    future::ResponseFuture,
+    future::{Answer, ResponseFuture},
     headers::partition_key,
     response::is_grpc,
 };
@@ -110,8 +110,13 @@ where
                 );
                 let e = Error::InvalidInput("a policy handle of another layer");
                 let req = Request::from_parts(parts, body);
-                let closed = FailurePolicy::Closed;
-                return ResponseFuture::decided(Err(e), req, inner, responder, closed, grpc, None);
+                let answer = Answer {
+                    failure: FailurePolicy::Closed,
+                    shadow: None,
+                    grpc,
+                    partition_key: None,
+                };
+                return ResponseFuture::decided(Err(e), req, inner, responder, answer);
             }
         };
         // The key borrows from the request head: decide what can be decided at once before
@@ -135,18 +140,40 @@ where
                 .write_key_compact(&mut compact);
             partition_key(secret, compact.as_bytes())
         });
-        let failure = policy.failure;
+        let quoted = config.quota.as_ref().and_then(|f| {
+            let quota = f(&parts)?;
+            policy
+                .quoted(quota)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        policy = %policy.policy,
+                        %quota,
+                        error = %e,
+                        "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
+                    );
+                })
+                .ok()
+        });
+        let answer = Answer {
+            failure: policy.failure,
+            shadow: policy.shadow.then(|| Arc::clone(policy)),
+            grpc,
+            partition_key: pk,
+        };
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        if let Some(result) = policy.decide_now(key.as_ref(), cost) {
+        if let Some(result) = policy.decide_now(key.as_ref(), cost, quoted.as_ref()) {
             drop(key);
             let req = Request::from_parts(parts, body);
-            return ResponseFuture::decided(result, req, inner, responder, failure, grpc, pk);
+            return ResponseFuture::decided(result, req, inner, responder, answer);
         }
         let key = key.map(Key::into_owned);
         let req = Request::from_parts(parts, body);
         let policy = Arc::clone(policy);
-        let check: BoxFuture<'static, _> =
-            Box::pin(async move { policy.check(key.as_ref(), cost, None).await });
-        ResponseFuture::checking(check, req, inner, responder, failure, grpc, pk)
+        let check: BoxFuture<'static, _> = Box::pin(async move {
+            policy
+                .check(key.as_ref(), cost, quoted.as_ref(), None)
+                .await
+        });
+        ResponseFuture::checking(check, req, inner, responder, answer)
     }
 }

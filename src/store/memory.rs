@@ -5,7 +5,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use super::{BoxFuture, KeyBuf, Namespaces, Sharded, Store, StoreKey};
+use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey};
 use crate::{algorithm::MemoryState, Algorithm, Error, Outcome};
 
 const SHARDS: usize = 16;
@@ -20,7 +20,7 @@ const SHARDS: usize = 16;
 /// Memory is bounded: expired state is swept as the map grows, the number of keys is capped
 /// (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
-/// log entry takes 16 bytes, a key about 120-230). At either cap, the keys whose state expires
+/// log entry takes 16 bytes, a key about 160-230). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
@@ -46,6 +46,8 @@ struct Inner {
     states: Sharded<Entry>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
+    /// The store's time, when not the wall clock.
+    clock: Option<ManualClock>,
 }
 
 /// One key's state. Keys carry the algorithm's name, so two algorithms on the same
@@ -82,8 +84,8 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 120-130 MB of GCRA or token-bucket state at
-    /// the cap (122 and 130 bytes per key, `cargo bench --bench footprint`).
+    /// Default cap on the number of keys: about 160 MB of GCRA or token-bucket state at the
+    /// cap (157 and 165 bytes per key, `cargo bench --bench footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
     /// Default cap on the sliding-window log entries of all keys together: 64 MB of entries at
@@ -103,7 +105,26 @@ impl MemoryStore {
                 states: Sharded::new(SHARDS, max_keys),
                 max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
                 namespaces: Namespaces::new(),
+                clock: None,
             }),
+        }
+    }
+
+    /// An empty store with the default caps whose time is `clock`: it moves only when the
+    /// test says (see [`ManualClock`]). Limiters built on it keep no deny cache.
+    pub fn with_clock(clock: ManualClock) -> Self {
+        let mut store = Self::new();
+        if let Some(inner) = Arc::get_mut(&mut store.inner) {
+            inner.clock = Some(clock);
+        }
+        store
+    }
+
+    /// Microseconds since the Unix epoch on this store's clock.
+    fn now_us(&self) -> u64 {
+        match &self.inner.clock {
+            Some(clock) => clock.now_us(),
+            None => now_us(),
         }
     }
 
@@ -206,7 +227,7 @@ impl Store for MemoryStore {
         cost: u32,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        let result = self.decide(algorithm, key, cost, now.unwrap_or_else(now_us));
+        let result = self.decide(algorithm, key, cost, now.unwrap_or_else(|| self.now_us()));
         Box::pin(std::future::ready(result))
     }
 
@@ -217,11 +238,15 @@ impl Store for MemoryStore {
         cost: u32,
         now: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
-        Some(self.decide(algorithm, key, cost, now.unwrap_or_else(now_us)))
+        Some(self.decide(algorithm, key, cost, now.unwrap_or_else(|| self.now_us())))
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.inner.namespaces)
+    }
+
+    fn manual_clock(&self) -> bool {
+        self.inner.clock.is_some()
     }
 }
 

@@ -5,14 +5,15 @@
 //! - [`MemoryStore`]: in this process only, with the same decisions; for single-instance apps,
 //!   development and tests.
 
+mod clock;
 mod key;
 mod memory;
 mod namespaces;
 mod redis;
 mod sharded;
 
-pub use self::memory::MemoryStore;
 pub(crate) use self::namespaces::Claim;
+pub use self::{clock::ManualClock, memory::MemoryStore};
 pub(crate) use self::{
     key::KeyBuf,
     sharded::{Expiring, Sharded},
@@ -67,6 +68,13 @@ pub trait Store: Send + Sync + 'static {
     fn namespaces(&self) -> Option<&Namespaces> {
         None
     }
+
+    /// True when this store's time is not the wall clock (a [`MemoryStore`] on a
+    /// [`ManualClock`]): limiters built on it keep no deny cache, whose deadlines are in real
+    /// time. Default false.
+    fn manual_clock(&self) -> bool {
+        false
+    }
 }
 
 /// A shared store is a store: lets one `Arc<dyn Store>` serve several limiters, or a store be
@@ -94,5 +102,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn namespaces(&self) -> Option<&Namespaces> {
         (**self).namespaces()
+    }
+
+    fn manual_clock(&self) -> bool {
+        (**self).manual_clock()
     }
 }

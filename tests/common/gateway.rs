@@ -36,11 +36,16 @@ impl Drop for Gateway {
 }
 
 pub fn start_gateway(args: &[&str]) -> Gateway {
+    start_gateway_with_stderr(args, Stdio::null())
+}
+
+/// [`start_gateway`], with the gateway's stderr (its log) going to `stderr`.
+pub fn start_gateway_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Gateway {
     let child = Command::new(gateway_bin())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     // Owned by the guard at once, so the process is killed and reaped on every path.
@@ -77,9 +82,15 @@ pub fn start_gateway(args: &[&str]) -> Gateway {
 /// GET / over a fresh connection with `extra` header lines (raw bytes, each ending in
 /// `\r\n`, so they may hold bytes that are not UTF-8); returns (status, lower-cased head).
 pub fn get(addr: SocketAddr, extra: impl AsRef<[u8]>) -> (u16, String) {
+    get_path(addr, "/", extra)
+}
+
+/// GET `path`, as [`get`].
+pub fn get_path(addr: SocketAddr, path: &str, extra: impl AsRef<[u8]>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut request = b"GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n".to_vec();
+    s.set_read_timeout(Some(Duration::from_secs(70))).unwrap();
+    let mut request =
+        format!("GET {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n").into_bytes();
     request.extend_from_slice(extra.as_ref());
     request.extend_from_slice(b"\r\n");
     s.write_all(&request).unwrap();

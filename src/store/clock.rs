@@ -1,0 +1,104 @@
+//! A clock that stands still until a test moves it.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::quota::MAX_EXACT;
+
+/// Time for a [`MemoryStore`](crate::MemoryStore) that moves only when you say: test your own
+/// limits without sleeping.
+///
+/// It starts at the wall-clock time it was made (so reset times in headers look like real
+/// ones) and then stands still; [`advance`](Self::advance) moves it forward. Clones share one
+/// time. A store on a manual clock decides everything on it (the limiters built on such a
+/// store keep no deny cache, whose deadlines would be in real time).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Gcra, ManualClock, MemoryStore, Quota, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::new(MemoryStore::with_clock(clock.clone()), Gcra::new(Quota::per_minute(2))?);
+/// assert!(limiter.check("k", 1).await?.allowed);
+/// assert!(limiter.check("k", 1).await?.allowed);
+/// assert!(!limiter.check("k", 1).await?.allowed);
+/// clock.advance(Duration::from_secs(30)); // one unit comes back every 30 s
+/// assert!(limiter.check("k", 1).await?.allowed);
+/// assert!(!limiter.check("k", 1).await?.allowed);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    now_us: Arc<AtomicU64>,
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ManualClock {
+    /// A clock at the current wall-clock time, standing still.
+    pub fn new() -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Self::starting_at(now)
+    }
+
+    /// A clock at `since_epoch` after the Unix epoch (at most 2^52 microseconds), standing
+    /// still.
+    pub fn starting_at(since_epoch: Duration) -> Self {
+        Self {
+            now_us: Arc::new(AtomicU64::new(micros(since_epoch).min(MAX_EXACT))),
+        }
+    }
+
+    /// Moves the clock forward by `by` (to the microsecond). A clock never goes back, and
+    /// stops at 2^52 microseconds after the epoch (in the year 2112), the limit of the
+    /// algorithms' exact arithmetic.
+    pub fn advance(&self, by: Duration) {
+        let by = micros(by);
+        let _ = self
+            .now_us
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_add(by).min(MAX_EXACT))
+            });
+    }
+
+    /// The time since the Unix epoch.
+    pub fn now(&self) -> Duration {
+        Duration::from_micros(self.now_us())
+    }
+
+    pub(crate) fn now_us(&self) -> u64 {
+        self.now_us.load(Ordering::Acquire)
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stands_still_until_advanced_and_clones_share_it() {
+        let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+        let other = clock.clone();
+        assert_eq!(clock.now(), Duration::from_secs(1_000));
+        other.advance(Duration::from_millis(1_500));
+        assert_eq!(clock.now(), Duration::from_micros(1_001_500_000));
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now_us(), MAX_EXACT);
+    }
+}
