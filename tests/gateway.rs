@@ -483,3 +483,61 @@ fn shadow_never_rejects_and_logs_each_would_be_denial() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--plan KEY=N/PERIOD` gives a key its own quota, with each algorithm, in memory and on
+/// Redis; a plan that cannot work, or without `--key header:NAME`, stops the gateway at
+/// start-up.
+#[test]
+fn plans_give_keys_their_own_quota() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for store in [vec![], vec!["--redis", url.as_str()]] {
+        for algorithm in ["gcra", "token-bucket", "sliding-window"] {
+            let mut args = store.clone();
+            let prefix = format!("plan-{algorithm}");
+            args.extend([
+                "--algorithm",
+                algorithm,
+                "--key",
+                "header:x-key",
+                "--limit",
+                "2",
+                "--per",
+                "1h",
+                "--plan",
+                "gold=5/1h",
+                "--plan",
+                "silver=3/1h",
+                "--prefix",
+                &prefix,
+            ]);
+            let gw = start_gateway(&args);
+            for (key, want) in [("gold", 5), ("silver", 3), ("plain", 2)] {
+                let allowed = (0..8)
+                    .filter(|_| get(gw.addr, format!("x-key: {key}\r\n")).0 == 200)
+                    .count();
+                assert_eq!(allowed, want, "{store:?} {algorithm} {key}");
+            }
+        }
+    }
+    for (args, says) in [
+        (
+            vec!["--plan", "gold=0/1h", "--key", "header:x-key"],
+            "quota.limit",
+        ),
+        (
+            vec!["--plan", "gold=5", "--key", "header:x-key"],
+            "KEY=N/PERIOD",
+        ),
+        (vec!["--plan", "gold=5/1h"], "--key header:NAME"),
+    ] {
+        let out = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
