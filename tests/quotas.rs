@@ -10,39 +10,14 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use axum::body::Body;
-use common::{each_backend, RedisServer};
+use common::{each_algorithm, each_backend, limiter, RedisServer};
 use futures_util::future::join_all;
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     Algorithm, Error, Gcra, HeaderKey, ManualClock, MemoryStore, MultiLimit, Quota, RateLimitLayer,
-    RateLimiter, SlidingWindow, Store, TokenBucket,
+    RateLimiter, SlidingWindow, Store,
 };
-
-/// Every algorithm, with a configured quota of 2 an hour (the per-request quotas differ).
-fn algorithms() -> Vec<(&'static str, Arc<dyn Algorithm>)> {
-    let quota = Quota::per_hour(2);
-    vec![
-        ("gcra", Arc::new(Gcra::new(quota).unwrap())),
-        ("token-bucket", Arc::new(TokenBucket::new(quota).unwrap())),
-        (
-            "sliding-window",
-            Arc::new(SlidingWindow::new(quota).unwrap()),
-        ),
-    ]
-}
-
-fn limiter(
-    store: impl Store,
-    algorithm: Arc<dyn Algorithm>,
-    prefix: &str,
-) -> RateLimiter<Arc<dyn Algorithm>> {
-    RateLimiter::builder(store, algorithm)
-        .prefix(prefix)
-        .store_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
 
 const PLANS: [(&str, u32); 3] = [("free", 3), ("team", 7), ("pro", 12)];
 
@@ -80,7 +55,7 @@ async fn each_key_admits_its_own_quota(limiters: &[RateLimiter<Arc<dyn Algorithm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_key_admits_exactly_its_own_quota_everywhere() {
     for backend in each_backend() {
-        for (name, algorithm) in algorithms() {
+        for (name, algorithm) in each_algorithm(Quota::per_hour(2)) {
             let prefix = format!("quota-{name}");
             let mut limiters = Vec::new();
             for _ in 0..3 {
@@ -89,7 +64,7 @@ async fn each_key_admits_exactly_its_own_quota_everywhere() {
             each_key_admits_its_own_quota(&limiters, &format!("{} {name}", backend.name())).await;
         }
     }
-    for (name, algorithm) in algorithms() {
+    for (name, algorithm) in each_algorithm(Quota::per_hour(2)) {
         let store = MemoryStore::new();
         let limiters: Vec<_> = (0..3)
             .map(|_| limiter(store.clone(), algorithm.clone(), "quota"))
@@ -126,7 +101,7 @@ async fn a_quota_changed_mid_window_does_what_the_docs_say() {
         ("token-bucket", 5, 4),
         ("sliding-window", 15, 0),
     ];
-    for (name, algorithm) in algorithms() {
+    for (name, algorithm) in each_algorithm(Quota::per_hour(2)) {
         let (_, up, down) = expected.iter().find(|(n, _, _)| *n == name).unwrap();
         let stores: [(&str, Arc<dyn Store>); 2] = [
             ("redis", Arc::new(redis.store().await)),

@@ -15,29 +15,17 @@ use std::{
 };
 
 use axum::body::Body;
-use common::{counting, each_backend, RedisServer};
+use common::{counting, each_algorithm, each_backend, RedisServer};
 use futures_util::future::join_all;
 use http::{Request, Response};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     Algorithm, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
-    SlidingWindow, Store, TokenBucket,
+    Store,
 };
 
 const LIMIT: u32 = 5;
 const REQUESTS: usize = 40;
-
-fn algorithms() -> Vec<(&'static str, Arc<dyn Algorithm>)> {
-    let quota = Quota::per_hour(LIMIT);
-    vec![
-        ("gcra", Arc::new(Gcra::new(quota).unwrap())),
-        ("token-bucket", Arc::new(TokenBucket::new(quota).unwrap())),
-        (
-            "sliding-window",
-            Arc::new(SlidingWindow::new(quota).unwrap()),
-        ),
-    ]
-}
 
 fn shadow(
     store: impl Store,
@@ -124,7 +112,7 @@ async fn exact(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_is_exact_and_never_rejects_on_every_store_and_algorithm() {
     for backend in each_backend() {
-        for (name, algorithm) in algorithms() {
+        for (name, algorithm) in each_algorithm(Quota::per_hour(LIMIT)) {
             let prefix = format!("shadow-{name}");
             let mut limiters = Vec::new();
             for _ in 0..3 {
@@ -138,7 +126,7 @@ async fn shadow_mode_is_exact_and_never_rejects_on_every_store_and_algorithm() {
             exact(limiters, enforcing, &format!("{} {name}", backend.name())).await;
         }
     }
-    for (name, algorithm) in algorithms() {
+    for (name, algorithm) in each_algorithm(Quota::per_hour(LIMIT)) {
         let store = MemoryStore::new();
         let limiters = (0..3)
             .map(|_| shadow(store.clone(), algorithm.clone(), "shadow"))

@@ -147,12 +147,7 @@ impl RedisServer {
 
     /// Sends a signal to the server by PID, e.g. `"-STOP"`, `"-CONT"`.
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill {sig} {} failed", self.pid());
+        signal(self.pid(), sig);
     }
 
     fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
@@ -258,6 +253,31 @@ pub fn keys_with_pttl(conn: &mut redis::Connection, pattern: &str) -> Vec<(Strin
 }
 
 /// A limiter with `prefix` and a store timeout generous enough for loaded CI machines.
+/// Sends `sig` (e.g. `"-STOP"`) to the process `pid`, one this harness started.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+/// Each single-quota algorithm with `quota`, by name, for suites that must hold for all.
+pub fn each_algorithm(
+    quota: tower_redis_ratelimit::Quota,
+) -> Vec<(&'static str, Arc<dyn Algorithm>)> {
+    use tower_redis_ratelimit::{Gcra, SlidingWindow, TokenBucket};
+    vec![
+        ("gcra", Arc::new(Gcra::new(quota).unwrap())),
+        ("token-bucket", Arc::new(TokenBucket::new(quota).unwrap())),
+        (
+            "sliding-window",
+            Arc::new(SlidingWindow::new(quota).unwrap()),
+        ),
+    ]
+}
+
 pub fn limiter<A: Algorithm>(store: impl Store, algorithm: A, prefix: &str) -> RateLimiter<A> {
     RateLimiter::builder(store, algorithm)
         .prefix(prefix)

@@ -192,12 +192,7 @@ impl Sentinel {
 
     /// Sends a signal to the Sentinel by PID, e.g. `"-STOP"`, `"-CONT"`.
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill {sig} {} failed", self.pid());
+        super::signal(self.pid(), sig);
     }
 }
 
