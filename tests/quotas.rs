@@ -15,8 +15,8 @@ use futures_util::future::join_all;
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Algorithm, Error, Gcra, HeaderKey, ManualClock, MemoryStore, MultiLimit, Quota, RateLimitLayer,
-    RateLimiter, SlidingWindow, Store,
+    Algorithm, Error, Gcra, HeaderKey, Key, ManualClock, MemoryStore, MultiLimit, Quota,
+    RateLimitLayer, RateLimiter, SlidingWindow, Store,
 };
 
 const PLANS: [(&str, u32); 3] = [("free", 3), ("team", 7), ("pro", 12)];
@@ -226,4 +226,70 @@ async fn the_layer_applies_a_quota_per_request() {
             assert_eq!(allowed, want, "{key}");
         }
     }
+}
+
+/// No key can spell another key's cached denial under a quota: an unquoted key made of
+/// `v`, a NUL, `q` and the quota's tag bytes (what the cache key of `v` under 5 a second
+/// once was) is denied and cached, and `v` under that quota is still allowed.
+#[tokio::test]
+async fn a_key_cannot_spell_the_cached_denial_of_another_key_and_quota() {
+    let redis = RedisServer::start();
+    let l = limiter(
+        redis.store().await,
+        Arc::new(Gcra::new(Quota::per_hour(1)).unwrap()),
+        "spell",
+    );
+    let mut attack = b"v\0q".to_vec();
+    for n in [5u64, 1_000_000, 5] {
+        attack.extend_from_slice(&n.to_le_bytes());
+    }
+    assert!(
+        l.check(Key::bytes(attack.clone()), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !l.check(Key::bytes(attack.clone()), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(!l.check(Key::bytes(attack), 1).await.unwrap().allowed);
+    assert!(l.stats().deny_cache_hits >= 1);
+    let d = l
+        .check_with_quota("v", 1, Quota::per_second(5))
+        .await
+        .unwrap();
+    assert!(d.allowed, "{d:?}");
+}
+
+/// A sliding window takes quotas with its own period only: a shorter window would drop what
+/// the configured one still counts.
+#[tokio::test]
+async fn a_sliding_window_keeps_its_period() {
+    let l = limiter(
+        MemoryStore::new(),
+        Arc::new(SlidingWindow::new(Quota::per_hour(2)).unwrap()),
+        "period",
+    );
+    assert!(l.check("k", 1).await.unwrap().allowed);
+    assert!(l.check("k", 1).await.unwrap().allowed);
+    match l
+        .check_with_quota("k", 1, Quota::new(2, Duration::from_millis(50)))
+        .await
+    {
+        Err(Error::Config(e)) => assert_eq!(e.field(), "quota.period"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !l.check("k", 1).await.unwrap().allowed,
+        "the log was cut short"
+    );
+    assert!(
+        l.check_with_quota("k", 1, Quota::per_hour(3))
+            .await
+            .unwrap()
+            .allowed
+    );
 }

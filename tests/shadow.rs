@@ -214,3 +214,34 @@ async fn the_inner_services_retry_after_is_kept() {
     assert!(statuses[1].2.contains(";r=0;"), "{statuses:?}");
     assert_eq!(limiter.stats().shadow_denials, 1);
 }
+
+/// A `ThrottleLayer` on a shadow limiter never waits nor fails: each denial is counted and
+/// the call goes out at once (an enforcing throttle with this `max_wait` fails the second
+/// call).
+#[tokio::test]
+async fn a_throttle_in_shadow_mode_never_waits() {
+    let limiter = shadow(
+        MemoryStore::new(),
+        Arc::new(Gcra::new(Quota::per_hour(1)).unwrap()),
+        "throttle",
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(
+            tower_redis_ratelimit::ThrottleLayer::new(
+                limiter.clone(),
+                HeaderKey::new("x-key").unwrap(),
+            )
+            .max_wait(Duration::from_millis(1)),
+        )
+        .service(counting(calls.clone()));
+    for _ in 0..3 {
+        let req = Request::builder()
+            .header("x-key", "k")
+            .body(Body::empty())
+            .unwrap();
+        svc.clone().oneshot(req).await.unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(limiter.stats().shadow_denials, 2);
+}

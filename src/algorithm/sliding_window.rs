@@ -139,7 +139,20 @@ impl Algorithm for SlidingWindow {
         Some(Arc::new(Self::new(divided(self.quota, instances)).ok()?))
     }
 
+    /// Only with this window's period: a check under a shorter window would drop the log
+    /// entries a longer one still counts (and a longer one would count entries already
+    /// dropped), so another period is a [`ConfigError`] naming `quota.period`.
     fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
+        if quota.period() != self.quota.period() {
+            return Err(ConfigError::new(
+                "quota.period",
+                format!(
+                    "a sliding window takes quotas per request with its own period ({:?}), not {:?}",
+                    self.quota.period(),
+                    quota.period()
+                ),
+            ));
+        }
         Ok(Box::new(Self::new(quota)?))
     }
 }

@@ -181,6 +181,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// - a store failure lets the request through, whatever
     ///   [`on_store_error`](Self::on_store_error) says (it is still logged and counted).
     ///
+    /// A [`ThrottleLayer`](crate::ThrottleLayer) on such a limiter never waits nor fails: a
+    /// denial is counted and logged the same way, and the request goes out at once.
+    ///
     /// A denied request spends nothing, as when enforcing, so the counts are the ones the
     /// limit would see if it were enforced. [`RateLimiter::check`](crate::RateLimiter::check)
     /// still returns the real decision: direct callers read

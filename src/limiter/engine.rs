@@ -188,13 +188,18 @@ impl Engine {
         self.conclude(key, cost, quoted, now, Some(started), result)
     }
 
-    /// The deny cache's key for `key` (and the quota given for the check, if any).
+    /// The deny cache's key for `key` (and the quota given for the check, if any): a marker
+    /// byte, then the quota's fixed-length tag when there is one, then the key. The marker
+    /// goes first so that no key's bytes can spell another key with a quota.
     fn cache_key(key: StoreKey<'_>, quoted: Option<&Quoted>, out: &mut KeyBuf) {
-        key.write_key_compact(out);
-        if let Some(q) = quoted {
-            out.put(b"\0q");
-            out.put(&q.tag);
+        match quoted {
+            Some(q) => {
+                out.put(b"q");
+                out.put(&q.tag);
+            }
+            None => out.put(b"-"),
         }
+        key.write_key_compact(out);
     }
 
     /// A denial answered by the deny cache (see

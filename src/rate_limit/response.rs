@@ -131,20 +131,15 @@ impl Responder {
     /// happened, but no `Retry-After` is added (one the inner service set stays).
     pub(crate) fn allowed<B>(&self, d: &Decision, res: &mut Response<B>, pk: Option<&str>) {
         let headers = res.headers_mut();
-        let own_retry = if d.allowed {
-            None
-        } else {
-            Some(headers.remove(RETRY_AFTER))
-        };
+        if d.allowed {
+            render_with(self.style, d, pk, headers);
+            return;
+        }
+        let own: Vec<_> = headers.get_all(RETRY_AFTER).iter().cloned().collect();
         render_with(self.style, d, pk, headers);
-        match own_retry {
-            None => {}
-            Some(Some(v)) => {
-                headers.insert(RETRY_AFTER, v);
-            }
-            Some(None) => {
-                headers.remove(RETRY_AFTER);
-            }
+        headers.remove(RETRY_AFTER);
+        for v in own {
+            headers.append(RETRY_AFTER, v);
         }
     }
 

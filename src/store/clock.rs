@@ -16,7 +16,9 @@ use crate::quota::MAX_EXACT;
 /// It starts at the wall-clock time it was made (so reset times in headers look like real
 /// ones) and then stands still; [`advance`](Self::advance) moves it forward. Clones share one
 /// time. A store on a manual clock decides everything on it (the limiters built on such a
-/// store keep no deny cache, whose deadlines would be in real time).
+/// store keep no deny cache, whose deadlines would be in real time). A
+/// [`ThrottleLayer`](crate::ThrottleLayer) sleeps in real time for its quota, so it does not
+/// belong on a manual clock: it would wait for time that never comes, then fail.
 ///
 /// ```
 /// use std::time::Duration;

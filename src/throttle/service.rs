@@ -10,7 +10,7 @@ use http::Request;
 use tower_service::Service;
 
 use super::{config::Settings, error::ThrottleError};
-use crate::{Algorithm, BoxFuture, Decision, Key, KeyExtractor, RateLimiter};
+use crate::{Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter};
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
 pub struct Throttle<S, K, A> {
@@ -43,21 +43,31 @@ impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for Throttle<S, K, A> {
     }
 }
 
-/// Waits until `key` has `cost` units, within `max_wait`.
+/// Waits until `key` has `cost` units, within `max_wait`. Under a limiter in shadow mode,
+/// never waits nor fails: a denial is counted and logged, a store error logged.
 async fn acquire<A: Algorithm>(
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
     max_wait: Duration,
-) -> Result<Decision, ThrottleError> {
+) -> Result<(), ThrottleError> {
     let deadline = Instant::now() + max_wait;
+    let shadow = limiter.is_shadow();
     loop {
-        let d = limiter
-            .check(key, cost)
-            .await
-            .map_err(ThrottleError::Store)?;
+        let d = match limiter.check(key, cost).await {
+            Ok(d) => d,
+            Err(e) if shadow => {
+                tracing::warn!(error = %e, "rate limit: store failed (shadow mode: not waiting)");
+                return Ok(());
+            }
+            Err(e) => return Err(ThrottleError::Store(e)),
+        };
         if d.allowed {
-            return Ok(d);
+            return Ok(());
+        }
+        if shadow {
+            limiter.engine.shadow_denied(&d);
+            return Ok(());
         }
         match d.retry_after {
             Some(wait) if Instant::now() + wait <= deadline => {
