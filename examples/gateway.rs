@@ -363,7 +363,8 @@ async fn serve(
     Ok(())
 }
 
-/// `GET /status/{code}`: that status, 100 to 599; anything else 400.
+/// `GET /status/{code}`: that status, 100 to 599; anything else 400. (An informational 1xx
+/// other than 101 cannot end a response: hyper turns it into a 500.)
 async fn status(Path(code): Path<String>) -> Response {
     match code.parse::<u16>().ok().filter(|c| (100..=599).contains(c)) {
         Some(c) => {
