@@ -52,6 +52,12 @@ const FAILURE_MEMORY: Duration = Duration::from_millis(100);
 /// its driver having run yet (a busy or blocked runtime): give it the chance first.
 const IDLE_US: u64 = 200_000;
 
+/// After this long without a command, a connection is probed with a `PING` before a check is
+/// handed to it: Redis' idle `timeout` (at least a second) may have closed it in a way its
+/// driver has not read yet. A failed probe sends the check on a new connection; the check
+/// itself never went out. A second: shorter than any idle timeout that closes connections.
+const PROBE_US: u64 = 1_000_000;
+
 /// A connection answering `READONLY` is replaced only when it is older than this.
 const READONLY_RECONNECT_US: u64 = 1_000_000;
 
@@ -77,15 +83,16 @@ impl Live {
         }
     }
 
-    /// Records a use at `now`; true when the connection had been idle.
-    fn touch(&self, now: u64) -> bool {
+    /// Records a use at `now`; how long the connection had been idle (to a resolution of
+    /// [`IDLE_US`] / 2).
+    fn touch(&self, now: u64) -> u64 {
         let last = self.used_at.load(Ordering::Relaxed);
         let idle = now.saturating_sub(last);
         // Written rarely, so that concurrent commands do not fight over the cache line.
         if idle > IDLE_US / 2 {
             self.used_at.store(now, Ordering::Relaxed);
         }
-        idle > IDLE_US
+        idle
     }
 
     /// Records that a command is handed over at `now`; true when commands have waited on this
@@ -222,13 +229,30 @@ impl Supervised {
         loop {
             let live = self.connection().await.map_err(into_redis_error)?;
             let mut handed_over = monotonic_us();
-            if live.touch(handed_over) {
+            let idle = live.touch(handed_over);
+            if idle > IDLE_US {
                 // Idle: a close that arrived meanwhile may not have been read yet. Let the
                 // runtime poll its I/O (and the driver run) before handing the command over.
                 tokio::task::yield_now().await;
                 if live.died_at().is_some() {
                     self.retire(&live);
                     continue;
+                }
+                if idle > PROBE_US && !retried {
+                    // The driver may still not have read the close: ask before sending.
+                    let probe = live
+                        .conn
+                        .clone()
+                        .send_packed_command(&redis::cmd("PING"))
+                        .await;
+                    if let Err(e) = probe {
+                        if e.is_unrecoverable_error() || e.is_connection_dropped() {
+                            self.retire(&live);
+                            retried = true;
+                            tracing::debug!(error = %e, "redis connection was closed while idle; sending on a new one");
+                            continue;
+                        }
+                    }
                 }
                 handed_over = monotonic_us();
             }
