@@ -95,26 +95,17 @@ impl RedisServer {
         // A fresh directory: a cluster node must not find an old nodes.conf.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let child = Command::new(redis_binary())
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--loglevel", "warning", "--protected-mode", "yes"])
-            .args(["--enable-debug-command", "local"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(&extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `{}` ({e}); install Redis (Debian: apt-get install \
-                     redis-server) or run scripts/test, which installs it",
-                    redis_binary()
-                )
-            });
-        let _ = std::fs::write(pid_file(child.id()), b"");
+        let child = spawn_redis(
+            Command::new(redis_binary())
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .args(["--loglevel", "warning", "--protected-mode", "yes"])
+                .args(["--enable-debug-command", "local"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(&extra),
+            "",
+        );
         let mut server = RedisServer { child, port, extra };
         server.wait_ready(Duration::from_secs(10))?;
         Ok(server)
@@ -253,6 +244,25 @@ pub fn keys_with_pttl(conn: &mut redis::Connection, pattern: &str) -> Vec<(Strin
 }
 
 /// A limiter with `prefix` and a store timeout generous enough for loaded CI machines.
+/// Starts `redis-server` as `cmd` says (`how`: the arguments to name when it cannot start,
+/// besides the port and options), silent, and records its PID for `scripts/test`.
+pub fn spawn_redis(cmd: &mut Command, how: &str) -> Child {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start `{}{how}` ({e}); install Redis (Debian: apt-get install \
+                 redis-server) or run scripts/test, which installs it",
+                redis_binary()
+            )
+        });
+    let _ = std::fs::write(pid_file(child.id()), b"");
+    child
+}
+
 /// Sends `sig` (e.g. `"-STOP"`) to the process `pid`, one this harness started.
 pub fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")

@@ -11,13 +11,13 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use tower_redis_ratelimit::redis;
 
-use super::{free_port, pid_file, redis_binary, RedisServer};
+use super::{free_port, pid_file, redis_binary, spawn_redis, RedisServer};
 
 /// The master name the Sentinels monitor.
 pub const MASTER: &str = "mymaster";
@@ -68,21 +68,10 @@ impl Sentinel {
             log = dir.join("sentinel.log").display(),
         );
         std::fs::write(&config, text).map_err(|e| format!("{}: {e}", config.display()))?;
-        let child = Command::new(redis_binary())
-            .arg(&config)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `{} FILE --sentinel` ({e}); install Redis (Debian: \
-                     apt-get install redis-server) or run scripts/test, which installs it",
-                    redis_binary()
-                )
-            });
-        let _ = std::fs::write(pid_file(child.id()), b"");
+        let child = spawn_redis(
+            Command::new(redis_binary()).arg(&config).arg("--sentinel"),
+            " FILE --sentinel",
+        );
         let mut sentinel = Sentinel { child, port, dir };
         sentinel.wait_pong(Duration::from_secs(10))?;
         Ok(sentinel)
