@@ -46,3 +46,23 @@ end
 local function ms_ceil(us)
   return fmt(math.ceil(us / 1000))
 end
+
+-- A sliding-window log member: 'TOTAL:SEQ' (see sliding_window.lua).
+local function member(total, seq)
+  return string.format('%016d:%d', total, seq)
+end
+
+local function member_total(m)
+  return stored_int(string.sub(m, 1, 16), 'log member')
+end
+
+-- 0 for a member written before sequence numbers existed.
+local function member_seq(m)
+  if #m == 16 then
+    return 0
+  end
+  if string.sub(m, 17, 17) ~= ':' then
+    fail('corrupted log member under ' .. KEYS[1])
+  end
+  return stored_int(string.sub(m, 18), 'log member')
+end

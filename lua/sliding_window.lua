@@ -1,29 +1,39 @@
 -- Sliding-window log with per-request cost.
 -- KEYS[1]  sorted set: one member per admitted request, score = time (us),
---          member = running total of units admitted so far (unique, increasing), zero-padded
---          to 16 digits so that members sharing a score sort in numeric order
--- KEYS[2]  hash: a = units ever admitted, r = running total of the newest expired member,
---          l = time of the newest member (the log never moves backwards in time)
+--          member = 'TOTAL:SEQ': TOTAL is the running total of units admitted up to and
+--          including this request (increasing), zero-padded to 16 digits so that members
+--          sharing a score sort in numeric order; SEQ is the request's sequence number in this
+--          log (never reused), which a refund names it by. Members written before SEQ existed
+--          are the 16 digits alone.
+-- KEYS[2]  hash: a = running total of the newest member, r = running total of the newest
+--          expired member, l = time of the newest member (the log never moves backwards in
+--          time), s = the last sequence number given
 -- ARGV     now|'', window_us, limit, cost
--- Units in the window are a - r: no loop over members, O(log n) per call.
+-- Reply    the shared 4 integers; when admitted, then the member's time and sequence number.
+-- Units in the window are a - r: no loop over members, O(log n) per call. A refund
+-- (sliding_window_refund.lua) removes a member and lowers the totals of those after it.
 local now = clock()
 local window = int_arg(2, 'window', 1000)
 local limit = int_arg(3, 'limit', 1)
 local cost = int_arg(4, 'cost', 1)
 
-local added, removed, last = 0, 0, 0
-local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l')
+local added, removed, last, seq = 0, 0, 0, 0
+local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l', 's')
 if meta[1] or meta[2] or meta[3] then
   added = stored_int(meta[1], 'admitted total')
   removed = stored_int(meta[2], 'expired total')
   last = stored_int(meta[3], 'timestamp')
+  if meta[4] then
+    seq = stored_int(meta[4], 'sequence number')
+  end
 else
   -- The hash is gone but the log may not be (eviction, a stray DEL): rebuild the totals from
   -- the log, counting every member still in it as in use. This over-counts, never under-counts.
   local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   if #newest > 0 then
-    added = stored_int(newest[1], 'log member')
+    added = member_total(newest[1])
     last = stored_int(newest[2], 'log score')
+    seq = member_seq(newest[1])
   end
 end
 local clock_now = now
@@ -35,7 +45,7 @@ end
 local cutoff = now - window
 local newest_expired = redis.call('ZREVRANGEBYSCORE', KEYS[1], cutoff, '-inf', 'LIMIT', 0, 1)
 if #newest_expired > 0 then
-  removed = stored_int(newest_expired[1], 'log member')
+  removed = member_total(newest_expired[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 end
 local count = redis.call('ZCARD', KEYS[1])
@@ -78,13 +88,13 @@ if cost > limit or used + cost > limit then
     hi = count - 1
   end
   local probe = redis.call('ZRANGE', KEYS[1], hi, hi, 'WITHSCORES')
-  if stored_int(probe[1], 'log member') == removed + hi + 1 then
+  if member_total(probe[1]) == removed + hi + 1 then
     return { 0, remaining, stored_int(probe[2], 'log score') + window - now, reset_after() }
   end
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     local m = redis.call('ZRANGE', KEYS[1], mid, mid)
-    if stored_int(m[1], 'log member') >= target then
+    if member_total(m[1]) >= target then
       hi = mid
     else
       lo = mid + 1
@@ -95,10 +105,11 @@ if cost > limit or used + cost > limit then
 end
 
 added = added + cost
-redis.call('ZADD', KEYS[1], fmt(now), string.format('%016d', added))
-redis.call('HSET', KEYS[2], 'a', fmt(added), 'r', fmt(removed), 'l', fmt(now))
+seq = seq + 1
+redis.call('ZADD', KEYS[1], fmt(now), member(added, seq))
+redis.call('HSET', KEYS[2], 'a', fmt(added), 'r', fmt(removed), 'l', fmt(now), 's', fmt(seq))
 -- If the clock went backwards, the log's time runs ahead of the key's clock by the gap.
 local ttl = ms_ceil(window + now - clock_now)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
-return { 1, remaining - cost, 0, window }
+return { 1, remaining - cost, 0, window, now, seq }

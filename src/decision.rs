@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::Error;
+use crate::{Error, Quota};
 
 /// A store's raw answer for one check, in microseconds.
 ///
@@ -26,6 +26,17 @@ pub struct Outcome {
     pub parts: Vec<PartOutcome>,
     /// Index of the binding part in `parts` (0 when there are none).
     pub binding: usize,
+    /// For a sliding window that admitted the check: the log entry it wrote (its time and
+    /// sequence number), so that a refund can remove exactly that entry.
+    pub(crate) entry: Option<LogEntry>,
+}
+
+/// One admitted request's entry in a sliding-window log: the time it was logged at and its
+/// sequence number in that log (unique per key, never reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogEntry {
+    pub(crate) at_us: u64,
+    pub(crate) seq: u64,
 }
 
 /// One limit's state in a multi-limit [`Outcome`].
@@ -110,6 +121,7 @@ impl Outcome {
             reset_after_us,
             parts,
             binding,
+            entry: None,
         })
     }
 
@@ -127,6 +139,7 @@ impl Outcome {
             reset_after_us,
             parts: Vec::new(),
             binding: 0,
+            entry: None,
         }
     }
 }
@@ -175,6 +188,47 @@ pub struct Decision {
     /// ([`MultiLimit`](crate::MultiLimit)); the fields above then describe the binding one
     /// (when denied: the longest wait; when allowed: the fewest units left). Empty otherwise.
     pub limits: Vec<LimitState>,
+    /// What an allowed check took, for [`RateLimiter::refund`](crate::RateLimiter::refund).
+    pub(crate) charge: Option<Charge>,
+}
+
+/// What an allowed check took from a key's quota, so that it can be given back: the cost,
+/// the quota it was taken under, where it was decided, and (for a sliding window) the log
+/// entry it wrote. Read it with [`Decision::charge`]; give it back with
+/// [`RateLimiter::refund`](crate::RateLimiter::refund).
+///
+/// Two charges are equal when they took the same units under the same quota in the same
+/// place; which log entry a sliding window wrote is the store's bookkeeping and is not
+/// compared (Redis and the in-memory twin number their entries apart).
+#[derive(Debug, Clone, Copy)]
+pub struct Charge {
+    pub(crate) cost: u32,
+    /// The quota given for the check, when not the limiter's own.
+    pub(crate) quota: Option<Quota>,
+    /// Decided at the local share (the store was unavailable): given back there too.
+    pub(crate) local: bool,
+    pub(crate) entry: Option<LogEntry>,
+}
+
+impl PartialEq for Charge {
+    fn eq(&self, other: &Self) -> bool {
+        (self.cost, self.quota, self.local) == (other.cost, other.quota, other.local)
+    }
+}
+
+impl Eq for Charge {}
+
+impl Charge {
+    /// The units taken.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The quota the units were taken under, when the check was given one
+    /// ([`RateLimiter::check_with_quota`](crate::RateLimiter::check_with_quota)).
+    pub fn quota(&self) -> Option<Quota> {
+        self.quota
+    }
 }
 
 /// One limit of a multi-limit decision, for the headers.
@@ -255,6 +309,12 @@ impl Decision {
             cost,
             policy,
             degraded: false,
+            charge: o.allowed.then_some(Charge {
+                cost,
+                quota: None,
+                local: false,
+                entry: o.entry,
+            }),
             limits,
         }
     }
@@ -278,12 +338,19 @@ impl Decision {
             policy,
             degraded: false,
             limits: Vec::new(),
+            charge: None,
         }
     }
 
     /// True when the request was denied and can never succeed: its cost exceeds the quota.
     pub fn is_never(&self) -> bool {
         !self.allowed && self.retry_after.is_none()
+    }
+
+    /// What this check took from the quota, when it was allowed: what
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund) gives back. `None` for a denial.
+    pub fn charge(&self) -> Option<&Charge> {
+        self.charge.as_ref()
     }
 }
 

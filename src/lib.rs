@@ -53,7 +53,7 @@ pub use algorithm::{
     Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
     WindowRate,
 };
-pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
+pub use decision::{Charge, Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
     key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
@@ -67,7 +67,7 @@ pub use lua::{batch_script, Scripted};
 pub use quota::Quota;
 pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
-    RateLimitLayer, ResponseBody, ResponseFuture,
+    RateLimitLayer, ResponseBody, ResponseFuture, StatusSet,
 };
 pub use store::{
     Batching, BoxFuture, ManualClock, MemoryStore, Namespaces, RedisStore, RedisStoreBuilder,

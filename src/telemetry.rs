@@ -2,7 +2,8 @@
 //!
 //! Events (target `tower_redis_ratelimit`): each decision at `debug` (policy, allowed,
 //! remaining, store latency), store failures at `warn`, circuit-breaker changes at `warn` /
-//! `info`, denials let through in shadow mode at `info`. Raw keys are never logged above `trace`.
+//! `info`, denials let through in shadow mode at `info`, refunds at `debug` (failed ones at
+//! `warn`). Raw keys are never logged above `trace`.
 //!
 //! Metrics (feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade; install
 //! any recorder, e.g. a Prometheus exporter):
@@ -13,6 +14,7 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
 //! | `ratelimit_degraded_total` | counter | `policy` |
 //! | `ratelimit_shadow_denials_total` | counter | `policy` |
+//! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy` |
 //!
 //! A store that decides without waiting (`MemoryStore`) is not timed: its decisions report a
@@ -30,6 +32,8 @@ pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
 pub const DEGRADED: &str = "ratelimit_degraded_total";
 /// Metric names.
 pub const SHADOW_DENIALS: &str = "ratelimit_shadow_denials_total";
+/// Metric names.
+pub const REFUNDS: &str = "ratelimit_refunds_total";
 /// Metric names.
 pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
 
@@ -82,6 +86,26 @@ pub(crate) fn shadow_denied(d: &Decision) {
     );
     #[cfg(feature = "metrics")]
     metrics::counter!(SHADOW_DENIALS, "policy" => d.policy.to_string()).increment(1);
+}
+
+/// A refund: `Ok(given)` or the store's error.
+pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
+    match result {
+        Ok(given) => tracing::debug!(policy, cost, given, "rate limit: refund"),
+        Err(e) => {
+            tracing::warn!(policy, cost, error = %e, "rate limit: refund failed; the units stay spent")
+        }
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = match result {
+            Ok(true) => "given",
+            Ok(false) => "nothing",
+            Err(_) => "failed",
+        };
+        metrics::counter!(REFUNDS, "policy" => policy.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
 }
 
 pub(crate) fn degraded(d: &Decision) {

@@ -3,7 +3,7 @@
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use super::{bucket::BucketQuota, rate::BucketRate, Algorithm, MemoryState, Rule};
-use crate::{ConfigError, Error, Outcome, Quota};
+use crate::{Charge, ConfigError, Error, Outcome, Quota};
 
 /// GCRA (generic cell rate algorithm): a token bucket stored as one integer per key, the
 /// "theoretical arrival time". Capacity `quota.burst_size()`, refilled at `quota.limit()` per
@@ -59,6 +59,21 @@ pub(crate) fn decide(
     (o, Some(new_tat))
 }
 
+/// In-memory twin of `lua/gcra_refund.lua`: the TAT moved back by `cost` emission intervals,
+/// never before `now` (a bucket never holds more than its burst). `None` when there is nothing
+/// to give back (no TAT, or one already in the past); `Some(None)` when the key is rested
+/// again (it goes away).
+pub(crate) fn refund(
+    rate: BucketRate,
+    stored_tat: Option<u64>,
+    now: u64,
+    cost: u64,
+) -> Option<Option<u64>> {
+    let tat = stored_tat.filter(|&t| t > now)?;
+    let back = tat.saturating_sub(cost.min(rate.burst) * rate.emission_us);
+    Some((back > now).then_some(back))
+}
+
 impl Algorithm for Gcra {
     fn name(&self) -> &'static str {
         "gcra"
@@ -82,6 +97,15 @@ impl Algorithm for Gcra {
             state.put_tat(tat, now_us, tat - now_us);
         }
         Ok(outcome)
+    }
+
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        match refund(self.0.rate, state.tat()?, now_us, u64::from(charge.cost())) {
+            None => return Ok(false),
+            Some(None) => state.clear(),
+            Some(Some(tat)) => state.put_tat(tat, now_us, tat - now_us),
+        }
+        Ok(true)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

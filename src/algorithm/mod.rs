@@ -40,7 +40,7 @@ pub use self::{
 
 use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
 
-use crate::{decision::PartInfo, lua::Scripted, ConfigError, Error, Outcome, Quota};
+use crate::{decision::PartInfo, lua::Scripted, Charge, ConfigError, Error, Outcome, Quota};
 
 /// A rate-limiting algorithm: its parameters (for the headers and for stores) and its
 /// in-memory twin.
@@ -77,6 +77,17 @@ pub trait Algorithm: Send + Sync + 'static {
         Err(Error::Unsupported(
             "this algorithm has no in-memory implementation",
         ))
+    }
+
+    /// The in-memory twin of a refund: gives back on this key's state what an allowed check
+    /// took (`charge`), as if that check had never happened, at `now_us`. `Ok(false)` when
+    /// there was nothing to give back (the state expired, or the entry is gone).
+    ///
+    /// The default returns [`Error::Unsupported`]; the built-in algorithms all refund, in
+    /// Redis and in memory.
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        let _ = (state, now_us, charge);
+        Err(Error::Unsupported("this algorithm cannot give units back"))
     }
 
     /// This algorithm with its quota divided among `instances` processes, for
@@ -176,6 +187,10 @@ impl<T: Algorithm + ?Sized> Algorithm for Arc<T> {
 
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
         (**self).decide(state, now_us, cost)
+    }
+
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        (**self).refund(state, now_us, charge)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

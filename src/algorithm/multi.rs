@@ -2,10 +2,10 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use super::{bucket::divided, rate::BucketRate, Algorithm, MemoryState, Rule};
+use super::{bucket::divided, gcra, rate::BucketRate, Algorithm, MemoryState, Rule};
 use crate::{
     decision::{PartInfo, PartOutcome},
-    ConfigError, Error, Outcome, Quota,
+    Charge, ConfigError, Error, Outcome, Quota,
 };
 
 /// Several limits on one key at once, e.g. a burst of 10 a second *and* 1,000 a day, decided
@@ -143,6 +143,7 @@ pub(crate) fn decide(
         reset_after_us: p.reset_after_us,
         parts,
         binding: b,
+        entry: None,
     }
 }
 
@@ -181,6 +182,34 @@ impl Algorithm for MultiLimit {
             state.put_tats(tats, now_us, ttl);
         }
         Ok(outcome)
+    }
+
+    /// Each limit's TAT moved back as [`Gcra`](crate::Gcra)'s is (`lua/multi_gcra_refund.lua`).
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        let n = self.rates.len();
+        let mut tats = [None; 8];
+        match state.tats(n)? {
+            Some(stored) => tats[..n].copy_from_slice(stored),
+            None => return Ok(false),
+        }
+        let tats = &mut tats[..n];
+        let mut given = false;
+        for (tat, rate) in tats.iter_mut().zip(&self.rates) {
+            if let Some(back) = gcra::refund(*rate, *tat, now_us, u64::from(charge.cost())) {
+                *tat = back;
+                given = true;
+            }
+        }
+        let ttl = tats
+            .iter()
+            .flatten()
+            .map(|t| t.saturating_sub(now_us))
+            .max();
+        match ttl {
+            Some(ttl) if ttl > 0 => state.put_tats(tats, now_us, ttl),
+            _ => state.clear(),
+        }
+        Ok(given)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

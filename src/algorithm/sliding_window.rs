@@ -8,7 +8,7 @@ use super::{
     state::{Log, MemoryState},
     Algorithm, Rule,
 };
-use crate::{ConfigError, Error, Outcome, Quota};
+use crate::{decision::LogEntry, Charge, ConfigError, Error, Outcome, Quota};
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
 /// `quota.period()`, each request weighing its cost. Exact, with no boundary bursts; the price
@@ -69,7 +69,7 @@ pub(crate) fn decide(
     let cutoff = now.saturating_sub(window);
     let expired = log
         .entries
-        .partition_point(|&(ts, _)| ts <= cutoff && now >= window);
+        .partition_point(|&(ts, ..)| ts <= cutoff && now >= window);
     if expired > 0 {
         log.removed = log.entries[expired - 1].1;
         log.entries.drain(..expired);
@@ -79,22 +79,53 @@ pub(crate) fn decide(
     }
     let used = log.added - log.removed;
     let remaining = limit.saturating_sub(used);
-    let reset_after = log.entries.back().map_or(0, |&(ts, _)| ts + window - now);
+    let reset_after = log.entries.back().map_or(0, |&(ts, ..)| ts + window - now);
     if cost > limit || used + cost > limit {
         let retry = (cost <= limit).then(|| {
             let target = log.removed + used + cost - limit;
-            let i = log.entries.partition_point(|&(_, cum)| cum < target);
+            let i = log.entries.partition_point(|&(_, cum, _)| cum < target);
             log.entries[i].0 + window - now
         });
         return (Outcome::single(false, remaining, retry, reset_after), false);
     }
     log.added += cost;
-    log.entries.push_back((now, log.added));
+    log.seq += 1;
+    log.entries.push_back((now, log.added, log.seq));
     log.last = now;
-    (
-        Outcome::single(true, remaining - cost, Some(0), window),
-        true,
-    )
+    let mut o = Outcome::single(true, remaining - cost, Some(0), window);
+    o.entry = Some(LogEntry {
+        at_us: now,
+        seq: log.seq,
+    });
+    (o, true)
+}
+
+/// In-memory twin of `lua/sliding_window_refund.lua`: removes `entry` from `log` and lowers
+/// the running totals after it by `cost`. False when the entry is gone or out of the window.
+pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: LogEntry) -> bool {
+    let now = now.max(log.last);
+    if now >= window && entry.at_us <= now - window {
+        return false;
+    }
+    let first = log.entries.partition_point(|&(ts, ..)| ts < entry.at_us);
+    let Some(i) = (first..log.entries.len())
+        .take_while(|&i| log.entries[i].0 == entry.at_us)
+        .find(|&i| log.entries[i].2 == entry.seq)
+    else {
+        return false;
+    };
+    log.entries.remove(i);
+    for e in log.entries.range_mut(i..) {
+        e.1 = e.1.saturating_sub(cost);
+    }
+    log.added = log.added.saturating_sub(cost);
+    if i == log.entries.len() {
+        // It was the newest: the log's time goes back to the newest left, if any.
+        if let Some(&(ts, ..)) = log.entries.back() {
+            log.last = ts;
+        }
+    }
+    true
 }
 
 impl Algorithm for SlidingWindow {
@@ -133,6 +164,23 @@ impl Algorithm for SlidingWindow {
         let ttl = (log.last + window_us).saturating_sub(now_us);
         state.keep_log(now_us, ttl);
         Ok(outcome)
+    }
+
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        let Some(entry) = charge.entry else {
+            return Ok(false);
+        };
+        if state.is_empty() {
+            return Ok(false);
+        }
+        let log = state.log()?;
+        Ok(refund(
+            self.rate.window_us,
+            log,
+            now_us,
+            u64::from(charge.cost()),
+            entry,
+        ))
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

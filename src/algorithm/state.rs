@@ -36,13 +36,16 @@ pub(crate) struct Bucket {
     pub(crate) ts: u64,
 }
 
-/// Sliding-window state: the log (time, running total) and the totals of the Lua hash.
+/// Sliding-window state: the log (time, running total, sequence number) and the totals of
+/// the Lua hash.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Log {
-    pub(crate) entries: VecDeque<(u64, u64)>,
+    pub(crate) entries: VecDeque<(u64, u64, u64)>,
     pub(crate) added: u64,
     pub(crate) removed: u64,
     pub(crate) last: u64,
+    /// The last sequence number given.
+    pub(crate) seq: u64,
 }
 
 fn wrong_type() -> Error {

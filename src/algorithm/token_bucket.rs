@@ -8,7 +8,7 @@ use super::{
     state::{Bucket, MemoryState},
     Algorithm, Rule,
 };
-use crate::{ConfigError, Error, Outcome, Quota};
+use crate::{Charge, ConfigError, Error, Outcome, Quota};
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
 /// `quota.period()`; each request takes `cost` tokens. A key that was never seen, or rested long
@@ -39,6 +39,51 @@ impl TokenBucket {
     }
 }
 
+/// A bucket credited up to `now`: whole tokens, the time the last whole token was credited,
+/// and the time waits are measured from (`now`, or the stored time if the clock went back).
+struct Credited {
+    tokens: u64,
+    ts: u64,
+    t_eff: u64,
+}
+
+impl Credited {
+    /// Credits `stored` (`None`: a rested key) with the whole tokens earned by `now`.
+    fn new(rate: BucketRate, stored: Option<Bucket>, now: u64) -> Self {
+        let BucketRate { emission_us, burst } = rate;
+        let (mut tokens, mut ts) = match stored {
+            Some(b) => (b.tokens.min(burst), b.ts),
+            None => (burst, now),
+        };
+        // If the clock went backwards, credit nothing and measure waits from the stored time.
+        let t_eff = now.max(ts);
+        let elapsed = t_eff - ts;
+        if elapsed >= rate.tolerance_us() {
+            tokens = burst;
+            ts = t_eff;
+        } else {
+            let add = elapsed / emission_us;
+            tokens += add;
+            if tokens >= burst {
+                tokens = burst;
+                ts = t_eff;
+            } else {
+                ts += add * emission_us;
+            }
+        }
+        Self { tokens, ts, t_eff }
+    }
+
+    /// Time from `now` until `want` whole tokens are in the bucket.
+    fn wait_for(&self, rate: BucketRate, now: u64, want: u64) -> u64 {
+        if self.tokens >= want {
+            0
+        } else {
+            (want - self.tokens) * rate.emission_us - (self.t_eff - self.ts) + (self.t_eff - now)
+        }
+    }
+}
+
 /// In-memory twin of `lua/token_bucket.lua`. Returns the outcome, and the state to write with
 /// its time to live when the check was allowed.
 pub(crate) fn decide(
@@ -47,47 +92,52 @@ pub(crate) fn decide(
     now: u64,
     cost: u64,
 ) -> (Outcome, Option<(Bucket, u64)>) {
-    let BucketRate { emission_us, burst } = rate;
-    let tolerance = rate.tolerance_us();
-    let (mut tokens, mut ts) = match stored {
-        Some(b) => (b.tokens.min(burst), b.ts),
-        None => (burst, now),
-    };
-    let t_eff = now.max(ts);
-    let elapsed = t_eff - ts;
-    if elapsed >= tolerance {
-        tokens = burst;
-        ts = t_eff;
-    } else {
-        let add = elapsed / emission_us;
-        tokens += add;
-        if tokens >= burst {
-            tokens = burst;
-            ts = t_eff;
-        } else {
-            ts += add * emission_us;
-        }
-    }
-    let wait_for = |tokens: u64, want: u64| {
-        if tokens >= want {
-            0
-        } else {
-            (want - tokens) * emission_us - (t_eff - ts) + (t_eff - now)
-        }
-    };
-    if cost > burst || tokens < cost {
+    let burst = rate.burst;
+    let mut b = Credited::new(rate, stored, now);
+    if cost > burst || b.tokens < cost {
         let o = Outcome::single(
             false,
-            tokens,
-            (cost <= burst).then(|| wait_for(tokens, cost)),
-            wait_for(tokens, burst),
+            b.tokens,
+            (cost <= burst).then(|| b.wait_for(rate, now, cost)),
+            b.wait_for(rate, now, burst),
         );
         return (o, None);
     }
-    tokens -= cost;
-    let full_in = wait_for(tokens, burst);
-    let o = Outcome::single(true, tokens, Some(0), full_in);
-    (o, Some((Bucket { tokens, ts }, full_in)))
+    b.tokens -= cost;
+    let full_in = b.wait_for(rate, now, burst);
+    let o = Outcome::single(true, b.tokens, Some(0), full_in);
+    let bucket = Bucket {
+        tokens: b.tokens,
+        ts: b.ts,
+    };
+    (o, Some((bucket, full_in)))
+}
+
+/// In-memory twin of `lua/token_bucket_refund.lua`: `cost` tokens back into the bucket
+/// credited up to `now`, never above the burst. `None` when there is nothing to give back (a
+/// missing key is a full bucket); otherwise the bucket to write with its time to live, or
+/// `Some(None)` when it is full again (the key goes away).
+pub(crate) fn refund(
+    rate: BucketRate,
+    stored: Option<Bucket>,
+    now: u64,
+    cost: u64,
+) -> Option<Option<(Bucket, u64)>> {
+    stored?;
+    let mut b = Credited::new(rate, stored, now);
+    if b.tokens >= rate.burst {
+        return None;
+    }
+    b.tokens += cost;
+    if b.tokens >= rate.burst {
+        return Some(None);
+    }
+    let full_in = b.wait_for(rate, now, rate.burst);
+    let bucket = Bucket {
+        tokens: b.tokens,
+        ts: b.ts,
+    };
+    Some(Some((bucket, full_in)))
 }
 
 impl Algorithm for TokenBucket {
@@ -113,6 +163,21 @@ impl Algorithm for TokenBucket {
             state.put_bucket(bucket, now_us, ttl);
         }
         Ok(outcome)
+    }
+
+    fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
+        let given = refund(
+            self.0.rate,
+            state.bucket()?,
+            now_us,
+            u64::from(charge.cost()),
+        );
+        match given {
+            None => return Ok(false),
+            Some(None) => state.clear(),
+            Some(Some((bucket, ttl))) => state.put_bucket(bucket, now_us, ttl),
+        }
+        Ok(true)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

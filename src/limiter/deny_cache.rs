@@ -124,6 +124,18 @@ impl DenyCache {
         }
     }
 
+    /// Forgets the denial cached for `key`, if any (its units were given back).
+    pub(crate) fn remove(&self, key: &[u8]) {
+        if self.held.0.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let slot = self.entries.slot(key);
+        let mut shard = self.entries.lock(slot);
+        if shard.remove(slot, key).is_some() {
+            self.held.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.each().map(|s| s.len()).sum()

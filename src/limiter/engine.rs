@@ -16,7 +16,8 @@ use crate::{
     extract::Out,
     quota::MAX_EXACT,
     store::{Claim, KeyBuf},
-    telemetry, Algorithm, ConfigError, Decision, Error, Key, Outcome, Quota, Store, StoreKey,
+    telemetry, Algorithm, Charge, ConfigError, Decision, Error, Key, Outcome, Quota, Rule, Store,
+    StoreKey,
 };
 
 /// A limiter without its algorithm's type: what the layer's policies hold.
@@ -49,6 +50,12 @@ impl Engine {
         StoreKey::bounded(&self.namespace, key, self.max_key_len)
     }
 
+    /// Whether this limiter's algorithm can give units back ([`Engine::refund`]): every
+    /// built-in one; a custom script cannot.
+    pub(crate) fn refundable(&self) -> bool {
+        !matches!(self.algorithm.rule(), Rule::Script(_))
+    }
+
     /// A denial a layer let through because this policy is in shadow mode.
     pub(crate) fn shadow_denied(&self, d: &Decision) {
         self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
@@ -65,7 +72,11 @@ impl Engine {
         let period = u64::try_from(quota.period().as_micros()).unwrap_or(u64::MAX);
         tag[8..16].copy_from_slice(&period.to_le_bytes());
         tag[16..].copy_from_slice(&u64::from(quota.burst_size()).to_le_bytes());
-        Ok(Quoted { algorithm, tag })
+        Ok(Quoted {
+            algorithm,
+            tag,
+            quota,
+        })
     }
 
     /// The algorithm a check runs: the one given for it, else the limiter's.
@@ -136,6 +147,7 @@ impl Engine {
                 Some(shared) => Some(Quoted {
                     algorithm: Box::new(shared),
                     tag: q.tag,
+                    quota: q.quota,
                 }),
                 None => return Err(e),
             },
@@ -146,6 +158,9 @@ impl Engine {
             None => return Err(e), // a local share always decides at once (a MemoryStore)
         };
         d.degraded = true;
+        if let Some(charge) = &mut d.charge {
+            charge.local = true;
+        }
         self.counters.degraded.fetch_add(1, Ordering::Relaxed);
         telemetry::degraded(&d);
         tracing::debug!(error = %e, allowed = d.allowed, "rate limit: decided locally (degraded)");
@@ -186,6 +201,85 @@ impl Engine {
         };
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
         self.conclude(key, cost, quoted, now, Some(started), result)
+    }
+
+    /// Gives back what an allowed check of `key` took (`charge`): in the store that decided
+    /// it (the local share for a degraded decision), under the quota it was taken under,
+    /// through the circuit breaker and within the store timeout. A cached denial of the key
+    /// is forgotten, since units are free again.
+    pub(crate) async fn refund(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: &Charge,
+        now: Option<u64>,
+    ) -> Result<bool, Error> {
+        let result = self.give_back(key, charge, now).await;
+        match &result {
+            Ok(true) => {
+                self.counters.refunds.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(_) => {
+                self.counters.refund_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        telemetry::refunded(&self.policy, charge.cost, &result);
+        result
+    }
+
+    async fn give_back(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: &Charge,
+        now: Option<u64>,
+    ) -> Result<bool, Error> {
+        if now.is_some_and(|t| t > MAX_EXACT) {
+            return Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ));
+        }
+        let store_key = self.store_key(key);
+        let quoted = charge.quota.map(|q| self.quoted(q)).transpose()?;
+        if charge.local {
+            let Some(local) = &self.local else {
+                return Ok(false);
+            };
+            let local_quoted = match &quoted {
+                Some(q) => match q.algorithm.local_share(self.share) {
+                    Some(shared) => Some(Quoted {
+                        algorithm: Box::new(shared),
+                        tag: q.tag,
+                        quota: q.quota,
+                    }),
+                    None => return Ok(false),
+                },
+                None => None,
+            };
+            let algorithm = local.algorithm(local_quoted.as_ref());
+            let result = local.store.refund_now(algorithm, store_key, charge, now);
+            return result.unwrap_or(Ok(false));
+        }
+        let algorithm = self.algorithm(quoted.as_ref());
+        let result = match self.store.refund_now(algorithm, store_key, charge, now) {
+            Some(result) => result,
+            None => {
+                let Some(permit) = self.breaker.permit() else {
+                    return Err(Error::CircuitOpen);
+                };
+                let call = self.store.refund(algorithm, store_key, charge, now);
+                let result = tokio::time::timeout(self.timeout, call)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(self.timeout)));
+                permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+                result
+            }
+        };
+        if let (Ok(true), Some(cache)) = (&result, &self.deny_cache) {
+            let mut compact = KeyBuf::new();
+            Self::cache_key(store_key, quoted.as_ref(), &mut compact);
+            cache.remove(compact.as_bytes());
+        }
+        result
     }
 
     /// The deny cache's key for `key` (and the quota given for the check, if any): a marker
@@ -247,7 +341,7 @@ impl Engine {
             }
         };
         let algorithm = self.algorithm(quoted);
-        let d = Decision::from_outcome(
+        let mut d = Decision::from_outcome(
             outcome,
             algorithm.quota(),
             algorithm.window(),
@@ -255,6 +349,9 @@ impl Engine {
             Arc::clone(&self.policy),
             algorithm.parts(),
         );
+        if let (Some(charge), Some(q)) = (&mut d.charge, quoted) {
+            charge.quota = Some(q.quota);
+        }
         telemetry::decided(&d, started);
         // Only what cannot change before its deadline: a cost-1 denial with nothing left,
         // on the store's clock (never for explicit test times), for single-limit algorithms.
@@ -275,4 +372,5 @@ impl Engine {
 pub(crate) struct Quoted {
     algorithm: Box<dyn Algorithm>,
     tag: [u8; 24],
+    quota: Quota,
 }

@@ -131,6 +131,61 @@ impl<A: Algorithm> RateLimiter<A> {
             .await
     }
 
+    /// Gives back what an allowed check of `key` took, as if that check had never happened
+    /// (its [`Decision::charge`]): for a request that turned out not to count, e.g. a log-in
+    /// that succeeded when only failures should spend the quota. Atomic in the store, like a
+    /// check: GCRA and the token bucket give the units back, never above the burst; a sliding
+    /// window removes the request's own log entry. Limits stay exact under concurrency: units
+    /// are taken before the work and given back after, so the requests that keep their units
+    /// never exceed the limit.
+    ///
+    /// `Ok(true)` when units were given back; `Ok(false)` when there was nothing to give back
+    /// (a denied decision, or state that expired meanwhile). A refund goes to the store that
+    /// decided the check (the local share for a [`degraded`](Decision::degraded) decision);
+    /// when the store fails, the error is returned and the units stay spent (the safe side).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // At most 3 failed log-ins a minute per account.
+    /// let failures = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(3))?);
+    /// for _ in 0..10 {
+    ///     let d = failures.check("alice", 1).await?;
+    ///     assert!(d.allowed);
+    ///     let password_ok = true;
+    ///     if password_ok {
+    ///         failures.refund("alice", &d).await?; // successes do not count
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        decision: &Decision,
+    ) -> Result<bool, Error> {
+        let Some(charge) = decision.charge() else {
+            return Ok(false);
+        };
+        let key = key.into();
+        self.engine.refund(Some(&key), charge, None).await
+    }
+
+    /// Like [`refund`](Self::refund), at an explicit time (see [`check_at`](Self::check_at)):
+    /// for tests and simulations only.
+    pub async fn refund_at<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        decision: &Decision,
+        now_us: u64,
+    ) -> Result<bool, Error> {
+        let Some(charge) = decision.charge() else {
+            return Ok(false);
+        };
+        let key = key.into();
+        self.engine.refund(Some(&key), charge, Some(now_us)).await
+    }
+
     /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`
     /// (see [`StoreKey::base`](crate::StoreKey::base)): text longer than the bound (or
     /// starting with `#`) replaced by `#` and its SHA-1, addresses as `#ip:ADDR`, numbers as

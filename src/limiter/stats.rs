@@ -19,6 +19,12 @@ pub struct LimiterStats {
     /// Requests a layer let through in shadow mode although they were denied (see
     /// [`RateLimiterBuilder::shadow`](crate::RateLimiterBuilder::shadow)).
     pub shadow_denials: u64,
+    /// Refunds that gave units back (see [`RateLimiter::refund`](crate::RateLimiter::refund)
+    /// and [`RateLimitLayer::count_if`](crate::RateLimitLayer::count_if)).
+    pub refunds: u64,
+    /// Refunds that failed in the store (errors, timeouts, an open circuit breaker): those
+    /// units stay spent.
+    pub refund_errors: u64,
 }
 
 /// The live counters behind [`LimiterStats`].
@@ -29,6 +35,8 @@ pub(crate) struct Counters {
     pub(crate) degraded: AtomicU64,
     pub(crate) deny_cache_hits: AtomicU64,
     pub(crate) shadow_denials: AtomicU64,
+    pub(crate) refunds: AtomicU64,
+    pub(crate) refund_errors: AtomicU64,
 }
 
 impl Counters {
@@ -40,6 +48,8 @@ impl Counters {
             breaker_opened,
             deny_cache_hits: self.deny_cache_hits.load(Ordering::Relaxed),
             shadow_denials: self.shadow_denials.load(Ordering::Relaxed),
+            refunds: self.refunds.load(Ordering::Relaxed),
+            refund_errors: self.refund_errors.load(Ordering::Relaxed),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::{
 
 use http::request::Parts;
 
-use super::response::Responder;
+use super::{counting::CountFn, response::Responder};
 use crate::{extract::CostFn, limiter::Engine, Quota};
 
 /// What the layer does with a request whose [`KeyExtractor`](crate::KeyExtractor) found no
@@ -81,6 +81,8 @@ pub(crate) struct Config<K> {
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) quota: Option<Arc<QuotaFn>>,
+    /// Which responses spend quota; the others' units are given back.
+    pub(crate) count: Option<Arc<CountFn>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder>,
@@ -95,6 +97,7 @@ impl<K> Clone for Config<K> {
             key: Arc::clone(&self.key),
             cost: self.cost.clone(),
             quota: self.quota.clone(),
+            count: self.count.clone(),
             missing_key: self.missing_key,
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),

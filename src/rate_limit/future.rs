@@ -11,8 +11,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{body::ResponseBody, response::Responder};
-use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy};
+use super::{body::ResponseBody, counting::CountFn, response::Responder};
+use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy, Key};
 
 pin_project! {
     /// Response future of [`RateLimit`](crate::RateLimit).
@@ -36,6 +36,15 @@ pub(crate) struct Answer {
     pub(crate) grpc: bool,
     /// The IETF `pk` parameter, when the layer writes one.
     pub(crate) partition_key: Option<String>,
+    /// When the layer counts only some responses: how to give the others' units back.
+    pub(crate) refund: Option<Refund>,
+}
+
+/// What giving back an uncounted response's units takes.
+pub(crate) struct Refund {
+    pub(crate) policy: Arc<Engine>,
+    pub(crate) key: Option<Key<'static>>,
+    pub(crate) count: Arc<CountFn>,
 }
 
 impl Answer {
@@ -46,6 +55,7 @@ impl Answer {
             shadow: None,
             grpc: false,
             partition_key: None,
+            refund: None,
         }
     }
 }
@@ -64,6 +74,10 @@ pin_project! {
             #[pin]
             future: S::Future,
             decision: Option<Decision>,
+        },
+        Refunding {
+            refund: BoxFuture<'static, Result<bool, Error>>,
+            response: Option<(S::Response, Decision)>,
         },
     }
 }
@@ -192,10 +206,38 @@ where
                 }
                 StateProj::Calling { future, decision } => {
                     let mut res = ready!(future.poll(cx))?;
-                    if let Some(d) = decision.take() {
-                        let pk = this.answer.partition_key.as_deref();
-                        this.responder.allowed(&d, &mut res, pk);
+                    let Some(d) = decision.take() else {
+                        return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                    };
+                    // Not counted: give the units back before answering.
+                    let uncounted = this.answer.refund.take().and_then(|r| {
+                        let charge = *d.charge()?;
+                        (!(r.count)(res.status(), res.headers())).then_some((r, charge))
+                    });
+                    if let Some((r, charge)) = uncounted {
+                        let refund: BoxFuture<'static, _> = Box::pin(async move {
+                            r.policy.refund(r.key.as_ref(), &charge, None).await
+                        });
+                        this.state.set(State::Refunding {
+                            refund,
+                            response: Some((res, d)),
+                        });
+                        continue;
                     }
+                    let pk = this.answer.partition_key.as_deref();
+                    this.responder.allowed(&d, &mut res, pk);
+                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                }
+                StateProj::Refunding { refund, response } => {
+                    let given = ready!(refund.as_mut().poll(cx));
+                    let (mut res, mut d) = response
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    if let Ok(true) = given {
+                        d.remaining = d.limit.min(d.remaining + u64::from(d.cost));
+                    }
+                    let pk = this.answer.partition_key.as_deref();
+                    this.responder.allowed(&d, &mut res, pk);
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
             }

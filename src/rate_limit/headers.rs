@@ -238,6 +238,7 @@ mod tests {
             policy: Arc::from("p"),
             degraded: false,
             limits: Vec::new(),
+            charge: None,
         }
     }
 
@@ -359,6 +360,7 @@ mod tests {
             policy: Arc::from(policy.as_str()),
             degraded: false,
             limits: Vec::new(),
+            charge: None,
         };
         let mut h = HeaderMap::new();
         render(HeaderStyle::Both, &d, &mut h);

@@ -3,18 +3,19 @@
 use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
-use http::{request::Parts, Response};
+use http::{request::Parts, HeaderMap, Response, StatusCode};
 use http_body::Body;
 use tower_layer::Layer;
 
 use super::{
     body::{box_body, BoxError},
     config::{next_layer_id, Class, Config, MissingKey, PolicyId},
+    counting::StatusSet,
     headers::HeaderStyle,
     response::Responder,
     service::RateLimit,
 };
-use crate::{Algorithm, ConfigError, Decision, KeyExtractor, Quota, RateLimiter};
+use crate::{limiter::Engine, Algorithm, ConfigError, Decision, KeyExtractor, Quota, RateLimiter};
 
 /// Rate-limits the requests of a wrapped service, one key per request.
 ///
@@ -74,6 +75,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 key: Arc::new(key),
                 cost: None,
                 quota: None,
+                count: None,
                 missing_key: MissingKey::default(),
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
@@ -124,6 +126,9 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 "policy_name",
                 format!("this layer already has a policy named {name:?}"),
             ));
+        }
+        if self.config.count.is_some() {
+            cannot_refund(&limiter.engine)?;
         }
         self.config.policies.push(Arc::clone(&limiter.engine));
         Ok(PolicyId::new(
@@ -208,6 +213,66 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         self
     }
 
+    /// Counts only the responses `count` says so: the units of any other response are given
+    /// back once its head is ready ([`RateLimiter::refund`]), so that, for example, only
+    /// failed log-ins spend a log-in quota (express-rate-limit's `skipSuccessfulRequests`, a
+    /// Fail2Ban mode). `count` sees the response's status and headers; for gRPC that is the
+    /// HTTP head, which holds `grpc-status` only for a trailers-only (error) response. Applies
+    /// to every policy of the layer.
+    ///
+    /// Exact under concurrency: units are taken before the inner service runs and given back
+    /// after, atomically in the store, so concurrent requests can never make more counted
+    /// responses than the limit (an uncounted request may be turned away while others are in
+    /// flight, as their units are still out). The response waits for the refund (one store
+    /// call, within the store timeout), so the client's next request sees the units back; its
+    /// `RateLimit` header shows them back too.
+    ///
+    /// A request counts when it was not seen to complete uncounted:
+    /// - the inner service failed (no response), or the client went away and the response
+    ///   future was dropped before the response head was ready: counted. An attacker cannot
+    ///   spend nothing by hanging up before the answer;
+    /// - the refund failed in the store: counted (the units stay spent, a warning is logged
+    ///   and [`LimiterStats::refund_errors`](crate::LimiterStats::refund_errors) counts it);
+    /// - the future was dropped while the refund was on its way: counted unless the refund
+    ///   already reached the store (a refund is atomic: all or nothing).
+    ///
+    /// Errors with a [`ConfigError`] naming `count_if` when a policy's algorithm cannot give
+    /// units back (a custom script); the built-in algorithms all can.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 5 failed log-ins per account a minute; successful ones are free.
+    /// let limiter = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(5))?);
+    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-account")?)
+    ///     .count_if(|status, _headers| status.is_client_error() || status.is_server_error())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn count_if<F>(mut self, count: F) -> Result<Self, ConfigError>
+    where
+        F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    {
+        for policy in &self.config.policies {
+            cannot_refund(policy)?;
+        }
+        self.config.count = Some(Arc::new(count));
+        Ok(self)
+    }
+
+    /// Counts only the responses whose status is in `statuses` (see
+    /// [`count_if`](Self::count_if), whose rules apply).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?);
+    /// let layer = RateLimitLayer::new(limiter, PeerIp).count_only("401,403,5xx".parse()?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn count_only(self, statuses: StatusSet) -> Result<Self, ConfigError> {
+        self.count_if(move |status, _| statuses.contains(status))
+    }
+
     /// Builds the response for denied (non-gRPC) requests instead of the default plain-text
     /// 429, with any body: an axum response (`IntoResponse::into_response()`), a `String`,
     /// `Full<Bytes>`... The rate-limit headers and `Retry-After` are added unless already
@@ -261,6 +326,21 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     pub fn limiter(&self) -> &RateLimiter<A> {
         &self.default
     }
+}
+
+/// A [`ConfigError`] naming `count_if` when `policy` cannot give units back.
+fn cannot_refund(policy: &Engine) -> Result<(), ConfigError> {
+    if policy.refundable() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "count_if",
+        format!(
+            "policy {:?} uses {}, which cannot give units back; counting by response needs a built-in algorithm",
+            policy.policy,
+            policy.algorithm.name()
+        ),
+    ))
 }
 
 impl<S, K: KeyExtractor, A: Algorithm> Layer<S> for RateLimitLayer<K, A> {

@@ -6,6 +6,7 @@
 
 mod body;
 mod config;
+mod counting;
 mod future;
 pub mod headers;
 mod layer;
@@ -15,6 +16,7 @@ mod service;
 pub use self::{
     body::{BoxError, ResponseBody},
     config::{Class, MissingKey, PolicyId},
+    counting::StatusSet,
     future::ResponseFuture,
     headers::HeaderStyle,
     layer::RateLimitLayer,

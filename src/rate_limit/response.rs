@@ -238,6 +238,7 @@ mod tests {
             policy: Arc::from("free-tier"),
             degraded: false,
             limits: Vec::new(),
+            charge: None,
         };
         let r = Responder {
             problem_details: true,

@@ -16,7 +16,7 @@ use tower_service::Service;
 use super::{
     body::ResponseBody,
     config::{Config, MissingKey, Selected},
-    future::{Answer, ResponseFuture},
+    future::{Answer, Refund, ResponseFuture},
     headers::partition_key,
     response::is_grpc,
 };
@@ -115,6 +115,7 @@ where
                     shadow: None,
                     grpc,
                     partition_key: None,
+                    refund: None,
                 };
                 return ResponseFuture::decided(Err(e), req, inner, responder, answer);
             }
@@ -154,11 +155,17 @@ where
                 })
                 .ok()
         });
+        let refund = config.count.as_ref().map(|count| Refund {
+            policy: Arc::clone(policy),
+            key: key.as_ref().map(|k| k.clone().into_owned()),
+            count: Arc::clone(count),
+        });
         let answer = Answer {
             failure: policy.failure,
             shadow: policy.shadow.then(|| Arc::clone(policy)),
             grpc,
             partition_key: pk,
+            refund,
         };
         // Answered without waiting (deny cache, in-memory store): no boxed future.
         if let Some(result) = policy.decide_now(key.as_ref(), cost, quoted.as_ref()) {

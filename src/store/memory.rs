@@ -6,7 +6,7 @@ use std::{
 };
 
 use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey};
-use crate::{algorithm::MemoryState, Algorithm, Error, Outcome};
+use crate::{algorithm::MemoryState, Algorithm, Charge, Error, Outcome};
 
 const SHARDS: usize = 16;
 
@@ -212,6 +212,37 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The algorithm's refund twin on `key`'s state, if it holds one.
+    fn give_back(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now: u64,
+    ) -> Result<bool, Error> {
+        let mut compact = KeyBuf::new();
+        key.write_compact(algorithm.name(), &mut compact);
+        let key = compact.as_bytes();
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        let Some(entry) = shard.get_mut(slot, key) else {
+            return Ok(false);
+        };
+        let state = &mut entry.state;
+        let before = state.entries();
+        state.expire(now);
+        let given = algorithm.refund(state, now, charge);
+        let (after, empty) = (state.entries(), state.is_empty());
+        shard.weight = shard.weight + after - before;
+        if empty {
+            shard.remove(slot, key);
+        }
+        given
+    }
+}
+
 /// Microseconds since the Unix epoch, as Redis' `TIME` reports them.
 pub(crate) fn now_us() -> u64 {
     SystemTime::now()
@@ -239,6 +270,27 @@ impl Store for MemoryStore {
         now: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
         Some(self.decide(algorithm, key, cost, now.unwrap_or_else(|| self.now_us())))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let result = self.give_back(algorithm, key, charge, now.unwrap_or_else(|| self.now_us()));
+        Box::pin(std::future::ready(result))
+    }
+
+    fn refund_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        Some(self.give_back(algorithm, key, charge, now.unwrap_or_else(|| self.now_us())))
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

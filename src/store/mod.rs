@@ -26,7 +26,7 @@ pub use self::{
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
-use crate::{Algorithm, Error, Outcome};
+use crate::{Algorithm, Charge, Error, Outcome};
 
 /// A boxed, sendable future, as returned by [`Store::check`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -59,6 +59,38 @@ pub trait Store: Send + Sync + 'static {
         now_us: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
         let _ = (algorithm, key, cost, now_us);
+        None
+    }
+
+    /// Gives back what an allowed check took (`charge`, from its
+    /// [`Decision`](crate::Decision)) on `key`, atomically, as if that check had never
+    /// happened: the algorithm's refund (see [`Algorithm::refund`]). `Ok(true)` when units
+    /// were given back, `Ok(false)` when there was nothing left to give (the state expired).
+    ///
+    /// The default returns [`Error::Unsupported`].
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (algorithm, key, charge, now_us);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "this store cannot give units back",
+        ))))
+    }
+
+    /// Like [`refund`](Self::refund), at once, when this store can (see
+    /// [`check_now`](Self::check_now)); `None` (the default) otherwise.
+    fn refund_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        let _ = (algorithm, key, charge, now_us);
         None
     }
 
@@ -98,6 +130,26 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now_us: Option<u64>,
     ) -> Option<Result<Outcome, Error>> {
         (**self).check_now(algorithm, key, cost, now_us)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).refund(algorithm, key, charge, now_us)
+    }
+
+    fn refund_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        (**self).refund_now(algorithm, key, charge, now_us)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -26,7 +26,7 @@ use self::{
     scripts::Wire,
 };
 use super::{BoxFuture, Namespaces, Store, StoreKey};
-use crate::{Algorithm, ConfigError, Error, Outcome};
+use crate::{Algorithm, Charge, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
 ///
@@ -219,6 +219,33 @@ impl Store for RedisStore {
         }
         let script = wire.script;
         Box::pin(async move { scripts::parse(algorithm, self.backend.eval(script, &cmd).await?) })
+    }
+
+    /// One script call, never batched (a refund is rarer than a check, and its answer is not
+    /// waited on by a decision).
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let wire = match Wire::refund(algorithm, charge) {
+            Ok(Some(wire)) => wire,
+            Ok(None) => return Box::pin(std::future::ready(Ok(false))),
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let write_keys = |cmd: &mut redis::Cmd| {
+            wire.each_key(key, |k| {
+                cmd.arg(k);
+            })
+        };
+        let mut cmd = evalsha(wire.script, wire.key_count(), write_keys, now_us);
+        for arg in wire.args() {
+            cmd.arg(*arg);
+        }
+        let script = wire.script;
+        Box::pin(async move { scripts::parse_refund(self.backend.eval(script, &cmd).await?) })
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -10,8 +10,11 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use crate::{
-    decision::PartInfo, extract::Out, lua::batch_form, store::KeyBuf, Algorithm, Error, Outcome,
-    Rule, StoreKey,
+    decision::{LogEntry, PartInfo},
+    extract::Out,
+    lua::batch_form,
+    store::KeyBuf,
+    Algorithm, Charge, Error, Outcome, Rule, StoreKey,
 };
 
 /// A script and its batch form, each built (and hashed) once.
@@ -45,10 +48,26 @@ macro_rules! scripts {
     };
 }
 
+macro_rules! refund_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/prelude.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+}
+
 static GCRA: Scripts = scripts!("gcra.lua", standalone);
 static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua");
 static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
+
+/// The refund scripts (one call each, never batched).
+static GCRA_REFUND: LazyLock<Script> = refund_script!("gcra_refund.lua");
+static TOKEN_BUCKET_REFUND: LazyLock<Script> = refund_script!("token_bucket_refund.lua");
+static SLIDING_WINDOW_REFUND: LazyLock<Script> = refund_script!("sliding_window_refund.lua");
 
 /// How one check of an algorithm goes to Redis.
 pub(crate) struct Wire<'a> {
@@ -122,6 +141,58 @@ impl<'a> Wire<'a> {
         }
     }
 
+    /// How a refund of `charge` on `key` under `algorithm` goes to Redis: `Ok(None)` when
+    /// there is nothing to give back (a sliding-window charge without its log entry), an
+    /// [`Error::Unsupported`] for a custom script.
+    pub(crate) fn refund(
+        algorithm: &'a dyn Algorithm,
+        charge: &Charge,
+    ) -> Result<Option<Self>, Error> {
+        let c = u64::from(charge.cost());
+        let alone = |script: &'static Script, keys: Keys<'a>, args: Args| {
+            Ok(Some(Wire {
+                script,
+                batch: None,
+                keys,
+                args,
+            }))
+        };
+        match algorithm.rule() {
+            Rule::Gcra(r) => alone(
+                &GCRA_REFUND,
+                Keys::Suffixes(&[":g"]),
+                Args::Three([c, r.emission_us(), r.burst()]),
+            ),
+            Rule::TokenBucket(r) => alone(
+                &TOKEN_BUCKET_REFUND,
+                Keys::Suffixes(&[":b"]),
+                Args::Three([r.emission_us(), r.burst(), c]),
+            ),
+            Rule::SlidingWindow(w) => match charge.entry {
+                Some(e) => alone(
+                    &SLIDING_WINDOW_REFUND,
+                    Keys::Suffixes(&[":l", ":m"]),
+                    Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
+                ),
+                None => Ok(None),
+            },
+            Rule::Multi(rates) => {
+                let mut args = Vec::with_capacity(1 + 2 * rates.len());
+                args.push(c);
+                for r in rates {
+                    args.push(r.emission_us());
+                    args.push(r.burst());
+                }
+                alone(
+                    &GCRA_REFUND,
+                    Keys::Parts(algorithm.parts()),
+                    Args::List(args),
+                )
+            }
+            Rule::Script(_) => Err(Error::Unsupported("a custom script cannot give units back")),
+        }
+    }
+
     /// How many keys the check has.
     pub(crate) fn key_count(&self) -> usize {
         match &self.keys {
@@ -167,6 +238,41 @@ impl<'a> Wire<'a> {
 pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Outcome, Error> {
     match algorithm.rule() {
         Rule::Script(s) => s.parse_reply(reply),
+        Rule::SlidingWindow(_) => parse_logged(reply),
         _ => Outcome::from_redis(reply),
+    }
+}
+
+/// A sliding window's reply: the shared 4 integers, then, when admitted, the log entry's
+/// time and sequence number.
+fn parse_logged(reply: redis::Value) -> Result<Outcome, Error> {
+    let items: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| Error::InvalidReply(format!("expected 4 or 6 integers: {e}")))?;
+    match *items.as_slice() {
+        [allowed @ 1, remaining, retry, reset, at, seq] => {
+            let (Ok(at_us), Ok(seq)) = (u64::try_from(at), u64::try_from(seq)) else {
+                return Err(Error::InvalidReply(format!(
+                    "negative log entry in {items:?}"
+                )));
+            };
+            let mut o = Outcome::from_ints(&[allowed, remaining, retry, reset])?;
+            o.entry = Some(LogEntry { at_us, seq });
+            Ok(o)
+        }
+        [_, _, _, _] => Outcome::from_ints(&items),
+        _ => Err(Error::InvalidReply(format!(
+            "expected 4 integers, or 6 when admitted, in {items:?}"
+        ))),
+    }
+}
+
+/// Reads a refund script's reply: whether anything was given back.
+pub(crate) fn parse_refund(reply: redis::Value) -> Result<bool, Error> {
+    match redis::from_redis_value::<i64>(reply) {
+        Ok(0) => Ok(false),
+        Ok(1) => Ok(true),
+        other => Err(Error::InvalidReply(format!(
+            "a refund answers 0 or 1, not {other:?}"
+        ))),
     }
 }

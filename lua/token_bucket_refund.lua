@@ -1,0 +1,50 @@
+-- Refund for the token bucket: gives back the tokens an admitted check took, into the bucket
+-- credited up to now, never above the burst. A missing key is a full bucket: nothing to give.
+-- A bucket full again goes away, as a rested one does.
+-- KEYS[1]  the bucket hash
+-- ARGV     now|'', emission_us, burst, cost
+-- Reply    1 when tokens were given back, 0 otherwise
+local now = clock()
+local emission = int_arg(2, 'emission', 1)
+local burst = int_arg(3, 'burst', 1)
+local cost = int_arg(4, 'cost', 1)
+local tolerance = emission * burst
+if tolerance > MAX then
+  fail('invalid argument burst')
+end
+
+local st = redis.call('HMGET', KEYS[1], 'n', 't')
+if not (st[1] or st[2]) then
+  return 0
+end
+local tokens = stored_int(st[1], 'token count')
+local ts = stored_int(st[2], 'timestamp')
+if tokens > burst then
+  tokens = burst
+end
+-- Credited exactly as a check credits it.
+local t_eff = now
+if ts > now then
+  t_eff = ts
+end
+local elapsed = t_eff - ts
+if elapsed >= tolerance then
+  tokens = burst
+else
+  local add = math.floor(elapsed / emission)
+  tokens = tokens + add
+  ts = ts + add * emission
+end
+if tokens >= burst then
+  return 0
+end
+
+tokens = tokens + cost
+if tokens >= burst then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local full_in = (burst - tokens) * emission - (t_eff - ts) + (t_eff - now)
+redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
+redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
+return 1

@@ -1,0 +1,222 @@
+//! Refunds: giving back what an allowed check took, for every algorithm, in Redis and in
+//! memory. Property tests against a real Redis: a refund right after its charge leaves every
+//! later decision as if the check had never happened, and random interleavings of checks and
+//! refunds get the same answers from Redis as from the in-memory twin.
+
+mod common;
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use common::RedisServer;
+use proptest::{prelude::*, test_runner::TestRunner};
+use tower_redis_ratelimit::{
+    Algorithm, Decision, Gcra, LimitState, MemoryStore, MultiLimit, Quota, RateLimiter, RedisStore,
+    SlidingWindow, TokenBucket,
+};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+/// Each algorithm, with a quota built from `limit`, `burst` and `period_s`.
+fn algorithms(limit: u32, burst: u32, period_s: u64) -> Vec<(&'static str, Arc<dyn Algorithm>)> {
+    let period = Duration::from_secs(period_s);
+    let q = Quota::new(limit, period).burst(burst);
+    let slow = Quota::new(limit * 3, period * 6).burst(burst + limit);
+    vec![
+        ("gcra", Arc::new(Gcra::new(q).unwrap())),
+        ("token-bucket", Arc::new(TokenBucket::new(q).unwrap())),
+        (
+            "sliding-window",
+            Arc::new(SlidingWindow::new(Quota::new(limit, period)).unwrap()),
+        ),
+        (
+            "multi",
+            Arc::new(MultiLimit::new([("fast", q), ("slow", slow)]).unwrap()),
+        ),
+    ]
+}
+
+/// One step: the time to move on, and either a check of some cost or a refund of an earlier
+/// allowed check (picked by index, modulo the number there are).
+#[derive(Debug, Clone)]
+enum Op {
+    Check(u32),
+    Refund(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    limit: u32,
+    burst: u32,
+    period_s: u64,
+    steps: Vec<(u64, Op)>,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        1u32..10,
+        1u32..12,
+        prop::sample::select(vec![600u64, 3_600]),
+    )
+        .prop_flat_map(|(limit, burst, period_s)| {
+            let interval = period_s * 1_000_000 / u64::from(limit);
+            let step = prop_oneof![
+                3 => Just(0u64),
+                5 => 0..interval,
+                2 => 0..3 * interval,
+                1 => Just(period_s * 1_000_000),
+            ];
+            let max_cost = limit.max(burst) + 1;
+            let op = prop_oneof![
+                3 => (1..=max_cost).prop_map(Op::Check),
+                2 => any::<usize>().prop_map(Op::Refund),
+            ];
+            prop::collection::vec((step, op), 1..50).prop_map(move |steps| Case {
+                limit,
+                burst,
+                period_s,
+                steps,
+            })
+        })
+}
+
+/// What later requests see of a decision: everything but the charge's bookkeeping.
+fn seen(d: &Decision) -> (bool, u64, Option<Duration>, Duration, Vec<LimitState>) {
+    (
+        d.allowed,
+        d.remaining,
+        d.retry_after,
+        d.reset_after,
+        d.limits.clone(),
+    )
+}
+
+static CASE_ID: AtomicU64 = AtomicU64::new(0);
+
+type Limiter = RateLimiter<Arc<dyn Algorithm>>;
+
+fn limiters(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>) -> (Limiter, Limiter) {
+    let prefix = format!("refund{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
+    let on_redis = RateLimiter::builder(redis.clone(), Arc::clone(algorithm))
+        .prefix(&prefix)
+        .store_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let in_memory = RateLimiter::builder(MemoryStore::new(), Arc::clone(algorithm))
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    (on_redis, in_memory)
+}
+
+/// Random interleavings of checks and refunds: Redis and the twin agree on every decision
+/// and on whether each refund gave anything back.
+async fn interleaved_agree(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, case: &Case) {
+    let (on_redis, in_memory) = limiters(redis, algorithm);
+    let mut allowed: Vec<(Decision, Decision)> = Vec::new();
+    let mut now = T0;
+    for (i, (step, op)) in case.steps.iter().enumerate() {
+        now += step;
+        match op {
+            Op::Check(cost) => {
+                let r = on_redis.check_at("k", *cost, now).await.unwrap();
+                let m = in_memory.check_at("k", *cost, now).await.unwrap();
+                assert_eq!(r, m, "step {i} of {case:?}");
+                if r.allowed {
+                    allowed.push((r, m));
+                }
+            }
+            Op::Refund(pick) if !allowed.is_empty() => {
+                let (r, m) = &allowed[pick % allowed.len()];
+                let given_r = on_redis.refund_at("k", r, now).await.unwrap();
+                let given_m = in_memory.refund_at("k", m, now).await.unwrap();
+                assert_eq!(given_r, given_m, "refund at step {i} of {case:?}");
+            }
+            Op::Refund(_) => {}
+        }
+    }
+}
+
+/// Every check that a refund follows at once (at the same time or later, before the next
+/// step) leaves the later decisions exactly as if it had never been made: compared with a
+/// limiter that never saw it, on Redis and in memory.
+async fn as_if_never(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, case: &Case) {
+    let (charged_redis, charged_memory) = limiters(redis, algorithm);
+    let (plain_redis, plain_memory) = limiters(redis, algorithm);
+    let mut now = T0;
+    for (i, (step, op)) in case.steps.iter().enumerate() {
+        now += step;
+        match op {
+            Op::Check(cost) => {
+                let a = charged_redis.check_at("k", *cost, now).await.unwrap();
+                let b = charged_memory.check_at("k", *cost, now).await.unwrap();
+                let c = plain_redis.check_at("k", *cost, now).await.unwrap();
+                let d = plain_memory.check_at("k", *cost, now).await.unwrap();
+                let want = seen(&c);
+                assert_eq!(seen(&a), want, "redis, step {i} of {case:?}");
+                assert_eq!(seen(&b), want, "memory, step {i} of {case:?}");
+                assert_eq!(seen(&d), want, "plain memory, step {i} of {case:?}");
+            }
+            Op::Refund(pick) => {
+                // A check only the charged limiters see, refunded at once or a little later.
+                let cost = 1 + (*pick as u32) % case.limit.max(case.burst);
+                let a = charged_redis.check_at("k", cost, now).await.unwrap();
+                let b = charged_memory.check_at("k", cost, now).await.unwrap();
+                assert_eq!(a, b, "extra check at step {i} of {case:?}");
+                let later = now + (*pick as u64 % 2) * (step / 2);
+                let given_a = charged_redis.refund_at("k", &a, later).await.unwrap();
+                let given_b = charged_memory.refund_at("k", &b, later).await.unwrap();
+                assert_eq!(given_a, given_b, "refund at step {i} of {case:?}");
+                if a.allowed && later == now {
+                    assert!(
+                        given_a,
+                        "a check refunded at once gives its units back: step {i} of {case:?}"
+                    );
+                }
+                if !a.allowed {
+                    assert!(!given_a, "a denial has nothing to give back");
+                }
+                now = later;
+            }
+        }
+    }
+}
+
+fn run(name: &str, check: impl Fn(&RedisStore, &Arc<dyn Algorithm>, &Case) + Send) {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let _guard = rt.enter();
+    runner
+        .run(&cases(), |case| {
+            for (_, algorithm) in algorithms(case.limit, case.burst, case.period_s) {
+                check(&store, &algorithm, &case);
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+#[test]
+fn refunds_in_memory_match_redis() {
+    run("interleaved", |store, algorithm, case| {
+        tokio::runtime::Handle::current().block_on(interleaved_agree(store, algorithm, case));
+    });
+}
+
+#[test]
+fn a_refund_after_its_charge_is_as_if_the_check_never_happened() {
+    run("as if never", |store, algorithm, case| {
+        tokio::runtime::Handle::current().block_on(as_if_never(store, algorithm, case));
+    });
+}
