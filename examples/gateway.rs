@@ -12,12 +12,15 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--plan KEY=N/PERIOD]... [--prefix P] [--log error|warn|info|debug|trace] [--shadow]
-//!     [--no-limit]
+//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--prefix P]
+//!     [--log error|warn|info|debug|trace] [--shadow] [--no-limit]
 //! ```
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
 //! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`.
+//!
+//! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
+//! in LIST spend quota; the others give their units back before they are answered.
 //!
 //! `--shadow` never rejects: over-limit requests are served with the headers of the denial,
 //! and each is logged ("would deny") at `info`.
@@ -41,7 +44,7 @@ use axum::{
 use tower_redis_ratelimit::{
     Algorithm, Batching, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle,
     KeyExtractor, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
-    Store, TokenBucket,
+    StatusSet, Store, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -50,8 +53,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
-[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--prefix P] [--log LEVEL] \
-[--shadow] [--batch] [--no-limit]";
+[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] [--prefix P] \
+[--log LEVEL] [--shadow] [--batch] [--no-limit]";
 
 struct Args {
     listen: SocketAddr,
@@ -86,6 +89,8 @@ struct Args {
     shadow: bool,
     /// `--plan KEY=N/PERIOD`: a quota per key.
     plans: Vec<(String, Quota)>,
+    /// `--count-only LIST`: the statuses that spend quota.
+    count_only: Option<StatusSet>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -141,6 +146,7 @@ fn parse_args() -> Result<Args, String> {
         batch: false,
         shadow: false,
         plans: Vec::new(),
+        count_only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -187,6 +193,7 @@ fn parse_args() -> Result<Args, String> {
             "--prefix",
             "--log",
             "--plan",
+            "--count-only",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -284,6 +291,10 @@ fn parse_args() -> Result<Args, String> {
                 a.plans
                     .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
             }
+            "--count-only" => {
+                let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
+                a.count_only = Some(set);
+            }
             "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
             _ => unreachable!("checked against FLAGS above"),
         }
@@ -320,6 +331,12 @@ async fn serve(
         .shadow(args.shadow)
         .build()?;
     let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    if let Some(statuses) = args.count_only {
+        println!(
+            "counting only responses with status {statuses}; the others give their units back"
+        );
+        layer = layer.count_only(statuses)?;
+    }
     if let Some(header) = args
         .key
         .strip_prefix("header:")

@@ -53,10 +53,17 @@ fn request(fail: bool) -> Request<Body> {
     req.body(Body::empty()).unwrap()
 }
 
-fn remaining<B>(res: &Response<B>) -> Option<u64> {
+/// A parameter of the `RateLimit` field: `r` (remaining) or `t` (reset, seconds).
+fn field<B>(res: &Response<B>, param: &str) -> Option<u64> {
     let v = res.headers().get("ratelimit")?.to_str().ok()?;
-    let r = v.split(';').find_map(|p| p.trim().strip_prefix("r="))?;
+    let r = v
+        .split(';')
+        .find_map(|p| p.trim().strip_prefix(param)?.strip_prefix('='))?;
     r.parse().ok()
+}
+
+fn remaining<B>(res: &Response<B>) -> Option<u64> {
+    field(res, "r")
 }
 
 const LIMIT: u32 = 10;
@@ -203,6 +210,7 @@ async fn a_request_that_never_completes_uncounted_counts() {
         .await
         .unwrap();
     assert_eq!(remaining(&res), Some(3), "the header shows the units back");
+    assert_eq!(field(&res, "t"), Some(0), "a full quota resets now");
     assert_eq!(limiter.check("alice", 1).await.unwrap().remaining, 2);
     limiter
         .refund("alice", &limiter.check("alice", 1).await.unwrap())

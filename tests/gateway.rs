@@ -541,3 +541,68 @@ fn plans_give_keys_their_own_quota() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// `--count-only LIST`: only responses whose status is in LIST spend quota, on the in-memory
+/// store, one Redis and a cluster, with each algorithm; a LIST that is not one stops the
+/// gateway at start-up.
+#[test]
+fn count_only_spends_quota_on_the_listed_statuses_only() {
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    let url = redis.url();
+    let nodes = cluster.urls().join(",");
+    let stores = [
+        vec![],
+        vec!["--redis", url.as_str()],
+        vec!["--redis-cluster", nodes.as_str()],
+    ];
+    for store in &stores {
+        for algorithm in ["gcra", "token-bucket", "sliding-window"] {
+            let mut args = store.clone();
+            let prefix = format!("count-{algorithm}");
+            args.extend([
+                "--algorithm",
+                algorithm,
+                "--limit",
+                "3",
+                "--per",
+                "1h",
+                "--count-only",
+                "401,403,5xx",
+                "--prefix",
+                &prefix,
+            ]);
+            let gw = start_gateway(&args);
+            let mut statuses = Vec::new();
+            for path in [
+                "/status/200",
+                "/status/200",
+                "/status/404",
+                "/status/200",
+                "/",
+                "/status/503",
+                "/status/200",
+                "/status/403",
+                "/status/401",
+                "/status/401",
+                "/status/200",
+            ] {
+                statuses.push(get_path(gw.addr, path, "").0);
+            }
+            assert_eq!(
+                statuses,
+                [200, 200, 404, 200, 200, 503, 200, 403, 401, 429, 429],
+                "{store:?} {algorithm}"
+            );
+        }
+    }
+    for bad in ["6xx", "", "401,abc"] {
+        let out = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0", "--count-only", bad])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(stderr.contains("--count-only"), "{bad:?}: {stderr}");
+    }
+}

@@ -5,6 +5,7 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{ready, Context, Poll},
+    time::Duration,
 };
 
 use http::{Request, Response};
@@ -234,7 +235,12 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     if let Ok(true) = given {
+                        // The units are back; a quota full again resets now. Otherwise the
+                        // reset time stays the charge's, an upper bound.
                         d.remaining = d.limit.min(d.remaining + u64::from(d.cost));
+                        if d.remaining == d.limit {
+                            d.reset_after = Duration::ZERO;
+                        }
                     }
                     let pk = this.answer.partition_key.as_deref();
                     this.responder.allowed(&d, &mut res, pk);
