@@ -2,7 +2,8 @@
 //! program starts on a free loopback port (and stops by PID). Contenders: the raw GCRA script
 //! through redis-rs (the ceiling), `RateLimiter::check` and the full layer on the default
 //! multiplexed connection, the same check through a bb8 pool with and without its check-out
-//! `PING`, the other algorithms, and `MemoryStore`.
+//! `PING`, the other algorithms, a check followed by the refund of what it took, and
+//! `MemoryStore`.
 //!
 //! ```text
 //! cargo bench --bench throughput                      # 3 rounds x 3 s per contender, 64 tasks
@@ -115,6 +116,21 @@ fn via_limiter<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
     Arc::new(move |key| {
         let l = limiter.clone();
         Box::pin(async move { l.check(&key, 1).await.expect("check failed").allowed })
+    })
+}
+
+/// `RateLimiter::check`, then, when allowed, `RateLimiter::refund` of that decision: the
+/// cost of a request whose response is not counted.
+fn check_and_refund<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
+    Arc::new(move |key| {
+        let l = limiter.clone();
+        Box::pin(async move {
+            let d = l.check(&key, 1).await.expect("check failed");
+            if d.allowed {
+                l.refund(&key, &d).await.expect("refund failed");
+            }
+            d.allowed
+        })
     })
 }
 
@@ -397,6 +413,44 @@ async fn main() {
                 MultiLimit::new([("s", q), ("h", Quota::per_hour(100_000))]).unwrap(),
                 "b-ml",
             )),
+        ),
+        (
+            "gcra check + refund",
+            true,
+            check_and_refund(
+                RateLimiter::builder(store.clone(), g())
+                    .prefix("b-gr")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "token-bucket check + refund",
+            true,
+            check_and_refund(
+                RateLimiter::builder(store.clone(), TokenBucket::new(q).unwrap())
+                    .prefix("b-tbr")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "sliding-window check + refund",
+            true,
+            check_and_refund(
+                RateLimiter::builder(store.clone(), SlidingWindow::new(q).unwrap())
+                    .prefix("b-swr")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "memory gcra check + refund",
+            false,
+            check_and_refund(limiter(MemoryStore::new(), g(), "m-gr")),
         ),
         (
             "memory gcra check",

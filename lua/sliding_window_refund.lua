@@ -1,9 +1,8 @@
 -- Refund for the sliding-window log: removes the member an admitted check wrote, as if the
--- request had never happened. The members after it hold running totals that counted its
--- units: each is lowered by its cost, and so is the newest total. This costs O(k log n) for
--- the k members logged after it (a refund usually follows its check closely, so k is the
--- number of requests admitted meanwhile). A member already out of the window, or gone, has
--- nothing to give back.
+-- request had never happened. Running totals then move on one side of it (see below): this
+-- costs O(k log n) for the k members on the shorter side (a refund usually follows its check
+-- closely, so k is at most the number of requests of that key in flight). A member already
+-- out of the window, or gone, has nothing to give back.
 -- KEYS[1]  the log (see sliding_window.lua)
 -- KEYS[2]  its hash
 -- ARGV     now|'', window_us, limit, cost, the member's time, the member's sequence number
@@ -15,12 +14,13 @@ local cost = int_arg(4, 'cost', 1)
 local at = int_arg(5, 'time', 0)
 local seq = int_arg(6, 'sequence number', 1)
 
-local meta = redis.call('HMGET', KEYS[2], 'a', 'l')
+local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l')
 if not meta[1] then
   return 0 -- no totals to lower (the key expired, or lost its hash and counts everything)
 end
 local added = stored_int(meta[1], 'admitted total')
-local last = stored_int(meta[2], 'timestamp')
+local removed = stored_int(meta[2], 'expired total')
+local last = stored_int(meta[3], 'timestamp')
 if now < last then
   now = last
 end
@@ -39,23 +39,48 @@ if not mine then
   return 0
 end
 local total = member_total(mine)
-if total < cost or added < total then
+if total < cost or added < total or removed + cost > added then
   fail('corrupted log under ' .. KEYS[1])
 end
 local rank = redis.call('ZRANK', KEYS[1], mine)
+local newer = redis.call('ZCARD', KEYS[1]) - 1 - rank
 redis.call('ZREM', KEYS[1], mine)
-local after = redis.call('ZRANGE', KEYS[1], rank, -1, 'WITHSCORES')
-for i = 1, #after, 2 do
-  local m = after[i]
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('ZADD', KEYS[1], after[i + 1], member(member_total(m) - cost, member_seq(m)))
-end
-if #after == 0 then
-  -- It was the newest: the log's time goes back to the newest left, if any.
-  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  if #newest > 0 then
-    redis.call('HSET', KEYS[2], 'l', newest[2])
+
+-- Rewrites members `first` to `last` (ranks) with their totals moved by `delta`, in chunks
+-- (a few commands however many there are; unpack's stack is bounded).
+local function shift(first, last, delta)
+  local CHUNK = 1000
+  for from = first, last, CHUNK do
+    local members = redis.call('ZRANGE', KEYS[1], from, math.min(from + CHUNK - 1, last), 'WITHSCORES')
+    local old, new = {}, {}
+    for i = 1, #members, 2 do
+      local m = members[i]
+      old[#old + 1] = m
+      new[#new + 1] = members[i + 1]
+      new[#new + 1] = member(member_total(m) + delta, member_seq(m))
+    end
+    redis.call('ZREM', KEYS[1], unpack(old))
+    redis.call('ZADD', KEYS[1], unpack(new))
   end
+end
+
+-- The units in the window are a - r. Either every older member's total and r go up by the
+-- cost (as if its units had left the window before them), or every newer member's total and
+-- a go down by it (as if they had never been admitted): the same counts either way, so the
+-- side with fewer members is rewritten.
+if rank <= newer then
+  if rank > 0 then
+    shift(0, rank - 1, cost)
+  end
+  redis.call('HSET', KEYS[2], 'r', fmt(removed + cost))
+  return 1
+end
+if newer > 0 then
+  shift(rank, rank + newer - 1, -cost)
+else
+  -- It was the newest: the log's time goes back to the newest left.
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('HSET', KEYS[2], 'l', newest[2])
 end
 redis.call('HSET', KEYS[2], 'a', fmt(added - cost))
 return 1

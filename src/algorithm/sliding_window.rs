@@ -100,8 +100,9 @@ pub(crate) fn decide(
     (o, true)
 }
 
-/// In-memory twin of `lua/sliding_window_refund.lua`: removes `entry` from `log` and lowers
-/// the running totals after it by `cost`. False when the entry is gone or out of the window.
+/// In-memory twin of `lua/sliding_window_refund.lua`: removes `entry` from `log` and moves
+/// the running totals on its shorter side by `cost`. False when the entry is gone or out of
+/// the window.
 pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: LogEntry) -> bool {
     let now = now.max(log.last);
     if now >= window && entry.at_us <= now - window {
@@ -114,13 +115,23 @@ pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: Log
     else {
         return false;
     };
+    let newer = log.entries.len() - 1 - i;
     log.entries.remove(i);
+    // The same side as the script rewrites: the older members and the expired total, or the
+    // newer members and the admitted total.
+    if i <= newer {
+        for e in log.entries.range_mut(..i) {
+            e.1 += cost;
+        }
+        log.removed += cost;
+        return true;
+    }
     for e in log.entries.range_mut(i..) {
         e.1 = e.1.saturating_sub(cost);
     }
     log.added = log.added.saturating_sub(cost);
-    if i == log.entries.len() {
-        // It was the newest: the log's time goes back to the newest left, if any.
+    if newer == 0 {
+        // It was the newest: the log's time goes back to the newest left.
         if let Some(&(ts, ..)) = log.entries.back() {
             log.last = ts;
         }
