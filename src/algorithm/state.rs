@@ -25,7 +25,8 @@ enum Value {
     Tat(u64),
     Bucket(Bucket),
     Tats(Box<[Option<u64>]>),
-    Log(Log),
+    /// Boxed: the largest state stays out of line, so the value of every other key is small.
+    Log(Box<Log>),
     Any(Box<dyn Any + Send>),
 }
 
@@ -130,7 +131,7 @@ impl MemoryState {
     /// The sliding-window log, created empty if the key holds nothing.
     pub(crate) fn log(&mut self) -> Result<&mut Log, Error> {
         if let Value::Empty = self.value {
-            self.value = Value::Log(Log::default());
+            self.value = Value::Log(Box::default());
         }
         match &mut self.value {
             Value::Log(log) => Ok(log),

@@ -20,7 +20,7 @@ const SHARDS: usize = 16;
 /// Memory is bounded: expired state is swept as the map grows, the number of keys is capped
 /// (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
-/// log entry takes 16 bytes, a key about 160-230). At either cap, the keys whose state expires
+/// log entry takes 24 bytes, a key about 120-290). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
@@ -84,12 +84,12 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 160 MB of GCRA or token-bucket state at the
-    /// cap (157 and 165 bytes per key, `cargo bench --bench footprint`).
+    /// Default cap on the number of keys: about 120 MB of GCRA or token-bucket state at the
+    /// cap (116 and 124 bytes per key, `cargo bench --bench footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-    /// Default cap on the sliding-window log entries of all keys together: 64 MB of entries at
-    /// the cap (16 bytes each, counted as allocated), on top of the keys.
+    /// Default cap on the sliding-window log entries of all keys together: 96 MB of entries at
+    /// the cap (24 bytes each, counted as allocated), on top of the keys.
     pub const DEFAULT_MAX_LOG_ENTRIES: usize = 4_000_000;
 
     /// An empty store with the default caps.
@@ -131,7 +131,7 @@ impl MemoryStore {
     /// Caps the sliding-window log entries of all keys together at about `entries` (rounded
     /// up to a multiple of 16, the number of lock shards; default
     /// [`DEFAULT_MAX_LOG_ENTRIES`](Self::DEFAULT_MAX_LOG_ENTRIES)). Entries are counted as
-    /// allocated: 16 bytes each. Call it before the store is shared.
+    /// allocated: 24 bytes each. Call it before the store is shared.
     pub fn max_log_entries(mut self, entries: usize) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.max_entries_per_shard = entries.div_ceil(SHARDS).max(1);
