@@ -70,8 +70,8 @@ pub use rate_limit::{
     RateLimitLayer, ResponseBody, ResponseFuture,
 };
 pub use store::{
-    Batching, BoxFuture, ManualClock, MemoryStore, Namespaces, RedisStore, RedisStoreBuilder,
-    Store, StoreKey, DEFAULT_CONNECT_TIMEOUT,
+    Acquired, Batching, BoxFuture, Leases, ManualClock, MemoryStore, Namespaces, RedisStore,
+    RedisStoreBuilder, Store, StoreKey, DEFAULT_CONNECT_TIMEOUT,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 
