@@ -45,6 +45,7 @@ mod limiter;
 mod lua;
 mod quota;
 mod rate_limit;
+mod semaphore;
 mod store;
 pub mod telemetry;
 pub mod throttle;
@@ -69,6 +70,7 @@ pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
     RateLimitLayer, ResponseBody, ResponseFuture,
 };
+pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
     Acquired, Batching, BoxFuture, Leases, ManualClock, MemoryStore, Namespaces, RedisStore,
     RedisStoreBuilder, Store, StoreKey, DEFAULT_CONNECT_TIMEOUT,
