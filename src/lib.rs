@@ -38,6 +38,7 @@
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 
 mod algorithm;
+pub mod concurrency;
 mod decision;
 mod error;
 mod extract;
@@ -54,6 +55,7 @@ pub use algorithm::{
     Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
     WindowRate,
 };
+pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer};
 pub use decision::{Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{

@@ -17,6 +17,23 @@ const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease: a crashed instance's slots stay taken this long.
 const MAX_LEASE: Duration = Duration::from_secs(3600);
 
+impl ConcurrencyLimiter {
+    /// The lease of a limiter not given one: 10 s, renewed every 3.3 s while held.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+    /// The policy name of a limiter not given one: `concurrency` (so that its `RateLimit`
+    /// header item stands apart from a rate limit's `default`).
+    pub const DEFAULT_POLICY_NAME: &'static str = "concurrency";
+
+    /// A builder: at most `max_in_flight` requests per key at once, with the default prefix
+    /// (`rl`), policy name ([`DEFAULT_POLICY_NAME`](Self::DEFAULT_POLICY_NAME)), lease
+    /// ([`DEFAULT_LEASE`](Self::DEFAULT_LEASE)), store timeout (100 ms) and failure policy
+    /// ([`FailurePolicy::Open`]).
+    pub fn builder(store: impl Leases, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
+        ConcurrencyLimiterBuilder::new(Arc::new(store), max_in_flight)
+    }
+}
+
 /// Options for a [`ConcurrencyLimiter`]; [`build`](Self::build) validates them.
 pub struct ConcurrencyLimiterBuilder {
     store: Arc<dyn Leases>,
@@ -43,7 +60,7 @@ impl fmt::Debug for ConcurrencyLimiterBuilder {
 }
 
 impl ConcurrencyLimiterBuilder {
-    pub(crate) fn new(store: Arc<dyn Leases>, limit: u32) -> Self {
+    fn new(store: Arc<dyn Leases>, limit: u32) -> Self {
         Self {
             store,
             limit,

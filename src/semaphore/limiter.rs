@@ -2,8 +2,8 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{acquire::acquire, builder::ConcurrencyLimiterBuilder, permit::Permit, slots::Slots};
-use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key, Leases};
+use super::{acquire::acquire, permit::Permit, slots::Slots};
+use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key};
 
 /// At most N requests of one key in flight at once, across every instance sharing a store: a
 /// distributed counting semaphore whose slots are held under leases.
@@ -12,7 +12,7 @@ use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key, Leases};
 /// [`Permit`] that holds it; dropping the permit gives it back. While held, the lease is renewed
 /// in the background, so requests may run for as long as they need; an instance that crashes
 /// stops renewing, and its slots come back by themselves within one
-/// [lease](ConcurrencyLimiterBuilder::lease). Usable on its own (a job runner allowing two
+/// [lease](crate::ConcurrencyLimiterBuilder::lease). Usable on its own (a job runner allowing two
 /// exports per customer at once) and the engine of
 /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
 ///
@@ -63,21 +63,6 @@ impl fmt::Debug for ConcurrencyLimiter {
 }
 
 impl ConcurrencyLimiter {
-    /// The lease of a limiter not given one: 10 s, renewed every 3.3 s while held.
-    pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-
-    /// The policy name of a limiter not given one: `concurrency` (so that its `RateLimit`
-    /// header item stands apart from a rate limit's `default`).
-    pub const DEFAULT_POLICY_NAME: &'static str = "concurrency";
-
-    /// A builder: at most `max_in_flight` requests per key at once, with the default prefix
-    /// (`rl`), policy name ([`DEFAULT_POLICY_NAME`](Self::DEFAULT_POLICY_NAME)), lease
-    /// ([`DEFAULT_LEASE`](Self::DEFAULT_LEASE)), store timeout (100 ms) and failure policy
-    /// ([`FailurePolicy::Open`]).
-    pub fn builder(store: impl Leases, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
-        ConcurrencyLimiterBuilder::new(Arc::new(store), max_in_flight)
-    }
-
     /// Takes one of `key`'s slots if one is free: `Ok(None)` when `max_in_flight` requests of
     /// `key` already hold one.
     ///
