@@ -19,6 +19,12 @@ use crate::{
 /// "concurrency";q=4;qu="concurrent-requests"` and `RateLimit: "concurrency";r=1`, the slots
 /// left when it was admitted).
 ///
+/// With a [`RedisStore`](crate::RedisStore), the release is sent when the body ends, so it
+/// reaches Redis about one round trip after the client may have read the end of the response:
+/// a client that sends its next request the instant the previous one ends, with all of its
+/// key's slots in use, may find its slot still taken for that round trip. (A
+/// [`MemoryStore`](crate::MemoryStore) gives the slot back before the body reports its end.)
+///
 /// A request over the limit never reaches the inner service: `429 Too Many Requests`
 /// (gRPC requests: HTTP 200 with `grpc-status: 8`, RESOURCE_EXHAUSTED) with the same headers
 /// (`r=0`) and a plain-text or, with [`problem_details`](Self::problem_details), an RFC 9457
