@@ -2,7 +2,9 @@
 //! program starts on a free loopback port (and stops by PID). Contenders: the raw GCRA script
 //! through redis-rs (the ceiling), `RateLimiter::check` and the full layer on the default
 //! multiplexed connection, the same check through a bb8 pool with and without its check-out
-//! `PING`, the other algorithms, and `MemoryStore`.
+//! `PING`, the other algorithms, and `MemoryStore`; and a concurrency limit's acquire + release
+//! pair (`ConcurrencyLimiter`), on Redis and in memory (a "check" there is one pair, or one
+//! refused acquire).
 //!
 //! ```text
 //! cargo bench --bench throughput                      # 3 rounds x 3 s per contender, 64 tasks
@@ -28,8 +30,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
+    redis, Algorithm, Batching, BoxFuture, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit,
+    Quota, RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -115,6 +117,22 @@ fn via_limiter<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
     Arc::new(move |key| {
         let l = limiter.clone();
         Box::pin(async move { l.check(&key, 1).await.expect("check failed").allowed })
+    })
+}
+
+/// A concurrency limit: `acquire`, then `release` of the permit at once (true when admitted).
+fn via_permit(limiter: ConcurrencyLimiter) -> CheckFn {
+    Arc::new(move |key| {
+        let l = limiter.clone();
+        Box::pin(async move {
+            match l.acquire(&key).await.expect("acquire failed") {
+                Some(permit) => {
+                    permit.release().await.expect("release failed");
+                    true
+                }
+                None => false,
+            }
+        })
     })
 }
 
@@ -397,6 +415,38 @@ async fn main() {
                 MultiLimit::new([("s", q), ("h", Quota::per_hour(100_000))]).unwrap(),
                 "b-ml",
             )),
+        ),
+        (
+            "concurrency acquire+release, 32 per key (multiplexed)",
+            true,
+            via_permit(
+                ConcurrencyLimiter::builder(store.clone(), 32)
+                    .prefix("b-c")
+                    .store_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "concurrency acquire+release, 32 per key (batched store: sent alone)",
+            true,
+            via_permit(
+                ConcurrencyLimiter::builder(batched(Batching::new()), 32)
+                    .prefix("b-cb")
+                    .store_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "memory concurrency acquire+release, 32 per key",
+            false,
+            via_permit(
+                ConcurrencyLimiter::builder(MemoryStore::new(), 32)
+                    .prefix("m-c")
+                    .build()
+                    .unwrap(),
+            ),
         ),
         (
             "memory gcra check",
