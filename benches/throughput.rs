@@ -3,7 +3,8 @@
 //! through redis-rs (the ceiling), `RateLimiter::check` and the full layer on the default
 //! multiplexed connection, the same check through a bb8 pool with and without its check-out
 //! `PING`, the other algorithms, a check followed by the refund of what it took, and
-//! `MemoryStore`.
+//! `MemoryStore`; and a concurrency limit's acquire + release pair (`ConcurrencyLimiter`), on
+//! Redis and in memory (a "check" there is one pair, or one refused acquire).
 //!
 //! ```text
 //! cargo bench --bench throughput                      # 3 rounds x 3 s per contender, 64 tasks
@@ -29,8 +30,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, BoxFuture, Gcra, MemoryStore, MultiLimit, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
+    redis, Algorithm, Batching, BoxFuture, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit,
+    Quota, RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -130,6 +131,22 @@ fn check_and_refund<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
                 l.refund(&key, &d).await.expect("refund failed");
             }
             d.allowed
+        })
+    })
+}
+
+/// A concurrency limit: `acquire`, then `release` of the permit at once (true when admitted).
+fn via_permit(limiter: ConcurrencyLimiter) -> CheckFn {
+    Arc::new(move |key| {
+        let l = limiter.clone();
+        Box::pin(async move {
+            match l.acquire(&key).await.expect("acquire failed") {
+                Some(permit) => {
+                    permit.release().await.expect("release failed");
+                    true
+                }
+                None => false,
+            }
         })
     })
 }
@@ -451,6 +468,38 @@ async fn main() {
             "memory gcra check + refund",
             false,
             check_and_refund(limiter(MemoryStore::new(), g(), "m-gr")),
+        ),
+        (
+            "concurrency acquire+release, 32 per key (multiplexed)",
+            true,
+            via_permit(
+                ConcurrencyLimiter::builder(store.clone(), 32)
+                    .prefix("b-c")
+                    .store_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "concurrency acquire+release, 32 per key (batched store: sent alone)",
+            true,
+            via_permit(
+                ConcurrencyLimiter::builder(batched(Batching::new()), 32)
+                    .prefix("b-cb")
+                    .store_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
+            "memory concurrency acquire+release, 32 per key",
+            false,
+            via_permit(
+                ConcurrencyLimiter::builder(MemoryStore::new(), 32)
+                    .prefix("m-c")
+                    .build()
+                    .unwrap(),
+            ),
         ),
         (
             "memory gcra check",

@@ -38,6 +38,7 @@
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 
 mod algorithm;
+pub mod concurrency;
 mod decision;
 mod error;
 mod extract;
@@ -45,6 +46,7 @@ mod limiter;
 mod lua;
 mod quota;
 mod rate_limit;
+mod semaphore;
 mod store;
 pub mod telemetry;
 pub mod throttle;
@@ -53,6 +55,7 @@ pub use algorithm::{
     Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
     WindowRate,
 };
+pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer};
 pub use decision::{Charge, Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
@@ -69,9 +72,10 @@ pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
     RateLimitLayer, ResponseBody, ResponseFuture, StatusSet,
 };
+pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
-    Batching, BoxFuture, ManualClock, MemoryStore, Namespaces, RedisStore, RedisStoreBuilder,
-    Store, StoreKey, DEFAULT_CONNECT_TIMEOUT,
+    Acquired, Batching, BoxFuture, Leases, ManualClock, MemoryStore, Namespaces, RedisStore,
+    RedisStoreBuilder, Store, StoreKey, DEFAULT_CONNECT_TIMEOUT,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

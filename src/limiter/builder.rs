@@ -7,6 +7,7 @@ use super::{
     deny_cache::DenyCache,
     engine::Engine,
     failure::FailurePolicy,
+    names,
     rate_limiter::RateLimiter,
     stats::Counters,
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
@@ -206,30 +207,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// Validates the options; the error names the field.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
         self.breaker.validate()?;
-        let p = &self.prefix;
-        if p.is_empty()
-            || p.len() > 64
-            || !p
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-        {
-            return Err(ConfigError::new(
-                "prefix",
-                format!("{p:?}: must be 1 to 64 visible ASCII characters without braces"),
-            ));
-        }
-        let n = &self.policy;
-        if n.is_empty()
-            || n.len() > 64
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        {
-            return Err(ConfigError::new(
-                "policy_name",
-                format!("{n:?}: must be 1 to 64 characters from A-Z a-z 0-9 - _ . :"),
-            ));
-        }
+        names::check(&self.prefix, &self.policy)?;
         if self.timeout.is_zero() {
             return Err(ConfigError::new("store_timeout", "must be more than zero"));
         }

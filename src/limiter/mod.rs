@@ -6,10 +6,11 @@ mod builder;
 mod deny_cache;
 mod engine;
 mod failure;
+mod names;
 mod rate_limiter;
 mod stats;
 
-pub(crate) use self::engine::Engine;
+pub(crate) use self::{breaker::BreakerState, engine::Engine, names::check as check_names};
 pub use self::{
     breaker::CircuitBreaker, builder::RateLimiterBuilder, failure::FailurePolicy,
     rate_limiter::RateLimiter, stats::LimiterStats,

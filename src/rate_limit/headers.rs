@@ -209,6 +209,37 @@ pub(crate) fn render_with(
     }
 }
 
+/// Renders a concurrency limit's state into `headers` in `style`: the IETF fields with the
+/// quota unit `concurrent-requests` and no window (`RateLimit-Policy: "name";q=N;qu="concurrent-requests"`,
+/// `RateLimit: "name";r=FREE`), or the legacy limit and remaining. Never a reset time nor
+/// `Retry-After`: when a slot frees depends on requests in flight, which nothing can predict.
+pub(crate) fn render_concurrency(
+    style: HeaderStyle,
+    policy: &str,
+    limit: u32,
+    free: u64,
+    headers: &mut HeaderMap,
+) {
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        let mut item = String::with_capacity(48 + policy.len());
+        push_sf_string(&mut item, policy);
+        let name_len = item.len();
+        item.push_str(";q=");
+        push_u64(&mut item, u64::from(limit));
+        item.push_str(";qu=\"concurrent-requests\"");
+        let mut state = String::with_capacity(24 + policy.len());
+        state.push_str(&item[..name_len]);
+        state.push_str(";r=");
+        push_u64(&mut state, free);
+        headers.append(RATELIMIT_POLICY, value(item));
+        headers.append(RATELIMIT, value(state));
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(free));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +360,29 @@ mod tests {
                 ("ratelimit-policy", "\"p\";q=10;w=1"),
                 ("x-ratelimit-limit", "10"),
                 ("x-ratelimit-remaining", "0"),
+            ])
+        );
+    }
+
+    #[test]
+    fn concurrency_fields_have_a_unit_and_no_window_nor_reset() {
+        let mut h = HeaderMap::new();
+        render_concurrency(HeaderStyle::Both, "exports", 4, 1, &mut h);
+        let mut v: Vec<_> = h
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        v.sort();
+        assert_eq!(
+            v,
+            pairs(&[
+                ("ratelimit", "\"exports\";r=1"),
+                (
+                    "ratelimit-policy",
+                    "\"exports\";q=4;qu=\"concurrent-requests\""
+                ),
+                ("x-ratelimit-limit", "4"),
+                ("x-ratelimit-remaining", "1"),
             ])
         );
     }

@@ -12,7 +12,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 
 use super::{
     body::{BoxError, ResponseBody},
-    headers::{ceil_secs, render_with, HeaderStyle},
+    headers::{ceil_secs, render_concurrency, render_with, HeaderStyle},
 };
 use crate::Decision;
 
@@ -73,10 +73,16 @@ fn problem_response<B>(d: &Decision) -> Response<ResponseBody<B>> {
             .map(|l| json_string(&l.name))
             .collect()
     };
+    problem_json(&detail, &violated)
+}
+
+/// A `429` with an RFC 9457 `quota-exceeded` body: `detail`, and the `violated` policies as
+/// JSON strings.
+fn problem_json<B>(detail: &str, violated: &[String]) -> Response<ResponseBody<B>> {
     let body = format!(
         "{{\"type\":{},\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\"detail\":{},\"violated-policies\":[{}]}}",
         json_string(QUOTA_EXCEEDED),
-        json_string(&detail),
+        json_string(detail),
         violated.join(",")
     );
     let mut res = Response::new(ResponseBody::full(Bytes::from(body)));
@@ -201,6 +207,33 @@ impl Responder {
                 res.headers_mut().append(name.clone(), value);
             }
         }
+        res
+    }
+
+    /// The response to a request refused by a concurrency limit: `429` (gRPC:
+    /// `RESOURCE_EXHAUSTED`) in the style of [`denied`](Self::denied), with the concurrency
+    /// headers (no slot free) and no `Retry-After`: when a slot frees depends on the requests
+    /// in flight.
+    pub(crate) fn busy<B>(
+        &self,
+        policy: &str,
+        limit: u32,
+        grpc: bool,
+    ) -> Response<ResponseBody<B>> {
+        let mut res = if grpc {
+            grpc_response(GRPC_RESOURCE_EXHAUSTED, "concurrency limit exceeded")
+        } else if self.problem_details {
+            let detail = format!(
+                "{limit} requests of this key are in flight, the most allowed at once; retry when one ends"
+            );
+            problem_json(&detail, &[json_string(policy)])
+        } else {
+            text_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                Bytes::from_static(b"concurrency limit exceeded\n"),
+            )
+        };
+        render_concurrency(self.style, policy, limit, 0, res.headers_mut());
         res
     }
 

@@ -8,6 +8,8 @@ use std::{
 use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey};
 use crate::{algorithm::MemoryState, Algorithm, Charge, Error, Outcome};
 
+mod leases;
+
 const SHARDS: usize = 16;
 
 /// Counters in this process's memory: the same algorithms, integer for integer, as the Redis
@@ -44,6 +46,8 @@ pub struct MemoryStore {
 
 struct Inner {
     states: Sharded<Entry>,
+    /// The holders of concurrency slots, per key (see [`Leases`](super::Leases)).
+    leases: Sharded<leases::Holders>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
     /// The store's time, when not the wall clock.
@@ -103,6 +107,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 states: Sharded::new(SHARDS, max_keys),
+                leases: Sharded::new(SHARDS, max_keys),
                 max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
                 namespaces: Namespaces::new(),
                 clock: None,

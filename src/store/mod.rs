@@ -7,6 +7,7 @@
 
 mod clock;
 mod key;
+mod leases;
 mod memory;
 mod namespaces;
 mod redis;
@@ -20,6 +21,7 @@ pub(crate) use self::{
 };
 pub use self::{
     key::StoreKey,
+    leases::{Acquired, Leases},
     namespaces::Namespaces,
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
 };

@@ -5,6 +5,7 @@ mod batch;
 mod builder;
 mod connect;
 mod connection;
+mod leases;
 mod scripts;
 #[cfg(feature = "tls")]
 mod tls;

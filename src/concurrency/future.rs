@@ -1,0 +1,152 @@
+//! The response future: take a slot, then call the inner service only if one was free.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{ready, Context, Poll},
+};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use crate::{
+    rate_limit::{headers::render_concurrency, response::Responder},
+    BoxFuture, ConcurrencyLimiter, Error, FailurePolicy, Permit,
+};
+
+/// How to answer one request.
+pub(crate) struct Answer {
+    pub(crate) responder: Arc<Responder>,
+    pub(crate) limiter: ConcurrencyLimiter,
+    pub(crate) grpc: bool,
+}
+
+pin_project! {
+    /// Response future of [`ConcurrencyLimit`](crate::ConcurrencyLimit). Dropping it gives
+    /// back the slot it holds (or is taking).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+        answer: Answer,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Acquiring {
+            acquire: BoxFuture<'static, Result<Option<Permit>, Error>>,
+            request: Option<(Request<B>, S)>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            permit: Option<Permit>,
+        },
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn acquiring(
+        acquire: BoxFuture<'static, Result<Option<Permit>, Error>>,
+        request: Request<B>,
+        service: S,
+        answer: Answer,
+    ) -> Self {
+        Self {
+            state: State::Acquiring {
+                acquire,
+                request: Some((request, service)),
+            },
+            answer,
+        }
+    }
+
+    pub(crate) fn unchecked(request: Request<B>, mut service: S, answer: Answer) -> Self {
+        Self {
+            state: State::Calling {
+                future: service.call(request),
+                permit: None,
+            },
+            answer,
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring { acquire, request } => {
+                    // An in-memory store answers at once: spend the task's budget, so a loop
+                    // of such requests lets the runtime run other tasks.
+                    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+                    let result = ready!(acquire.as_mut().poll(cx));
+                    coop.made_progress();
+                    let (req, mut service) = request
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    let answer = &*this.answer;
+                    let limiter = &answer.limiter;
+                    let permit = match result {
+                        Ok(Some(permit)) => Some(permit),
+                        Ok(None) => {
+                            let res = answer.responder.busy(
+                                limiter.policy_name(),
+                                limiter.max_in_flight(),
+                                answer.grpc,
+                            );
+                            return Poll::Ready(Ok(res.map(ResponseBody::unheld)));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, policy = ?limiter.failure_policy(), "concurrency limit: store failed");
+                            // Under `Local`, an error reaching here was not about availability:
+                            // refuse rather than let it through unlimited.
+                            if limiter.failure_policy() != FailurePolicy::Open {
+                                let res = answer.responder.unavailable(answer.grpc);
+                                return Poll::Ready(Ok(res.map(ResponseBody::unheld)));
+                            }
+                            None
+                        }
+                    };
+                    let future = service.call(req);
+                    this.state.set(State::Calling { future, permit });
+                }
+                StateProj::Calling { future, permit } => {
+                    // An error drops the permit with this future: the slot is given back.
+                    let mut res = ready!(future.poll(cx))?;
+                    let permit = permit.take();
+                    if let Some(p) = &permit {
+                        let free = u64::from(p.max_in_flight()).saturating_sub(p.in_flight());
+                        render_concurrency(
+                            this.answer.responder.style,
+                            p.policy_name(),
+                            p.max_in_flight(),
+                            free,
+                            res.headers_mut(),
+                        );
+                    }
+                    return Poll::Ready(Ok(res.map(|body| ResponseBody::held(body, permit))));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! The concurrency middleware: [`ConcurrencyLimitLayer`] takes a key from each request and
+//! lets at most N requests of that key be in flight at once, across every instance sharing
+//! the store; a request over the limit gets a `429` (gRPC: `RESOURCE_EXHAUSTED`).
+//!
+//! A request holds its slot from the moment it is admitted until its response body ends or
+//! is dropped; also given back when the response future is dropped (the client went away)
+//! or the inner service fails. tower's `ConcurrencyLimit` bounds one service in one process;
+//! this bounds each key across the fleet.
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{routing::get, Router};
+//! use tower::ServiceBuilder;
+//! use tower_redis_ratelimit::{
+//!     ConcurrencyLimitLayer, ConcurrencyLimiter, Gcra, PeerIp, Quota, RateLimitLayer,
+//!     RateLimiter, RedisStore,
+//! };
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let rate = RateLimiter::new(store.clone(), Gcra::new(Quota::per_minute(100))?);
+//! let in_flight = ConcurrencyLimiter::builder(store, 4)
+//!     .lease(Duration::from_secs(30))
+//!     .build()?;
+//! let app = Router::new().route("/", get(|| async { "ok" })).layer(
+//!     ServiceBuilder::new()
+//!         // Outermost first: a request refused for concurrency spends no rate units.
+//!         .layer(ConcurrencyLimitLayer::new(in_flight, PeerIp))
+//!         .layer(RateLimitLayer::new(rate, PeerIp)),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `config` holds what the layer and its services share, so that neither imports the other.
+
+mod body;
+mod config;
+mod future;
+mod layer;
+mod service;
+
+pub use self::{
+    body::ResponseBody, future::ResponseFuture, layer::ConcurrencyLimitLayer,
+    service::ConcurrencyLimit,
+};

@@ -1,0 +1,134 @@
+//! What an admitted request holds.
+
+use std::{
+    fmt,
+    sync::{atomic::Ordering, Arc},
+};
+
+use tokio::{runtime::Handle, task::AbortHandle};
+
+use super::lease::Lease;
+use crate::Error;
+
+/// One of a key's slots, held until the permit is dropped or [released](Self::release).
+///
+/// While it is held, a background task on the Tokio runtime renews its lease every third of
+/// the lease, so a request may run for as long as it needs. Dropping it gives the slot back:
+/// at once for a [`MemoryStore`](crate::MemoryStore), otherwise with a release spawned on the
+/// Tokio runtime (the one current at the drop, else the one it was acquired on). Dropping it
+/// never blocks and never panics, also outside a runtime; when no runtime is left to send the
+/// release, the slot comes back when its lease ends.
+///
+/// A permit leaked with [`std::mem::forget`] keeps renewing its lease, and so keeps its slot,
+/// for as long as its runtime runs. A process that dies (or a runtime that is shut down)
+/// stops renewing: its slots come back within one lease.
+///
+/// When the store cannot be reached, renewals fail and are tried again every third of the
+/// lease; if none succeeds before the lease ends, the slot may be given to another request
+/// while this one still runs (the limit can then be exceeded by such requests). When a
+/// renewal finds the slot gone, [`is_lost`](Self::is_lost) turns true and renewal stops;
+/// the request is never interrupted.
+///
+/// ```
+/// use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;
+/// let permit = limiter.acquire("report-42").await?.expect("a free slot");
+/// assert_eq!((permit.in_flight(), permit.max_in_flight()), (1, 1));
+/// assert!(limiter.acquire("report-42").await?.is_none(), "the only slot is held");
+/// drop(permit);
+/// assert!(limiter.acquire("report-42").await?.is_some());
+/// # Ok(()) }
+/// ```
+pub struct Permit {
+    lease: Arc<Lease>,
+    in_flight: u64,
+    degraded: bool,
+    renewal: Option<AbortHandle>,
+    /// The runtime it was acquired on, to release on when dropped outside one.
+    runtime: Option<Handle>,
+    released: bool,
+}
+
+impl Permit {
+    /// A held slot; starts renewing its lease when a Tokio runtime is at hand.
+    pub(crate) fn new(lease: Arc<Lease>, in_flight: u64, degraded: bool) -> Self {
+        let runtime = Handle::try_current().ok();
+        let renewal = runtime
+            .as_ref()
+            .map(|rt| rt.spawn(Arc::clone(&lease).keep_renewed()).abort_handle());
+        Self {
+            lease,
+            in_flight,
+            degraded,
+            renewal,
+            runtime,
+            released: false,
+        }
+    }
+
+    /// Requests of this key in flight when this one was admitted, itself included.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// The limit it was admitted under (the local share's when [degraded](Self::is_degraded)).
+    pub fn max_in_flight(&self) -> u32 {
+        self.lease.slots.limit
+    }
+
+    /// The policy name of the limiter that admitted it.
+    pub fn policy_name(&self) -> &str {
+        &self.lease.slots.policy
+    }
+
+    /// True when the store was unavailable and the slot is one of this process's local share
+    /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
+    pub fn is_degraded(&self) -> bool {
+        self.degraded
+    }
+
+    /// True when a renewal found the slot gone: the request outlived its lease without a
+    /// successful renewal (the store was away, or the process stalled), or the store lost its
+    /// state (a restart, `FLUSHDB`). Its slot may then be held by another request.
+    pub fn is_lost(&self) -> bool {
+        self.lease.lost.load(Ordering::Acquire)
+    }
+
+    /// Gives the slot back now and waits for the store to confirm (within the store timeout).
+    /// On an error, the slot comes back when its lease ends.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.stop_renewing();
+        self.released = true;
+        self.lease.release().await
+    }
+
+    fn stop_renewing(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.stop_renewing();
+        if !self.released {
+            Arc::clone(&self.lease).release_in_background(self.runtime.as_ref());
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("policy", &self.lease.slots.policy)
+            .field("holder", &self.lease.holder)
+            .field("in_flight", &self.in_flight)
+            .field("max_in_flight", &self.lease.slots.limit)
+            .field("degraded", &self.degraded)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

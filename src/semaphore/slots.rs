@@ -1,0 +1,61 @@
+//! The settings behind a [`ConcurrencyLimiter`](super::ConcurrencyLimiter), and its call to
+//! the store through the circuit breaker and within the store timeout.
+
+use std::{sync::Arc, task::Poll, time::Duration};
+
+use crate::{
+    limiter::BreakerState,
+    store::{Claim, Leases},
+    Acquired, Error, FailurePolicy, Key, StoreKey,
+};
+
+/// A concurrency limiter without its handle: what the layer holds.
+pub(crate) struct Slots {
+    pub(crate) store: Arc<dyn Leases>,
+    /// `prefix:policy`: a key's holders are under `{namespace:key}:c`.
+    pub(crate) namespace: String,
+    pub(crate) policy: Arc<str>,
+    pub(crate) limit: u32,
+    pub(crate) lease: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) max_key_len: usize,
+    pub(crate) breaker: BreakerState,
+    pub(crate) failure: FailurePolicy,
+    /// Under [`FailurePolicy::Local`]: a semaphore in this process at the local share.
+    pub(crate) local: Option<Arc<Slots>>,
+    /// This limiter's hold on its namespace in the store (released when dropped).
+    pub(crate) _claim: Option<Arc<Claim>>,
+}
+
+impl Slots {
+    /// The store key of `key` (`None`: the slots keyless requests share).
+    pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
+        StoreKey::bounded(&self.namespace, key, self.max_key_len)
+    }
+
+    /// The store's answer, through the circuit breaker and within the store timeout.
+    pub(crate) async fn ask_store(
+        &self,
+        key: Option<&Key<'_>>,
+        holder: &str,
+    ) -> Result<Acquired, Error> {
+        let Some(permit) = self.breaker.permit() else {
+            return Err(Error::CircuitOpen);
+        };
+        let key = self.store_key(key);
+        let mut call = self.store.acquire(key, holder, self.limit, self.lease);
+        // A store that answers at once needs no timer: poll once before arming the timeout.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => tokio::time::timeout(self.timeout, call)
+                .await
+                .unwrap_or(Err(Error::Timeout(self.timeout))),
+        };
+        permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, policy = %self.policy, "concurrency limit: store failed");
+        }
+        result
+    }
+}

@@ -1,0 +1,182 @@
+//! The in-memory twin of the Redis semaphore scripts (`lua/semaphore_*.lua`): the same rules,
+//! on this store's clock (a [`ManualClock`](crate::ManualClock) when it has one).
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::{
+    store::{BoxFuture, Expiring, KeyBuf, Leases, StoreKey},
+    Acquired, Error,
+};
+
+/// The holders of one key's slots: (holder id, lease deadline in µs).
+#[derive(Default)]
+pub(super) struct Holders {
+    held: Vec<(Box<str>, u64)>,
+}
+
+impl Expiring for Holders {
+    fn expires_at(&self) -> u64 {
+        self.held.iter().map(|h| h.1).max().unwrap_or(0)
+    }
+}
+
+impl Holders {
+    /// Drops the holders whose deadline is at or before `now`, as the acquire script does.
+    fn expire(&mut self, now: u64) {
+        self.held.retain(|h| h.1 > now);
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+const KIND: &str = "concurrency";
+
+impl MemoryStore {
+    /// Runs `f` on the holders of `key` (created empty when absent, removed when left empty).
+    fn with_holders<T>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Holders, u64) -> T) -> T {
+        let now = self.now_us();
+        let mut compact = KeyBuf::new();
+        key.write_compact(KIND, &mut compact);
+        let key = compact.as_bytes();
+        let map = &self.inner.leases;
+        let slot = map.slot(key);
+        let mut shard = map.lock(slot);
+        if shard.get_mut(slot, key).is_none() {
+            shard.room(now);
+        }
+        let holders = match shard.get_mut(slot, key) {
+            Some(h) => h,
+            None => shard.insert(slot, key, Holders::default()),
+        };
+        let out = f(holders, now);
+        if holders.held.is_empty() {
+            shard.remove(slot, key);
+        }
+        out
+    }
+
+    fn acquire_now(
+        &self,
+        key: StoreKey<'_>,
+        holder: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Acquired {
+        self.with_holders(key, |h, now| {
+            h.expire(now);
+            if h.held.len() >= limit as usize {
+                return Acquired::new(false, h.held.len() as u64);
+            }
+            h.held
+                .push((holder.into(), now.saturating_add(micros(lease))));
+            Acquired::new(true, h.held.len() as u64)
+        })
+    }
+
+    fn renew_now(&self, key: StoreKey<'_>, holder: &str, lease: Duration) -> bool {
+        self.with_holders(key, |h, now| {
+            // A lease past its deadline is gone, even if no acquire has swept it yet.
+            h.expire(now);
+            match h.held.iter_mut().find(|(id, _)| **id == *holder) {
+                Some(held) => {
+                    held.1 = now.saturating_add(micros(lease));
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// Slot holders under all keys, expired ones not swept yet included (for tests and
+    /// health checks).
+    pub fn lease_holders(&self) -> usize {
+        self.inner
+            .leases
+            .each()
+            .map(|s| s.values().map(|h| h.held.len()).sum::<usize>())
+            .sum()
+    }
+}
+
+impl Leases for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        limit: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        Box::pin(std::future::ready(Ok(
+            self.acquire_now(key, holder, limit, lease)
+        )))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(std::future::ready(Ok(self.renew_now(key, holder, lease))))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(std::future::ready(
+            self.release_now(key, holder).unwrap_or(Ok(())),
+        ))
+    }
+
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+        self.with_holders(key, |h, _| h.held.retain(|(id, _)| **id != *holder));
+        Some(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Key, ManualClock};
+
+    #[test]
+    fn admits_up_to_the_limit_expires_renews_and_releases() {
+        let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let k = Key::from("k");
+        let key = StoreKey::new("t", Some(&k));
+        let lease = Duration::from_secs(10);
+        assert!(store.acquire_now(key, "a", 2, lease).admitted);
+        assert_eq!(
+            store.acquire_now(key, "b", 2, lease),
+            Acquired::new(true, 2)
+        );
+        assert_eq!(
+            store.acquire_now(key, "c", 2, lease),
+            Acquired::new(false, 2)
+        );
+        clock.advance(Duration::from_secs(6));
+        assert!(store.renew_now(key, "a", lease));
+        // `b` expires at 10 s exactly: gone at its deadline, and it cannot renew after it.
+        clock.advance(Duration::from_secs(4));
+        assert!(!store.renew_now(key, "b", lease));
+        assert_eq!(
+            store.acquire_now(key, "c", 2, lease),
+            Acquired::new(true, 2)
+        );
+        store.release_now(key, "a");
+        store.release_now(key, "nobody");
+        assert_eq!(store.lease_holders(), 1);
+        store.release_now(key, "c");
+        assert_eq!(store.lease_holders(), 0);
+        assert!(
+            store.inner.leases.each().all(|s| s.len() == 0),
+            "empty keys stay"
+        );
+    }
+}

@@ -1,0 +1,800 @@
+//! Per-key concurrency limits (`ConcurrencyLimiter`, `ConcurrencyLimitLayer`) on real Redis
+//! servers (standalone, batched, cluster) and on `MemoryStore`: never more than N in flight
+//! across limiters, slots given back on every way a request can end, leases that expire when
+//! their holder dies and stay while it lives, failure policies, and composition with the rate
+//! limit.
+
+mod common;
+
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{body::Body, routing::get, Router};
+use common::{dead_redis_url, each_backend, RedisServer};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::{
+    redis, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra, GlobalKey, HeaderKey,
+    Leases, ManualClock, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
+};
+
+/// Generous: a bound that catches a hang or a leaked slot, not a benchmark.
+const EVENTUALLY: Duration = Duration::from_secs(5);
+
+fn limiter(store: impl Leases, n: u32, prefix: &str) -> ConcurrencyLimiter {
+    ConcurrencyLimiter::builder(store, n)
+        .prefix(prefix)
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn short_lease(store: impl Leases, n: u32, prefix: &str, lease: Duration) -> ConcurrencyLimiter {
+    ConcurrencyLimiter::builder(store, n)
+        .prefix(prefix)
+        .lease(lease)
+        .store_timeout(lease / 4)
+        .build()
+        .unwrap()
+}
+
+/// True once `limiter` admits `key` (the permit is given back at once), within
+/// [`EVENTUALLY`]: Redis releases are sent in the background.
+async fn eventually_free(limiter: &ConcurrencyLimiter, key: &str) -> bool {
+    let deadline = Instant::now() + EVENTUALLY;
+    loop {
+        if let Some(p) = limiter.acquire(key).await.unwrap() {
+            p.release().await.unwrap();
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An inner service that counts the requests inside it and records the most at once.
+#[derive(Clone, Default)]
+struct Gauge {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    fn service(
+        &self,
+    ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = impl Send>
+           + Clone {
+        let g = self.clone();
+        service_fn(move |_req: Request<Body>| {
+            let g = g.clone();
+            async move {
+                let n = g.now.fetch_add(1, Ordering::SeqCst) + 1;
+                g.max.fetch_max(n, Ordering::SeqCst);
+                g.calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                g.now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(Response::new(Body::from("ok")))
+            }
+        })
+    }
+}
+
+/// 64 tasks, 8 requests each, on one key, spread over `limiters` (one layer each, like one
+/// instance each): the inner service never sees more than `n` at once, and does see `n`.
+async fn exactly_n_in_flight(limiters: Vec<ConcurrencyLimiter>, n: u32, what: &str) {
+    let gauge = Gauge::default();
+    let services: Vec<_> = limiters
+        .iter()
+        .map(|l| {
+            ServiceBuilder::new()
+                .layer(ConcurrencyLimitLayer::new(l.clone(), GlobalKey))
+                .service(gauge.service())
+        })
+        .collect();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let svc = services[t % services.len()].clone();
+        let refused = refused.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..8 {
+                let res = svc
+                    .clone()
+                    .oneshot(Request::get("/").body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                match res.status() {
+                    StatusCode::OK => {
+                        res.into_body().collect().await.unwrap();
+                    }
+                    StatusCode::TOO_MANY_REQUESTS => {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                    other => panic!("unexpected status {other}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let max = gauge.max.load(Ordering::SeqCst);
+    let calls = gauge.calls.load(Ordering::SeqCst);
+    let refused = refused.load(Ordering::SeqCst);
+    assert!(
+        max <= n as usize,
+        "{what}: {max} in flight at once, limit {n}"
+    );
+    assert_eq!(max, n as usize, "{what}: the limit was never reached");
+    assert_eq!(calls + refused, 64 * 8, "{what}");
+    assert!(refused > 0, "{what}: 64 concurrent tasks, none refused");
+    // Every slot comes back once the responses are over.
+    for l in &limiters {
+        let mut held = Vec::new();
+        let deadline = Instant::now() + EVENTUALLY;
+        while held.len() < n as usize {
+            match l.acquire("global").await.unwrap() {
+                Some(p) => held.push(p),
+                None if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                None => panic!("{what}: {} of {n} slots came back", held.len()),
+            }
+        }
+        assert!(l.acquire("global").await.unwrap().is_none(), "{what}");
+        for p in held {
+            p.release().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_more_than_n_in_flight_in_memory() {
+    let store = MemoryStore::new();
+    let limiters = (0..3).map(|_| limiter(store.clone(), 4, "x-mem")).collect();
+    exactly_n_in_flight(limiters, 4, "memory").await;
+    assert_eq!(store.lease_holders(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_more_than_n_in_flight_on_every_backend() {
+    for backend in each_backend() {
+        let what = backend.name();
+        let mut limiters = Vec::new();
+        for _ in 0..3 {
+            limiters.push(limiter(backend.store().await, 4, "x-redis"));
+        }
+        // The holders live under the rate limit's hash tag, expiring with their lease.
+        let permit = limiters[0].acquire("k").await.unwrap().unwrap();
+        let keys = backend.keys_with_pttl("{x-redis:*");
+        assert_eq!(keys.len(), 1, "{what}: {keys:?}");
+        assert_eq!(keys[0].0, "{x-redis:concurrency:k}:c", "{what}");
+        assert_eq!(keys[0].0, limiters[0].storage_key("k"));
+        assert!(
+            keys[0].1 > 0 && keys[0].1 <= 10_000,
+            "{what}: PTTL {}",
+            keys[0].1
+        );
+        permit.release().await.unwrap();
+        assert!(backend.keys_with_pttl("{x-redis:*").is_empty(), "{what}");
+
+        exactly_n_in_flight(limiters, 4, what).await;
+        let deadline = Instant::now() + EVENTUALLY;
+        while !backend.keys_with_pttl("{x-redis:*").is_empty() {
+            assert!(Instant::now() < deadline, "{what}: holders left behind");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Acquires `n` slots of `key` on a runtime of its own, leaks the permits, and shuts the
+/// runtime down: like an instance that crashed holding them (no renewal, no release).
+async fn crash_holding(n: u32, key: &'static str, source: ConcurrencyLimiterSource) {
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let limiter = source.build().await;
+            for _ in 0..n {
+                let permit = limiter.acquire(key).await.unwrap().expect("a free slot");
+                std::mem::forget(permit);
+            }
+        });
+        drop(rt);
+    })
+    .await
+    .unwrap();
+}
+
+/// How the crashed instance builds its limiter (on its own runtime).
+enum ConcurrencyLimiterSource {
+    Redis(String, u32, &'static str, Duration),
+    Memory(MemoryStore, u32, &'static str, Duration),
+}
+
+impl ConcurrencyLimiterSource {
+    async fn build(self) -> ConcurrencyLimiter {
+        match self {
+            Self::Redis(url, n, prefix, lease) => {
+                short_lease(RedisStore::connect(&url).await.unwrap(), n, prefix, lease)
+            }
+            Self::Memory(store, n, prefix, lease) => short_lease(store, n, prefix, lease),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_instances_slots_come_back_within_the_lease_on_redis() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(800);
+    let survivor = short_lease(redis.store().await, 3, "crash", lease);
+    // A live holder keeps renewing, so the key outlives the crashed holders: their slots must
+    // be swept one by one, not merely expire with the key.
+    let live = survivor.acquire("k").await.unwrap().unwrap();
+    let url = redis.url();
+    crash_holding(
+        2,
+        "k",
+        ConcurrencyLimiterSource::Redis(url, 3, "crash", lease),
+    )
+    .await;
+    let crashed_at = Instant::now();
+    assert!(
+        survivor.acquire("k").await.unwrap().is_none(),
+        "the crashed instance's slots are still held"
+    );
+    tokio::time::sleep(lease.saturating_sub(crashed_at.elapsed()) + Duration::from_millis(100))
+        .await;
+    let a = survivor.acquire("k").await.unwrap();
+    let b = survivor.acquire("k").await.unwrap();
+    assert!(
+        a.is_some() && b.is_some(),
+        "slots not back one lease after the crash"
+    );
+    assert!(!live.is_lost());
+    assert!(survivor.acquire("k").await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_instances_slots_come_back_at_the_lease_on_a_manual_clock() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let lease = Duration::from_secs(30);
+    let crashed = store.clone();
+    crash_holding(
+        3,
+        "k",
+        ConcurrencyLimiterSource::Memory(crashed, 3, "crash", lease),
+    )
+    .await;
+    let survivor = short_lease(store.clone(), 3, "crash", lease);
+    assert!(survivor.acquire("k").await.unwrap().is_none());
+    clock.advance(lease - Duration::from_millis(1));
+    assert!(
+        survivor.acquire("k").await.unwrap().is_none(),
+        "given back before the lease ended"
+    );
+    clock.advance(Duration::from_millis(1));
+    let back: Vec<_> = futures_util::future::join_all((0..3).map(|_| survivor.acquire("k")))
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().expect("a slot back at the lease's end"))
+        .collect();
+    assert_eq!(back.iter().map(|p| p.in_flight()).max(), Some(3));
+    assert!(survivor.acquire("k").await.unwrap().is_none());
+}
+
+/// A service whose response body comes in two frames.
+fn two_frames() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone
+{
+    service_fn(|_req: Request<Body>| async {
+        let frames = futures_util::stream::iter([Ok::<_, Infallible>("a"), Ok("b")]);
+        Ok::<_, Infallible>(Response::new(Body::from_stream(frames)))
+    })
+}
+
+/// Each way a request can end gives its slot back: body read to its end (before the body is
+/// dropped), body dropped unread, response future dropped while the inner service works,
+/// inner service error. With one slot, the next acquire tells.
+async fn every_ending_gives_the_slot_back(l: &ConcurrencyLimiter, what: &str) {
+    let layer = ConcurrencyLimitLayer::new(l.clone(), GlobalKey);
+    let get = || Request::get("/").body(Body::empty()).unwrap();
+
+    // Body read to its end.
+    let res = layer.layer(two_frames()).oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "a");
+    assert!(
+        l.acquire("global").await.unwrap().is_none(),
+        "{what}: not held while streaming"
+    );
+    while let Some(frame) = body.frame().await {
+        frame.unwrap();
+    }
+    assert!(
+        eventually_free(l, "global").await,
+        "{what}: not given back at the body's end"
+    );
+    drop(body);
+
+    // Body dropped unread.
+    let res = layer.layer(two_frames()).oneshot(get()).await.unwrap();
+    assert!(l.acquire("global").await.unwrap().is_none(), "{what}");
+    drop(res);
+    assert!(
+        eventually_free(l, "global").await,
+        "{what}: not given back when the body was dropped"
+    );
+
+    // Response future dropped while the inner service works (the client went away).
+    let hang = service_fn(|_req: Request<Body>| async {
+        std::future::pending::<Result<Response<Body>, Infallible>>().await
+    });
+    let mut svc = layer.layer(hang);
+    let mut fut = Box::pin(svc.ready().await.unwrap().call(get()));
+    assert!(tokio::time::timeout(Duration::from_millis(100), &mut fut)
+        .await
+        .is_err());
+    assert!(
+        l.acquire("global").await.unwrap().is_none(),
+        "{what}: not held while in the inner service"
+    );
+    drop(fut);
+    assert!(
+        eventually_free(l, "global").await,
+        "{what}: not given back when the future was dropped"
+    );
+
+    // Inner service error.
+    let failing = service_fn(|_req: Request<Body>| async { Err::<Response<Body>, _>("boom") });
+    let err = layer.layer(failing).oneshot(get()).await.unwrap_err();
+    assert_eq!(err, "boom");
+    assert!(
+        eventually_free(l, "global").await,
+        "{what}: not given back after an inner error"
+    );
+}
+
+#[tokio::test]
+async fn every_ending_gives_the_slot_back_in_memory_at_once() {
+    let store = MemoryStore::new();
+    let l = limiter(store.clone(), 1, "end");
+    every_ending_gives_the_slot_back(&l, "memory").await;
+    assert_eq!(store.lease_holders(), 0);
+    // In memory the slot is back before the drop returns: no waiting at all.
+    let res = ConcurrencyLimitLayer::new(l.clone(), GlobalKey)
+        .layer(two_frames())
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    drop(res);
+    assert!(l.acquire("global").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_ending_gives_the_slot_back_on_redis() {
+    let redis = RedisServer::start();
+    let l = limiter(redis.store().await, 1, "end");
+    every_ending_gives_the_slot_back(&l, "redis").await;
+    assert!(common::keys_with_pttl(&mut redis.conn(), "{end:*").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn renewal_keeps_a_slot_for_a_request_longer_than_its_lease() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    for (what, a, b) in [
+        (
+            "redis",
+            short_lease(redis.store().await, 1, "renew", lease),
+            short_lease(redis.store().await, 1, "renew", lease),
+        ),
+        {
+            let store = MemoryStore::new();
+            (
+                "memory",
+                short_lease(store.clone(), 1, "renew", lease),
+                short_lease(store, 1, "renew", lease),
+            )
+        },
+    ] {
+        let permit = a.acquire("k").await.unwrap().unwrap();
+        let started = Instant::now();
+        while started.elapsed() < lease * 3 {
+            tokio::time::sleep(lease / 4).await;
+            assert!(
+                b.acquire("k").await.unwrap().is_none(),
+                "{what}: the slot was lost after {:?} (lease {lease:?})",
+                started.elapsed()
+            );
+        }
+        assert!(!permit.is_lost(), "{what}");
+        drop(permit);
+        assert!(eventually_free(&b, "k").await, "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_lost_in_the_store_is_reported_and_its_slot_given_to_another() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let l = short_lease(redis.store().await, 1, "lost", lease);
+    let permit = l.acquire("k").await.unwrap().unwrap();
+    // The state is lost (a restart, FLUSHDB): the next renewal finds the slot gone.
+    let _: () = redis::cmd("DEL")
+        .arg(l.storage_key("k"))
+        .query(&mut redis.conn())
+        .unwrap();
+    let deadline = Instant::now() + EVENTUALLY;
+    while !permit.is_lost() {
+        assert!(Instant::now() < deadline, "the loss was never noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewal stopped and never re-added the holder: another request takes the slot.
+    let other = l
+        .acquire("k")
+        .await
+        .unwrap()
+        .expect("the slot is free in the store");
+    tokio::time::sleep(lease).await;
+    assert!(!other.is_lost());
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(l.storage_key("k"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    // Releasing the lost permit does not take the other's slot.
+    permit.release().await.unwrap();
+    assert!(l.acquire("k").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn refusals_follow_the_rate_limits_conventions() {
+    let l = ConcurrencyLimiter::builder(MemoryStore::new(), 1)
+        .policy_name("reports")
+        .build()
+        .unwrap();
+    let ok = || {
+        service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::from("ok")))
+        })
+    };
+    let held = l.acquire("global").await.unwrap().unwrap();
+    let get = || Request::get("/").body(Body::empty()).unwrap();
+
+    // Plain text, headers with the unit, no Retry-After.
+    let res = ConcurrencyLimitLayer::new(l.clone(), GlobalKey)
+        .layer(ok())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    assert_eq!(
+        h["ratelimit-policy"],
+        r#""reports";q=1;qu="concurrent-requests""#
+    );
+    assert_eq!(h["ratelimit"], r#""reports";r=0"#);
+    assert!(h.get("retry-after").is_none());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "concurrency limit exceeded\n");
+
+    // Problem details.
+    let res = ConcurrencyLimitLayer::new(l.clone(), GlobalKey)
+        .problem_details()
+        .layer(ok())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    assert!(
+        body.contains(r#""violated-policies":["reports"]"#),
+        "{body}"
+    );
+    assert!(body.contains("quota-exceeded"), "{body}");
+
+    // gRPC: trailers-only RESOURCE_EXHAUSTED.
+    let grpc = Request::post("/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = ConcurrencyLimitLayer::new(l.clone(), GlobalKey)
+        .layer(ok())
+        .oneshot(grpc)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["grpc-status"], "8");
+    assert_eq!(res.headers()["content-type"], "application/grpc");
+
+    // Admitted: the slots left when it was admitted.
+    drop(held);
+    let res = ConcurrencyLimitLayer::new(l.clone(), GlobalKey)
+        .layer(ok())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["ratelimit"], r#""reports";r=0"#);
+}
+
+#[tokio::test]
+async fn failure_policies_with_redis_down() {
+    let store = || RedisStore::connect_lazy(&dead_redis_url()).unwrap();
+    let with = |policy: FailurePolicy| {
+        ConcurrencyLimiter::builder(store(), 4)
+            .store_timeout(Duration::from_millis(200))
+            .on_store_error(policy)
+            .local_share(2)
+            .build()
+            .unwrap()
+    };
+    let ok = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("ok")))
+    });
+    let get = || Request::get("/").body(Body::empty()).unwrap();
+
+    let open = with(FailurePolicy::Open);
+    let e = open.acquire("k").await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    let res = ConcurrencyLimitLayer::new(open, GlobalKey)
+        .layer(ok)
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("ratelimit").is_none());
+
+    let closed = with(FailurePolicy::Closed);
+    let res = ConcurrencyLimitLayer::new(closed, GlobalKey)
+        .layer(ok)
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+
+    // Local: 4 / 2 instances = 2 per key in this process.
+    let local = with(FailurePolicy::Local);
+    let a = local.acquire("k").await.unwrap().expect("local slot");
+    let b = local.acquire("k").await.unwrap().expect("local slot");
+    assert!(a.is_degraded() && b.is_degraded());
+    assert_eq!((b.in_flight(), b.max_in_flight()), (2, 2));
+    assert!(local.acquire("k").await.unwrap().is_none());
+    let svc = ConcurrencyLimitLayer::new(local.clone(), GlobalKey).layer(ok);
+    let held = svc.clone().oneshot(get()).await.unwrap();
+    let held2 = svc.clone().oneshot(get()).await.unwrap();
+    assert_eq!(
+        (held.status(), held2.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!(held2.headers()["ratelimit"], r#""concurrency";r=0"#);
+    let res = svc.clone().oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop((a, held));
+    assert!(local.acquire("global").await.unwrap().is_some());
+    assert!(local.acquire("k").await.unwrap().is_some());
+}
+
+#[test]
+fn bad_configuration_is_an_error_naming_the_field() {
+    let b = |n: u32| ConcurrencyLimiter::builder(MemoryStore::new(), n);
+    let field =
+        |r: Result<ConcurrencyLimiter, tower_redis_ratelimit::ConfigError>| r.unwrap_err().field();
+    assert_eq!(field(b(0).build()), "max_in_flight");
+    assert_eq!(field(b(2_000_000).build()), "max_in_flight");
+    assert_eq!(
+        field(b(1).lease(Duration::from_millis(50)).build()),
+        "lease"
+    );
+    assert_eq!(
+        field(b(1).lease(Duration::from_secs(7200)).build()),
+        "lease"
+    );
+    // Under three store timeouts (100 ms by default).
+    assert_eq!(
+        field(b(1).lease(Duration::from_millis(250)).build()),
+        "lease"
+    );
+    assert!(b(1).lease(Duration::from_millis(300)).build().is_ok());
+    assert_eq!(
+        field(b(1).store_timeout(Duration::ZERO).build()),
+        "store_timeout"
+    );
+    assert_eq!(field(b(1).prefix("a{b").build()), "prefix");
+    assert_eq!(field(b(1).policy_name("a b").build()), "policy_name");
+    assert_eq!(field(b(1).local_share(0).build()), "local_share");
+    assert_eq!(field(b(1).max_key_len(3).build()), "max_key_len");
+    assert_eq!(
+        field(
+            b(1).circuit_breaker(tower_redis_ratelimit::CircuitBreaker::new(
+                1,
+                Duration::ZERO
+            ))
+            .build()
+        ),
+        "circuit_breaker.cool_down"
+    );
+
+    // Namespaces: another limit under the same name conflicts; the same limit shares; a rate
+    // policy of the same name keeps its own keys.
+    let store = MemoryStore::new();
+    let two = ConcurrencyLimiter::builder(store.clone(), 2).policy_name("api");
+    let _two = two.build().unwrap();
+    let three = ConcurrencyLimiter::builder(store.clone(), 3).policy_name("api");
+    assert_eq!(field(three.build()), "policy_name");
+    let _again = ConcurrencyLimiter::builder(store.clone(), 2)
+        .policy_name("api")
+        .build()
+        .unwrap();
+    RateLimiter::builder(store, Gcra::new(Quota::per_second(1)).unwrap())
+        .policy_name("api")
+        .build()
+        .unwrap();
+}
+
+/// An axum app with a handler that takes 300 ms, limited to 2 in flight and 5 an hour per API
+/// key, the concurrency layer outside (`concurrency_first`) or inside the rate limit.
+fn app(store: RedisStore, prefix: &str, concurrency_first: bool) -> Router {
+    let rate = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_hour(5)).unwrap())
+        .prefix(prefix)
+        .policy_name("api")
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let slots = ConcurrencyLimiter::builder(store, 2)
+        .prefix(prefix)
+        .policy_name("api")
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let key = || HeaderKey::new("x-api-key").unwrap();
+    let routes = Router::new().route(
+        "/",
+        get(|| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            "ok"
+        }),
+    );
+    if concurrency_first {
+        routes.layer(
+            ServiceBuilder::new()
+                .layer(ConcurrencyLimitLayer::new(slots, key()))
+                .layer(RateLimitLayer::new(rate, key())),
+        )
+    } else {
+        routes.layer(
+            ServiceBuilder::new()
+                .layer(RateLimitLayer::new(rate, key()))
+                .layer(ConcurrencyLimitLayer::new(slots, key())),
+        )
+    }
+}
+
+async fn send(app: &Router) -> Response<Body> {
+    let req = Request::get("/")
+        .header("x-api-key", "k")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn composes_with_the_rate_limit_in_either_order() {
+    let redis = RedisServer::start();
+    for (concurrency_first, prefix, admitted_in_all) in [(true, "outside", 5), (false, "inside", 4)]
+    {
+        let app = app(redis.store().await, prefix, concurrency_first);
+        let burst = futures_util::future::join_all((0..3).map(|_| send(&app))).await;
+        let mut statuses: Vec<u16> = burst.iter().map(|r| r.status().as_u16()).collect();
+        statuses.sort();
+        assert_eq!(statuses, [200, 200, 429], "{prefix}");
+        let refused = burst.iter().find(|r| r.status() == 429).unwrap();
+        assert!(
+            refused.headers()["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .contains("concurrent-requests"),
+            "{prefix}: refused by the concurrency limit"
+        );
+        let admitted = burst.iter().find(|r| r.status() == 200).unwrap();
+        let items: Vec<_> = admitted
+            .headers()
+            .get_all("ratelimit-policy")
+            .iter()
+            .collect();
+        assert_eq!(items.len(), 2, "{prefix}: both limits report: {items:?}");
+        // The two policies share a name and a hash tag, under their own keys.
+        let keys: Vec<String> = common::keys_with_pttl(&mut redis.conn(), &format!("{{{prefix}:*"))
+            .into_iter()
+            .map(|k| k.0)
+            .collect();
+        let (g, c) = (
+            format!("{{{prefix}:api:k}}:g"),
+            format!("{{{prefix}:api:k}}:c"),
+        );
+        assert!(keys.contains(&g), "{prefix}: {keys:?}");
+        assert!(
+            keys.iter().all(|k| *k == g || *k == c),
+            "{prefix}: {keys:?}"
+        );
+
+        // The burst's slots are given back one round trip after their bodies ended (see
+        // `ConcurrencyLimitLayer`): wait for that, then one at a time, the rate limit has the
+        // last word.
+        let deadline = Instant::now() + EVENTUALLY;
+        while !common::keys_with_pttl(&mut redis.conn(), &c).is_empty() {
+            assert!(Instant::now() < deadline, "{prefix}: slots not given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut ok = 2;
+        loop {
+            let res = send(&app).await;
+            if res.status() != 200 {
+                assert_eq!(res.status(), 429, "{prefix}");
+                assert!(
+                    res.headers().get("retry-after").is_some(),
+                    "{prefix}: rate refusal"
+                );
+                break;
+            }
+            ok += 1;
+            assert!(ok <= 5, "{prefix}: more than the rate quota");
+        }
+        // Outside, the concurrency refusal spent no rate unit; inside, it did.
+        assert_eq!(ok, admitted_in_all, "{prefix}");
+    }
+}
+
+/// An acquire whose answer never arrives (its future dropped, or timed out, while Redis was
+/// paused) may still be admitted when Redis resumes: the slot is given back in the background
+/// instead of staying taken for a whole lease (10 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_abandoned_in_flight_gives_its_slot_back() {
+    let redis = RedisServer::start();
+    let l = ConcurrencyLimiter::builder(redis.store().await, 1)
+        .prefix("abandon")
+        .store_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(eventually_free(&l, "k").await, "warm-up");
+    for how in ["dropped", "timed out"] {
+        redis.signal("-STOP");
+        let mut acquire = Box::pin(l.acquire("k"));
+        let polled = tokio::time::timeout(Duration::from_millis(100), &mut acquire).await;
+        assert!(polled.is_err(), "{how}: answered while Redis was paused");
+        if how == "dropped" {
+            drop(acquire);
+        } else {
+            let e = acquire.await.unwrap_err();
+            assert!(matches!(e, tower_redis_ratelimit::Error::Timeout(_)), "{e}");
+        }
+        redis.signal("-CONT");
+        assert!(
+            eventually_free(&l, "k").await,
+            "{how}: the slot stayed taken"
+        );
+    }
+}
