@@ -12,7 +12,7 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--prefix P]
+//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]] [--prefix P]
 //!     [--log error|warn|info|debug|trace] [--shadow] [--no-limit]
 //! ```
 //!
@@ -21,6 +21,11 @@
 //!
 //! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
 //! in LIST spend quota; the others give their units back before they are answered.
+//!
+//! `--concurrency N` (with `--lease-ms M`, default 30,000): at most N requests of one key in
+//! flight at once across every instance sharing the store, on top of the rate limit; over it,
+//! 429. A slot is held under a lease renewed while the request runs, so the slots of a
+//! gateway that dies come back within M ms.
 //!
 //! `--shadow` never rejects: over-limit requests are served with the headers of the denial,
 //! and each is logged ("would deny") at `info`.
@@ -42,9 +47,9 @@ use axum::{
     Router,
 };
 use tower_redis_ratelimit::{
-    Algorithm, Batching, ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, HeaderStyle,
-    KeyExtractor, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
-    StatusSet, Store, TokenBucket,
+    Algorithm, Batching, ClientIp, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra,
+    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, Leases, MemoryStore, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, SlidingWindow, StatusSet, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -53,8 +58,11 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
-[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] [--prefix P] \
-[--log LEVEL] [--shadow] [--batch] [--no-limit]";
+[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
+[--concurrency N [--lease-ms M]] [--prefix P] [--log LEVEL] [--shadow] [--batch] [--no-limit]";
+
+/// `--lease-ms` when not given.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 struct Args {
     listen: SocketAddr,
@@ -91,6 +99,10 @@ struct Args {
     plans: Vec<(String, Quota)>,
     /// `--count-only LIST`: the statuses that spend quota.
     count_only: Option<StatusSet>,
+    /// `--concurrency N`: at most N requests of a key in flight.
+    concurrency: Option<u32>,
+    /// `--lease-ms M`: the lease of a concurrency slot.
+    lease: Option<Duration>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -147,6 +159,8 @@ fn parse_args() -> Result<Args, String> {
         shadow: false,
         plans: Vec::new(),
         count_only: None,
+        concurrency: None,
+        lease: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -194,6 +208,8 @@ fn parse_args() -> Result<Args, String> {
             "--log",
             "--plan",
             "--count-only",
+            "--concurrency",
+            "--lease-ms",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -295,6 +311,22 @@ fn parse_args() -> Result<Args, String> {
                 let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
                 a.count_only = Some(set);
             }
+            "--concurrency" => {
+                a.concurrency = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|&n: &u32| n > 0)
+                        .ok_or_else(|| bad("a whole number of requests, at least 1"))?,
+                )
+            }
+            "--lease-ms" => {
+                a.lease = Some(Duration::from_millis(
+                    value
+                        .parse()
+                        .map_err(|_| bad("a whole number of milliseconds"))?,
+                ))
+            }
             "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
             _ => unreachable!("checked against FLAGS above"),
         }
@@ -318,11 +350,32 @@ fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     })
 }
 
+/// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
+fn concurrency_limiter(
+    args: &Args,
+    store: Arc<dyn Leases>,
+) -> Result<Option<ConcurrencyLimiter>, String> {
+    let Some(n) = args.concurrency else {
+        return Ok(None);
+    };
+    let lease = args.lease.unwrap_or(DEFAULT_LEASE);
+    ConcurrencyLimiter::builder(store, n)
+        .prefix(&args.prefix)
+        .lease(lease)
+        .store_timeout(args.timeout)
+        .on_store_error(args.on_error)
+        .local_share(args.local_share)
+        .build()
+        .map(Some)
+        .map_err(|e| format!("--concurrency {n} --lease-ms {}: {e}", lease.as_millis()))
+}
+
 async fn serve(
     args: Args,
-    store: Arc<dyn Store>,
+    store: Arc<dyn Leases>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<(), BoxError> {
+    let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
     let limiter = RateLimiter::builder(store, algorithm)
         .prefix(&args.prefix)
         .store_timeout(args.timeout)
@@ -366,6 +419,18 @@ async fn serve(
         app
     } else {
         app.layer(layer)
+    };
+    let app = match concurrency.filter(|_| !args.no_limit) {
+        Some(limiter) => {
+            println!(
+                "concurrency: at most {} requests per key in flight (lease {} ms)",
+                limiter.max_in_flight(),
+                limiter.lease().as_millis()
+            );
+            // Outermost: a request refused for concurrency spends no rate-limit units.
+            app.layer(ConcurrencyLimitLayer::new(limiter, key_extractor(&args)?))
+        }
+        None => app,
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -414,6 +479,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
         _ => Gcra::new(quota).map(|_| ())?,
     }
     key_extractor(&args)?;
+    if args.lease.is_some() && args.concurrency.is_none() {
+        return Err("--lease-ms is the lease of --concurrency: give --concurrency N".into());
+    }
+    concurrency_limiter(&args, Arc::new(MemoryStore::new()))?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err("--plan gives a quota per key of --key header:NAME".into());
     }
@@ -483,7 +552,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     } else {
         ""
     };
-    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
+    let store: Arc<dyn Leases> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
         (_, Some(nodes), _) => {
             let store = builder
                 .connect_cluster(nodes)

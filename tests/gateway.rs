@@ -606,3 +606,138 @@ fn count_only_spends_quota_on_the_listed_statuses_only() {
         assert!(stderr.contains("--count-only"), "{bad:?}: {stderr}");
     }
 }
+
+/// `--concurrency N`: at most N requests of one key in flight across the gateways sharing a
+/// store (two gateways on one Redis, two on a cluster; one in memory), on top of the rate
+/// limit, with each algorithm; other keys are not held up, and the slots come back when the
+/// requests end. A bad `--concurrency` or `--lease-ms` stops the gateway at start-up.
+#[test]
+fn concurrency_caps_the_requests_of_a_key_in_flight() {
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    let url = redis.url();
+    let nodes = cluster.urls().join(",");
+    let stores = [
+        vec![],
+        vec!["--redis", url.as_str()],
+        vec!["--redis-cluster", nodes.as_str()],
+    ];
+    for store in &stores {
+        for algorithm in ["gcra", "token-bucket", "sliding-window"] {
+            let prefix = format!("conc-{algorithm}");
+            let mut args = store.clone();
+            args.extend([
+                "--algorithm",
+                algorithm,
+                "--key",
+                "header:x-key",
+                "--limit",
+                "1000",
+                "--per",
+                "1s",
+                "--concurrency",
+                "2",
+                "--prefix",
+                &prefix,
+            ]);
+            let a = start_gateway(&args);
+            // In memory each gateway has its own slots: both sleepers go through one.
+            let b = if store.is_empty() {
+                None
+            } else {
+                Some(start_gateway(&args))
+            };
+            let b_addr = b.as_ref().map_or(a.addr, |b| b.addr);
+            assert!(
+                a.banner
+                    .iter()
+                    .any(|l| l.contains("concurrency: at most 2")),
+                "{:?}",
+                a.banner
+            );
+            let sleepers: Vec<_> = [a.addr, b_addr]
+                .into_iter()
+                .map(|addr| {
+                    std::thread::spawn(move || get_path(addr, "/sleep/1500", "x-key: k\r\n").0)
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(500));
+            let label = format!("{store:?} {algorithm}");
+            assert_eq!(get_path(a.addr, "/", "x-key: k\r\n").0, 429, "{label}");
+            assert_eq!(get_path(b_addr, "/", "x-key: k\r\n").0, 429, "{label}");
+            assert_eq!(get_path(a.addr, "/", "x-key: other\r\n").0, 200, "{label}");
+            for s in sleepers {
+                assert_eq!(s.join().unwrap(), 200, "{label}");
+            }
+            // Released when the responses end (on Redis, one round trip later).
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(get_path(a.addr, "/", "x-key: k\r\n").0, 200, "{label}");
+        }
+    }
+    for (args, says) in [
+        (vec!["--concurrency", "0"], "--concurrency"),
+        (vec!["--concurrency", "2", "--lease-ms", "5"], "lease"),
+        (vec!["--lease-ms", "5000"], "--concurrency"),
+    ] {
+        let out = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+/// A gateway killed while its requests hold slots: another gateway on the same Redis finds
+/// them taken, and free again within the lease (`--lease-ms 1000`).
+#[test]
+fn a_killed_gateway_gives_its_slots_back_within_the_lease() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--key",
+        "header:x-key",
+        "--limit",
+        "1000",
+        "--concurrency",
+        "1",
+        "--lease-ms",
+        "1000",
+        "--prefix",
+        "conc-kill",
+    ];
+    let a = start_gateway(&args);
+    let b = start_gateway(&args);
+    let a_addr = a.addr;
+    // Held until the gateway dies (the read then fails: the thread's result is ignored).
+    let _holder = std::thread::spawn(move || {
+        let _ = std::panic::catch_unwind(|| get_path(a_addr, "/sleep/30000", "x-key: k\r\n"));
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(get_path(b.addr, "/", "x-key: k\r\n").0, 429);
+    common::signal(a.child.id(), "-KILL");
+    let killed = std::time::Instant::now();
+    // Renewed leases outlive the kill by at most one lease.
+    let mut statuses = Vec::new();
+    loop {
+        let status = get_path(b.addr, "/", "x-key: k\r\n").0;
+        statuses.push(status);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(2_500),
+            "the slot was not back 2.5 s after the kill (lease 1 s): {statuses:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        statuses.len() > 1,
+        "the slot was free at once after the kill: {statuses:?}"
+    );
+    drop(a);
+}
