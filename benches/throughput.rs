@@ -126,9 +126,9 @@ fn check_and_refund<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
     Arc::new(move |key| {
         let l = limiter.clone();
         Box::pin(async move {
-            let d = l.check(&key, 1).await.expect("check failed");
+            let mut d = l.check(&key, 1).await.expect("check failed");
             if d.allowed {
-                l.refund(&key, &d).await.expect("refund failed");
+                l.refund(&key, &mut d).await.expect("refund failed");
             }
             d.allowed
         })

@@ -479,6 +479,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
         _ => Gcra::new(quota).map(|_| ())?,
     }
     key_extractor(&args)?;
+    if args.shadow && args.concurrency.is_some() {
+        return Err(
+            "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"
+                .into(),
+        );
+    }
     if args.lease.is_some() && args.concurrency.is_none() {
         return Err("--lease-ms is the lease of --concurrency: give --concurrency N".into());
     }

@@ -15,11 +15,17 @@ end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
 local n = redis.call('ZCARD', KEYS[1])
-if n >= limit then
+local deadline = now + lease
+-- The same holder again (a client resent the call after a cut connection): it holds its
+-- slot already, so it is admitted again, its lease renewed, and counted once.
+local again = redis.call('ZSCORE', KEYS[1], holder)
+if not again and n >= limit then
   return { 0, n }
 end
-local deadline = now + lease
 redis.call('ZADD', KEYS[1], fmt(deadline), holder)
+if not again then
+  n = n + 1
+end
 -- Another instance may hold a longer lease (another configuration during a roll-out).
 local last = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local latest = stored_int(last[2], 'lease deadline')
@@ -27,4 +33,4 @@ if latest < deadline then
   latest = deadline
 end
 redis.call('PEXPIRE', KEYS[1], ms_ceil(latest - now))
-return { 1, n + 1 }
+return { 1, n }

@@ -46,20 +46,27 @@ local rank = redis.call('ZRANK', KEYS[1], mine)
 local newer = redis.call('ZCARD', KEYS[1]) - 1 - rank
 redis.call('ZREM', KEYS[1], mine)
 
--- Rewrites members `first` to `last` (ranks) with their totals moved by `delta`, in chunks
+-- Rewrites members `first` to `last` (ranks) with their totals moved by `delta`. All are read
+-- before any is rewritten: a rewritten member may sort past members sharing its score, so
+-- ranks read between writes could name a member twice and miss another. Written in chunks
 -- (a few commands however many there are; unpack's stack is bounded).
 local function shift(first, last, delta)
-  local CHUNK = 1000
-  for from = first, last, CHUNK do
-    local members = redis.call('ZRANGE', KEYS[1], from, math.min(from + CHUNK - 1, last), 'WITHSCORES')
-    local old, new = {}, {}
-    for i = 1, #members, 2 do
-      local m = members[i]
-      old[#old + 1] = m
-      new[#new + 1] = members[i + 1]
-      new[#new + 1] = member(member_total(m) + delta, member_seq(m))
+  local members = redis.call('ZRANGE', KEYS[1], first, last, 'WITHSCORES')
+  local CHUNK = 2000
+  -- Every old member goes before any new one is written: a new name may be an old one's.
+  for from = 1, #members, CHUNK do
+    local old = {}
+    for i = from, math.min(from + CHUNK - 1, #members), 2 do
+      old[#old + 1] = members[i]
     end
     redis.call('ZREM', KEYS[1], unpack(old))
+  end
+  for from = 1, #members, CHUNK do
+    local new = {}
+    for i = from, math.min(from + CHUNK - 1, #members), 2 do
+      new[#new + 1] = members[i + 1]
+      new[#new + 1] = member(member_total(members[i]) + delta, member_seq(members[i]))
+    end
     redis.call('ZADD', KEYS[1], unpack(new))
   end
 end

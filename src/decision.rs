@@ -348,7 +348,8 @@ impl Decision {
     }
 
     /// What this check took from the quota, when it was allowed: what
-    /// [`RateLimiter::refund`](crate::RateLimiter::refund) gives back. `None` for a denial.
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund) gives back. `None` for a denial,
+    /// and once the charge was refunded.
     pub fn charge(&self) -> Option<&Charge> {
         self.charge.as_ref()
     }

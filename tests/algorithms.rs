@@ -253,7 +253,7 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         .query(&mut conn)
         .unwrap();
     let _: () = redis::cmd("SET")
-        .arg("{x:default:junk}:l")
+        .arg("{x:default:junk}:l2")
         .arg("a string")
         .query(&mut conn)
         .unwrap();
@@ -309,7 +309,7 @@ async fn sliding_window_survives_losing_its_totals() {
     }
     let mut conn = redis_server.conn();
     let n: i64 = redis::cmd("DEL")
-        .arg("{lost:default:k}:m")
+        .arg("{lost:default:k}:m2")
         .query(&mut conn)
         .unwrap();
     assert_eq!(n, 1);

@@ -798,3 +798,102 @@ async fn an_acquire_abandoned_in_flight_gives_its_slot_back() {
         );
     }
 }
+
+/// Review findings (issue 13): each guarded here by a test that failed before its fix.
+mod review {
+    use super::*;
+    use common::proxy::Proxy;
+
+    /// A connection cut after the acquire ran (the answer never came): the slot Redis gave
+    /// is released, not held for the whole lease. Before the fix, only a timeout released.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cut_connection_after_the_acquire_ran_does_not_leak_the_slot() {
+        let redis = RedisServer::start();
+        let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
+        let limiter =
+            ConcurrencyLimiter::builder(RedisStore::connect(&proxy.url()).await.unwrap(), 1)
+                .lease(Duration::from_secs(60))
+                .store_timeout(Duration::from_secs(2))
+                .on_store_error(FailurePolicy::Closed)
+                .build()
+                .unwrap();
+        limiter
+            .acquire("warm")
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        proxy.cut_next_answer();
+        let err = limiter.acquire("k").await.unwrap_err();
+        assert!(!err.to_string().contains("timed out"), "{err}");
+        let mut statuses = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let p = limiter.acquire("k").await.unwrap();
+            statuses.push(p.is_some());
+            if p.is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the slot leaked after {err}: {statuses:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The acquire script run twice for one holder (a cluster client resends after a cut
+    /// connection): admitted both times, one slot held. Before the fix the second run
+    /// answered "full" while the holder kept its slot.
+    #[test]
+    fn an_acquire_resent_for_the_same_holder_is_admitted_once() {
+        let redis = RedisServer::start();
+        let mut c = redis.conn();
+        let acquire = redis::Script::new(concat!(
+            include_str!("../lua/prelude.lua"),
+            include_str!("../lua/semaphore_acquire.lua")
+        ));
+        let run = |c: &mut redis::Connection, holder: &str| -> Vec<i64> {
+            acquire
+                .key("{rl:concurrency:k}:c")
+                .arg("")
+                .arg(1)
+                .arg(60_000_000u64)
+                .arg(holder)
+                .invoke(c)
+                .unwrap()
+        };
+        assert_eq!(run(&mut c, "holder-1"), [1, 1]);
+        assert_eq!(run(&mut c, "holder-1"), [1, 1], "resent");
+        assert_eq!(run(&mut c, "holder-2"), [0, 1], "still one slot");
+        let held: Vec<String> = redis::cmd("ZRANGE")
+            .arg("{rl:concurrency:k}:c")
+            .arg(0)
+            .arg(-1)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(held, ["holder-1"]);
+    }
+
+    /// The in-memory key cap never forgets a key whose slots are held: a flood of other keys
+    /// is refused instead. Before the fix the victim's count was reset and it admitted 2.
+    #[tokio::test]
+    async fn the_memory_key_cap_never_evicts_live_holders() {
+        let limiter = ConcurrencyLimiter::builder(MemoryStore::with_max_keys(16), 1)
+            .build()
+            .unwrap();
+        let victim = limiter.acquire("victim").await.unwrap().expect("free");
+        let mut flood = Vec::new();
+        for i in 0..200 {
+            flood.extend(limiter.acquire(format!("attacker-{i}")).await.unwrap());
+        }
+        assert!(flood.len() < 200, "the cap held no key back");
+        assert!(
+            limiter.acquire("victim").await.unwrap().is_none(),
+            "2 in flight, max 1"
+        );
+        drop((victim, flood));
+    }
+}

@@ -213,7 +213,7 @@ async fn a_request_that_never_completes_uncounted_counts() {
     assert_eq!(field(&res, "t"), Some(0), "a full quota resets now");
     assert_eq!(limiter.check("alice", 1).await.unwrap().remaining, 2);
     limiter
-        .refund("alice", &limiter.check("alice", 1).await.unwrap())
+        .refund("alice", &mut limiter.check("alice", 1).await.unwrap())
         .await
         .unwrap();
     // The client went away while the app worked: counted.
@@ -381,4 +381,15 @@ async fn counting_needs_an_algorithm_that_can_give_back() {
         .count_only("401".parse().unwrap())
         .unwrap();
     assert_eq!(layer.add_policy(custom).unwrap_err().field(), "count_if");
+}
+
+/// A set that counts nothing would limit nothing: refused, naming the field. (Review
+/// finding: `StatusSet::new().with_class(6)` was accepted and turned the limit off.)
+#[test]
+fn counting_nothing_is_a_config_error() {
+    let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1)).unwrap());
+    let err = RateLimitLayer::new(limiter, HeaderKey::new("x-account").unwrap())
+        .count_only(tower_redis_ratelimit::StatusSet::new().with_class(6))
+        .unwrap_err();
+    assert_eq!(err.field(), "count_only");
 }

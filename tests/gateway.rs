@@ -678,6 +678,8 @@ fn concurrency_caps_the_requests_of_a_key_in_flight() {
         (vec!["--concurrency", "0"], "--concurrency"),
         (vec!["--concurrency", "2", "--lease-ms", "5"], "lease"),
         (vec!["--lease-ms", "5000"], "--concurrency"),
+        // Review finding: --shadow promised never to reject, but the concurrency layer did.
+        (vec!["--concurrency", "1", "--shadow"], "--shadow"),
     ] {
         let out = Command::new(gateway_bin())
             .args(["--listen", "127.0.0.1:0"])

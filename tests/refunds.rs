@@ -132,9 +132,11 @@ async fn interleaved_agree(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, c
                 }
             }
             Op::Refund(pick) if !allowed.is_empty() => {
-                let (r, m) = &allowed[pick % allowed.len()];
-                let given_r = on_redis.refund_at("k", r, now).await.unwrap();
-                let given_m = in_memory.refund_at("k", m, now).await.unwrap();
+                // A copy each time: the stores also meet the same charge twice (as a resent
+                // call would bring it), and must agree on what that does.
+                let (mut r, mut m) = allowed[pick % allowed.len()].clone();
+                let given_r = on_redis.refund_at("k", &mut r, now).await.unwrap();
+                let given_m = in_memory.refund_at("k", &mut m, now).await.unwrap();
                 assert_eq!(given_r, given_m, "refund at step {i} of {case:?}");
             }
             Op::Refund(_) => {}
@@ -165,20 +167,21 @@ async fn as_if_never(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, case: &
             Op::Refund(pick) => {
                 // A check only the charged limiters see, refunded at once or a little later.
                 let cost = 1 + (*pick as u32) % case.limit.max(case.burst);
-                let a = charged_redis.check_at("k", cost, now).await.unwrap();
-                let b = charged_memory.check_at("k", cost, now).await.unwrap();
+                let mut a = charged_redis.check_at("k", cost, now).await.unwrap();
+                let mut b = charged_memory.check_at("k", cost, now).await.unwrap();
                 assert_eq!(a, b, "extra check at step {i} of {case:?}");
+                let allowed = a.allowed;
                 let later = now + (*pick as u64 % 2) * (step / 2);
-                let given_a = charged_redis.refund_at("k", &a, later).await.unwrap();
-                let given_b = charged_memory.refund_at("k", &b, later).await.unwrap();
+                let given_a = charged_redis.refund_at("k", &mut a, later).await.unwrap();
+                let given_b = charged_memory.refund_at("k", &mut b, later).await.unwrap();
                 assert_eq!(given_a, given_b, "refund at step {i} of {case:?}");
-                if a.allowed && later == now {
+                if allowed && later == now {
                     assert!(
                         given_a,
                         "a check refunded at once gives its units back: step {i} of {case:?}"
                     );
                 }
-                if !a.allowed {
+                if !allowed {
                     assert!(!given_a, "a denial has nothing to give back");
                 }
                 now = later;
@@ -219,4 +222,81 @@ fn a_refund_after_its_charge_is_as_if_the_check_never_happened() {
     run("as if never", |store, algorithm, case| {
         tokio::runtime::Handle::current().block_on(as_if_never(store, algorithm, case));
     });
+}
+
+/// A refund that rewrites more members than one chunk of the script, many sharing one score
+/// (one batch, or one microsecond): the log stays ordered and Redis agrees with the twin.
+/// Before the fix, ranks read between chunk writes named a member twice and skipped one,
+/// and Redis admitted 4 units over the limit once the old members left the window.
+#[tokio::test]
+async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
+    let redis = RedisServer::start();
+    let window = Duration::from_secs(60);
+    let limit = 2008;
+    let algorithm = SlidingWindow::new(Quota::new(limit, window)).unwrap();
+    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
+    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
+    let (t1, t2) = (T0 + 1_000, T0 + 2_000);
+    let (mut r5, mut m5) = (None, None);
+    for (t, n, cost) in [(T0, 1001, 1), (t1, 1, 5), (t2, 1002, 1)] {
+        for _ in 0..n {
+            let r = on_redis.check_at("k", cost, t).await.unwrap();
+            let m = in_memory.check_at("k", cost, t).await.unwrap();
+            assert!(r.allowed && m.allowed);
+            if cost == 5 {
+                (r5, m5) = (Some(r), Some(m));
+            }
+        }
+    }
+    let (mut r5, mut m5) = (r5.unwrap(), m5.unwrap());
+    assert!(on_redis.refund_at("k", &mut r5, t2).await.unwrap());
+    assert!(in_memory.refund_at("k", &mut m5, t2).await.unwrap());
+    let members: Vec<String> = tower_redis_ratelimit::redis::cmd("ZRANGE")
+        .arg(format!("{}:l2", on_redis.storage_key("k")))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    let totals: Vec<u64> = members.iter().map(|m| m[..16].parse().unwrap()).collect();
+    assert!(
+        totals.windows(2).all(|w| w[0] < w[1]),
+        "the log's totals are out of order"
+    );
+    let later = T0 + 60_000_000 + 1; // the T0 members left the window; 1002 units remain
+    let r = on_redis.check_at("k", 1, later).await.unwrap();
+    let m = in_memory.check_at("k", 1, later).await.unwrap();
+    assert_eq!(m.remaining, u64::from(limit) - 1002 - 1);
+    assert_eq!(r.remaining, m.remaining);
+}
+
+/// One decision is given back once: the second refund of it is `Ok(false)` and the limit
+/// holds. Before the fix a GCRA or token-bucket decision refunded twice gave back twice.
+#[tokio::test]
+async fn a_decision_is_given_back_once() {
+    let redis = RedisServer::start();
+    for (name, algorithm) in common::each_algorithm(Quota::per_minute(3)) {
+        let limiter = RateLimiter::new(redis.store().await, algorithm);
+        let key = format!("once-{name}");
+        let mut first = limiter.check_at(key.as_str(), 1, T0).await.unwrap();
+        assert!(limiter.check_at(key.as_str(), 1, T0).await.unwrap().allowed);
+        assert!(limiter.check_at(key.as_str(), 1, T0).await.unwrap().allowed);
+        assert!(limiter
+            .refund_at(key.as_str(), &mut first, T0)
+            .await
+            .unwrap());
+        assert!(first.charge().is_none(), "{name}");
+        assert!(
+            !limiter
+                .refund_at(key.as_str(), &mut first, T0)
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        let mut kept = 2;
+        while limiter.check_at(key.as_str(), 1, T0).await.unwrap().allowed {
+            kept += 1;
+            assert!(kept <= 3, "{name}: more than the limit counted");
+        }
+        assert_eq!(kept, 3, "{name}");
+    }
 }

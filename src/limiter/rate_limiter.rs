@@ -140,9 +140,14 @@ impl<A: Algorithm> RateLimiter<A> {
     /// never exceed the limit.
     ///
     /// `Ok(true)` when units were given back; `Ok(false)` when there was nothing to give back
-    /// (a denied decision, or state that expired meanwhile). A refund goes to the store that
-    /// decided the check (the local share for a [`degraded`](Decision::degraded) decision);
-    /// when the store fails, the error is returned and the units stay spent (the safe side).
+    /// (a denied decision, one already refunded, or state that expired meanwhile). A refund
+    /// goes to the store that decided the check (the local share for a
+    /// [`degraded`](Decision::degraded) decision).
+    ///
+    /// The refund uses up the decision's [charge](Decision::charge), whatever the outcome, so
+    /// one decision is never given back twice. When the store fails the error is returned;
+    /// the units may or may not have come back (a refund is atomic: all or nothing), so do
+    /// not retry it with another check's decision.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -150,11 +155,12 @@ impl<A: Algorithm> RateLimiter<A> {
     /// // At most 3 failed log-ins a minute per account.
     /// let failures = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(3))?);
     /// for _ in 0..10 {
-    ///     let d = failures.check("alice", 1).await?;
+    ///     let mut d = failures.check("alice", 1).await?;
     ///     assert!(d.allowed);
     ///     let password_ok = true;
     ///     if password_ok {
-    ///         failures.refund("alice", &d).await?; // successes do not count
+    ///         assert!(failures.refund("alice", &mut d).await?); // successes do not count
+    ///         assert!(!failures.refund("alice", &mut d).await?, "given back once only");
     ///     }
     /// }
     /// # Ok(()) }
@@ -162,13 +168,13 @@ impl<A: Algorithm> RateLimiter<A> {
     pub async fn refund<'k>(
         &self,
         key: impl Into<Key<'k>>,
-        decision: &Decision,
+        decision: &mut Decision,
     ) -> Result<bool, Error> {
-        let Some(charge) = decision.charge() else {
+        let Some(charge) = decision.charge.take() else {
             return Ok(false);
         };
         let key = key.into();
-        self.engine.refund(Some(&key), charge, None).await
+        self.engine.refund(Some(&key), &charge, None).await
     }
 
     /// Like [`refund`](Self::refund), at an explicit time (see [`check_at`](Self::check_at)):
@@ -176,14 +182,14 @@ impl<A: Algorithm> RateLimiter<A> {
     pub async fn refund_at<'k>(
         &self,
         key: impl Into<Key<'k>>,
-        decision: &Decision,
+        decision: &mut Decision,
         now_us: u64,
     ) -> Result<bool, Error> {
-        let Some(charge) = decision.charge() else {
+        let Some(charge) = decision.charge.take() else {
             return Ok(false);
         };
         let key = key.into();
-        self.engine.refund(Some(&key), charge, Some(now_us)).await
+        self.engine.refund(Some(&key), &charge, Some(now_us)).await
     }
 
     /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`

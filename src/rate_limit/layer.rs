@@ -269,7 +269,16 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// let layer = RateLimitLayer::new(limiter, PeerIp).count_only("401,403,5xx".parse()?)?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// An empty set (nothing would ever count, so nothing would be limited) is a
+    /// [`ConfigError`] naming `count_only`.
     pub fn count_only(self, statuses: StatusSet) -> Result<Self, ConfigError> {
+        if statuses.is_empty() {
+            return Err(ConfigError::new(
+                "count_only",
+                "no status codes: no response would spend quota, so nothing would be limited",
+            ));
+        }
         self.count_if(move |status, _| statuses.contains(status))
     }
 

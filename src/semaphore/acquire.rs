@@ -9,8 +9,8 @@ use super::{holder, lease::Lease, permit::Permit, slots::Slots};
 use crate::{Error, Key};
 
 /// Releases a slot that may have been taken by an acquire whose answer never came: its
-/// future was dropped while the call was on its way, or the call timed out after the script
-/// may have run.
+/// future was dropped while the call was on its way, or the call failed (timed out, lost
+/// its connection) after the script may have run.
 struct Pending(Option<Arc<Lease>>);
 
 impl Drop for Pending {
@@ -31,8 +31,10 @@ pub(crate) async fn acquire(
     let lease = Arc::new(Lease::new(Arc::clone(&slots), key, holder::next()));
     let mut pending = Pending(Some(Arc::clone(&lease)));
     let result = slots.ask_store(lease.key.as_ref(), &lease.holder).await;
-    // Of the errors, only a timeout may leave a slot taken that nobody knows of.
-    if !matches!(result, Err(Error::Timeout(_))) {
+    // Any error may come after the script ran (a timeout, a connection cut before the
+    // reply, a reply that did not parse): give back what may have been taken. Releasing a
+    // holder that was never added does nothing.
+    if result.is_ok() {
         pending.0 = None;
     }
     drop(pending);

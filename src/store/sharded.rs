@@ -158,6 +158,17 @@ impl<V: Expiring> Shard<V> {
         true
     }
 
+    /// Sweeps expired entries; true when there is room for one more. Unlike
+    /// [`room`](Self::room), never forgets a live entry (for state that must not be lost,
+    /// such as a slot held by a running request).
+    pub(crate) fn room_without_eviction(&mut self, now: u64) -> bool {
+        if self.table.len() >= self.max {
+            self.table.retain(|e| e.2.expires_at() > now);
+            self.swept_len = self.table.len();
+        }
+        self.table.len() < self.max
+    }
+
     /// Forgets entries, soonest-expiring first and never `keep`, until their `weight`s add up
     /// to `excess`; returns the weight freed. For bounds on something other than the number
     /// of entries (e.g. log entries).

@@ -35,8 +35,15 @@ fn micros(d: Duration) -> u64 {
 const KIND: &str = "concurrency";
 
 impl MemoryStore {
-    /// Runs `f` on the holders of `key` (created empty when absent, removed when left empty).
-    fn with_holders<T>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Holders, u64) -> T) -> T {
+    /// Runs `f` on the holders of `key`, removed when left empty. An absent key is created
+    /// empty when `create`, else `f` is not run (`None`). The key cap never forgets a key
+    /// with live holders: when full of them, a new key is not created (`None`).
+    fn with_holders<T>(
+        &self,
+        key: StoreKey<'_>,
+        create: bool,
+        f: impl FnOnce(&mut Holders, u64) -> T,
+    ) -> Option<T> {
         let now = self.now_us();
         let mut compact = KeyBuf::new();
         key.write_compact(KIND, &mut compact);
@@ -44,8 +51,8 @@ impl MemoryStore {
         let map = &self.inner.leases;
         let slot = map.slot(key);
         let mut shard = map.lock(slot);
-        if shard.get_mut(slot, key).is_none() {
-            shard.room(now);
+        if shard.get_mut(slot, key).is_none() && !(create && shard.room_without_eviction(now)) {
+            return None;
         }
         let holders = match shard.get_mut(slot, key) {
             Some(h) => h,
@@ -55,7 +62,7 @@ impl MemoryStore {
         if holders.held.is_empty() {
             shard.remove(slot, key);
         }
-        out
+        Some(out)
     }
 
     fn acquire_now(
@@ -65,19 +72,28 @@ impl MemoryStore {
         limit: u32,
         lease: Duration,
     ) -> Acquired {
-        self.with_holders(key, |h, now| {
+        let acquired = self.with_holders(key, true, |h, now| {
             h.expire(now);
+            let deadline = now.saturating_add(micros(lease));
+            // The same holder again is admitted once, its lease renewed (as the script does).
+            if let Some(held) = h.held.iter_mut().find(|(id, _)| **id == *holder) {
+                held.1 = deadline;
+                return Acquired::new(true, h.held.len() as u64);
+            }
             if h.held.len() >= limit as usize {
                 return Acquired::new(false, h.held.len() as u64);
             }
-            h.held
-                .push((holder.into(), now.saturating_add(micros(lease))));
+            h.held.push((holder.into(), deadline));
             Acquired::new(true, h.held.len() as u64)
+        });
+        acquired.unwrap_or_else(|| {
+            tracing::warn!("concurrency limit: the store's key cap is full of keys with running requests; refusing a new key");
+            Acquired::new(false, 0)
         })
     }
 
     fn renew_now(&self, key: StoreKey<'_>, holder: &str, lease: Duration) -> bool {
-        self.with_holders(key, |h, now| {
+        self.with_holders(key, false, |h, now| {
             // A lease past its deadline is gone, even if no acquire has swept it yet.
             h.expire(now);
             match h.held.iter_mut().find(|(id, _)| **id == *holder) {
@@ -88,6 +104,7 @@ impl MemoryStore {
                 None => false,
             }
         })
+        .unwrap_or(false)
     }
 
     /// Slot holders under all keys, expired ones not swept yet included (for tests and
@@ -134,7 +151,7 @@ impl Leases for MemoryStore {
     }
 
     fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
-        self.with_holders(key, |h, _| h.held.retain(|(id, _)| **id != *holder));
+        self.with_holders(key, false, |h, _| h.held.retain(|(id, _)| **id != *holder));
         Some(Ok(()))
     }
 }

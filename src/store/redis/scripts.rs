@@ -116,7 +116,7 @@ impl<'a> Wire<'a> {
             ),
             Rule::SlidingWindow(w) => builtin(
                 &SLIDING_WINDOW,
-                Keys::Suffixes(&[":l", ":m"]),
+                Keys::Suffixes(&[":l2", ":m2"]),
                 Args::Three([w.window_us(), w.limit(), c]),
             ),
             Rule::Multi(rates) => {
@@ -171,7 +171,7 @@ impl<'a> Wire<'a> {
             Rule::SlidingWindow(w) => match charge.entry {
                 Some(e) => alone(
                     &SLIDING_WINDOW_REFUND,
-                    Keys::Suffixes(&[":l", ":m"]),
+                    Keys::Suffixes(&[":l2", ":m2"]),
                     Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
                 ),
                 None => Ok(None),
