@@ -2,13 +2,13 @@
 -- took, as if it had never happened. Each limit's TAT moves back by cost * emission, never
 -- before now (a rested key holds no more than its burst); a TAT already in the past, or a
 -- missing key, has nothing to give back.
--- KEYS[i]  TAT of limit i
+-- KEYS[i]  TAT of limit i; then, optionally, a marker key (see `first_run` in prelude.lua)
 -- ARGV     now|'', cost, then emission_us, burst for each limit
 -- Reply    1 when units were given back, 0 otherwise
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
-local n = #KEYS
-if n < 1 or #ARGV ~= 2 + 2 * n then
+local n = (#ARGV - 2) / 2
+if n < 1 or n % 1 ~= 0 or (#KEYS ~= n and #KEYS ~= n + 1) then
   fail('invalid argument count')
 end
 local emission, back = {}, {}
@@ -20,6 +20,9 @@ for i = 1, n do
   end
   -- An admitted check cost at most the burst.
   back[i] = emission[i] * math.min(cost, burst)
+end
+if not first_run(n) then
+  return 0
 end
 local given = 0
 for i = 1, n do

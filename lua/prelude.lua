@@ -66,3 +66,14 @@ local function member_seq(m)
   end
   return stored_int(string.sub(m, 18), 'log member')
 end
+
+-- Whether this is the first run of a refund. A client may send a call again after it ran
+-- (the cluster client resends a call whose connection was cut); a refund that gives back
+-- what it finds must not run twice. When a marker key follows the `nkeys` keys of the
+-- state, the first run sets it (for 30 s, longer than any resend) and a second finds it.
+local function first_run(nkeys)
+  if #KEYS <= nkeys then
+    return true
+  end
+  return redis.call('SET', KEYS[nkeys + 1], '1', 'NX', 'PX', 30000) ~= false
+end

@@ -1,7 +1,7 @@
 -- Refund for the token bucket: gives back the tokens an admitted check took, into the bucket
 -- credited up to now, never above the burst. A missing key is a full bucket: nothing to give.
 -- A bucket full again goes away, as a rested one does.
--- KEYS[1]  the bucket hash
+-- KEYS[1]  the bucket hash; KEYS[2], optionally, a marker key (see `first_run` in prelude.lua)
 -- ARGV     now|'', emission_us, burst, cost
 -- Reply    1 when tokens were given back, 0 otherwise
 local now = clock()
@@ -13,6 +13,9 @@ if tolerance > MAX then
   fail('invalid argument burst')
 end
 
+if not first_run(1) then
+  return 0
+end
 local st = redis.call('HMGET', KEYS[1], 'n', 't')
 if not (st[1] or st[2]) then
   return 0

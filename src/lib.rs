@@ -50,6 +50,7 @@ mod semaphore;
 mod store;
 pub mod telemetry;
 pub mod throttle;
+mod unique_id;
 
 pub use algorithm::{
     Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,

@@ -300,3 +300,105 @@ async fn a_decision_is_given_back_once() {
         assert_eq!(kept, 3, "{name}");
     }
 }
+
+/// A refund script run twice with the same marker key (as the cluster client would resend
+/// it after a cut connection) gives back once; without a marker (standalone connections
+/// never resend) it is the script the store always ran. For GCRA, the token bucket and the
+/// multi-limit; a sliding window's second run finds its entry gone.
+#[test]
+fn a_refund_resent_with_its_marker_gives_back_once() {
+    use tower_redis_ratelimit::redis::{self, Script};
+    let redis_server = RedisServer::start();
+    let mut c = redis_server.conn();
+    let prelude = include_str!("../lua/prelude.lua");
+    let gcra = Script::new(include_str!("../lua/gcra.lua"));
+    let gcra_refund = Script::new(&format!(
+        "{prelude}{}",
+        include_str!("../lua/gcra_refund.lua")
+    ));
+    let bucket = Script::new(&format!(
+        "{prelude}{}",
+        include_str!("../lua/token_bucket.lua")
+    ));
+    let bucket_refund = Script::new(&format!(
+        "{prelude}{}",
+        include_str!("../lua/token_bucket_refund.lua")
+    ));
+    // 3 a minute: emission 20 s, burst 3. Spend all 3, then refund one twice.
+    let (emission, burst, now) = (20_000_000u64, 3u64, T0);
+    for (name, key) in [("gcra", "{m:g}:g"), ("bucket", "{m:b}:b")] {
+        let check = |c: &mut redis::Connection| -> i64 {
+            let script = if name == "gcra" { &gcra } else { &bucket };
+            let reply: Vec<i64> = script
+                .key(key)
+                .arg(now)
+                .arg(emission)
+                .arg(burst)
+                .arg(1)
+                .invoke(c)
+                .unwrap();
+            reply[0]
+        };
+        let refund = |c: &mut redis::Connection, marker: &str| -> i64 {
+            if name == "gcra" {
+                gcra_refund
+                    .key(key)
+                    .key(marker)
+                    .arg(now)
+                    .arg(1)
+                    .arg(emission)
+                    .arg(burst)
+                    .invoke(c)
+                    .unwrap()
+            } else {
+                bucket_refund
+                    .key(key)
+                    .key(marker)
+                    .arg(now)
+                    .arg(emission)
+                    .arg(burst)
+                    .arg(1)
+                    .invoke(c)
+                    .unwrap()
+            }
+        };
+        for _ in 0..3 {
+            assert_eq!(check(&mut c), 1, "{name}");
+        }
+        let marker = format!("{}:rf:one", &key[..key.find('}').unwrap() + 1]);
+        assert_eq!(refund(&mut c, &marker), 1, "{name}: first run");
+        assert_eq!(refund(&mut c, &marker), 0, "{name}: resent");
+        assert_eq!(check(&mut c), 1, "{name}: the unit given back once");
+        assert_eq!(check(&mut c), 0, "{name}: and only once");
+        let ttl: i64 = redis::cmd("PTTL").arg(&marker).query(&mut c).unwrap();
+        assert!(
+            (1..=30_000).contains(&ttl),
+            "{name}: the marker lives 30 s: {ttl}"
+        );
+    }
+}
+
+/// On a cluster, every GCRA refund carries its marker (and a standalone store's none).
+#[tokio::test]
+async fn refunds_on_a_cluster_carry_a_marker() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let limiter = common::limiter(
+        cluster.store().await,
+        Gcra::new(Quota::per_minute(3)).unwrap(),
+        "marked",
+    );
+    let mut d = limiter.check("k", 1).await.unwrap();
+    assert!(limiter.refund("k", &mut d).await.unwrap());
+    let markers = cluster.keys_with_pttl("{marked:*}:rf:*");
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    assert!((1..=30_000).contains(&markers[0].1), "{markers:?}");
+    let redis = RedisServer::start();
+    let limiter = common::limiter(
+        redis.store().await,
+        Gcra::new(Quota::per_minute(3)).unwrap(),
+        "unmarked",
+    );
+    let mut d = limiter.check("k", 1).await.unwrap();
+    assert!(limiter.refund("k", &mut d).await.unwrap());
+    assert!(common::keys_with_pttl(&mut redis.conn(), "*:rf:*").is_empty());
+}

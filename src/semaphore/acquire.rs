@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use super::{holder, lease::Lease, permit::Permit, slots::Slots};
-use crate::{Error, Key};
+use super::{lease::Lease, permit::Permit, slots::Slots};
+use crate::{unique_id, Error, Key};
 
 /// Releases a slot that may have been taken by an acquire whose answer never came: its
 /// future was dropped while the call was on its way, or the call failed (timed out, lost
@@ -28,7 +28,7 @@ pub(crate) async fn acquire(
     slots: Arc<Slots>,
     key: Option<Key<'static>>,
 ) -> Result<Option<Permit>, Error> {
-    let lease = Arc::new(Lease::new(Arc::clone(&slots), key, holder::next()));
+    let lease = Arc::new(Lease::new(Arc::clone(&slots), key, unique_id::next()));
     let mut pending = Pending(Some(Arc::clone(&lease)));
     let result = slots.ask_store(lease.key.as_ref(), &lease.holder).await;
     // Any error may come after the script ran (a timeout, a connection cut before the
@@ -53,7 +53,7 @@ pub(crate) async fn acquire(
 
 /// A slot of an in-memory semaphore (the local share), decided at once.
 fn acquire_local(local: &Arc<Slots>, key: Option<Key<'static>>) -> Result<Option<Permit>, Error> {
-    let lease = Arc::new(Lease::new(Arc::clone(local), key, holder::next()));
+    let lease = Arc::new(Lease::new(Arc::clone(local), key, unique_id::next()));
     let call = local.store.acquire(
         local.store_key(lease.key.as_ref()),
         &lease.holder,

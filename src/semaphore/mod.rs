@@ -8,7 +8,6 @@
 
 mod acquire;
 mod builder;
-mod holder;
 mod lease;
 mod limiter;
 mod permit;

@@ -231,7 +231,7 @@ impl Store for RedisStore {
         charge: &'a Charge,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let wire = match Wire::refund(algorithm, charge) {
+        let wire = match Wire::refund(algorithm, charge, self.backend.is_cluster()) {
             Ok(Some(wire)) => wire,
             Ok(None) => return Box::pin(std::future::ready(Ok(false))),
             Err(e) => return Box::pin(std::future::ready(Err(e))),

@@ -14,7 +14,7 @@ use crate::{
     extract::Out,
     lua::batch_form,
     store::KeyBuf,
-    Algorithm, Charge, Error, Outcome, Rule, StoreKey,
+    unique_id, Algorithm, Charge, Error, Outcome, Rule, StoreKey,
 };
 
 /// A script and its batch form, each built (and hashed) once.
@@ -77,6 +77,9 @@ pub(crate) struct Wire<'a> {
     pub(crate) batch: Option<&'static Script>,
     keys: Keys<'a>,
     args: Args,
+    /// A refund's marker key, `:rf:ID` after the state's keys, so that a resent refund gives
+    /// nothing back (see `first_run` in `lua/prelude.lua`).
+    marker: Option<String>,
 }
 
 /// A check's keys: the base key with suffixes, or a custom algorithm's own.
@@ -102,6 +105,7 @@ impl<'a> Wire<'a> {
             batch: Some(&*scripts.batch),
             keys,
             args,
+            marker: None,
         };
         match algorithm.rule() {
             Rule::Gcra(r) => builtin(
@@ -137,6 +141,7 @@ impl<'a> Wire<'a> {
                 batch: s.batch_script(),
                 keys: Keys::Custom(s.keys(&key.base())),
                 args: Args::List(s.args(cost)),
+                marker: None,
             },
         }
     }
@@ -144,17 +149,25 @@ impl<'a> Wire<'a> {
     /// How a refund of `charge` on `key` under `algorithm` goes to Redis: `Ok(None)` when
     /// there is nothing to give back (a sliding-window charge without its log entry), an
     /// [`Error::Unsupported`] for a custom script.
+    ///
+    /// `resendable`: the connection may send the call again after it ran (the cluster client
+    /// does, after a cut connection). GCRA, the token bucket and the multi-limit then carry a
+    /// marker key, so that a second run gives nothing back; a sliding window needs none (a
+    /// second run finds its entry gone).
     pub(crate) fn refund(
         algorithm: &'a dyn Algorithm,
         charge: &Charge,
+        resendable: bool,
     ) -> Result<Option<Self>, Error> {
         let c = u64::from(charge.cost());
+        let marker = resendable.then(unique_id::next);
         let alone = |script: &'static Script, keys: Keys<'a>, args: Args| {
             Ok(Some(Wire {
                 script,
                 batch: None,
                 keys,
                 args,
+                marker: marker.clone(),
             }))
         };
         match algorithm.rule() {
@@ -169,11 +182,13 @@ impl<'a> Wire<'a> {
                 Args::Three([r.emission_us(), r.burst(), c]),
             ),
             Rule::SlidingWindow(w) => match charge.entry {
-                Some(e) => alone(
-                    &SLIDING_WINDOW_REFUND,
-                    Keys::Suffixes(&[":l2", ":m2"]),
-                    Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
-                ),
+                Some(e) => Ok(Some(Wire {
+                    script: &SLIDING_WINDOW_REFUND,
+                    batch: None,
+                    keys: Keys::Suffixes(&[":l2", ":m2"]),
+                    args: Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
+                    marker: None,
+                })),
                 None => Ok(None),
             },
             Rule::Multi(rates) => {
@@ -193,13 +208,14 @@ impl<'a> Wire<'a> {
         }
     }
 
-    /// How many keys the check has.
+    /// How many keys the call has.
     pub(crate) fn key_count(&self) -> usize {
-        match &self.keys {
+        let state = match &self.keys {
             Keys::Suffixes(s) => s.len(),
             Keys::Parts(p) => p.len(),
             Keys::Custom(k) => k.len(),
-        }
+        };
+        state + usize::from(self.marker.is_some())
     }
 
     /// Calls `f` with each of the check's keys, in order.
@@ -222,6 +238,12 @@ impl<'a> Wire<'a> {
                 }
             }
             Keys::Custom(keys) => keys.iter().for_each(|k| f(k.as_bytes())),
+        }
+        if let Some(marker) = &self.marker {
+            buf.clear();
+            key.write_base_with(b":rf:", &mut buf);
+            buf.put(marker.as_bytes());
+            f(buf.as_bytes());
         }
     }
 

@@ -1,4 +1,4 @@
-//! Holder ids: unique across every instance sharing a store.
+//! Ids unique across every instance sharing a store: concurrency slot holders, refund markers.
 
 use std::{
     collections::hash_map::RandomState,
