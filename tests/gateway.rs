@@ -484,14 +484,20 @@ fn shadow_never_rejects_and_logs_each_would_be_denial() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `--plan KEY=N/PERIOD` gives a key its own quota, with each algorithm, in memory and on
-/// Redis; a plan that cannot work, or without `--key header:NAME`, stops the gateway at
+/// `--plan KEY=N/PERIOD` gives a key its own quota, with each algorithm, in memory, on
+/// Redis and on a cluster; a plan that cannot work, or without `--key header:NAME`, stops the gateway at
 /// start-up.
 #[test]
 fn plans_give_keys_their_own_quota() {
     let redis = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
     let url = redis.url();
-    for store in [vec![], vec!["--redis", url.as_str()]] {
+    let nodes = cluster.urls().join(",");
+    for store in [
+        vec![],
+        vec!["--redis", url.as_str()],
+        vec!["--redis-cluster", nodes.as_str()],
+    ] {
         for algorithm in ["gcra", "token-bucket", "sliding-window"] {
             let mut args = store.clone();
             let prefix = format!("plan-{algorithm}");
