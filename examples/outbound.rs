@@ -1,21 +1,28 @@
-//! Throttling a service's own calls to a third-party API, as the seeds' Gmail sync does:
-//! per-operation costs, and a lower quota for the bulk back-fill job so that interactive calls
-//! are never starved.
-//!
-//! Both clients check the *same* sliding-window log per user; the back-fill limiter stops at
-//! a lower threshold (10 of the 30 units a second), so it only runs on what interactive use
-//! leaves: interactive traffic pushes it back, never the other way round.
+//! Calling an upstream HTTP API through the client-side throttle: N GET requests to a URL,
+//! C in flight, throttled by a configured limit and, with `--adaptive`, by what the
+//! upstream's answers say about its own limits (shared by every copy pointed at one Redis).
 //!
 //! ```text
-//! cargo run --example outbound                                    # in-memory store
-//! cargo run --example outbound -- --redis redis://127.0.0.1:6379 --secs 5
+//! cargo run --example outbound -- --upstream URL --requests N --concurrency C
+//!     [--redis URL] [--key NAME] [--limit N --per P] [--adaptive] [--max-wait-ms N]
 //! ```
 //!
-//! It starts a local stand-in for the API on 127.0.0.1, runs both clients for `--secs`
-//! seconds, and prints what each got.
+//! - `--key NAME`: the throttle's key (default `upstream`); copies with the same key and Redis
+//!   share one limit.
+//! - `--limit N --per P` (P as `1s`, `500ms`, `1m`): the configured limit. Without it the
+//!   throttle has no configured limit (only what it learns, with `--adaptive`).
+//! - `--adaptive`: learn the upstream's limit from its answers (`RateLimit`,
+//!   `X-RateLimit-*`, `Retry-After`) and share it through the store.
+//! - `--max-wait-ms N`: the longest a request waits for its quota (default 10,000).
+//!
+//! The last line is exactly `sent N, ok X, limited Y, failed Z in S s`: X answers 2xx, Y
+//! answers 429, Z transport errors, waits over `--max-wait-ms` and other statuses; S seconds
+//! with one decimal.
+//!
+//! The earlier scenario (interactive calls next to a back-fill job, sharing one quota) is
+//! `examples/backfill.rs`.
 
 use std::{
-    net::SocketAddr,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -23,152 +30,206 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{routing::any, Router};
 use bytes::Bytes;
-use http::{request::Parts, Method, Request};
-use http_body_util::Full;
+use http::{Request, StatusCode, Uri};
+use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, Store, ThrottleLayer,
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer, Upstreams,
 };
 
-/// Units per operation, as the provider charges them.
-fn cost(parts: &Parts) -> u32 {
-    match (&parts.method, parts.uri.path()) {
-        (&Method::POST, "/gmail/v1/send") => 5,
-        (_, "/gmail/v1/messages") => 2,
-        _ => 1,
-    }
-}
-
-/// The user whose quota a call spends.
-fn user(parts: &Parts) -> Option<String> {
-    parts
-        .headers
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
+const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \
+[--key NAME] [--limit N --per P] [--adaptive] [--max-wait-ms N]";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let mut redis = None;
-    let mut secs = 5u64;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+struct Args {
+    upstream: Uri,
+    requests: u64,
+    concurrency: u64,
+    redis: Option<String>,
+    key: String,
+    limit: Option<(u32, Duration)>,
+    adaptive: bool,
+    max_wait: Duration,
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..split].parse().ok()?;
+    let ms = match &s[split..] {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(ms)?)).filter(|d| !d.is_zero())
+}
+
+fn parse_args() -> Result<Args, String> {
+    let (mut upstream, mut requests, mut concurrency) = (None, None, None);
+    let (mut redis, mut key, mut limit, mut per) = (None, "upstream".to_owned(), None, None);
+    let (mut adaptive, mut max_wait) = (false, Duration::from_secs(10));
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--adaptive" {
+            adaptive = true;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+        let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
         match flag.as_str() {
-            "--redis" => redis = Some(value),
-            "--secs" => secs = value.parse().map_err(|_| "--secs: a whole number")?,
-            _ => return Err(format!("unknown flag {flag}").into()),
-        }
-    }
-
-    // The stand-in API: counts the units it is charged.
-    let charged = Arc::new(AtomicU64::new(0));
-    let api = {
-        let charged = charged.clone();
-        Router::new().fallback(any(move |req: Request<axum::body::Body>| {
-            let charged = charged.clone();
-            async move {
-                charged.fetch_add(u64::from(cost(&req.into_parts().0)), Ordering::Relaxed);
-                "{}"
-            }
-        }))
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let api_addr: SocketAddr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, api).await });
-
-    let store: Arc<dyn Store> = match &redis {
-        Some(url) => Arc::new(RedisStore::connect(url).await?),
-        None => Arc::new(MemoryStore::new()),
-    };
-    // 30 units a second per user in all; back-fill may use at most 10 of them. Both count on
-    // one sliding-window log (the same policy name, shared on purpose), so back-fill only
-    // spends what interactive calls leave below its lower threshold.
-    let window = Duration::from_secs(1);
-    let interactive =
-        RateLimiter::builder(store.clone(), SlidingWindow::new(Quota::new(30, window))?)
-            .policy_name("gmail")
-            .share_counters()
-            .build()?;
-    let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::new(10, window))?)
-        .policy_name("gmail")
-        .share_counters()
-        .build()?;
-
-    let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let interactive_client = ServiceBuilder::new()
-        .layer(
-            ThrottleLayer::new(interactive, user)
-                .cost(cost)
-                .max_wait(Duration::from_secs(2)),
-        )
-        .service(http.clone());
-    let backfill_client = ServiceBuilder::new()
-        .layer(
-            ThrottleLayer::new(backfill, user)
-                .cost(cost)
-                .max_wait(Duration::from_secs(5)),
-        )
-        .service(http);
-
-    let request = move |method: Method, path: &str| {
-        Request::builder()
-            .method(method)
-            .uri(format!("http://{api_addr}{path}"))
-            .header("x-user", "user-7f3a")
-            .body(Full::new(Bytes::new()))
-            .expect("valid request")
-    };
-    let deadline = Instant::now() + Duration::from_secs(secs);
-
-    // The back-fill job: lists messages as fast as its quota allows.
-    let backfill_task = {
-        let mut client = backfill_client;
-        tokio::spawn(async move {
-            let (mut calls, mut failed) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let svc = client.ready().await.expect("client ready");
-                match svc.call(request(Method::GET, "/gmail/v1/messages")).await {
-                    Ok(_) => calls += 1,
-                    Err(_) => failed += 1,
+            "--upstream" => {
+                let uri: Uri = value.parse().map_err(|_| bad("a URL"))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    return Err(bad("an http:// URL"));
                 }
+                upstream = Some(uri);
             }
-            (calls, failed)
-        })
-    };
-
-    // Interactive use: a send (5 units) every 250 ms, 20 units a second.
-    let (mut sent, mut failed, mut max_wait) = (0u64, 0u64, Duration::ZERO);
-    let mut client = interactive_client;
-    while Instant::now() < deadline {
-        let started = Instant::now();
-        let svc = client.ready().await?;
-        match svc.call(request(Method::POST, "/gmail/v1/send")).await {
-            Ok(res) if res.status().is_success() => sent += 1,
-            Ok(_) | Err(_) => failed += 1,
+            "--requests" => requests = Some(positive(&value).ok_or_else(|| bad("at least 1"))?),
+            "--concurrency" => {
+                concurrency = Some(positive(&value).ok_or_else(|| bad("at least 1"))?)
+            }
+            "--redis" => redis = Some(value),
+            "--key" if !value.is_empty() => key = value,
+            "--limit" => {
+                limit = Some(
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| bad("at least 1"))?,
+                )
+            }
+            "--per" => per = Some(parse_duration(&value).ok_or_else(|| bad("a duration like 1s"))?),
+            "--max-wait-ms" => {
+                max_wait = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
+            }
+            _ => return Err(format!("unknown flag {flag}")),
         }
-        max_wait = max_wait.max(started.elapsed());
-        tokio::time::sleep(Duration::from_millis(250).saturating_sub(started.elapsed())).await;
     }
-    let (backfill_calls, backfill_failed) = backfill_task.await?;
+    let limit = match (limit, per) {
+        (Some(n), per) => Some((n, per.unwrap_or(Duration::from_secs(1)))),
+        (None, Some(_)) => return Err("--per goes with --limit".to_owned()),
+        (None, None) => None,
+    };
+    Ok(Args {
+        upstream: upstream.ok_or("--upstream is required")?,
+        requests: requests.ok_or("--requests is required")?,
+        concurrency: concurrency.ok_or("--concurrency is required")?,
+        redis,
+        key,
+        limit,
+        adaptive,
+        max_wait,
+    })
+}
 
+/// The throttled client, answering each request with its status.
+type Throttled = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
+
+/// The HTTP client, throttled as the flags say.
+fn client<S: Store + Upstreams + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
+    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    if args.limit.is_none() && !args.adaptive {
+        let plain = http.map_response(|r| r.status()).map_err(BoxError::from);
+        return Ok(BoxCloneService::new(plain));
+    }
+    // No --limit: a limit far above anything, so that only what is learned holds.
+    let (n, per) = args.limit.unwrap_or((1_000_000, Duration::from_secs(1)));
+    let limiter = RateLimiter::builder(store.clone(), Gcra::new(Quota::new(n, per))?)
+        .policy_name("outbound")
+        .store_timeout(Duration::from_secs(1))
+        .build()?;
+    let key = args.key.clone();
+    let mut layer = ThrottleLayer::new(limiter, move |_: &http::request::Parts| Some(key.clone()))
+        .max_wait(args.max_wait);
+    if args.adaptive {
+        layer = layer.adaptive(store);
+    }
+    let throttled = ServiceBuilder::new().layer(layer).service(http);
+    Ok(BoxCloneService::new(throttled.map_response(|r| r.status())))
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    limited: AtomicU64,
+    failed: AtomicU64,
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let client = match &args.redis {
+        Some(url) => client(&args, RedisStore::connect(url).await?)?,
+        None => client(&args, MemoryStore::new())?,
+    };
     println!(
-        "interactive: {sent} sent, {failed} failed, slowest {} ms",
-        max_wait.as_millis()
+        "upstream: {}, {} requests, {} in flight, key {:?}, limit: {}, adaptive: {}",
+        args.upstream,
+        args.requests,
+        args.concurrency,
+        args.key,
+        args.limit
+            .map_or("none".to_owned(), |(n, per)| format!("{n} per {per:?}")),
+        if args.adaptive { "on" } else { "off" }
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency.min(args.requests) {
+        let (mut client, next, tally) = (client.clone(), next.clone(), tally.clone());
+        let (uri, requests) = (args.upstream.clone(), args.requests);
+        workers.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < requests {
+                let req = Request::get(uri.clone())
+                    .body(Empty::new())
+                    .expect("a valid request");
+                let counter = match client.ready().await {
+                    Ok(svc) => match svc.call(req).await {
+                        Ok(status) if status.is_success() => &tally.ok,
+                        Ok(StatusCode::TOO_MANY_REQUESTS) => &tally.limited,
+                        Ok(_) | Err(_) => &tally.failed,
+                    },
+                    Err(_) => &tally.failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let (ok, limited, failed) = (
+        tally.ok.load(Ordering::Relaxed),
+        tally.limited.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
     );
     println!(
-        "backfill: {backfill_calls} calls ({} units), {backfill_failed} failed",
-        backfill_calls * 2
-    );
-    println!(
-        "api charged {} units in {secs} s (interactive quota 30/s, back-fill at most 10/s of it)",
-        charged.load(Ordering::Relaxed)
+        "sent {}, ok {ok}, limited {limited}, failed {failed} in {:.1} s",
+        ok + limited + failed,
+        started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -15,6 +15,8 @@
 //! | `ratelimit_degraded_total` | counter | `policy` |
 //! | `ratelimit_shadow_denials_total` | counter | `policy` |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
+//! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
+//! | `ratelimit_upstream_waits_total` | counter | `policy` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy` |
 //!
 //! A store that decides without waiting (`MemoryStore`) is not timed: its decisions report a
@@ -32,6 +34,10 @@ pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
 pub const DEGRADED: &str = "ratelimit_degraded_total";
 /// Metric names.
 pub const SHADOW_DENIALS: &str = "ratelimit_shadow_denials_total";
+/// Metric names.
+pub const UPSTREAM_LEARNED: &str = "ratelimit_upstream_learned_total";
+/// Metric names.
+pub const UPSTREAM_WAITS: &str = "ratelimit_upstream_waits_total";
 /// Metric names.
 pub const REFUNDS: &str = "ratelimit_refunds_total";
 /// Metric names.

@@ -118,7 +118,7 @@ fn example_bin() -> std::path::PathBuf {
         .parent()
         .unwrap()
         .join("examples")
-        .join("outbound");
+        .join("backfill");
     assert!(
         bin.exists(),
         "{} not built; run `cargo test` (it builds examples)",

@@ -9,6 +9,7 @@ use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey
 use crate::{algorithm::MemoryState, Algorithm, Charge, Error, Outcome};
 
 mod leases;
+mod upstream;
 
 const SHARDS: usize = 16;
 
@@ -48,6 +49,8 @@ struct Inner {
     states: Sharded<Entry>,
     /// The holders of concurrency slots, per key (see [`Leases`](super::Leases)).
     leases: Sharded<leases::Holders>,
+    /// What upstreams said, per key (see [`Upstreams`](super::Upstreams)).
+    upstreams: Sharded<upstream::Said>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
     /// The store's time, when not the wall clock.
@@ -108,6 +111,7 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 states: Sharded::new(SHARDS, max_keys),
                 leases: Sharded::new(SHARDS, max_keys),
+                upstreams: Sharded::new(SHARDS, max_keys),
                 max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
                 namespaces: Namespaces::new(),
                 clock: None,

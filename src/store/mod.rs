@@ -12,6 +12,7 @@ mod memory;
 mod namespaces;
 mod redis;
 mod sharded;
+mod upstream;
 
 pub(crate) use self::namespaces::Claim;
 pub use self::{clock::ManualClock, memory::MemoryStore};
@@ -24,6 +25,7 @@ pub use self::{
     leases::{Acquired, Leases},
     namespaces::Namespaces,
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+    upstream::{Gate, Learned, Upstreams},
 };
 
 use std::{future::Future, pin::Pin, sync::Arc};

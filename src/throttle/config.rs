@@ -2,14 +2,19 @@
 
 use std::{sync::Arc, time::Duration};
 
+use super::adaptive::Adaptive;
 use crate::{extract::CostFn, RateLimiter};
 
-/// The limiter, the key and cost of a request, and the longest wait.
+/// The limiter, the key and cost of a request, the longest wait, and what is learned from
+/// the upstream.
 pub(crate) struct Settings<K, A> {
     pub(crate) limiter: RateLimiter<A>,
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) max_wait: Duration,
+    /// The cap on a pause or a reset learned from a header.
+    pub(crate) max_pause: Duration,
+    pub(crate) adaptive: Option<Adaptive>,
 }
 
 impl<K, A> Clone for Settings<K, A> {
@@ -19,6 +24,18 @@ impl<K, A> Clone for Settings<K, A> {
             key: Arc::clone(&self.key),
             cost: self.cost.clone(),
             max_wait: self.max_wait,
+            max_pause: self.max_pause,
+            adaptive: self.adaptive.clone(),
         }
     }
 }
+
+/// A throttle that does not send a request again (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoRetry;
+
+/// A throttle that sends a request the upstream answered 429 again, after the pause it
+/// learned, within the maximum wait, when its method is idempotent (see
+/// [`ThrottleLayer::retry_rate_limited`](super::ThrottleLayer::retry_rate_limited)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryIdempotent;

@@ -16,6 +16,12 @@ pub enum ThrottleError {
     },
     /// The store failed (the policy for throttles is closed: the call is not made).
     Store(Error),
+    /// The upstream said to pause (or its window has no units left) for longer than the
+    /// maximum wait allows ([`ThrottleLayer::adaptive`](crate::ThrottleLayer::adaptive)).
+    UpstreamPaused {
+        /// How long until the call could go.
+        wait: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ThrottleError {
@@ -34,6 +40,10 @@ impl fmt::Display for ThrottleError {
                 ),
             },
             ThrottleError::Store(e) => write!(f, "rate limit: {e}"),
+            ThrottleError::UpstreamPaused { wait } => write!(
+                f,
+                "rate limit: the upstream's limit frees in {wait:?}, beyond the maximum wait"
+            ),
         }
     }
 }

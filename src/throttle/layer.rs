@@ -1,35 +1,46 @@
 //! The throttle's tower layer.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, marker::PhantomData, sync::Arc, time::Duration};
 
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::{config::Settings, service::Throttle};
-use crate::{Algorithm, KeyExtractor, RateLimiter};
+use super::{
+    adaptive::{Adaptive, AdaptiveStats, Counters, DEFAULT_MAX_PAUSE},
+    config::{NoRetry, RetryIdempotent, Settings},
+    service::Throttle,
+};
+use crate::{store::Upstreams, Algorithm, KeyExtractor, RateLimiter};
 
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
 ///
 /// The service's error is a [`tower::BoxError`](https://docs.rs/tower/latest/tower/type.BoxError.html):
 /// the inner service's error, or a [`ThrottleError`](crate::ThrottleError). A store failure fails the call rather than
 /// let it exceed a third party's limit.
-pub struct ThrottleLayer<K, A> {
+///
+/// `R` says whether a request the upstream answered 429 is sent again: [`NoRetry`] (the
+/// default) or [`RetryIdempotent`] ([`retry_rate_limited`](Self::retry_rate_limited)).
+pub struct ThrottleLayer<K, A, R = NoRetry> {
     settings: Settings<K, A>,
+    _retry: PhantomData<fn() -> R>,
 }
 
-impl<K, A> Clone for ThrottleLayer<K, A> {
+impl<K, A, R> Clone for ThrottleLayer<K, A, R> {
     fn clone(&self) -> Self {
         Self {
             settings: self.settings.clone(),
+            _retry: PhantomData,
         }
     }
 }
 
-impl<K, A: Algorithm> fmt::Debug for ThrottleLayer<K, A> {
+impl<K, A: Algorithm, R> fmt::Debug for ThrottleLayer<K, A, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThrottleLayer")
             .field("limiter", &self.settings.limiter)
             .field("max_wait", &self.settings.max_wait)
+            .field("adaptive", &self.settings.adaptive.is_some())
+            .field("retry", &std::any::type_name::<R>())
             .finish_non_exhaustive()
     }
 }
@@ -44,10 +55,27 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
                 key: Arc::new(key),
                 cost: None,
                 max_wait: Duration::from_secs(10),
+                max_pause: DEFAULT_MAX_PAUSE,
+                adaptive: None,
             },
+            _retry: PhantomData,
         }
     }
 
+    /// Sends a request the upstream answered `429 Too Many Requests` again, after the pause
+    /// it said (or learned), as long as that fits the maximum wait, when its method is
+    /// idempotent (`GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE`). The request's body
+    /// must be `Clone` (a copy is kept for the second send). The last answer is returned
+    /// when the request cannot go again.
+    pub fn retry_rate_limited(self) -> ThrottleLayer<K, A, RetryIdempotent> {
+        ThrottleLayer {
+            settings: self.settings,
+            _retry: PhantomData,
+        }
+    }
+}
+
+impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// Units each request costs (default 1; 0 makes it free).
     pub fn cost<F>(mut self, cost: F) -> Self
     where
@@ -64,10 +92,49 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
         self.settings.max_wait = max_wait;
         self
     }
+
+    /// Learns the upstream's limits from its answers and shares what it learned through
+    /// `store` (the same Redis as the limiter's, so that every instance slows down at once;
+    /// or a `MemoryStore` for one process). Each answer's headers are read with
+    /// [`read_limits`](crate::throttle::read_limits): the units left in the upstream's
+    /// window and when it resets (IETF `RateLimit`, `RateLimit-Remaining`/`-Reset`,
+    /// `X-RateLimit-Remaining`/`-Reset`), and a pause after a 429 or a 503 (`Retry-After`).
+    ///
+    /// Before each call, the throttle waits while the upstream said to pause, or while its
+    /// window has fewer units left than the call costs (taking them when it goes); then the
+    /// configured limiter decides as without adaptation. The configured quota stays an upper
+    /// bound: an upstream saying more is available than configured changes nothing. A store
+    /// failure here is logged and counted, and the call goes on under the configured limit.
+    ///
+    /// Costs one more store call before each request, and one after each answer that says
+    /// something.
+    pub fn adaptive(mut self, store: impl Upstreams) -> Self {
+        self.settings.adaptive = Some(Adaptive {
+            store: Arc::new(store),
+            counters: Arc::default(),
+        });
+        self
+    }
+
+    /// The longest pause or reset an upstream's header may impose (default 60 s): a header
+    /// saying to wait an hour, or a reset in a year, is cut to it (and counted).
+    pub fn max_pause(mut self, max_pause: Duration) -> Self {
+        self.settings.max_pause = max_pause;
+        self
+    }
+
+    /// What the adaptive throttle learned so far (`None` unless [`adaptive`](Self::adaptive)).
+    /// Shared by the layer's clones and services.
+    pub fn adaptive_stats(&self) -> Option<AdaptiveStats> {
+        self.settings
+            .adaptive
+            .as_ref()
+            .map(|a| Counters::snapshot(&a.counters))
+    }
 }
 
-impl<S, K, A> Layer<S> for ThrottleLayer<K, A> {
-    type Service = Throttle<S, K, A>;
+impl<S, K, A, R> Layer<S> for ThrottleLayer<K, A, R> {
+    type Service = Throttle<S, K, A, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Throttle::new(inner, self.settings.clone())

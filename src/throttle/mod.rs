@@ -26,9 +26,18 @@
 //! `poll_ready` only forwards to the inner service: the wait depends on the request's key and
 //! cost, so it happens in the response future, before the inner service is called.
 
+mod adaptive;
 mod config;
 mod error;
 mod layer;
+mod learn;
 mod service;
 
-pub use self::{error::ThrottleError, layer::ThrottleLayer, service::Throttle};
+pub use self::{
+    adaptive::{AdaptiveStats, DEFAULT_MAX_PAUSE},
+    config::{NoRetry, RetryIdempotent},
+    error::ThrottleError,
+    layer::ThrottleLayer,
+    learn::{read_limits, Reading, Source, DEFAULT_429_PAUSE},
+    service::Throttle,
+};

@@ -1,39 +1,48 @@
-//! The throttle's tower service: wait for quota, then call the inner service.
+//! The throttle's tower service: wait for quota (the configured one, and what the upstream
+//! said), call the inner service, learn from the answer, and maybe send a 429'd call again.
 
 use std::{
     fmt,
+    marker::PhantomData,
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
-use http::Request;
+use http::{Method, Request, Response};
 use tower_service::Service;
 
-use super::{config::Settings, error::ThrottleError};
-use crate::{Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter};
+use super::{
+    adaptive::{Adaptive, Counters},
+    config::{NoRetry, RetryIdempotent, Settings},
+    error::ThrottleError,
+    learn::read_limits,
+};
+use crate::{store::Learned, Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter};
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
-pub struct Throttle<S, K, A> {
+pub struct Throttle<S, K, A, R = NoRetry> {
     inner: S,
     settings: Settings<K, A>,
+    _retry: PhantomData<fn() -> R>,
 }
 
-impl<S, K, A> Throttle<S, K, A> {
+impl<S, K, A, R> Throttle<S, K, A, R> {
     pub(crate) fn new(inner: S, settings: Settings<K, A>) -> Self {
-        Self { inner, settings }
-    }
-}
-
-impl<S: Clone, K, A> Clone for Throttle<S, K, A> {
-    fn clone(&self) -> Self {
         Self {
-            inner: self.inner.clone(),
-            settings: self.settings.clone(),
+            inner,
+            settings,
+            _retry: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for Throttle<S, K, A> {
+impl<S: Clone, K, A, R> Clone for Throttle<S, K, A, R> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone(), self.settings.clone())
+    }
+}
+
+impl<S: fmt::Debug, K, A: Algorithm, R> fmt::Debug for Throttle<S, K, A, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Throttle")
             .field("inner", &self.inner)
@@ -43,15 +52,14 @@ impl<S: fmt::Debug, K, A: Algorithm> fmt::Debug for Throttle<S, K, A> {
     }
 }
 
-/// Waits until `key` has `cost` units, within `max_wait`. Under a limiter in shadow mode,
-/// never waits nor fails: a denial is counted and logged, a store error logged.
+/// Waits until `key` has `cost` units, by `deadline`. Under a limiter in shadow mode, never
+/// waits nor fails: a denial is counted and logged, a store error logged.
 async fn acquire<A: Algorithm>(
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
-    max_wait: Duration,
+    deadline: Instant,
 ) -> Result<(), ThrottleError> {
-    let deadline = Instant::now() + max_wait;
     let shadow = limiter.is_shadow();
     loop {
         let d = match limiter.check(key, cost).await {
@@ -79,17 +87,209 @@ async fn acquire<A: Algorithm>(
     }
 }
 
-impl<S, K, A, B> Service<Request<B>> for Throttle<S, K, A>
+/// Waits while the upstream said to pause, or while its window has fewer than `cost` units
+/// left (taking them when the call may go), by `deadline`. A store failure lets the call go
+/// under the configured limit (logged and counted).
+async fn upstream_gate<A: Algorithm>(
+    adaptive: &Adaptive,
+    limiter: &RateLimiter<A>,
+    key: &Key<'_>,
+    cost: u32,
+    deadline: Instant,
+) -> Result<(), ThrottleError> {
+    let engine = &limiter.engine;
+    let counters = &adaptive.counters;
+    loop {
+        let call = adaptive.store.take(engine.store_key(Some(key)), cost);
+        let gate = match tokio::time::timeout(engine.timeout, call).await {
+            Ok(Ok(gate)) => gate,
+            Ok(Err(e)) => {
+                gate_failed(counters, &engine.policy, &e.to_string());
+                return Ok(());
+            }
+            Err(_) => {
+                gate_failed(counters, &engine.policy, "timed out");
+                return Ok(());
+            }
+        };
+        if gate.go {
+            return Ok(());
+        }
+        if Instant::now() + gate.wait > deadline {
+            return Err(ThrottleError::UpstreamPaused { wait: gate.wait });
+        }
+        tracing::debug!(policy = %engine.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
+        #[cfg(feature = "metrics")]
+        metrics::counter!(crate::telemetry::UPSTREAM_WAITS, "policy" => engine.policy.to_string())
+            .increment(1);
+        tokio::time::sleep(gate.wait).await;
+    }
+}
+
+fn gate_failed(counters: &Counters, policy: &str, e: &str) {
+    Counters::add(&counters.store_errors, 1);
+    tracing::warn!(policy, error = e, "rate limit: reading the upstream's learned limit failed; going on under the configured limit");
+}
+
+/// Reads the answer's limits and counts what they said: what to record, and whether it was
+/// a 429.
+fn observe<A: Algorithm, B>(
+    adaptive: &Adaptive,
+    limiter: &RateLimiter<A>,
+    max_pause: Duration,
+    res: &Response<B>,
+) -> (Learned, bool) {
+    let engine = &limiter.engine;
+    let counters = &adaptive.counters;
+    let reading = read_limits(res.status(), res.headers(), SystemTime::now(), max_pause);
+    Counters::add(&counters.ignored, u64::from(reading.ignored));
+    Counters::add(&counters.capped, u64::from(reading.capped));
+    if reading.ignored > 0 || reading.capped > 0 {
+        tracing::info!(
+            policy = %engine.policy,
+            ignored = reading.ignored,
+            capped = reading.capped,
+            "rate limit: the upstream sent rate-limit headers that were malformed or beyond the cap"
+        );
+    }
+    let rate_limited = res.status() == http::StatusCode::TOO_MANY_REQUESTS;
+    if rate_limited {
+        Counters::add(&counters.rate_limited, 1);
+    }
+    if reading.learned.pause.is_some() {
+        Counters::add(&counters.paused, 1);
+    } else if reading.learned.remaining == Some(0) {
+        Counters::add(&counters.exhausted, 1);
+    }
+    if !reading.learned.is_empty() {
+        Counters::add(&counters.learned, 1);
+        tracing::debug!(
+            policy = %engine.policy,
+            remaining = reading.learned.remaining,
+            reset = ?reading.learned.reset,
+            pause = ?reading.learned.pause,
+            window_from = reading.window_from.map(|s| s.as_str()),
+            pause_from = reading.pause_from.map(|s| s.as_str()),
+            "rate limit: learned from the upstream"
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let source = reading
+                .pause_from
+                .or(reading.window_from)
+                .map_or("none", |s| s.as_str());
+            metrics::counter!(crate::telemetry::UPSTREAM_LEARNED, "policy" => engine.policy.to_string(), "source" => source)
+                .increment(1);
+        }
+    }
+    (reading.learned, rate_limited)
+}
+
+/// Records what an answer said, for every instance sharing the store.
+async fn record<A: Algorithm>(
+    adaptive: &Adaptive,
+    limiter: &RateLimiter<A>,
+    key: &Key<'_>,
+    learned: Learned,
+) {
+    if learned.is_empty() {
+        return;
+    }
+    let engine = &limiter.engine;
+    let call = adaptive.store.learn(engine.store_key(Some(key)), learned);
+    match tokio::time::timeout(engine.timeout, call).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => gate_failed(&adaptive.counters, &engine.policy, &e.to_string()),
+        Err(_) => gate_failed(&adaptive.counters, &engine.policy, "timed out"),
+    }
+}
+
+/// Whether a method may be sent twice.
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// A copy of `req` to send again (its extensions included).
+fn copy<B: Clone>(req: &Request<B>) -> Request<B> {
+    let mut c = Request::new(req.body().clone());
+    *c.method_mut() = req.method().clone();
+    *c.uri_mut() = req.uri().clone();
+    *c.version_mut() = req.version();
+    *c.headers_mut() = req.headers().clone();
+    *c.extensions_mut() = req.extensions().clone();
+    c
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Makes the copy of a request to send again.
+type Copier<B> = fn(&Request<B>) -> Request<B>;
+
+/// One throttled call: wait, send, learn; and when `again` makes a copy (retries on), send
+/// it again after a 429 when the pause fits the deadline.
+async fn run<S, K, A, B, RB>(
+    mut inner: S,
+    settings: Settings<K, A>,
+    req: Request<B>,
+    again: Option<Copier<B>>,
+) -> Result<Response<RB>, BoxError>
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    K: KeyExtractor,
+    A: Algorithm,
+{
+    let (parts, body) = req.into_parts();
+    let key = settings.key.extract(&parts).map(Key::into_owned);
+    let cost = settings.cost.as_ref().map_or(1, |f| f(&parts));
+    let mut req = Request::from_parts(parts, body);
+    let (Some(key), true) = (key, cost > 0) else {
+        return inner.call(req).await.map_err(Into::into);
+    };
+    let deadline = Instant::now() + settings.max_wait;
+    let limiter = &settings.limiter;
+    loop {
+        if let Some(adaptive) = &settings.adaptive {
+            upstream_gate(adaptive, limiter, &key, cost, deadline).await?;
+        }
+        acquire(limiter, &key, cost, deadline).await?;
+        let copy = again.filter(|_| idempotent(req.method())).map(|f| f(&req));
+        std::future::poll_fn(|cx| inner.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
+        let res = inner.call(req).await.map_err(Into::into)?;
+        let Some(adaptive) = &settings.adaptive else {
+            return Ok(res);
+        };
+        let (learned, rate_limited) = observe(adaptive, limiter, settings.max_pause, &res);
+        record(adaptive, limiter, &key, learned).await;
+        let pause = learned.pause.unwrap_or_default();
+        match copy {
+            Some(copy) if rate_limited && Instant::now() + pause <= deadline => {
+                Counters::add(&adaptive.counters.retried, 1);
+                tracing::debug!(policy = %limiter.engine.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
+                req = copy;
+            }
+            _ => return Ok(res),
+        }
+    }
+}
+
+impl<S, K, A, B, RB> Service<Request<B>> for Throttle<S, K, A, NoRetry>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<BoxError>,
     K: KeyExtractor,
     A: Algorithm,
     B: Send + 'static,
+    RB: Send + 'static,
 {
     type Response = S::Response;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
     type Future = BoxFuture<'static, Result<S::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -98,18 +298,32 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
-        let key = self.settings.key.extract(&parts).map(Key::into_owned);
-        let cost = self.settings.cost.as_ref().map_or(1, |f| f(&parts));
-        let req = Request::from_parts(parts, body);
-        let limiter = self.settings.limiter.clone();
-        let max_wait = self.settings.max_wait;
-        Box::pin(async move {
-            if let (Some(key), true) = (key, cost > 0) {
-                acquire(&limiter, &key, cost, max_wait).await?;
-            }
-            inner.call(req).await.map_err(Into::into)
-        })
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(run(inner, self.settings.clone(), req, None))
+    }
+}
+
+impl<S, K, A, B, RB> Service<Request<B>> for Throttle<S, K, A, RetryIdempotent>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    K: KeyExtractor,
+    A: Algorithm,
+    B: Clone + Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(run(inner, self.settings.clone(), req, Some(copy::<B>)))
     }
 }

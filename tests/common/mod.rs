@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;
+pub mod upstream;
 
 use std::{
     net::TcpListener,

@@ -9,6 +9,7 @@ mod leases;
 mod scripts;
 #[cfg(feature = "tls")]
 mod tls;
+mod upstream;
 
 pub use self::{
     batch::Batching,

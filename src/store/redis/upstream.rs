@@ -1,0 +1,105 @@
+//! What upstreams said, in Redis: `lua/upstream_take.lua` and `lua/upstream_learn.lua` on a
+//! hash under `{prefix:policy:key}:u` (the throttle's hash tag and cluster slot).
+
+use std::{sync::LazyLock, time::Duration};
+
+use redis::{Cmd, Script, Value};
+
+use super::{backend::evalsha, RedisStore};
+use crate::{
+    store::{
+        upstream::{micros, Gate, Learned, Upstreams},
+        BoxFuture, KeyBuf, StoreKey,
+    },
+    Error,
+};
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/prelude.lua"),
+        include_str!("../../../lua/upstream_take.lua")
+    ))
+});
+static LEARN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/prelude.lua"),
+        include_str!("../../../lua/upstream_learn.lua")
+    ))
+});
+
+/// The largest time a script takes: 2^52 µs, as the prelude checks.
+const MAX_US: u64 = 1 << 52;
+
+fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
+    let mut buf = KeyBuf::new();
+    key.write_base_with(b":u", &mut buf);
+    evalsha(
+        script,
+        1,
+        |cmd| {
+            cmd.arg(buf.as_bytes());
+        },
+        None,
+    )
+}
+
+fn parse_gate(reply: Value) -> Result<Gate, Error> {
+    let items: Vec<i64> = redis::from_redis_value(reply.clone())
+        .map_err(|e| Error::InvalidReply(format!("take: expected {{0|1, wait}}: {e}")))?;
+    match items.as_slice() {
+        [1, 0] => Ok(Gate::new(true, Duration::ZERO)),
+        [0, wait] if *wait > 0 => Ok(Gate::new(false, Duration::from_micros(*wait as u64))),
+        _ => Err(Error::InvalidReply(format!(
+            "take: expected {{0|1, wait}}: {reply:?}"
+        ))),
+    }
+}
+
+impl Upstreams for RedisStore {
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        let mut cmd = call(&TAKE, key);
+        cmd.arg(cost);
+        Box::pin(async move { parse_gate(self.backend.eval(&TAKE, &cmd).await?) })
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let mut cmd = call(&LEARN, key);
+        let us = |d: Option<Duration>| d.map_or(0, |d| micros(d).min(MAX_US));
+        cmd.arg(us(learned.pause));
+        match (learned.remaining, learned.reset) {
+            (Some(r), Some(t)) => cmd.arg(r.min(MAX_US)).arg(us(Some(t))),
+            _ => cmd.arg(-1).arg(-1),
+        };
+        Box::pin(async move {
+            self.backend.eval(&LEARN, &cmd).await?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_replies_are_checked() {
+        let arr = |v: Vec<i64>| Value::Array(v.into_iter().map(Value::Int).collect());
+        assert!(parse_gate(arr(vec![1, 0])).unwrap().go);
+        assert_eq!(
+            parse_gate(arr(vec![0, 1500])).unwrap(),
+            Gate::new(false, Duration::from_micros(1500))
+        );
+        for bad in [
+            arr(vec![0, 0]),
+            arr(vec![1, 5]),
+            arr(vec![2, 0]),
+            arr(vec![0, -3]),
+        ] {
+            assert!(parse_gate(bad).is_err());
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! What a store offers an adaptive [`ThrottleLayer`](crate::ThrottleLayer): what an upstream
+//! said about its limits, shared by every instance calling it.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{BoxFuture, Store, StoreKey};
+use crate::Error;
+
+/// What one answer of an upstream said about its limit, as
+/// [`ThrottleLayer::adaptive`](crate::ThrottleLayer::adaptive) reads it from the response's
+/// headers (see [`read_limits`](crate::throttle::read_limits)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Learned {
+    /// Send nothing for this long (`Retry-After` on a 429 or a 503).
+    pub pause: Option<Duration>,
+    /// Units left in the upstream's current window.
+    pub remaining: Option<u64>,
+    /// Time until the upstream's window resets.
+    pub reset: Option<Duration>,
+}
+
+impl Learned {
+    /// Nothing learned.
+    pub const fn new() -> Self {
+        Self {
+            pause: None,
+            remaining: None,
+            reset: None,
+        }
+    }
+
+    /// With a pause.
+    pub const fn pause(mut self, pause: Duration) -> Self {
+        self.pause = Some(pause);
+        self
+    }
+
+    /// With the units left in a window that resets after `reset`.
+    pub const fn window(mut self, remaining: u64, reset: Duration) -> Self {
+        self.remaining = Some(remaining);
+        self.reset = Some(reset);
+        self
+    }
+
+    /// True when it says nothing a store keeps (a remaining count without its reset time is
+    /// not kept: it cannot tell when the units come back).
+    pub fn is_empty(&self) -> bool {
+        self.pause.is_none() && (self.remaining.is_none() || self.reset.is_none())
+    }
+}
+
+/// Whether an outbound call may go now, by what the upstream said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Gate {
+    /// The call may go (and its cost was taken from the units the upstream said were left).
+    pub go: bool,
+    /// When it may not: how long until the pause or the upstream's window ends.
+    pub wait: Duration,
+}
+
+impl Gate {
+    /// An answer, for custom stores.
+    pub const fn new(go: bool, wait: Duration) -> Self {
+        Self { go, wait }
+    }
+}
+
+/// A store that keeps, per upstream key, what the upstream said: a pause until a time, and
+/// the units left in its current window. Every instance sharing the store then slows down
+/// at once. Times are on the store's clock.
+///
+/// [`RedisStore`](crate::RedisStore) and [`MemoryStore`](crate::MemoryStore) implement it.
+pub trait Upstreams: Store {
+    /// Whether a call of `cost` may go now; when it may and the units left are known, they
+    /// are taken.
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>>;
+
+    /// Records what an answer said: a pause only grows; a window later than the known one
+    /// replaces it; the same window keeps the smaller remaining count (answers arrive out of
+    /// order); an earlier one is stale and ignored.
+    fn learn<'a>(&'a self, key: StoreKey<'a>, learned: Learned)
+        -> BoxFuture<'a, Result<(), Error>>;
+}
+
+/// A shared store keeps what upstreams said too.
+impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        (**self).take(key, cost)
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).learn(key, learned)
+    }
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,386 @@
+//! Reading what an upstream's answer says about its limits: the IETF `RateLimit` fields, the
+//! `X-RateLimit-*` family and `Retry-After`, with the same care as inbound headers.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+use crate::store::Learned;
+
+/// Which header family an answer's limits were read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// `RateLimit: "name";r=R;t=T` (the IETF draft this crate's server side writes).
+    Ietf,
+    /// `RateLimit-Remaining` and `RateLimit-Reset` (earlier IETF drafts).
+    IetfDraft,
+    /// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds from now, or a Unix time in
+    /// seconds or milliseconds).
+    XRateLimit,
+    /// `Retry-After` on a 429 or a 503 (seconds, or an HTTP date).
+    RetryAfter,
+    /// A 429 with no usable `Retry-After`: the default pause.
+    Default429,
+}
+
+impl Source {
+    /// A short name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Source::Ietf => "ratelimit",
+            Source::IetfDraft => "ratelimit-remaining",
+            Source::XRateLimit => "x-ratelimit",
+            Source::RetryAfter => "retry-after",
+            Source::Default429 => "429",
+        }
+    }
+}
+
+/// What [`read_limits`] made of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reading {
+    /// What to record.
+    pub learned: Learned,
+    /// Where the window (units left, reset) came from, if anywhere.
+    pub window_from: Option<Source>,
+    /// Where the pause came from, if anywhere.
+    pub pause_from: Option<Source>,
+    /// Header values that were malformed or hostile (negative, not a number, out of range)
+    /// and were ignored.
+    pub ignored: u32,
+    /// Values beyond the cap (`max_pause`) that were cut down to it.
+    pub capped: u32,
+}
+
+/// The pause after a 429 that says nothing of when to come back.
+pub const DEFAULT_429_PAUSE: Duration = Duration::from_secs(1);
+
+/// Unix times at or above this many seconds are times, not durations (2001-09-09).
+const EPOCH_SECONDS: u64 = 1_000_000_000;
+/// ... and at or above this many, milliseconds.
+const EPOCH_MILLIS: u64 = 1_000_000_000_000;
+
+/// Reads what an upstream's answer (`status`, `headers`) says about its limits, at `now`.
+/// Nothing here panics or trusts a value: a malformed, negative or non-numeric value is
+/// ignored (and counted in [`Reading::ignored`]); a pause or a reset further away than
+/// `max_pause` is cut to it (counted in [`Reading::capped`]).
+///
+/// The window (units left and when they reset) comes from the first family present, in this
+/// order: `RateLimit` (the item with the fewest units left), `RateLimit-Remaining` /
+/// `RateLimit-Reset`, `X-RateLimit-Remaining` / `X-RateLimit-Reset`. A reset of
+/// 1,000,000,000 or more is a Unix time (in milliseconds from 10^12), otherwise seconds from
+/// now. A pause comes from `Retry-After` on a 429 or a 503; a 429 without one pauses for
+/// [`DEFAULT_429_PAUSE`], or until the window resets when the answer says none is left.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::{HeaderMap, StatusCode};
+/// use tower_redis_ratelimit::throttle::read_limits;
+///
+/// let mut h = HeaderMap::new();
+/// h.insert("x-ratelimit-remaining", "7".parse().unwrap());
+/// h.insert("x-ratelimit-reset", "30".parse().unwrap());
+/// let r = read_limits(StatusCode::OK, &h, SystemTime::now(), Duration::from_secs(60));
+/// assert_eq!(r.learned.remaining, Some(7));
+/// assert_eq!(r.learned.reset, Some(Duration::from_secs(30)));
+///
+/// h.insert("retry-after", "999999999999".parse().unwrap()); // hostile: capped
+/// let r = read_limits(StatusCode::TOO_MANY_REQUESTS, &h, SystemTime::now(), Duration::from_secs(60));
+/// assert_eq!(r.learned.pause, Some(Duration::from_secs(60)));
+/// ```
+pub fn read_limits(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: SystemTime,
+    max_pause: Duration,
+) -> Reading {
+    let mut r = Reading {
+        learned: Learned::new(),
+        window_from: None,
+        pause_from: None,
+        ignored: 0,
+        capped: 0,
+    };
+    let window = ietf(headers, &mut r.ignored)
+        .map(|w| (w, Source::Ietf))
+        .or_else(|| {
+            pair(
+                headers,
+                "ratelimit-remaining",
+                "ratelimit-reset",
+                now,
+                &mut r.ignored,
+            )
+            .map(|w| (w, Source::IetfDraft))
+        })
+        .or_else(|| {
+            pair(
+                headers,
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+                now,
+                &mut r.ignored,
+            )
+            .map(|w| (w, Source::XRateLimit))
+        });
+    if let Some(((remaining, reset), from)) = window {
+        let reset = cap(reset, max_pause, &mut r.capped);
+        r.learned = r.learned.window(remaining, reset);
+        r.window_from = Some(from);
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        let retry = headers
+            .get_all(http::header::RETRY_AFTER)
+            .iter()
+            .next()
+            .and_then(|v| retry_after(v, now, &mut r.ignored));
+        let pause = match retry {
+            Some(p) => Some((p, Source::RetryAfter)),
+            None if status == StatusCode::TOO_MANY_REQUESTS => {
+                let until_reset = r.learned.reset.filter(|_| r.learned.remaining == Some(0));
+                Some((until_reset.unwrap_or(DEFAULT_429_PAUSE), Source::Default429))
+            }
+            None => None,
+        };
+        if let Some((p, from)) = pause {
+            r.learned.pause = Some(cap(p, max_pause, &mut r.capped));
+            r.pause_from = Some(from);
+        }
+    }
+    r
+}
+
+fn cap(d: Duration, max: Duration, capped: &mut u32) -> Duration {
+    if d > max {
+        *capped += 1;
+        max
+    } else {
+        d
+    }
+}
+
+/// Digits only (no sign, no spaces inside, no fraction), at most 19 of them.
+fn number(text: &str) -> Option<u64> {
+    let t = text.trim();
+    if t.is_empty() || t.len() > 19 || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse().ok()
+}
+
+fn header_number(v: &HeaderValue) -> Option<u64> {
+    number(v.to_str().ok()?)
+}
+
+/// A reset value: seconds from now, or a Unix time (seconds, or milliseconds).
+fn reset_from(n: u64, now: SystemTime) -> Duration {
+    let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let at = if n >= EPOCH_MILLIS {
+        Duration::from_millis(n)
+    } else if n >= EPOCH_SECONDS {
+        Duration::from_secs(n)
+    } else {
+        return Duration::from_secs(n);
+    };
+    at.saturating_sub(since_epoch)
+}
+
+/// `remaining` and `reset` headers of one family, both present and valid.
+fn pair(
+    headers: &HeaderMap,
+    remaining: &str,
+    reset: &str,
+    now: SystemTime,
+    ignored: &mut u32,
+) -> Option<(u64, Duration)> {
+    let (r, t) = (headers.get(remaining), headers.get(reset));
+    if r.is_none() && t.is_none() {
+        return None;
+    }
+    let r = r.and_then(|v| header_number(v).or_else(|| bad(ignored)));
+    let t = t.and_then(|v| header_number(v).or_else(|| bad(ignored)));
+    Some((r?, reset_from(t?, now)))
+}
+
+fn bad<T>(ignored: &mut u32) -> Option<T> {
+    *ignored += 1;
+    None
+}
+
+/// `RateLimit: "a";r=5;t=30, "b";r=0;t=7`: the item with the fewest units left.
+fn ietf(headers: &HeaderMap, ignored: &mut u32) -> Option<(u64, Duration)> {
+    let mut best: Option<(u64, Duration)> = None;
+    for value in headers.get_all("ratelimit") {
+        let Ok(text) = value.to_str() else {
+            *ignored += 1;
+            continue;
+        };
+        for item in text.split(',') {
+            let (mut r, mut t) = (None, None);
+            let mut valid = true;
+            for param in item.split(';').skip(1) {
+                let Some((name, val)) = param.trim().split_once('=') else {
+                    continue;
+                };
+                let slot = match name.trim() {
+                    "r" => &mut r,
+                    "t" => &mut t,
+                    _ => continue,
+                };
+                match number(val) {
+                    Some(n) => *slot = Some(n),
+                    None => valid = false,
+                }
+            }
+            match (valid, r, t) {
+                (true, Some(r), Some(t)) => {
+                    if best.is_none_or(|(br, _)| r < br) {
+                        best = Some((r, Duration::from_secs(t)));
+                    }
+                }
+                (true, None, None) => {}
+                _ => *ignored += 1,
+            }
+        }
+    }
+    best
+}
+
+/// `Retry-After`: seconds, or an HTTP date (a date in the past is no pause).
+fn retry_after(v: &HeaderValue, now: SystemTime, ignored: &mut u32) -> Option<Duration> {
+    let Ok(text) = v.to_str() else {
+        return bad(ignored);
+    };
+    if let Some(secs) = number(text) {
+        return Some(Duration::from_secs(secs));
+    }
+    match httpdate::parse_http_date(text.trim()) {
+        Ok(at) => Some(at.duration_since(now).unwrap_or_default()),
+        Err(_) => bad(ignored),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(status: u16, pairs: &[(&str, &str)]) -> Reading {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        read_limits(
+            StatusCode::from_u16(status).unwrap(),
+            &h,
+            now,
+            Duration::from_secs(60),
+        )
+    }
+
+    #[test]
+    fn each_family() {
+        let r = read(200, &[("ratelimit", "\"a\";r=5;t=30, \"b\";r=2;t=7")]);
+        assert_eq!(r.learned, Learned::new().window(2, Duration::from_secs(7)));
+        assert_eq!(r.window_from, Some(Source::Ietf));
+        let r = read(
+            200,
+            &[("ratelimit-remaining", "4"), ("ratelimit-reset", "9")],
+        );
+        assert_eq!(r.learned, Learned::new().window(4, Duration::from_secs(9)));
+        // Unix seconds and milliseconds, and seconds from now.
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-remaining", "3"),
+                ("x-ratelimit-reset", "1700000012"),
+            ],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::from_secs(12)));
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-remaining", "3"),
+                ("x-ratelimit-reset", "1700000012500"),
+            ],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::from_millis(12_500)));
+        let r = read(
+            200,
+            &[("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "12")],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::from_secs(12)));
+        // A Unix time in the past: the window is over.
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1600000000"),
+            ],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn retry_after_seconds_dates_and_the_default() {
+        let r = read(429, &[("retry-after", "5")]);
+        assert_eq!(
+            (r.learned.pause, r.pause_from),
+            (Some(Duration::from_secs(5)), Some(Source::RetryAfter))
+        );
+        let r = read(503, &[("retry-after", "Tue, 14 Nov 2023 22:13:40 GMT")]);
+        assert_eq!(r.learned.pause, Some(Duration::from_secs(20)));
+        let r = read(429, &[]);
+        assert_eq!(
+            (r.learned.pause, r.pause_from),
+            (Some(DEFAULT_429_PAUSE), Some(Source::Default429))
+        );
+        let r = read(
+            429,
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "8")],
+        );
+        assert_eq!(r.learned.pause, Some(Duration::from_secs(8)));
+        // Not on a 200.
+        assert_eq!(read(200, &[("retry-after", "5")]).learned.pause, None);
+    }
+
+    #[test]
+    fn hostile_values_are_ignored_or_capped() {
+        for (k, v) in [
+            ("x-ratelimit-remaining", "-1"),
+            ("x-ratelimit-remaining", "1e9"),
+            ("x-ratelimit-remaining", "99999999999999999999999"),
+            ("x-ratelimit-remaining", "0x10"),
+            ("x-ratelimit-remaining", "3.5"),
+        ] {
+            let r = read(200, &[(k, v), ("x-ratelimit-reset", "10")]);
+            assert_eq!(r.learned.remaining, None, "{v}");
+            assert_eq!(r.ignored, 1, "{v}");
+        }
+        let r = read(429, &[("retry-after", "-5")]);
+        assert_eq!((r.ignored, r.pause_from), (1, Some(Source::Default429)));
+        let r = read(429, &[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]);
+        assert_eq!(
+            (r.learned.pause, r.capped),
+            (Some(Duration::from_secs(60)), 1)
+        );
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "99999999999"),
+            ],
+        );
+        assert_eq!(
+            (r.learned.reset, r.capped),
+            (Some(Duration::from_secs(60)), 1)
+        );
+        let r = read(200, &[("ratelimit", "\"a\";r=-3;t=5")]);
+        assert_eq!((r.learned.remaining, r.ignored), (None, 1));
+    }
+}

@@ -1,0 +1,438 @@
+//! The adaptive outbound throttle against a real upstream (an axum server on loopback with
+//! its own limit, which its clients are not told), three client instances sharing one real
+//! Redis: few 429s and most of what the upstream allows, for each header style; next to a
+//! throttle configured too high and no throttle at all. Also: the upstream lowering its
+//! limit mid-run, hostile headers, and the `outbound` example run as a user runs it.
+
+mod common;
+
+use std::{
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use common::{
+    upstream::{Style, Upstream},
+    RedisServer,
+};
+use http::{Request, StatusCode};
+use http_body_util::Empty;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::{
+    throttle::AdaptiveStats, Gcra, Quota, RateLimiter, RedisStore, ThrottleLayer,
+};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Svc = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
+
+/// The upstream's limit: 30 a second, in windows of one second.
+const LIMIT: u32 = 30;
+const WINDOW: Duration = Duration::from_secs(1);
+
+fn http() -> Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>()
+}
+
+/// One client instance: its own Redis connection, a configured limit `per_second`, and
+/// learning from the upstream when `adaptive`. All instances share the key `upstream`.
+async fn instance(
+    redis: &RedisServer,
+    prefix: &str,
+    per_second: u32,
+    adaptive: bool,
+) -> (
+    Svc,
+    ThrottleLayer<impl tower_redis_ratelimit::KeyExtractor, Gcra>,
+) {
+    let store: RedisStore = redis.store().await;
+    let limiter = RateLimiter::builder(
+        store.clone(),
+        Gcra::new(Quota::per_second(per_second)).unwrap(),
+    )
+    .prefix(prefix)
+    .store_timeout(Duration::from_secs(2))
+    .build()
+    .unwrap();
+    let mut layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| {
+        Some("upstream".to_owned())
+    })
+    .max_wait(Duration::from_secs(10));
+    if adaptive {
+        layer = layer.adaptive(store);
+    }
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
+    (
+        BoxCloneService::new(svc.map_response(|r| r.status())),
+        layer,
+    )
+}
+
+fn plain() -> Svc {
+    BoxCloneService::new(http().map_response(|r| r.status()).map_err(BoxError::from))
+}
+
+/// What a run gave, at the upstream.
+#[derive(Debug)]
+struct Run {
+    ok: u64,
+    limited: u64,
+    failed: u64,
+    /// Fraction of the upstream's answers that were 429.
+    limited_fraction: f64,
+    /// 200s as a fraction of what the upstream allowed, per window, over the windows between
+    /// the run's first and its last.
+    throughput: f64,
+    secs: f64,
+}
+
+/// `per_instance` GET requests from each instance, `concurrency` in flight each, starting at
+/// a window's start.
+async fn run(up: &Upstream, instances: &[Svc], per_instance: u64, concurrency: u64) -> Run {
+    up.until_next_window().await;
+    let (ok0, limited0) = (up.ok(), up.limited());
+    let windows_before = up.windows().len();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for svc in instances {
+        let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for _ in 0..concurrency {
+            let (svc, next, url) = (svc.clone(), next.clone(), up.url());
+            tasks.push(tokio::spawn(async move {
+                let mut failed = 0;
+                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < per_instance {
+                    let req = Request::get(&url).body(Empty::new()).unwrap();
+                    if svc.clone().oneshot(req).await.is_err() {
+                        failed += 1;
+                    }
+                }
+                failed
+            }));
+        }
+    }
+    let mut failed = 0;
+    for t in tasks {
+        failed += t.await.unwrap();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let (ok, limited) = (up.ok() - ok0, up.limited() - limited0);
+    // The windows the run spanned, but its first (before anything was learned) and its
+    // last (what was left over): the steady state, in 200s per window of the limit.
+    let windows = up.windows();
+    let run_windows = &windows[windows_before.min(windows.len())..];
+    let inner = if run_windows.len() >= 3 {
+        &run_windows[1..run_windows.len() - 1]
+    } else {
+        run_windows
+    };
+    let inner_ok: u64 = inner.iter().map(|w| w.1).sum();
+    let limit = f64::from(up.limit.load(std::sync::atomic::Ordering::SeqCst));
+    let throughput = inner_ok as f64 / (limit * inner.len().max(1) as f64);
+    Run {
+        ok,
+        limited,
+        failed,
+        limited_fraction: limited as f64 / (ok + limited).max(1) as f64,
+        throughput,
+        secs,
+    }
+}
+
+fn total(stats: &[Option<AdaptiveStats>], f: impl Fn(&AdaptiveStats) -> u64) -> u64 {
+    stats.iter().flatten().map(f).sum()
+}
+
+/// Three instances learning from each header style: under 2% of the answers are 429, and
+/// at least 85% of what the upstream allows gets through. The same against a throttle
+/// configured at 100 a second without adaptation, and against no throttle, for the table in
+/// BENCHMARKS.md (printed with `--nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_learn_the_upstreams_limit_in_each_header_style() {
+    let redis = RedisServer::start();
+    println!("| client setup | upstream headers | answers 429 | throughput of allowed | 200s | 429s | s |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (i, style) in [Style::Ietf, Style::Draft, Style::XEpoch]
+        .into_iter()
+        .enumerate()
+    {
+        let up = Upstream::start(style, LIMIT, WINDOW).await;
+        let mut svcs = Vec::new();
+        let mut layers = Vec::new();
+        for _ in 0..3 {
+            // Configured far above the upstream's limit: only what is learned holds.
+            let (svc, layer) = instance(&redis, &format!("ad{i}"), 10_000, true).await;
+            svcs.push(svc);
+            layers.push(layer);
+        }
+        let r = run(&up, &svcs, 60, 4).await;
+        let stats: Vec<_> = layers.iter().map(|l| l.adaptive_stats()).collect();
+        println!(
+            "| 3 instances, adaptive | {style:?} | {:.1}% | {:.0}% | {} | {} | {:.1} |",
+            100.0 * r.limited_fraction,
+            100.0 * r.throughput,
+            r.ok,
+            r.limited,
+            r.secs
+        );
+        assert_eq!(r.failed, 0, "{style:?}: {r:?}");
+        assert_eq!(r.ok + r.limited, 180, "{style:?}: {r:?}");
+        assert!(r.limited_fraction < 0.02, "{style:?}: {r:?}");
+        assert!(r.throughput >= 0.85, "{style:?}: {r:?}");
+        assert!(total(&stats, |s| s.learned) > 100, "{style:?}: {stats:?}");
+        assert!(total(&stats, |s| s.exhausted) > 0, "{style:?}: {stats:?}");
+    }
+    // The same upstream, without adaptation: configured too high, and no throttle.
+    let up = Upstream::start(Style::Ietf, LIMIT, WINDOW).await;
+    let mut too_high = Vec::new();
+    for _ in 0..3 {
+        too_high.push(instance(&redis, "high", 100, false).await.0);
+    }
+    let high = run(&up, &too_high, 60, 4).await;
+    let none = run(&up, &[plain(), plain(), plain()], 60, 4).await;
+    for (name, r) in [
+        ("3 instances, 100/s configured, not adaptive", &high),
+        ("no throttle", &none),
+    ] {
+        println!(
+            "| {name} | Ietf | {:.1}% | {:.0}% | {} | {} | {:.1} |",
+            100.0 * r.limited_fraction,
+            100.0 * r.throughput,
+            r.ok,
+            r.limited,
+            r.secs
+        );
+    }
+    assert!(high.limited_fraction > 0.3, "{high:?}");
+    assert!(none.limited_fraction > 0.5, "{none:?}");
+}
+
+/// The upstream halves its limit mid-run: the clients follow within one window (no 429 in
+/// the windows after the one where it changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_follow_a_lower_limit_within_one_window() {
+    let redis = RedisServer::start();
+    let up = Upstream::start(Style::Ietf, LIMIT, WINDOW).await;
+    let mut svcs = Vec::new();
+    for _ in 0..3 {
+        svcs.push(instance(&redis, "lower", 10_000, true).await.0);
+    }
+    let limit = Arc::clone(&up.limit);
+    let lowered_at = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        limit.store(LIMIT / 3, std::sync::atomic::Ordering::SeqCst);
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    });
+    let r = run(&up, &svcs, 50, 4).await;
+    let changed = lowered_at.await.unwrap();
+    let after: Vec<_> = up.windows().into_iter().filter(|w| w.0 > changed).collect();
+    assert!(
+        after.len() >= 2,
+        "the run ended too soon after the change: {after:?}"
+    );
+    assert!(
+        after
+            .iter()
+            .all(|w| w.2 == 0 && w.1 <= u64::from(LIMIT / 3)),
+        "429s or more than the new limit after the change window: {after:?} ({r:?})"
+    );
+}
+
+/// An upstream sending hostile values (negative counts, a reset years away, a `Retry-After`
+/// in the year 9999): they are ignored or cut to `max_pause`, counted, and never pause the
+/// clients for longer than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_headers_are_ignored_or_capped() {
+    let redis = RedisServer::start();
+    let up = Upstream::start(Style::Hostile, 5, WINDOW).await;
+    let store = redis.store().await;
+    let limiter =
+        RateLimiter::builder(store.clone(), Gcra::new(Quota::per_second(10_000)).unwrap())
+            .prefix("hostile")
+            .build()
+            .unwrap();
+    let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
+        .adaptive(store)
+        .max_pause(Duration::from_millis(300))
+        .max_wait(Duration::from_secs(5));
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        let req = Request::get(up.url()).body(Empty::new()).unwrap();
+        statuses.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    let elapsed = started.elapsed();
+    let stats = layer.adaptive_stats().unwrap();
+    assert!(stats.ignored >= 12, "{stats:?}");
+    assert!(stats.capped >= 1, "{stats:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // Each 429 pauses at most max_pause (300 ms): 12 calls end well within 12 x 300 ms + slack.
+    assert!(elapsed < Duration::from_secs(8), "{elapsed:?} {statuses:?}");
+}
+
+/// `target/<profile>/examples/outbound`, built by `cargo test` with the examples.
+fn example_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("outbound");
+    assert!(
+        bin.exists(),
+        "{} not built; run `cargo test`",
+        bin.display()
+    );
+    bin
+}
+
+/// The last line: `sent N, ok X, limited Y, failed Z in S s`.
+fn last_line(out: &std::process::Output) -> (u64, u64, u64, u64, f64) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default().to_owned();
+    let parse = || -> Option<(u64, u64, u64, u64, f64)> {
+        let rest = line.strip_prefix("sent ")?;
+        let (n, rest) = rest.split_once(", ok ")?;
+        let (x, rest) = rest.split_once(", limited ")?;
+        let (y, rest) = rest.split_once(", failed ")?;
+        let (z, rest) = rest.split_once(" in ")?;
+        let s = rest.strip_suffix(" s")?;
+        let (_, decimals) = s.split_once('.')?;
+        if decimals.len() != 1 {
+            return None;
+        }
+        Some((
+            n.parse().ok()?,
+            x.parse().ok()?,
+            y.parse().ok()?,
+            z.parse().ok()?,
+            s.parse().ok()?,
+        ))
+    };
+    parse().unwrap_or_else(|| panic!("last line {line:?} of {stdout}"))
+}
+
+/// Three copies of the example at once, sharing one Redis and the key `shared`.
+fn run_copies(url: &str, redis_url: &str, extra: &[&str]) -> Vec<std::process::Output> {
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(example_bin())
+                .args(["--upstream", url, "--requests", "30", "--concurrency", "3"])
+                .args(["--redis", redis_url, "--key", "shared"])
+                .args(extra)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+/// The example as a user runs it: three copies sharing one Redis with `--adaptive` stay
+/// under the upstream's limit; without it, at a configured limit too high, many are refused;
+/// bad flags exit with the usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbound_example_as_written() {
+    let redis = RedisServer::start();
+    let up = Upstream::start(Style::XEpoch, 20, WINDOW).await;
+    let (url, redis_url) = (up.url(), redis.url());
+    let copies = move |extra: &'static [&'static str]| {
+        let (url, redis_url) = (url.clone(), redis_url.clone());
+        tokio::task::spawn_blocking(move || run_copies(&url, &redis_url, extra))
+    };
+    up.until_next_window().await;
+    let limited0 = up.limited();
+    let outs = copies(&["--adaptive"]).await.unwrap();
+    let mut ok = 0;
+    for out in &outs {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (n, x, y, z, _) = last_line(out);
+        assert_eq!((n, x + y + z), (30, 30));
+        ok += x;
+    }
+    let adaptive_limited = up.limited() - limited0;
+    assert_eq!(ok + adaptive_limited, 90);
+    assert!(
+        adaptive_limited <= 2,
+        "adaptive copies got {adaptive_limited} 429s"
+    );
+
+    let limited0 = up.limited();
+    let outs = copies(&["--limit", "100", "--per", "1s"]).await.unwrap();
+    let limited: u64 = outs.iter().map(|o| last_line(o).2).sum();
+    assert_eq!(limited, up.limited() - limited0);
+    assert!(
+        limited > 20,
+        "a throttle configured too high, not adaptive: {limited} 429s"
+    );
+
+    for bad in [
+        vec!["--requests", "3"],
+        vec![
+            "--upstream",
+            "ftp://x",
+            "--requests",
+            "1",
+            "--concurrency",
+            "1",
+        ],
+    ] {
+        let out = Command::new(example_bin()).args(&bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("usage: outbound"));
+    }
+}
+
+/// With `retry_rate_limited`, a GET the upstream answered 429 is sent again after the pause
+/// its `Retry-After` said (and every instance pauses); a POST is not sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_get_is_sent_again_after_the_pause() {
+    let redis = RedisServer::start();
+    let up = Upstream::start(Style::Silent, 2, WINDOW).await;
+    let store = redis.store().await;
+    let limiter =
+        RateLimiter::builder(store.clone(), Gcra::new(Quota::per_second(10_000)).unwrap())
+            .prefix("retry")
+            .build()
+            .unwrap();
+    let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
+        .adaptive(store)
+        .max_wait(Duration::from_secs(5))
+        .retry_rate_limited();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
+    up.until_next_window().await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let req = Request::get(up.url()).body(Empty::new()).unwrap();
+        statuses.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200]);
+    let stats = layer.adaptive_stats().unwrap();
+    assert!(stats.retried >= 1 && stats.rate_limited >= 1, "{stats:?}");
+    assert_eq!(up.ok(), 4);
+    // A POST answered 429 comes back as it is: not sent twice.
+    let retried = stats.retried;
+    up.until_next_window().await;
+    let mut posts = Vec::new();
+    for _ in 0..3 {
+        let req = Request::post(up.url()).body(Empty::new()).unwrap();
+        posts.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(posts, [200, 200, 429]);
+    assert_eq!(layer.adaptive_stats().unwrap().retried, retried);
+}
