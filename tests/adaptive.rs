@@ -275,24 +275,6 @@ async fn hostile_headers_are_ignored_or_capped() {
     assert!(elapsed < Duration::from_secs(8), "{elapsed:?} {statuses:?}");
 }
 
-/// `target/<profile>/examples/outbound`, built by `cargo test` with the examples.
-fn example_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("outbound");
-    assert!(
-        bin.exists(),
-        "{} not built; run `cargo test`",
-        bin.display()
-    );
-    bin
-}
-
 /// The last line: `sent N, ok X, limited Y, failed Z in S s`.
 fn last_line(out: &std::process::Output) -> (u64, u64, u64, u64, f64) {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -323,7 +305,7 @@ fn last_line(out: &std::process::Output) -> (u64, u64, u64, u64, f64) {
 fn run_copies(url: &str, redis_url: &str, extra: &[&str]) -> Vec<std::process::Output> {
     let children: Vec<_> = (0..3)
         .map(|_| {
-            Command::new(example_bin())
+            Command::new(common::example_bin("outbound"))
                 .args(["--upstream", url, "--requests", "30", "--concurrency", "3"])
                 .args(["--redis", redis_url, "--key", "shared"])
                 .args(extra)
@@ -392,7 +374,10 @@ async fn the_outbound_example_as_written() {
             "1",
         ],
     ] {
-        let out = Command::new(example_bin()).args(&bad).output().unwrap();
+        let out = Command::new(common::example_bin("outbound"))
+            .args(&bad)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("usage: outbound"));
     }

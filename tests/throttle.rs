@@ -109,24 +109,6 @@ async fn a_dead_store_fails_the_call_instead_of_exceeding_the_limit() {
     );
 }
 
-/// `target/<profile>/examples/outbound`, built by `cargo test` with the examples.
-fn example_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("backfill");
-    assert!(
-        bin.exists(),
-        "{} not built; run `cargo test` (it builds examples)",
-        bin.display()
-    );
-    bin
-}
-
 fn number_after(text: &str, label: &str) -> u64 {
     let rest = &text[text
         .find(label)
@@ -144,7 +126,7 @@ fn number_after(text: &str, label: &str) -> u64 {
 fn outbound_example_keeps_interactive_calls_flowing() {
     let redis = RedisServer::start();
     let secs = 3;
-    let out = Command::new(example_bin())
+    let out = Command::new(common::example_bin("backfill"))
         .args(["--redis", &redis.url(), "--secs", &secs.to_string()])
         .output()
         .unwrap();

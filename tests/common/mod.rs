@@ -533,3 +533,21 @@ pub fn each_backend() -> Vec<Backend> {
         Backend::Cluster(RedisCluster::start(3, 0)),
     ]
 }
+
+/// `target/<profile>/examples/<name>`, built by `cargo test` with the examples.
+pub fn example_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{} not built; run `cargo test` (it builds examples)",
+        bin.display()
+    );
+    bin
+}

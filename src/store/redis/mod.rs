@@ -23,7 +23,7 @@ use bb8_redis::RedisConnectionManager;
 use redis::{aio::ConnectionLike, cluster_async::ClusterConnection};
 
 use self::{
-    backend::{evalsha, Backend, Shared},
+    backend::{Backend, Shared},
     batch::Batcher,
     scripts::Wire,
 };
@@ -210,15 +210,7 @@ impl Store for RedisStore {
                 scripts::parse(algorithm, reply)
             });
         }
-        let write_keys = |cmd: &mut redis::Cmd| {
-            wire.each_key(key, |k| {
-                cmd.arg(k);
-            })
-        };
-        let mut cmd = evalsha(wire.script, wire.key_count(), write_keys, now_us);
-        for arg in wire.args() {
-            cmd.arg(*arg);
-        }
+        let cmd = wire.command(key, now_us);
         let script = wire.script;
         Box::pin(async move { scripts::parse(algorithm, self.backend.eval(script, &cmd).await?) })
     }
@@ -237,15 +229,7 @@ impl Store for RedisStore {
             Ok(None) => return Box::pin(std::future::ready(Ok(false))),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let write_keys = |cmd: &mut redis::Cmd| {
-            wire.each_key(key, |k| {
-                cmd.arg(k);
-            })
-        };
-        let mut cmd = evalsha(wire.script, wire.key_count(), write_keys, now_us);
-        for arg in wire.args() {
-            cmd.arg(*arg);
-        }
+        let cmd = wire.command(key, now_us);
         let script = wire.script;
         Box::pin(async move { scripts::parse_refund(self.backend.eval(script, &cmd).await?) })
     }

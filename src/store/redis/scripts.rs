@@ -9,12 +9,14 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use super::backend::evalsha;
+
 use crate::{
     decision::{LogEntry, PartInfo},
     extract::Out,
     lua::batch_form,
     store::KeyBuf,
-    unique_id, Algorithm, Charge, Error, Outcome, Rule, StoreKey,
+    unique_id, Algorithm, BucketRate, Charge, Error, Outcome, Rule, StoreKey,
 };
 
 /// A script and its batch form, each built (and hashed) once.
@@ -123,19 +125,11 @@ impl<'a> Wire<'a> {
                 Keys::Suffixes(&[":l2", ":m2"]),
                 Args::Three([w.window_us(), w.limit(), c]),
             ),
-            Rule::Multi(rates) => {
-                let mut args = Vec::with_capacity(1 + 2 * rates.len());
-                args.push(c);
-                for r in rates {
-                    args.push(r.emission_us());
-                    args.push(r.burst());
-                }
-                builtin(
-                    &MULTI_GCRA,
-                    Keys::Parts(algorithm.parts()),
-                    Args::List(args),
-                )
-            }
+            Rule::Multi(rates) => builtin(
+                &MULTI_GCRA,
+                Keys::Parts(algorithm.parts()),
+                multi_args(c, rates),
+            ),
             Rule::Script(s) => Wire {
                 script: s.script(),
                 batch: s.batch_script(),
@@ -191,21 +185,27 @@ impl<'a> Wire<'a> {
                 })),
                 None => Ok(None),
             },
-            Rule::Multi(rates) => {
-                let mut args = Vec::with_capacity(1 + 2 * rates.len());
-                args.push(c);
-                for r in rates {
-                    args.push(r.emission_us());
-                    args.push(r.burst());
-                }
-                alone(
-                    &GCRA_REFUND,
-                    Keys::Parts(algorithm.parts()),
-                    Args::List(args),
-                )
-            }
+            Rule::Multi(rates) => alone(
+                &GCRA_REFUND,
+                Keys::Parts(algorithm.parts()),
+                multi_args(c, rates),
+            ),
             Rule::Script(_) => Err(Error::Unsupported("a custom script cannot give units back")),
         }
+    }
+
+    /// The `EVALSHA` of this call on `key`, at `now_us` (`None`: the server's clock).
+    pub(crate) fn command(&self, key: StoreKey<'_>, now_us: Option<u64>) -> redis::Cmd {
+        let write_keys = |cmd: &mut redis::Cmd| {
+            self.each_key(key, |k| {
+                cmd.arg(k);
+            })
+        };
+        let mut cmd = evalsha(self.script, self.key_count(), write_keys, now_us);
+        for arg in self.args() {
+            cmd.arg(*arg);
+        }
+        cmd
     }
 
     /// How many keys the call has.
@@ -254,6 +254,18 @@ impl<'a> Wire<'a> {
             Args::List(a) => a,
         }
     }
+}
+
+/// The arguments of several GCRA limits: the cost, then each limit's emission interval and
+/// burst.
+fn multi_args(cost: u64, rates: &[BucketRate]) -> Args {
+    let mut args = Vec::with_capacity(1 + 2 * rates.len());
+    args.push(cost);
+    for r in rates {
+        args.push(r.emission_us());
+        args.push(r.burst());
+    }
+    Args::List(args)
 }
 
 /// Reads a script's reply for `algorithm`.
