@@ -16,8 +16,8 @@
 //! - `--max-wait-ms N`: the longest a request waits for its quota (default 10,000).
 //!
 //! The last line is exactly `sent N, ok X, limited Y, failed Z in S s`: X answers 2xx, Y
-//! answers 429, Z transport errors, waits over `--max-wait-ms` and other statuses; S seconds
-//! with one decimal.
+//! answers 429, Z transport errors, waits over `--max-wait-ms`, store failures, calls with no
+//! answer within `--max-wait-ms` + 5 s, and other statuses; S seconds with one decimal.
 //!
 //! The earlier scenario (interactive calls next to a back-fill job, sharing one quota) is
 //! `examples/backfill.rs`.
@@ -43,6 +43,9 @@ const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C
 [--key NAME] [--limit N --per P] [--adaptive] [--max-wait-ms N]";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long a call may take beyond `--max-wait-ms` (its wait for quota) before it is failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Args {
     upstream: Uri,
@@ -81,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
         let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
+        let count = |v: &str| v.parse::<u64>().ok();
         match flag.as_str() {
             "--upstream" => {
                 let uri: Uri = value.parse().map_err(|_| bad("a URL"))?;
@@ -89,7 +93,7 @@ fn parse_args() -> Result<Args, String> {
                 }
                 upstream = Some(uri);
             }
-            "--requests" => requests = Some(positive(&value).ok_or_else(|| bad("at least 1"))?),
+            "--requests" => requests = Some(count(&value).ok_or_else(|| bad("a whole number"))?),
             "--concurrency" => {
                 concurrency = Some(positive(&value).ok_or_else(|| bad("at least 1"))?)
             }
@@ -162,10 +166,14 @@ struct Tally {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
+    // Connects on the first call: a Redis that cannot be reached fails calls (counted as
+    // failed: the throttle does not let calls out unlimited), it does not stop the run.
     let client = match &args.redis {
-        Some(url) => client(&args, RedisStore::connect(url).await?)?,
+        Some(url) => client(&args, RedisStore::connect_lazy(url)?)?,
         None => client(&args, MemoryStore::new())?,
     };
+    // A call that gets no answer within the maximum wait and then this long is failed.
+    let call_timeout = args.max_wait + CALL_TIMEOUT;
     println!(
         "upstream: {}, {} requests, {} in flight, key {:?}, limit: {}, adaptive: {}",
         args.upstream,
@@ -188,13 +196,14 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 let req = Request::get(uri.clone())
                     .body(Empty::new())
                     .expect("a valid request");
-                let counter = match client.ready().await {
-                    Ok(svc) => match svc.call(req).await {
-                        Ok(status) if status.is_success() => &tally.ok,
-                        Ok(StatusCode::TOO_MANY_REQUESTS) => &tally.limited,
-                        Ok(_) | Err(_) => &tally.failed,
-                    },
-                    Err(_) => &tally.failed,
+                let call = async {
+                    let svc = client.ready().await?;
+                    svc.call(req).await
+                };
+                let counter = match tokio::time::timeout(call_timeout, call).await {
+                    Ok(Ok(status)) if status.is_success() => &tally.ok,
+                    Ok(Ok(StatusCode::TOO_MANY_REQUESTS)) => &tally.limited,
+                    Ok(_) | Err(_) => &tally.failed,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }

@@ -75,8 +75,8 @@ pub use rate_limit::{
 };
 pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
-    Acquired, Batching, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore, Namespaces,
-    RedisStore, RedisStoreBuilder, Store, StoreKey, Upstreams, DEFAULT_CONNECT_TIMEOUT,
+    Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
+    Namespaces, RedisStore, RedisStoreBuilder, Store, StoreKey, Upstreams, DEFAULT_CONNECT_TIMEOUT,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

@@ -421,3 +421,302 @@ async fn a_rate_limited_get_is_sent_again_after_the_pause() {
     assert_eq!(posts, [200, 200, 429]);
     assert_eq!(layer.adaptive_stats().unwrap().retried, retried);
 }
+
+/// Review findings (issue 14), each guarded by a test that failed before its fix.
+mod review {
+    use super::*;
+    use tower_redis_ratelimit::{
+        Blind, Key, Learned, ManualClock, MemoryStore, StoreKey, Upstreams,
+    };
+
+    async fn on_both<F, Fut>(redis: &RedisServer, f: F)
+    where
+        F: Fn(Arc<dyn Upstreams>, &'static str) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        f(Arc::new(redis.store().await), "redis").await;
+        f(Arc::new(MemoryStore::new()), "memory").await;
+    }
+
+    /// An answer that took long to come back (its end looks a second later) never gives
+    /// back units already spent in the window it belongs to.
+    #[tokio::test]
+    async fn a_late_answer_never_gives_back_units_spent_in_its_window() {
+        let redis = RedisServer::start();
+        on_both(&redis, |store, name| async move {
+            let k = Key::from("late");
+            let key = StoreKey::new("rv", Some(&k));
+            let w = |r| Learned::new().window(r, Duration::from_secs(10));
+            store.learn(key, w(0), Blind::Counted).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            store.learn(key, w(9), Blind::Counted).await.unwrap();
+            assert!(!store.take(key, 1).await.unwrap().go, "{name}");
+        })
+        .await;
+    }
+
+    /// The call that went first to learn a new window got an answer without one: the others
+    /// stop waiting at once and go blind (before the fix they waited for the probe's 1 s
+    /// deadline, then probed again, one call a second).
+    #[tokio::test]
+    async fn after_a_probe_that_learned_nothing_calls_go_blind_again() {
+        let redis = RedisServer::start();
+        on_both(&redis, |store, name| async move {
+            let k = Key::from("probe");
+            let key = StoreKey::new("rv", Some(&k));
+            let w = Learned::new().window(5, Duration::from_millis(300));
+            store.learn(key, w, Blind::Counted).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let first = store.take(key, 1).await.unwrap();
+            assert_eq!((first.go, first.blind), (true, Blind::Probe), "{name}");
+            assert!(
+                !store.take(key, 1).await.unwrap().go,
+                "{name}: waits for the probe"
+            );
+            store
+                .learn(key, Learned::new(), Blind::Probe)
+                .await
+                .unwrap();
+            let next = store.take(key, 1).await.unwrap();
+            assert_eq!((next.go, next.blind), (true, Blind::Blind), "{name}");
+        })
+        .await;
+    }
+
+    /// Blind calls whose answers came back are not taken off the next window (before the
+    /// fix, 100 answered header-less calls left a window of 50 with none).
+    #[tokio::test]
+    async fn answered_blind_calls_are_not_taken_off_the_next_window() {
+        let redis = RedisServer::start();
+        on_both(&redis, |store, name| async move {
+            let k = Key::from("blind");
+            let key = StoreKey::new("rv", Some(&k));
+            for _ in 0..100 {
+                let g = store.take(key, 1).await.unwrap();
+                assert_eq!(g.blind, Blind::Blind, "{name}");
+                store.learn(key, Learned::new(), g.blind).await.unwrap();
+            }
+            let g = store.take(key, 1).await.unwrap();
+            let w = Learned::new().window(50, Duration::from_secs(10));
+            store.learn(key, w, g.blind).await.unwrap();
+            let mut went = 0;
+            while store.take(key, 1).await.unwrap().go {
+                went += 1;
+                assert!(went <= 50, "{name}");
+            }
+            assert_eq!(went, 50, "{name}");
+        })
+        .await;
+    }
+
+    /// Redis and the in-memory twin agree on a sequence with blind calls, a zero pause and
+    /// a window (before the fix: 8 calls went in memory, 10 on Redis).
+    #[tokio::test]
+    async fn the_twin_agrees_with_redis() {
+        let redis = RedisServer::start();
+        let mut went = Vec::new();
+        for store in [
+            Arc::new(redis.store().await) as Arc<dyn Upstreams>,
+            Arc::new(MemoryStore::new()),
+        ] {
+            let k = Key::from("twin");
+            let key = StoreKey::new("rv", Some(&k));
+            for _ in 0..3 {
+                assert!(store.take(key, 1).await.unwrap().go);
+            }
+            let zero = Learned::new().pause(Duration::ZERO);
+            store.learn(key, zero, Blind::Counted).await.unwrap();
+            let w = Learned::new().window(10, Duration::from_secs(5));
+            store.learn(key, w, Blind::Counted).await.unwrap();
+            let mut n = 0;
+            for _ in 0..12 {
+                n += u32::from(store.take(key, 1).await.unwrap().go);
+            }
+            went.push(n);
+        }
+        assert_eq!(went[0], went[1], "redis {} memory {}", went[0], went[1]);
+        assert_eq!(
+            went[0], 7,
+            "10 left, less the 3 blind calls still on their way"
+        );
+    }
+
+    /// The in-memory state expires as the Redis key does (before the fix an expired state
+    /// came back with its old window and probe).
+    #[tokio::test]
+    async fn the_in_memory_state_expires_like_the_redis_key() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let k = Key::from("expiry");
+        let key = StoreKey::new("rv", Some(&k));
+        let w = Learned::new().window(0, Duration::from_secs(1));
+        store.learn(key, w, Blind::Counted).await.unwrap();
+        clock.advance(Duration::from_secs(600));
+        assert!(store.take(key, 1).await.unwrap().go);
+        assert!(
+            store.take(key, 1).await.unwrap().go,
+            "no probe of a forgotten window"
+        );
+    }
+
+    /// An upstream answering every call with 429, and a handle on how often it was called.
+    async fn always_429(
+        headers: &'static [(&'static str, &'static str)],
+    ) -> (String, Arc<std::sync::atomic::AtomicU64>) {
+        use axum::{response::IntoResponse, routing::any, Router};
+        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let c = calls.clone();
+        let app = Router::new().route(
+            "/",
+            any(move || {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut h = http::HeaderMap::new();
+                for (k, v) in headers {
+                    h.insert(*k, v.parse().unwrap());
+                }
+                async move { (StatusCode::TOO_MANY_REQUESTS, h, "no").into_response() }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/"), calls)
+    }
+
+    fn retrying(
+        store: RedisStore,
+        prefix: &str,
+        max_pause: Duration,
+    ) -> (
+        Svc,
+        ThrottleLayer<
+            impl tower_redis_ratelimit::KeyExtractor,
+            Gcra,
+            tower_redis_ratelimit::throttle::RetryIdempotent,
+        >,
+    ) {
+        let limiter =
+            RateLimiter::builder(store.clone(), Gcra::new(Quota::per_second(10_000)).unwrap())
+                .prefix(prefix)
+                .build()
+                .unwrap();
+        let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
+            .adaptive(store)
+            .max_pause(max_pause)
+            .max_wait(Duration::from_secs(5))
+            .retry_rate_limited();
+        let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
+        (
+            BoxCloneService::new(svc.map_response(|r| r.status())),
+            layer,
+        )
+    }
+
+    /// `Retry-After: 0` on every 429: a request is sent at most three times, a pause apart
+    /// (before the fix: 1,183 sends of one GET within a second).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_zero_retry_after_does_not_make_a_retry_storm() {
+        let redis = RedisServer::start();
+        let (url, calls) = always_429(&[("retry-after", "0")]).await;
+        let (svc, _) = retrying(redis.store().await, "storm", Duration::from_secs(60));
+        let req = Request::get(&url).body(Empty::new()).unwrap();
+        assert_eq!(
+            svc.oneshot(req).await.unwrap(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// A 429 whose window outlasts the maximum wait is the answer, not an error (before the
+    /// fix the retry failed with `UpstreamPaused` and the 429 was lost).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_429_that_cannot_be_retried_is_the_answer() {
+        let redis = RedisServer::start();
+        let (url, calls) =
+            always_429(&[("retry-after", "1"), ("ratelimit", "\"a\";r=0;t=30")]).await;
+        let (svc, _) = retrying(redis.store().await, "kept", Duration::from_secs(60));
+        let req = Request::get(&url).body(Empty::new()).unwrap();
+        assert_eq!(
+            svc.oneshot(req).await.unwrap(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// `max_pause(Duration::MAX)` and a `Retry-After` of 19 digits: no panic, and the state
+    /// in Redis stays readable (before the fix: an overflow panic, and a key the scripts
+    /// called corrupted for 142 years).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_huge_pause_under_a_huge_cap_neither_panics_nor_corrupts() {
+        let redis = RedisServer::start();
+        let (url, _) = always_429(&[("retry-after", "9999999999999999999")]).await;
+        let (svc, layer) = retrying(redis.store().await, "huge", Duration::MAX);
+        for _ in 0..2 {
+            let req = Request::get(&url).body(Empty::new()).unwrap();
+            let _ = svc.clone().oneshot(req).await;
+        }
+        let stats = layer.adaptive_stats().unwrap();
+        assert_eq!(stats.store_errors, 0, "{stats:?}");
+        assert!(stats.capped >= 1, "{stats:?}");
+    }
+
+    /// The example prints its last line for no requests, an unreachable Redis (calls failed)
+    /// and an upstream that never answers (calls failed after the maximum wait and 5 s).
+    #[test]
+    fn the_example_always_ends_with_its_line() {
+        let bin = common::example_bin("outbound");
+        let hang = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let hang_url = format!("http://{}/", hang.local_addr().unwrap());
+        for (args, want) in [
+            (
+                vec![
+                    "--upstream",
+                    "http://127.0.0.1:9/",
+                    "--requests",
+                    "0",
+                    "--concurrency",
+                    "2",
+                ],
+                (0, 0, 0, 0),
+            ),
+            (
+                vec![
+                    "--upstream",
+                    "http://127.0.0.1:9/",
+                    "--requests",
+                    "3",
+                    "--concurrency",
+                    "2",
+                    "--redis",
+                    "redis://127.0.0.1:9",
+                    "--limit",
+                    "5",
+                ],
+                (3, 0, 0, 3),
+            ),
+            (
+                vec![
+                    "--upstream",
+                    &hang_url,
+                    "--requests",
+                    "1",
+                    "--concurrency",
+                    "1",
+                    "--max-wait-ms",
+                    "100",
+                ],
+                (1, 0, 0, 1),
+            ),
+        ] {
+            let out = Command::new(&bin).args(&args).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let (n, x, y, z, _) = last_line(&out);
+            assert_eq!((n, x, y, z), want, "{args:?}");
+        }
+        drop(hang);
+    }
+}

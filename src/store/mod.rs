@@ -25,7 +25,7 @@ pub use self::{
     leases::{Acquired, Leases},
     namespaces::Namespaces,
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
-    upstream::{Gate, Learned, Upstreams},
+    upstream::{Blind, Gate, Learned, Upstreams},
 };
 
 use std::{future::Future, pin::Pin, sync::Arc};

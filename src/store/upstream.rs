@@ -58,12 +58,39 @@ pub struct Gate {
     pub go: bool,
     /// When it may not: how long until the pause or the upstream's window ends.
     pub wait: Duration,
+    /// How the call goes: counted against a known window, blind, or first to learn the next
+    /// window. The answer to a blind call is recorded even when it says nothing
+    /// ([`Upstreams::learn`]).
+    pub blind: Blind,
+}
+
+/// How a call that may go goes (see [`Gate::blind`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Blind {
+    /// Counted against the upstream's known window.
+    #[default]
+    Counted,
+    /// No window is known: sent blind, counted until its answer comes back.
+    Blind,
+    /// The known window ended: this call goes first to learn the next one; the others wait
+    /// for its answer.
+    Probe,
 }
 
 impl Gate {
     /// An answer, for custom stores.
     pub const fn new(go: bool, wait: Duration) -> Self {
-        Self { go, wait }
+        Self {
+            go,
+            wait,
+            blind: Blind::Counted,
+        }
+    }
+
+    /// The same answer, for a call that goes blind or first (see [`Blind`]).
+    pub const fn blind(mut self, blind: Blind) -> Self {
+        self.blind = blind;
+        self
     }
 }
 
@@ -77,11 +104,16 @@ pub trait Upstreams: Store {
     /// are taken.
     fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>>;
 
-    /// Records what an answer said: a pause only grows; a window later than the known one
-    /// replaces it; the same window keeps the smaller remaining count (answers arrive out of
-    /// order); an earlier one is stale and ignored.
-    fn learn<'a>(&'a self, key: StoreKey<'a>, learned: Learned)
-        -> BoxFuture<'a, Result<(), Error>>;
+    /// Records what an answer said (see `lua/upstream_learn.lua` for the rules): a pause only
+    /// grows; a new window replaces one that ended; the same window keeps the smaller
+    /// remaining count (answers arrive out of order); a stale one is ignored. `how`: how the
+    /// answered call went ([`Gate::blind`]).
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>>;
 }
 
 /// A shared store keeps what upstreams said too.
@@ -94,8 +126,9 @@ impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
+        how: Blind,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).learn(key, learned)
+        (**self).learn(key, learned, how)
     }
 }
 

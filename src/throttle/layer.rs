@@ -64,9 +64,11 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
 
     /// Sends a request the upstream answered `429 Too Many Requests` again, after the pause
     /// it said (or learned), as long as that fits the maximum wait, when its method is
-    /// idempotent (`GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE`). The request's body
-    /// must be `Clone` (a copy is kept for the second send). The last answer is returned
-    /// when the request cannot go again.
+    /// idempotent (`GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE`), at most twice. A 429
+    /// that says to come back at once still waits [`DEFAULT_429_PAUSE`](crate::throttle::DEFAULT_429_PAUSE).
+    /// The request's body must be `Clone` (a copy is kept for the next send). The last 429 is
+    /// the answer when the request cannot go again (the pause, or the upstream's window,
+    /// would outlast the maximum wait).
     pub fn retry_rate_limited(self) -> ThrottleLayer<K, A, RetryIdempotent> {
         ThrottleLayer {
             settings: self.settings,
@@ -116,10 +118,11 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
         self
     }
 
-    /// The longest pause or reset an upstream's header may impose (default 60 s): a header
-    /// saying to wait an hour, or a reset in a year, is cut to it (and counted).
+    /// The longest pause or reset an upstream's header may impose (default 60 s, at most one
+    /// day: a longer value is taken as a day): a header saying to wait an hour, or a reset in
+    /// a year, is cut to it (and counted).
     pub fn max_pause(mut self, max_pause: Duration) -> Self {
-        self.settings.max_pause = max_pause;
+        self.settings.max_pause = max_pause.min(MAX_PAUSE_CAP);
         self
     }
 
@@ -132,6 +135,9 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
             .map(|a| Counters::snapshot(&a.counters))
     }
 }
+
+/// The largest `max_pause`.
+const MAX_PAUSE_CAP: Duration = Duration::from_secs(86_400);
 
 impl<S, K, A, R> Layer<S> for ThrottleLayer<K, A, R> {
     type Service = Throttle<S, K, A, R>;

@@ -15,9 +15,12 @@ use super::{
     adaptive::{Adaptive, Counters},
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
-    learn::read_limits,
+    learn::{read_limits, DEFAULT_429_PAUSE},
 };
-use crate::{store::Learned, Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter};
+use crate::{
+    store::{Blind, Learned},
+    Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter,
+};
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
 pub struct Throttle<S, K, A, R = NoRetry> {
@@ -88,15 +91,16 @@ async fn acquire<A: Algorithm>(
 }
 
 /// Waits while the upstream said to pause, or while its window has fewer than `cost` units
-/// left (taking them when the call may go), by `deadline`. A store failure lets the call go
-/// under the configured limit (logged and counted).
+/// left (taking them when the call may go), by `deadline`; how the call goes (blind, or first
+/// to learn the next window). A store failure lets the call go under the configured limit
+/// (logged and counted).
 async fn upstream_gate<A: Algorithm>(
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
     deadline: Instant,
-) -> Result<(), ThrottleError> {
+) -> Result<Blind, ThrottleError> {
     let engine = &limiter.engine;
     let counters = &adaptive.counters;
     loop {
@@ -105,17 +109,17 @@ async fn upstream_gate<A: Algorithm>(
             Ok(Ok(gate)) => gate,
             Ok(Err(e)) => {
                 gate_failed(counters, &engine.policy, &e.to_string());
-                return Ok(());
+                return Ok(Blind::Counted);
             }
             Err(_) => {
                 gate_failed(counters, &engine.policy, "timed out");
-                return Ok(());
+                return Ok(Blind::Counted);
             }
         };
         if gate.go {
-            return Ok(());
+            return Ok(gate.blind);
         }
-        if Instant::now() + gate.wait > deadline {
+        if !fits(gate.wait, deadline) {
             return Err(ThrottleError::UpstreamPaused { wait: gate.wait });
         }
         tracing::debug!(policy = %engine.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
@@ -185,18 +189,30 @@ fn observe<A: Algorithm, B>(
     (reading.learned, rate_limited)
 }
 
-/// Records what an answer said, for every instance sharing the store.
+/// Whether a wait of `wait` from now ends by `deadline` (never overflowing).
+fn fits(wait: Duration, deadline: Instant) -> bool {
+    Instant::now()
+        .checked_add(wait)
+        .is_some_and(|t| t <= deadline)
+}
+
+/// Records what an answer said, for every instance sharing the store. The answer to a blind
+/// call is recorded even when it says nothing: it is no longer on its way, and when it went
+/// first to learn a new window, the others stop waiting for it.
 async fn record<A: Algorithm>(
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     learned: Learned,
+    how: Blind,
 ) {
-    if learned.is_empty() {
+    if learned.is_empty() && how == Blind::Counted {
         return;
     }
     let engine = &limiter.engine;
-    let call = adaptive.store.learn(engine.store_key(Some(key)), learned);
+    let call = adaptive
+        .store
+        .learn(engine.store_key(Some(key)), learned, how);
     match tokio::time::timeout(engine.timeout, call).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => gate_failed(&adaptive.counters, &engine.policy, &e.to_string()),
@@ -249,34 +265,66 @@ where
     let (Some(key), true) = (key, cost > 0) else {
         return inner.call(req).await.map_err(Into::into);
     };
-    let deadline = Instant::now() + settings.max_wait;
+    let deadline = Instant::now()
+        .checked_add(settings.max_wait)
+        .unwrap_or_else(|| Instant::now() + MAX_WAIT_CAP);
     let limiter = &settings.limiter;
+    // The last 429, kept while its copy is sent again: the answer when the copy cannot go.
+    let mut last_429: Option<Response<RB>> = None;
+    let mut sent = 0;
     loop {
-        if let Some(adaptive) = &settings.adaptive {
-            upstream_gate(adaptive, limiter, &key, cost, deadline).await?;
+        let waited = async {
+            let how = match &settings.adaptive {
+                Some(adaptive) => upstream_gate(adaptive, limiter, &key, cost, deadline).await?,
+                None => Blind::Counted,
+            };
+            acquire(limiter, &key, cost, deadline).await?;
+            Ok::<_, ThrottleError>(how)
         }
-        acquire(limiter, &key, cost, deadline).await?;
-        let copy = again.filter(|_| idempotent(req.method())).map(|f| f(&req));
+        .await;
+        let how = match (waited, last_429.take()) {
+            (Ok(how), _) => how,
+            (Err(_), Some(res)) => return Ok(res),
+            (Err(e), None) => return Err(e.into()),
+        };
+        let copy = again
+            .filter(|_| idempotent(req.method()) && sent < MAX_SENDS - 1)
+            .map(|f| f(&req));
         std::future::poll_fn(|cx| inner.poll_ready(cx))
             .await
             .map_err(Into::into)?;
         let res = inner.call(req).await.map_err(Into::into)?;
+        sent += 1;
         let Some(adaptive) = &settings.adaptive else {
             return Ok(res);
         };
         let (learned, rate_limited) = observe(adaptive, limiter, settings.max_pause, &res);
-        record(adaptive, limiter, &key, learned).await;
-        let pause = learned.pause.unwrap_or_default();
+        record(adaptive, limiter, &key, learned, how).await;
+        // A 429 that says to come back at once still waits the default pause.
+        let pause = learned
+            .pause
+            .filter(|p| !p.is_zero())
+            .unwrap_or(DEFAULT_429_PAUSE);
         match copy {
-            Some(copy) if rate_limited && Instant::now() + pause <= deadline => {
+            Some(copy) if rate_limited && fits(pause, deadline) => {
                 Counters::add(&adaptive.counters.retried, 1);
                 tracing::debug!(policy = %limiter.engine.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
+                if learned.pause.is_none_or(|p| p.is_zero()) {
+                    tokio::time::sleep(pause).await;
+                }
+                last_429 = Some(res);
                 req = copy;
             }
             _ => return Ok(res),
         }
     }
 }
+
+/// A request is sent at most this many times (once, and again after 429s).
+const MAX_SENDS: u32 = 3;
+
+/// The deadline when `max_wait` is beyond what an `Instant` can hold.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(86_400);
 
 impl<S, K, A, B, RB> Service<Request<B>> for Throttle<S, K, A, NoRetry>
 where

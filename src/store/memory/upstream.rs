@@ -1,35 +1,39 @@
 //! The in-memory twin of `lua/upstream_take.lua` and `lua/upstream_learn.lua`, on this
-//! store's clock.
+//! store's clock: the same fields, the same rules.
 
 use std::time::Duration;
 
 use super::MemoryStore;
 use crate::{
     store::{
-        upstream::{micros, Gate, Learned, Upstreams},
+        upstream::{micros, Blind, Gate, Learned, Upstreams},
         BoxFuture, Expiring, KeyBuf, StoreKey,
     },
     Error,
 };
 
-/// What one upstream key said: paused until, the units left in a window ending when, and
-/// until when a call is probing the next window.
+/// What one upstream key said (the fields of the script's hash).
 #[derive(Default)]
 pub(super) struct Said {
+    /// `p`: paused until.
     paused: u64,
+    /// `r` and `e`: the units left in the upstream's window, and its end.
     window: Option<(u64, u64)>,
-    probe: u64,
-    /// Calls sent blind (no window known) since the last window was learned.
-    blind: u64,
-    /// Kept until then (a minute past the pause and the window, as the script keeps the key).
+    /// `q`: a call is learning the next window until then.
+    probe: Option<u64>,
+    /// `b` and `s`: calls sent blind since then.
+    blind: Option<(u64, u64)>,
+    /// The key's expiry.
     keep_until: u64,
 }
 
-/// As the scripts: how long a probe of the next window holds the others back, the longest
-/// they wait before asking again, and how long the state outlives its window.
+/// As the scripts.
 const PROBE_US: u64 = 1_000_000;
 const POLL_US: u64 = 20_000;
+const BLIND_US: u64 = 10_000_000;
 const KEEP_US: u64 = 60_000_000;
+/// The largest time the scripts keep (2^52 µs).
+const MAX: u64 = 1 << 52;
 
 impl Expiring for Said {
     fn expires_at(&self) -> u64 {
@@ -39,7 +43,94 @@ impl Expiring for Said {
 
 const KIND: &str = "upstream";
 
+impl Said {
+    /// The blind count, if its calls are recent enough to be on their way.
+    fn recent_blind(&self, now: u64) -> u64 {
+        match self.blind {
+            Some((count, since)) if since >= now.saturating_sub(BLIND_US) => count,
+            _ => 0,
+        }
+    }
+
+    /// As `upstream_take.lua`.
+    fn take(&mut self, now: u64, cost: u64) -> Gate {
+        if self.paused > now {
+            return Gate::new(false, Duration::from_micros(self.paused - now));
+        }
+        let mut blind = Blind::Blind;
+        if let Some((left, ends)) = &mut self.window {
+            if *ends > now {
+                if *left < cost {
+                    return Gate::new(false, Duration::from_micros(*ends - now));
+                }
+                *left -= cost;
+                return Gate::new(true, Duration::ZERO);
+            }
+            if let Some(q) = self.probe.filter(|&q| q > now) {
+                return Gate::new(false, Duration::from_micros((q - now).min(POLL_US)));
+            }
+            self.probe = Some(now + PROBE_US);
+            blind = Blind::Probe;
+        }
+        self.blind = match self.blind {
+            Some((count, since)) if since >= now.saturating_sub(BLIND_US) => {
+                Some((count + 1, since))
+            }
+            _ => Some((1, now)),
+        };
+        if self.keep_until <= now {
+            self.keep_until = now + KEEP_US;
+        }
+        Gate::new(true, Duration::ZERO).blind(blind)
+    }
+
+    /// As `upstream_learn.lua`.
+    fn learn(&mut self, now: u64, learned: Learned, how: Blind) {
+        let probed = how == Blind::Probe;
+        let mut blind = self.recent_blind(now);
+        if how != Blind::Counted && blind > 0 {
+            // This call's answer is back: it is no longer on its way.
+            blind -= 1;
+            if let Some((count, _)) = &mut self.blind {
+                *count = blind;
+            }
+        }
+        if let Some(p) = learned.pause.map(micros).filter(|&p| p > 0) {
+            self.paused = self.paused.max(now.saturating_add(p).min(MAX));
+        }
+        let known = self.window.is_some_and(|(_, ends)| ends > now);
+        match (learned.remaining, learned.reset.map(micros)) {
+            (Some(r), Some(t)) => {
+                let e = now.saturating_add(t).min(MAX);
+                match &mut self.window {
+                    Some((left, ends)) if known => {
+                        if e > *ends + 1_000_000 {
+                            *left = (*left).min(r);
+                        } else if e + 1_000_000 >= *ends {
+                            *left = (*left).min(r);
+                            *ends = (*ends).min(e);
+                        }
+                    }
+                    _ => {
+                        self.window = Some((r.saturating_sub(blind), e));
+                        self.blind = None;
+                    }
+                }
+            }
+            _ if probed && !known => self.window = None,
+            _ => {}
+        }
+        if probed || self.window.is_some_and(|(_, ends)| ends > now) {
+            self.probe = None;
+        }
+        let until = self.paused.max(self.window.map_or(0, |w| w.1));
+        self.keep_until = until.max(now) + KEEP_US;
+    }
+}
+
 impl MemoryStore {
+    /// Runs `f` on the state of `key`, fresh when it expired (as the Redis key would have),
+    /// removed when left expired.
     fn with_said<T>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Said, u64) -> T) -> T {
         let now = self.now_us();
         let mut compact = KeyBuf::new();
@@ -55,83 +146,30 @@ impl MemoryStore {
             Some(s) => s,
             None => shard.insert(slot, key, Said::default()),
         };
+        if said.keep_until <= now {
+            *said = Said::default();
+        }
         let out = f(said, now);
-        if said.expires_at() <= now {
+        if said.keep_until <= now {
             shard.remove(slot, key);
         }
         out
-    }
-
-    fn take_now(&self, key: StoreKey<'_>, cost: u32) -> Gate {
-        self.with_said(key, |s, now| {
-            if s.paused > now {
-                return Gate::new(false, Duration::from_micros(s.paused - now));
-            }
-            if let Some((left, ends)) = &mut s.window {
-                if *ends > now {
-                    if *left < u64::from(cost) {
-                        return Gate::new(false, Duration::from_micros(*ends - now));
-                    }
-                    *left -= u64::from(cost);
-                    return Gate::new(true, Duration::ZERO);
-                }
-                if s.probe > now {
-                    return Gate::new(false, Duration::from_micros((s.probe - now).min(POLL_US)));
-                }
-                s.probe = now + PROBE_US;
-            }
-            s.blind += 1;
-            if s.keep_until <= now {
-                s.keep_until = now + KEEP_US;
-            }
-            Gate::new(true, Duration::ZERO)
-        })
-    }
-
-    fn learn_now(&self, key: StoreKey<'_>, learned: Learned) {
-        self.with_said(key, |s, now| {
-            if let Some(p) = learned.pause.map(micros) {
-                if p > 0 {
-                    s.paused = s.paused.max(now.saturating_add(p));
-                }
-            }
-            if let (Some(r), Some(t)) = (learned.remaining, learned.reset.map(micros)) {
-                let e = now.saturating_add(t);
-                s.window = match s.window {
-                    Some((left, ends)) if ends > now && e <= ends + 1_000_000 => {
-                        if e >= ends.saturating_sub(1_000_000) {
-                            Some((left.min(r), ends.min(e)))
-                        } else {
-                            Some((left, ends)) // stale
-                        }
-                    }
-                    _ => {
-                        let r = r.saturating_sub(s.blind.saturating_sub(1));
-                        s.blind = 0;
-                        Some((r, e))
-                    }
-                };
-                if s.window.is_some_and(|w| w.1 > now) {
-                    s.probe = 0;
-                }
-            }
-            let until = s.paused.max(s.window.map_or(0, |w| w.1));
-            s.keep_until = until.max(now).saturating_add(KEEP_US);
-        });
     }
 }
 
 impl Upstreams for MemoryStore {
     fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        Box::pin(std::future::ready(Ok(self.take_now(key, cost))))
+        let gate = self.with_said(key, |s, now| s.take(now, u64::from(cost)));
+        Box::pin(std::future::ready(Ok(gate)))
     }
 
     fn learn<'a>(
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
+        how: Blind,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.learn_now(key, learned);
+        self.with_said(key, |s, now| s.learn(now, learned, how));
         Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -8,7 +8,7 @@ use redis::{Cmd, Script, Value};
 use super::{backend::evalsha, RedisStore};
 use crate::{
     store::{
-        upstream::{micros, Gate, Learned, Upstreams},
+        upstream::{micros, Blind, Gate, Learned, Upstreams},
         BoxFuture, KeyBuf, StoreKey,
     },
     Error,
@@ -44,14 +44,16 @@ fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
 }
 
 fn parse_gate(reply: Value) -> Result<Gate, Error> {
-    let items: Vec<i64> = redis::from_redis_value(reply.clone())
-        .map_err(|e| Error::InvalidReply(format!("take: expected {{0|1, wait}}: {e}")))?;
+    let bad =
+        |why: String| Error::InvalidReply(format!("take: expected {{0|1, wait, 0|1}}: {why}"));
+    let items: Vec<i64> = redis::from_redis_value(reply.clone()).map_err(|e| bad(e.to_string()))?;
     match items.as_slice() {
-        [1, 0] => Ok(Gate::new(true, Duration::ZERO)),
-        [0, wait] if *wait > 0 => Ok(Gate::new(false, Duration::from_micros(*wait as u64))),
-        _ => Err(Error::InvalidReply(format!(
-            "take: expected {{0|1, wait}}: {reply:?}"
-        ))),
+        [1, 0, how @ (0..=2)] => {
+            let how = [Blind::Counted, Blind::Blind, Blind::Probe][*how as usize];
+            Ok(Gate::new(true, Duration::ZERO).blind(how))
+        }
+        [0, wait, 0] if *wait > 0 => Ok(Gate::new(false, Duration::from_micros(*wait as u64))),
+        _ => Err(bad(format!("{reply:?}"))),
     }
 }
 
@@ -66,6 +68,7 @@ impl Upstreams for RedisStore {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
+        how: Blind,
     ) -> BoxFuture<'a, Result<(), Error>> {
         let mut cmd = call(&LEARN, key);
         let us = |d: Option<Duration>| d.map_or(0, |d| micros(d).min(MAX_US));
@@ -74,6 +77,11 @@ impl Upstreams for RedisStore {
             (Some(r), Some(t)) => cmd.arg(r.min(MAX_US)).arg(us(Some(t))),
             _ => cmd.arg(-1).arg(-1),
         };
+        cmd.arg(match how {
+            Blind::Counted => 0,
+            Blind::Blind => 1,
+            Blind::Probe => 2,
+        });
         Box::pin(async move {
             self.backend.eval(&LEARN, &cmd).await?;
             Ok(())
