@@ -45,7 +45,7 @@ fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
 
 fn parse_gate(reply: Value) -> Result<Gate, Error> {
     let bad =
-        |why: String| Error::InvalidReply(format!("take: expected {{0|1, wait, 0|1}}: {why}"));
+        |why: String| Error::InvalidReply(format!("take: expected {{0|1, wait, 0|1|2}}: {why}"));
     let items: Vec<i64> = redis::from_redis_value(reply.clone()).map_err(|e| bad(e.to_string()))?;
     match items.as_slice() {
         [1, 0, how @ (0..=2)] => {
@@ -96,16 +96,20 @@ mod tests {
     #[test]
     fn gate_replies_are_checked() {
         let arr = |v: Vec<i64>| Value::Array(v.into_iter().map(Value::Int).collect());
-        assert!(parse_gate(arr(vec![1, 0])).unwrap().go);
+        assert!(parse_gate(arr(vec![1, 0, 0])).unwrap().go);
+        assert_eq!(parse_gate(arr(vec![1, 0, 1])).unwrap().blind, Blind::Blind);
+        assert_eq!(parse_gate(arr(vec![1, 0, 2])).unwrap().blind, Blind::Probe);
         assert_eq!(
-            parse_gate(arr(vec![0, 1500])).unwrap(),
+            parse_gate(arr(vec![0, 1500, 0])).unwrap(),
             Gate::new(false, Duration::from_micros(1500))
         );
         for bad in [
-            arr(vec![0, 0]),
-            arr(vec![1, 5]),
-            arr(vec![2, 0]),
-            arr(vec![0, -3]),
+            arr(vec![0, 0, 0]),
+            arr(vec![1, 5, 0]),
+            arr(vec![2, 0, 0]),
+            arr(vec![0, -3, 0]),
+            arr(vec![1, 0]),
+            arr(vec![1, 0, 3]),
         ] {
             assert!(parse_gate(bad).is_err());
         }
