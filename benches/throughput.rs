@@ -512,6 +512,17 @@ async fn main() {
             via_layer(limiter(MemoryStore::new(), g(), "m-gl")),
         ),
         (
+            "memory gcra layer, deny cache off",
+            false,
+            via_layer(
+                RateLimiter::builder(MemoryStore::new(), g())
+                    .prefix("m-glnc")
+                    .deny_cache(0)
+                    .build()
+                    .unwrap(),
+            ),
+        ),
+        (
             "memory sliding-window check",
             false,
             via_limiter(limiter(
