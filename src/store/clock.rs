@@ -85,7 +85,8 @@ impl ManualClock {
     }
 }
 
-fn micros(d: Duration) -> u64 {
+/// `d` in whole microseconds, `u64::MAX` beyond.
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 

@@ -14,7 +14,7 @@ mod redis;
 mod sharded;
 mod upstream;
 
-pub(crate) use self::namespaces::Claim;
+pub(crate) use self::{clock::micros, namespaces::Claim};
 pub use self::{clock::ManualClock, memory::MemoryStore};
 pub(crate) use self::{
     key::KeyBuf,

@@ -131,7 +131,3 @@ impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
         (**self).learn(key, learned, how)
     }
 }
-
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::{
-    store::{BoxFuture, Expiring, KeyBuf, Leases, StoreKey},
+    store::{micros, BoxFuture, Expiring, KeyBuf, Leases, StoreKey},
     Acquired, Error,
 };
 
@@ -26,10 +26,6 @@ impl Holders {
     fn expire(&mut self, now: u64) {
         self.held.retain(|h| h.1 > now);
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 const KIND: &str = "concurrency";

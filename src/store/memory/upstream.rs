@@ -6,7 +6,8 @@ use std::time::Duration;
 use super::MemoryStore;
 use crate::{
     store::{
-        upstream::{micros, Blind, Gate, Learned, Upstreams},
+        micros,
+        upstream::{Blind, Gate, Learned, Upstreams},
         BoxFuture, Expiring, KeyBuf, StoreKey,
     },
     Error,

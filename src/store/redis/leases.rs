@@ -9,7 +9,7 @@ use redis::{Cmd, Script, Value};
 
 use super::{backend::evalsha, RedisStore};
 use crate::{
-    store::{BoxFuture, KeyBuf, Leases, StoreKey},
+    store::{micros, BoxFuture, KeyBuf, Leases, StoreKey},
     Acquired, Error,
 };
 
@@ -30,10 +30,6 @@ static RELEASE: LazyLock<Script> =
 
 /// The suffix of the holders key.
 const SUFFIX: &[u8] = b":c";
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
 
 /// `EVALSHA` of `script` on `key`'s holders, with the server's clock.
 fn call(script: &Script, key: StoreKey<'_>) -> Cmd {

@@ -8,7 +8,8 @@ use redis::{Cmd, Script, Value};
 use super::{backend::evalsha, RedisStore};
 use crate::{
     store::{
-        upstream::{micros, Blind, Gate, Learned, Upstreams},
+        micros,
+        upstream::{Blind, Gate, Learned, Upstreams},
         BoxFuture, KeyBuf, StoreKey,
     },
     Error,
