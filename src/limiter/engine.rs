@@ -142,16 +142,9 @@ impl Engine {
             return Err(e);
         };
         // A quota given for this check is divided like the configured one.
-        let local_quoted = match quoted {
-            Some(q) => match q.algorithm.local_share(self.share) {
-                Some(shared) => Some(Quoted {
-                    algorithm: Box::new(shared),
-                    tag: q.tag,
-                    quota: q.quota,
-                }),
-                None => return Err(e),
-            },
-            None => None,
+        let local_quoted = match quoted.map(|q| q.divided(self.share)) {
+            Some(None) => return Err(e),
+            divided => divided.flatten(),
         };
         let mut d = match local.decide_now(key.key(), cost, local_quoted.as_ref()) {
             Some(result) => result?,
@@ -244,16 +237,9 @@ impl Engine {
             let Some(local) = &self.local else {
                 return Ok(false);
             };
-            let local_quoted = match &quoted {
-                Some(q) => match q.algorithm.local_share(self.share) {
-                    Some(shared) => Some(Quoted {
-                        algorithm: Box::new(shared),
-                        tag: q.tag,
-                        quota: q.quota,
-                    }),
-                    None => return Ok(false),
-                },
-                None => None,
+            let local_quoted = match quoted.as_ref().map(|q| q.divided(self.share)) {
+                Some(None) => return Ok(false),
+                divided => divided.flatten(),
             };
             let algorithm = local.algorithm(local_quoted.as_ref());
             let result = local.store.refund_now(algorithm, store_key, charge, now);
@@ -373,4 +359,16 @@ pub(crate) struct Quoted {
     algorithm: Box<dyn Algorithm>,
     tag: [u8; 24],
     quota: Quota,
+}
+
+impl Quoted {
+    /// The same quota divided among `instances`, for the local share (same tag and quota:
+    /// it stands for the quota given); `None` when the algorithm cannot be divided.
+    fn divided(&self, instances: NonZeroU32) -> Option<Quoted> {
+        Some(Quoted {
+            algorithm: Box::new(self.algorithm.local_share(instances)?),
+            tag: self.tag,
+            quota: self.quota,
+        })
+    }
 }
