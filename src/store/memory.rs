@@ -68,6 +68,16 @@ impl Entry {
     fn entries(&self) -> usize {
         self.state.entries()
     }
+
+    /// Runs `f` on the state at `now`, its expired value cleared first: what `f` returned, by
+    /// how many log entries the state grew (or shrank), and whether it is left empty.
+    fn run<T>(&mut self, now: u64, f: impl FnOnce(&mut MemoryState) -> T) -> (T, isize, bool) {
+        let before = self.entries();
+        self.state.expire(now);
+        let out = f(&mut self.state);
+        let grown = self.entries() as isize - before as isize;
+        (out, grown, self.state.is_empty())
+    }
 }
 
 impl super::Expiring for Entry {
@@ -198,15 +208,11 @@ impl MemoryStore {
             Some(entry) => entry,
             None => shard.insert(slot, key, Entry::default()),
         };
-        let state = &mut entry.state;
-        let before = state.entries();
-        state.expire(now);
-        let outcome = algorithm.decide(state, now, cost);
-        let (after, empty) = (state.entries(), state.is_empty());
-        shard.weight = shard.weight + after - before;
+        let (outcome, grown, empty) = entry.run(now, |s| algorithm.decide(s, now, cost));
+        shard.weight = shard.weight.wrapping_add_signed(grown);
         if empty {
             shard.remove(slot, key);
-        } else if after > before && shard.weight > inner.max_entries_per_shard {
+        } else if grown > 0 && shard.weight > inner.max_entries_per_shard {
             // A sliding-window log grew past the shard's share of the cap.
             if shard.room(now) {
                 shard.weight = shard.values().map(Entry::entries).sum();
@@ -239,12 +245,8 @@ impl MemoryStore {
         let Some(entry) = shard.get_mut(slot, key) else {
             return Ok(false);
         };
-        let state = &mut entry.state;
-        let before = state.entries();
-        state.expire(now);
-        let given = algorithm.refund(state, now, charge);
-        let (after, empty) = (state.entries(), state.is_empty());
-        shard.weight = shard.weight + after - before;
+        let (given, grown, empty) = entry.run(now, |s| algorithm.refund(s, now, charge));
+        shard.weight = shard.weight.wrapping_add_signed(grown);
         if empty {
             shard.remove(slot, key);
         }
