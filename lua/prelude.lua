@@ -77,3 +77,34 @@ local function first_run(nkeys)
   end
   return redis.call('SET', KEYS[nkeys + 1], '1', 'NX', 'PX', 30000) ~= false
 end
+
+-- A token bucket (see token_bucket.lua) credited up to `now` with the whole tokens earned
+-- since `ts`: the tokens, the time the last whole token was credited, and the time waits are
+-- measured from (`now`, or the stored time if the clock went backwards, crediting nothing).
+local function credit(tokens, ts, now, emission, burst)
+  if tokens > burst then
+    tokens = burst -- the burst was lowered since this key was written
+  end
+  local t_eff = now
+  if ts > now then
+    t_eff = ts
+  end
+  local elapsed = t_eff - ts
+  if elapsed >= emission * burst then
+    return burst, t_eff, t_eff
+  end
+  local add = math.floor(elapsed / emission)
+  tokens = tokens + add
+  if tokens >= burst then
+    return burst, t_eff, t_eff
+  end
+  return tokens, ts + add * emission, t_eff
+end
+
+-- Time from `now` until a bucket credited as above holds `want` whole tokens.
+local function bucket_wait(tokens, ts, t_eff, now, emission, want)
+  if tokens >= want then
+    return 0
+  end
+  return (want - tokens) * emission - (t_eff - ts) + (t_eff - now)
+end

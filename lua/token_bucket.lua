@@ -17,37 +17,13 @@ local st = redis.call('HMGET', KEYS[1], 'n', 't')
 if st[1] or st[2] then
   tokens = stored_int(st[1], 'token count')
   ts = stored_int(st[2], 'timestamp')
-  if tokens > burst then
-    tokens = burst -- the burst was lowered since this key was written
-  end
 end
-
--- If the clock went backwards, credit nothing and measure waits from the stored time.
-local t_eff = now
-if ts > now then
-  t_eff = ts
-end
-local elapsed = t_eff - ts
-if elapsed >= tolerance then
-  tokens = burst
-  ts = t_eff
-else
-  local add = math.floor(elapsed / emission)
-  tokens = tokens + add
-  if tokens >= burst then
-    tokens = burst
-    ts = t_eff
-  else
-    ts = ts + add * emission
-  end
-end
+local t_eff
+tokens, ts, t_eff = credit(tokens, ts, now, emission, burst)
 
 -- Time from now until `want` whole tokens are in the bucket.
 local function wait_for(want)
-  if tokens >= want then
-    return 0
-  end
-  return (want - tokens) * emission - (t_eff - ts) + (t_eff - now)
+  return bucket_wait(tokens, ts, t_eff, now, emission, want)
 end
 
 if cost > burst then

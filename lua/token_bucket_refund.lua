@@ -20,24 +20,9 @@ local st = redis.call('HMGET', KEYS[1], 'n', 't')
 if not (st[1] or st[2]) then
   return 0
 end
-local tokens = stored_int(st[1], 'token count')
-local ts = stored_int(st[2], 'timestamp')
-if tokens > burst then
-  tokens = burst
-end
 -- Credited exactly as a check credits it.
-local t_eff = now
-if ts > now then
-  t_eff = ts
-end
-local elapsed = t_eff - ts
-if elapsed >= tolerance then
-  tokens = burst
-else
-  local add = math.floor(elapsed / emission)
-  tokens = tokens + add
-  ts = ts + add * emission
-end
+local tokens, ts, t_eff = credit(
+  stored_int(st[1], 'token count'), stored_int(st[2], 'timestamp'), now, emission, burst)
 if tokens >= burst then
   return 0
 end
@@ -47,7 +32,7 @@ if tokens >= burst then
   redis.call('DEL', KEYS[1])
   return 1
 end
-local full_in = (burst - tokens) * emission - (t_eff - ts) + (t_eff - now)
+local full_in = bucket_wait(tokens, ts, t_eff, now, emission, burst)
 redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
 redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
 return 1
