@@ -102,19 +102,10 @@ async fn upstream_gate<A: Algorithm>(
     deadline: Instant,
 ) -> Result<Blind, ThrottleError> {
     let engine = &limiter.engine;
-    let counters = &adaptive.counters;
     loop {
         let call = adaptive.store.take(engine.store_key(Some(key)), cost);
-        let gate = match tokio::time::timeout(engine.timeout, call).await {
-            Ok(Ok(gate)) => gate,
-            Ok(Err(e)) => {
-                gate_failed(counters, &engine.policy, &e.to_string());
-                return Ok(Blind::Counted);
-            }
-            Err(_) => {
-                gate_failed(counters, &engine.policy, "timed out");
-                return Ok(Blind::Counted);
-            }
+        let Some(gate) = bounded(adaptive, limiter, "reading", call).await else {
+            return Ok(Blind::Counted);
         };
         if gate.go {
             return Ok(gate.blind);
@@ -130,9 +121,28 @@ async fn upstream_gate<A: Algorithm>(
     }
 }
 
-fn gate_failed(counters: &Counters, policy: &str, e: &str) {
-    Counters::add(&counters.store_errors, 1);
-    tracing::warn!(policy, error = e, "rate limit: reading the upstream's learned limit failed; going on under the configured limit");
+/// A store call of the adaptive throttle, within the store timeout; `None` when it failed
+/// (`doing`: what for, in the log), which is counted and logged: the call goes on under the
+/// configured limit.
+async fn bounded<A: Algorithm, T>(
+    adaptive: &Adaptive,
+    limiter: &RateLimiter<A>,
+    doing: &str,
+    call: BoxFuture<'_, Result<T, crate::Error>>,
+) -> Option<T> {
+    let engine = &limiter.engine;
+    let error = match tokio::time::timeout(engine.timeout, call).await {
+        Ok(Ok(value)) => return Some(value),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "timed out".to_owned(),
+    };
+    Counters::add(&adaptive.counters.store_errors, 1);
+    tracing::warn!(
+        policy = %engine.policy,
+        error,
+        "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
+    );
+    None
 }
 
 /// Reads the answer's limits and counts what they said: what to record, and whether it was
@@ -213,11 +223,7 @@ async fn record<A: Algorithm>(
     let call = adaptive
         .store
         .learn(engine.store_key(Some(key)), learned, how);
-    match tokio::time::timeout(engine.timeout, call).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => gate_failed(&adaptive.counters, &engine.policy, &e.to_string()),
-        Err(_) => gate_failed(&adaptive.counters, &engine.policy, "timed out"),
-    }
+    bounded(adaptive, limiter, "recording", call).await;
 }
 
 /// Whether a method may be sent twice.
