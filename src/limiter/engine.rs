@@ -5,7 +5,6 @@
 use std::{
     num::NonZeroU32,
     sync::{atomic::Ordering, Arc},
-    task::Poll,
     time::{Duration, Instant},
 };
 
@@ -15,7 +14,7 @@ use super::{
 use crate::{
     extract::Out,
     quota::MAX_EXACT,
-    store::{Claim, KeyBuf},
+    store::{within, Claim, KeyBuf},
     telemetry, Algorithm, Charge, ConfigError, Decision, Error, Key, Outcome, Quota, Rule, Store,
     StoreKey,
 };
@@ -183,15 +182,8 @@ impl Engine {
             return Err(Error::CircuitOpen);
         };
         let started = Instant::now();
-        let mut call = self.store.check(self.algorithm(quoted), key, cost, now);
-        // A store that answers at once needs no timer: poll once before arming the timeout.
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let result = match first {
-            Poll::Ready(result) => result,
-            Poll::Pending => tokio::time::timeout(self.timeout, call)
-                .await
-                .unwrap_or(Err(Error::Timeout(self.timeout))),
-        };
+        let call = self.store.check(self.algorithm(quoted), key, cost, now);
+        let result = within(self.timeout, call).await;
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
         self.conclude(key, cost, quoted, now, Some(started), result)
     }
@@ -253,9 +245,7 @@ impl Engine {
                     return Err(Error::CircuitOpen);
                 };
                 let call = self.store.refund(algorithm, store_key, charge, now);
-                let result = tokio::time::timeout(self.timeout, call)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(self.timeout)));
+                let result = within(self.timeout, call).await;
                 permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
                 result
             }

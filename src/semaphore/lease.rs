@@ -9,7 +9,7 @@ use std::sync::{
 use tokio::runtime::Handle;
 
 use super::slots::Slots;
-use crate::{Error, Key};
+use crate::{store::within, Error, Key};
 
 /// A holder of (maybe) one slot: what a [`Permit`](super::Permit), its renewal task and its
 /// release share.
@@ -38,10 +38,7 @@ impl Lease {
         if let Some(result) = slots.store.release_now(key, &self.holder) {
             return result;
         }
-        let call = slots.store.release(key, &self.holder);
-        tokio::time::timeout(slots.timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(slots.timeout)))
+        within(slots.timeout, slots.store.release(key, &self.holder)).await
     }
 
     /// Gives the slot back without waiting: at once when the store can (in memory), else on
@@ -78,9 +75,9 @@ impl Lease {
             tokio::time::sleep(every).await;
             let key = slots.store_key(self.key.as_ref());
             let call = slots.store.renew(key, &self.holder, slots.lease);
-            match tokio::time::timeout(slots.timeout, call).await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => {
+            match within(slots.timeout, call).await {
+                Ok(true) => {}
+                Ok(false) => {
                     self.lost.store(true, Ordering::Release);
                     tracing::warn!(
                         policy = %slots.policy,
@@ -89,8 +86,7 @@ impl Lease {
                     );
                     return;
                 }
-                Ok(Err(e)) => renewal_failed(&self, &e),
-                Err(_) => renewal_failed(&self, &Error::Timeout(slots.timeout)),
+                Err(e) => renewal_failed(&self, &e),
             }
         }
     }

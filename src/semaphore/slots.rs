@@ -1,11 +1,11 @@
 //! The settings behind a [`ConcurrencyLimiter`](super::ConcurrencyLimiter), and its call to
 //! the store through the circuit breaker and within the store timeout.
 
-use std::{sync::Arc, task::Poll, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use crate::{
     limiter::BreakerState,
-    store::{Claim, Leases},
+    store::{within, Claim, Leases},
     Acquired, Error, FailurePolicy, Key, StoreKey,
 };
 
@@ -43,15 +43,8 @@ impl Slots {
             return Err(Error::CircuitOpen);
         };
         let key = self.store_key(key);
-        let mut call = self.store.acquire(key, holder, self.limit, self.lease);
-        // A store that answers at once needs no timer: poll once before arming the timeout.
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let result = match first {
-            Poll::Ready(result) => result,
-            Poll::Pending => tokio::time::timeout(self.timeout, call)
-                .await
-                .unwrap_or(Err(Error::Timeout(self.timeout))),
-        };
+        let call = self.store.acquire(key, holder, self.limit, self.lease);
+        let result = within(self.timeout, call).await;
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
         if let Err(e) = &result {
             tracing::warn!(error = %e, policy = %self.policy, "concurrency limit: store failed");

@@ -35,6 +35,22 @@ use crate::{Algorithm, Charge, Error, Outcome};
 /// A boxed, sendable future, as returned by [`Store::check`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A store call bounded by `timeout` ([`Error::Timeout`] past it). A store that answers at
+/// once (in memory) needs no timer: the call is polled once before one is armed.
+pub(crate) async fn within<T>(
+    timeout: std::time::Duration,
+    mut call: BoxFuture<'_, Result<T, Error>>,
+) -> Result<T, Error> {
+    use std::task::Poll;
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(result) => result,
+        Poll::Pending => tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(timeout))),
+    }
+}
+
 /// Something that can decide a check atomically.
 ///
 /// `key` is the limiter's namespace and the request's key (see [`StoreKey`]); the store runs
