@@ -18,7 +18,7 @@ use super::{
     learn::{read_limits, DEFAULT_429_PAUSE},
 };
 use crate::{
-    store::{Blind, Learned},
+    store::{within, Blind, Learned},
     Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter,
 };
 
@@ -131,15 +131,14 @@ async fn bounded<A: Algorithm, T>(
     call: BoxFuture<'_, Result<T, crate::Error>>,
 ) -> Option<T> {
     let engine = &limiter.engine;
-    let error = match tokio::time::timeout(engine.timeout, call).await {
-        Ok(Ok(value)) => return Some(value),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => "timed out".to_owned(),
+    let error = match within(engine.timeout, call).await {
+        Ok(value) => return Some(value),
+        Err(e) => e,
     };
     Counters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
         policy = %engine.policy,
-        error,
+        %error,
         "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
     );
     None
