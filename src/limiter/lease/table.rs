@@ -19,8 +19,14 @@ const SHARDS: usize = 16;
 /// asks the store for each check, exactly, with no units to give back.
 const HOT: u64 = 4;
 
-/// One lock shard: keys (compact bytes) to their slots.
-type Shard = HashMap<Box<[u8]>, Slot>;
+/// One lock shard: keys (compact bytes) to their slots, and when idle ones were last swept.
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Box<[u8]>, Slot>,
+    /// A full shard of keys that are all busy is swept at most once per lifetime, so a new
+    /// key does not pay a sweep each time.
+    swept: Option<Instant>,
+}
 
 /// The leases of one limiter.
 pub(crate) struct Table {
@@ -91,7 +97,7 @@ impl Table {
     /// Units of `key`'s live lease, if it holds `cost` of them now; counts the demand either way.
     pub(crate) fn take(&self, key: &[u8], cost: u32, now: Instant) -> Option<Outcome> {
         let mut shard = self.shard(key);
-        let slot = shard.get_mut(key)?;
+        let slot = shard.slots.get_mut(key)?;
         slot.demand += u64::from(cost);
         slot.take(cost, now)
     }
@@ -99,12 +105,17 @@ impl Table {
     /// The next step of a check of `key` that found no units in hand ([`take`](Self::take)).
     /// `waited`: this check already waited for a reservation, and does not start one.
     pub(crate) fn step(&self, key: &[u8], cost: u32, now: Instant, waited: bool) -> Step {
-        let mut shard = self.shard(key);
-        if !shard.contains_key(key) {
-            if shard.len() >= self.max_per_shard {
-                shard.retain(|_, s| !s.idle(now, self.lifetime));
+        let mut guard = self.shard(key);
+        let shard = &mut *guard;
+        if !shard.slots.contains_key(key) {
+            let due = shard
+                .swept
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.lifetime);
+            if shard.slots.len() >= self.max_per_shard && due {
+                shard.slots.retain(|_, s| !s.idle(now, self.lifetime));
+                shard.swept = Some(now);
             }
-            if shard.len() >= self.max_per_shard {
+            if shard.slots.len() >= self.max_per_shard {
                 return Step::Untracked;
             }
             // As if the last reservation were a lifetime ago: a first check reads as cold.
@@ -121,9 +132,9 @@ impl Table {
                 per_lifetime: 0,
                 generation: 0,
             };
-            shard.insert(key.into(), slot);
+            shard.slots.insert(key.into(), slot);
         }
-        let Some(slot) = shard.get_mut(key) else {
+        let Some(slot) = shard.slots.get_mut(key) else {
             return Step::Untracked;
         };
         if let Some(outcome) = slot.take(cost, now) {
@@ -166,7 +177,7 @@ impl Table {
     /// [`expire`](Self::expire); waiters are woken.
     pub(crate) fn install(&self, key: &[u8], sent: Instant, extra: u64, outcome: &Outcome) -> u64 {
         let mut shard = self.shard(key);
-        let Some(slot) = shard.get_mut(key) else {
+        let Some(slot) = shard.slots.get_mut(key) else {
             return 0;
         };
         slot.generation += 1;
@@ -186,7 +197,7 @@ impl Table {
     /// to the store. A denied key turns cold, so it is checked exactly until it is hot again.
     pub(crate) fn abandon(&self, key: &[u8], denied: bool) {
         let mut shard = self.shard(key);
-        let Some(slot) = shard.get_mut(key) else {
+        let Some(slot) = shard.slots.get_mut(key) else {
             return;
         };
         if denied {
@@ -201,7 +212,7 @@ impl Table {
     /// give back. 0 when that lease is gone or used up.
     pub(crate) fn expire(&self, key: &[u8], generation: u64) -> u64 {
         let mut shard = self.shard(key);
-        match shard.get_mut(key) {
+        match shard.slots.get_mut(key) {
             Some(slot) if slot.generation == generation => std::mem::take(&mut slot.lease.left),
             _ => 0,
         }
@@ -215,7 +226,10 @@ impl Table {
     /// Keys tracked.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap().slots.len())
+            .sum()
     }
 }
 
