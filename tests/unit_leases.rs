@@ -286,3 +286,65 @@ fn lease_options_are_validated_naming_the_field() {
         .build()
         .is_ok());
 }
+
+/// A reservation cut short by the store timeout (Redis stopped) is a timeout for its check
+/// and for those waiting on it, never an admission; once Redis answers again the key is
+/// leased again (nothing is left waiting on the reservation that never landed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_cut_by_the_timeout_leaves_nothing_waiting() {
+    let redis = RedisServer::start();
+    let limiter = RateLimiter::builder(
+        redis.store().await,
+        Gcra::new(Quota::per_hour(1_000)).unwrap(),
+    )
+    .prefix("cut")
+    .store_timeout(Duration::from_millis(200))
+    .circuit_breaker(tower_redis_ratelimit::CircuitBreaker::disabled())
+    .lease(UnitLease::up_to(Duration::from_millis(50)))
+    .build()
+    .unwrap();
+    redis.signal("-STOP");
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let l = limiter.clone();
+        handles.push(tokio::spawn(async move { l.check("k", 1).await }));
+    }
+    for h in handles {
+        let result = h.await.unwrap();
+        assert!(
+            matches!(&result, Err(e) if e.is_unavailable()),
+            "Redis stopped: an error, never an admission: {result:?}"
+        );
+    }
+    redis.signal("-CONT");
+    let d = limiter.check("k", 1).await.unwrap();
+    assert!(d.allowed, "{d:?}");
+}
+
+/// A corrupted stored state makes the reservation fail (an error for the failure policy),
+/// never a panic nor a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_state_is_an_error_not_a_lease() {
+    let redis = RedisServer::start();
+    let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+    let limiters = instances(
+        &redis,
+        &gcra,
+        "corrupt",
+        Some(UnitLease::up_to(Duration::from_millis(50))),
+        1,
+    )
+    .await;
+    let l = &limiters[0];
+    let key = format!("{}:g", l.storage_key("k"));
+    let _: () = tower_redis_ratelimit::redis::cmd("SET")
+        .arg(&key)
+        .arg("not a number")
+        .query(&mut redis.conn())
+        .unwrap();
+    for _ in 0..3 {
+        let result = l.check("k", 1).await;
+        assert!(result.is_err(), "{result:?}");
+    }
+    assert_eq!(l.stats().store_errors, 3);
+}
