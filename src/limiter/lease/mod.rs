@@ -26,7 +26,11 @@
 //!   deny cache and the headers work as without leases), and the key turns cold.
 //! - **Failures** are store errors, handled by the limiter's failure policy; a reservation
 //!   dropped by the store timeout loses the units it may have taken (fewer admissions, never
-//!   more), and so does a return that fails.
+//!   more), and so does a return that fails. On a Redis Cluster, a reservation the client
+//!   sends again after a cut connection may take its units twice: fewer admissions again.
+//! - **Decisions from a lease** are `allowed`, with `remaining` = what Redis had left at the
+//!   reservation plus what the lease still holds (an estimate: other instances spend too),
+//!   and the reset time of the reservation.
 //! - **Bounded**: at most [`UnitLease::max_keys`] keys are tracked; keys beyond it are
 //!   checked one request at a time until idle keys make room.
 //!

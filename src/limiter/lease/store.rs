@@ -126,7 +126,9 @@ impl LeasedStore {
             Err(e) => return Err(e),
         };
         let Reserved {
-            outcome, granted, ..
+            mut outcome,
+            granted,
+            ..
         } = reserved;
         if !outcome.allowed {
             pending.denied = true;
@@ -135,6 +137,9 @@ impl LeasedStore {
         pending.armed = false;
         let extra = u64::from(granted - cost.min(granted));
         let generation = self.table.install(id, sent, extra, &outcome);
+        // As a check answered from the lease would say: what Redis has left and what the
+        // lease holds.
+        outcome.remaining = outcome.remaining.saturating_add(extra);
         if extra > 0 {
             let until = sent + self.table.lifetime();
             self.return_at(until, owned, id.into(), generation);
