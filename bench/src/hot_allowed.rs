@@ -103,7 +103,7 @@ fn markdown(contenders: &[Contender], results: &[Summary]) -> String {
             s.p99_us,
             s.allowed_fraction,
             opt(s.inner_calls_per_check, 3),
-            opt(s.commands_per_check, 3),
+            opt(s.commands_per_check, 4),
             opt(s.redis_cpu_us_per_check, 2),
             vs
         );
