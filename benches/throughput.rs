@@ -13,7 +13,8 @@
 //!
 //! Contenders are interleaved round by round so that machine noise hits them alike; the table
 //! gives the median round and the min-max range. Workloads: `hot` (one key, far over its limit)
-//! and `spread` (keys drawn from 100,000 ids, nearly all allowed).
+//! and `spread` (keys drawn from 100,000 ids, nearly all allowed); then `hot-allowed` (one key
+//! far below its limit, four limiters sharing this Redis, with unit leases and without).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -31,7 +32,7 @@ use std::{
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
     redis, Algorithm, Batching, BoxFuture, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit,
-    Quota, RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket,
+    Quota, RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket, UnitLease,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -54,6 +55,8 @@ struct Round {
 enum Workload {
     Hot,
     Spread,
+    /// One key far below its limit (its own contenders).
+    HotAllowed,
 }
 
 /// One check: allowed or not.
@@ -77,6 +80,7 @@ async fn round(check: &CheckFn, workload: Workload, tasks: u64, secs: u64) -> Ro
                 }
                 let key = match workload {
                     Workload::Hot => "hot".to_owned(),
+                    Workload::HotAllowed => "tenant".to_owned(),
                     Workload::Spread => {
                         rng ^= rng << 13;
                         rng ^= rng >> 7;
@@ -543,14 +547,87 @@ async fn main() {
     );
     println!("| contender | workload | checks/s median (min-max) | p50 µs | p99 µs | allowed | Redis cmds/check |");
     println!("|---|---|---:|---:|---:|---:|---:|");
-    for (wname, workload) in [("hot", Workload::Hot), ("spread", Workload::Spread)] {
+    let workloads = [("hot", Workload::Hot), ("spread", Workload::Spread)];
+    let shape = (rounds, tasks, secs);
+    table(&contenders, &workloads, &mut info, shape).await;
+
+    // hot-allowed: one key far below its limit (1,000,000 a second, a burst of over an hour
+    // of it), four instances sharing this Redis, checks spread over them round-robin; with
+    // unit leases and without.
+    let hot_allowed = Quota::per_second(1_000_000).burst(4_000_000_000);
+    let lease = UnitLease::up_to(Duration::from_millis(50));
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        instances.push(redis.store().await);
+    }
+    let four = |prefix: &str, leased: bool, layer: bool| {
+        let checks = instances
+            .iter()
+            .map(|store| {
+                let b = RateLimiter::builder(store.clone(), Gcra::new(hot_allowed).unwrap())
+                    .prefix(prefix)
+                    .store_timeout(Duration::from_secs(5));
+                let l = if leased { b.lease(lease) } else { b }.build().unwrap();
+                if layer {
+                    via_layer(l)
+                } else {
+                    via_limiter(l)
+                }
+            })
+            .collect();
+        round_robin(checks)
+    };
+    let mut contenders: Vec<(&str, bool, CheckFn)> = vec![
+        (
+            "gcra check, 4 instances, leased 50 ms",
+            true,
+            four("ha-cl", true, false),
+        ),
+        ("gcra check, 4 instances", true, four("ha-c", false, false)),
+        (
+            "gcra layer, 4 instances, leased 50 ms",
+            true,
+            four("ha-ll", true, true),
+        ),
+        ("gcra layer, 4 instances", true, four("ha-l", false, true)),
+    ];
+    if let Ok(filter) = std::env::var("BENCH_FILTER") {
+        contenders.retain(|(name, _, _)| filter.split('|').any(|f| name.contains(f)));
+    }
+    table(
+        &contenders,
+        &[("hot-allowed", Workload::HotAllowed)],
+        &mut info,
+        shape,
+    )
+    .await;
+}
+
+/// A check spread round-robin over `instances`, as a load balancer would.
+fn round_robin(instances: Vec<CheckFn>) -> CheckFn {
+    let next = Arc::new(AtomicU64::new(0));
+    Arc::new(move |key| {
+        let i = next.fetch_add(1, Ordering::Relaxed) as usize % instances.len();
+        instances[i](key)
+    })
+}
+
+/// Runs every contender on every workload, `rounds` rounds of `tasks` tasks for `secs` each,
+/// interleaved, and prints a row per contender and workload (the median round).
+async fn table(
+    contenders: &[(&str, bool, CheckFn)],
+    workloads: &[(&str, Workload)],
+    info: &mut redis::Connection,
+    (rounds, tasks, secs): (u64, u64, u64),
+) {
+    for &(wname, workload) in workloads {
         let mut results: Vec<Vec<Round>> = contenders.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
             for (i, (_, uses_redis, check)) in contenders.iter().enumerate() {
-                let before = redis_calls(&mut info);
+                let before = redis_calls(info);
                 let mut r = round(check, workload, tasks, secs).await;
                 if *uses_redis {
-                    r.redis_commands = redis_calls(&mut info) - before;
+                    r.redis_commands = redis_calls(info) - before;
                 }
                 results[i].push(r);
             }

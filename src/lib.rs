@@ -63,7 +63,7 @@ pub use extract::{
     key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
 };
 pub use limiter::{
-    CircuitBreaker, FailurePolicy, LimiterStats, RateLimiter, RateLimiterBuilder,
+    CircuitBreaker, FailurePolicy, LimiterStats, RateLimiter, RateLimiterBuilder, UnitLease,
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };
@@ -76,7 +76,8 @@ pub use rate_limit::{
 pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
     Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
-    Namespaces, RedisStore, RedisStoreBuilder, Store, StoreKey, Upstreams, DEFAULT_CONNECT_TIMEOUT,
+    Namespaces, RedisStore, RedisStoreBuilder, Reserved, Store, StoreKey, Upstreams,
+    DEFAULT_CONNECT_TIMEOUT,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

@@ -465,6 +465,16 @@ struct Inner {
 }
 
 impl Inner {
+    /// An inner service adding to `calls` (shared by several instances).
+    fn shared(calls: Arc<AtomicU64>) -> (Self, Arc<AtomicU64>) {
+        (
+            Self {
+                calls: calls.clone(),
+            },
+            calls,
+        )
+    }
+
     fn new() -> (Self, Arc<AtomicU64>) {
         let calls = Arc::new(AtomicU64::new(0));
         (
@@ -520,4 +530,194 @@ where
             }
         })
     })
+}
+
+/// The `hot-allowed` workload's quota: far above what this machine can offer (at most one unit
+/// per microsecond, with a burst of over an hour of it), so every check is allowed.
+pub const HOT_ALLOWED_PER_SECOND: u32 = 1_000_000;
+const HOT_ALLOWED_BURST: u32 = 4_000_000_000;
+/// Instances sharing one Redis in the `hot-allowed` workload.
+pub const HOT_ALLOWED_INSTANCES: usize = 4;
+/// The lease lifetime of our leased contenders.
+pub const LEASE_LIFETIME: Duration = Duration::from_millis(50);
+
+fn hot_allowed_quota() -> Quota {
+    Quota::per_second(HOT_ALLOWED_PER_SECOND).burst(HOT_ALLOWED_BURST)
+}
+
+/// A check spread round-robin over `instances`, as a load balancer would.
+fn round_robin(instances: Vec<CheckFn>) -> CheckFn {
+    let next = Arc::new(AtomicU64::new(0));
+    Arc::new(move |key: String| {
+        let i = next.fetch_add(1, Ordering::Relaxed) as usize % instances.len();
+        instances[i](key)
+    })
+}
+
+/// The contenders of the `hot-allowed` workload: four instances sharing one Redis, checks
+/// spread over them round-robin, one key far below its limit. Ours with and without unit
+/// leases (check and layer, GCRA; the token bucket leased), tower-rate-limit-redis, and
+/// tower_governor (in memory, so each instance has its own counter: not a shared limit).
+pub async fn hot_allowed(c: &mut Contenders, url: &str) {
+    async fn stores(url: &str) -> Vec<RedisStore> {
+        let mut out = Vec::new();
+        for _ in 0..HOT_ALLOWED_INSTANCES {
+            out.push(
+                RedisStore::connect(url)
+                    .await
+                    .expect("cannot connect to the benchmark redis"),
+            );
+        }
+        out
+    }
+    fn ours<A: Algorithm>(
+        stores: &[RedisStore],
+        prefix: &str,
+        lease: bool,
+        layer: bool,
+        make: impl Fn() -> A,
+    ) -> (CheckFn, Option<Arc<AtomicU64>>) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let instances = stores
+            .iter()
+            .map(|store| {
+                let builder = RateLimiter::builder(store.clone(), make())
+                    .prefix(prefix)
+                    .store_timeout(TIMEOUT)
+                    .on_store_error(FailurePolicy::Closed);
+                let builder = match lease {
+                    true => builder.lease(tower_redis_ratelimit::UnitLease::up_to(LEASE_LIFETIME)),
+                    false => builder,
+                };
+                let limiter = builder.build().expect("limiter config");
+                match layer {
+                    true => {
+                        let (inner, _) = Inner::shared(calls.clone());
+                        let layer =
+                            RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap());
+                        via_service(tower::ServiceBuilder::new().layer(layer).service(inner))
+                    }
+                    false => via_check(limiter),
+                }
+            })
+            .collect();
+        (round_robin(instances), layer.then_some(calls))
+    }
+    let stores = stores(url).await;
+    let unleased_layer = "ours gcra layer (4 instances)".to_owned();
+    let variants: [(&str, bool, bool); 4] = [
+        ("ours gcra check, leased (4 instances)", true, false),
+        ("ours gcra layer, leased (4 instances)", true, true),
+        ("ours gcra check (4 instances)", false, false),
+        ("ours gcra layer (4 instances)", false, true),
+    ];
+    for (name, lease, layer) in variants {
+        let prefix = format!("ha-{}", c.prefix());
+        let (check, calls) = ours(&stores, &prefix, lease, layer, || {
+            Gcra::new(hot_allowed_quota()).unwrap()
+        });
+        let baseline = (name != unleased_layer).then(|| unleased_layer.clone());
+        c.push(
+            format!("hot-allowed {name}"),
+            true,
+            baseline.map(|b| format!("hot-allowed {b}")),
+            calls,
+            check,
+        );
+    }
+    let prefix = format!("ha-{}", c.prefix());
+    let (check, _) = ours(&stores, &prefix, true, false, || {
+        TokenBucket::new(hot_allowed_quota()).unwrap()
+    });
+    c.push(
+        "hot-allowed ours token-bucket check, leased (4 instances)".to_owned(),
+        true,
+        Some(format!("hot-allowed {unleased_layer}")),
+        None,
+        check,
+    );
+
+    // tower-rate-limit-redis: its largest capacity (u16) at its fastest rate (one unit per
+    // millisecond). That limit would bind within a round, so its key moves on every 50,000
+    // checks (below the capacity): every check is allowed, still on one hot key at a time.
+    let calls = Arc::new(AtomicU64::new(0));
+    let epoch = Arc::new(AtomicU64::new(0));
+    let mut instances = Vec::new();
+    for _ in 0..HOT_ALLOWED_INSTANCES {
+        let conn = redis_peer::Client::open(url)
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("cannot connect to the benchmark redis");
+        let layer = tower_rate_limit_redis::RateLimitLayer::builder()
+            .conn(conn)
+            .key_resolver(PeerKey(epoch.clone()))
+            .capacity(u16::MAX)
+            .emission_interval(Duration::from_millis(1))
+            .timeout(TIMEOUT)
+            .build();
+        let (inner, _) = Inner::shared(calls.clone());
+        instances.push(via_service(
+            tower::ServiceBuilder::new().layer(layer).service(inner),
+        ));
+    }
+    c.push(
+        "hot-allowed tower-rate-limit-redis layer (4 instances)".to_owned(),
+        true,
+        Some(format!("hot-allowed {unleased_layer}")),
+        Some(calls),
+        round_robin(instances),
+    );
+
+    // tower_governor: in memory, one counter per instance.
+    use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
+    let calls = Arc::new(AtomicU64::new(0));
+    let instances = (0..HOT_ALLOWED_INSTANCES)
+        .map(|_| {
+            let config = GovernorConfigBuilder::default()
+                .period(Duration::from_secs(1) / HOT_ALLOWED_PER_SECOND)
+                .burst_size(HOT_ALLOWED_BURST)
+                .key_extractor(StringKey)
+                .finish()
+                .expect("governor config");
+            let (inner, _) = Inner::shared(calls.clone());
+            via_service(
+                tower::ServiceBuilder::new()
+                    .layer(GovernorLayer::new(config))
+                    .service(inner),
+            )
+        })
+        .collect();
+    c.push(
+        "hot-allowed tower_governor layer (4 instances, not shared)".to_owned(),
+        false,
+        Some(format!("hot-allowed {unleased_layer}")),
+        Some(calls),
+        round_robin(instances),
+    );
+}
+
+/// tower-rate-limit-redis's key resolver for the `hot-allowed` workload (namespaced like
+/// [`tower_rate_limit_redis`]'s): the key, with a suffix that moves on every 50,000 checks
+/// (counted across the instances).
+#[derive(Clone)]
+struct PeerKey(Arc<AtomicU64>);
+
+impl tower_rate_limit_redis::KeyResolver for PeerKey {
+    type Key = String;
+    type ErrorBody = Body;
+    fn key<T>(&self, req: &Request<T>) -> Result<String, Response<Body>> {
+        req.headers()
+            .get(KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|k| {
+                let epoch = self.0.fetch_add(1, Ordering::Relaxed) / 50_000;
+                format!("trlr-ha:{k}:{epoch}")
+            })
+            .ok_or_else(|| {
+                let mut res = Response::new(Body::empty());
+                *res.status_mut() = StatusCode::BAD_REQUEST;
+                res
+            })
+    }
 }

@@ -12,6 +12,7 @@
 
 mod chart;
 mod contenders;
+mod hot_allowed;
 mod machine;
 mod redis_server;
 mod report;
@@ -73,6 +74,9 @@ pub enum Workload {
     Hot,
     /// Keys drawn from 100,000 ids: nearly all allowed.
     Spread,
+    /// One key far below its limit, over four instances (its own contenders and table: see
+    /// `hot_allowed.rs`).
+    HotAllowed,
 }
 
 pub const WORKLOADS: [Workload; 2] = [Workload::Hot, Workload::Spread];
@@ -82,6 +86,7 @@ impl Workload {
         match self {
             Workload::Hot => "hot",
             Workload::Spread => "spread",
+            Workload::HotAllowed => "hot-allowed",
         }
     }
 }
@@ -154,6 +159,7 @@ async fn round(check: &CheckFn, workload: Workload, tasks: u64, secs: u64) -> Ro
                     }
                     let key = match workload {
                         Workload::Hot => "hot".to_owned(),
+                        Workload::HotAllowed => "tenant".to_owned(),
                         Workload::Spread => {
                             // xorshift64
                             rng ^= rng << 13;
@@ -280,9 +286,14 @@ async fn main() {
     contenders::governor_check_key(&mut c, GOVERNOR_CHECK);
     contenders::ours_memory(&mut c, GOVERNOR_CHECK, GOVERNOR);
 
+    // The hot-allowed workload's own contenders (four instances each).
+    let mut ha = Contenders::new(config.filter.clone());
+    contenders::hot_allowed(&mut ha, &url).await;
+    let hot_allowed = ha.into_vec();
+
     let contenders = c.into_vec();
     assert!(
-        !contenders.is_empty(),
+        !contenders.is_empty() || !hot_allowed.is_empty(),
         "BENCH_FILTER={:?} selects no contender",
         config.filter
     );
@@ -290,11 +301,12 @@ async fn main() {
     let machine = machine::describe(&redis_version, &config);
     eprintln!("{machine}");
     eprintln!(
-        "{} contenders x 2 workloads x {} rounds x {} s: about {} s",
+        "{} contenders x 2 workloads + {} on hot-allowed, x {} rounds x {} s: about {} s",
         contenders.len(),
+        hot_allowed.len(),
         config.rounds,
         config.secs,
-        contenders.len() as u64 * 2 * config.rounds * config.secs
+        (contenders.len() as u64 * 2 + hot_allowed.len() as u64) * config.rounds * config.secs
     );
 
     // ---- Rounds, interleaved so that machine noise hits every contender alike ----
@@ -333,8 +345,13 @@ async fn main() {
         }
     }
 
+    let hot_allowed_md = hot_allowed::run(&config, &mut info, &hot_allowed).await;
+
     // ---- Report ----
-    let markdown = report::markdown(&machine, &config, &contenders, &results);
+    let mut markdown = report::markdown(&machine, &config, &contenders, &results);
+    if !hot_allowed.is_empty() {
+        markdown.push_str(&hot_allowed_md);
+    }
     println!("{markdown}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir).expect("cannot create bench/results");

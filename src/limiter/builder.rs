@@ -7,6 +7,7 @@ use super::{
     deny_cache::DenyCache,
     engine::Engine,
     failure::FailurePolicy,
+    lease::{LeasedStore, UnitLease},
     names,
     rate_limiter::RateLimiter,
     stats::Counters,
@@ -47,6 +48,7 @@ impl<A: Algorithm> RateLimiter<A> {
             local_share: 1,
             share_counters: false,
             shadow: false,
+            lease: None,
         }
     }
 }
@@ -65,6 +67,7 @@ pub struct RateLimiterBuilder<A> {
     local_share: u32,
     share_counters: bool,
     shadow: bool,
+    lease: Option<UnitLease>,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -204,6 +207,34 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         self
     }
 
+    /// Unit leases for hot keys that are allowed (default off): this limiter reserves blocks
+    /// of a hot key's units in one store call and hands them out itself, within the lease's
+    /// lifetime of sending the reservation, and gives back what it did not hand out. Exact in
+    /// count, shifted in time by at most the lifetime: in any window of the quota's period,
+    /// all instances together admit at most what the algorithm admits in period + lifetime.
+    /// Decisions answered from a lease carry approximate `remaining` and reset times. See
+    /// [`UnitLease`].
+    ///
+    /// Only [`Gcra`](crate::Gcra) and [`TokenBucket`](crate::TokenBucket) can be leased
+    /// (else a [`ConfigError`] naming `lease`); on a [`MemoryStore`] it changes nothing.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::*;
+    /// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(50_000))?)
+    ///     .lease(UnitLease::up_to(Duration::from_millis(50)))
+    ///     .build()?;
+    /// let window = RateLimiter::builder(MemoryStore::new(), SlidingWindow::new(Quota::per_second(10))?)
+    ///     .lease(UnitLease::up_to(Duration::from_millis(50)))
+    ///     .build();
+    /// assert_eq!(window.unwrap_err().field(), "lease");
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn lease(mut self, lease: UnitLease) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
     /// Validates the options; the error names the field.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
         self.breaker.validate()?;
@@ -216,6 +247,10 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         }
         let Some(instances) = NonZeroU32::new(self.local_share) else {
             return Err(ConfigError::new("local_share", "must be at least 1"));
+        };
+        let cap = match &self.lease {
+            Some(lease) => Some(lease.validate(self.algorithm.rule())?),
+            None => None,
         };
         let algorithm = Arc::new(self.algorithm);
         let namespace = format!("{}:{}", self.prefix, self.policy);
@@ -252,8 +287,21 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         // A store on a manual clock decides on its own time; the cache's is real.
         let deny_cache = (self.deny_cache > 0 && !self.store.manual_clock())
             .then(|| DenyCache::new(self.deny_cache));
+        let store = match (self.lease, cap) {
+            (Some(lease), Some(cap)) => Arc::new(LeasedStore::new(
+                self.store,
+                Arc::clone(&dyn_algorithm),
+                &namespace,
+                self.max_key_len,
+                self.timeout,
+                lease.lifetime(),
+                lease.tracked_keys(),
+                cap,
+            )),
+            _ => self.store,
+        };
         let engine = Engine {
-            store: self.store,
+            store,
             algorithm: dyn_algorithm,
             namespace,
             policy: self.policy.into(),

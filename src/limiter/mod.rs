@@ -6,13 +6,14 @@ mod builder;
 mod deny_cache;
 mod engine;
 mod failure;
+mod lease;
 mod names;
 mod rate_limiter;
 mod stats;
 
 pub(crate) use self::{breaker::BreakerState, engine::Engine, names::check as check_names};
 pub use self::{
-    breaker::CircuitBreaker, builder::RateLimiterBuilder, failure::FailurePolicy,
+    breaker::CircuitBreaker, builder::RateLimiterBuilder, failure::FailurePolicy, lease::UnitLease,
     rate_limiter::RateLimiter, stats::LimiterStats,
 };
 

@@ -11,6 +11,7 @@ mod leases;
 mod memory;
 mod namespaces;
 mod redis;
+mod reserved;
 mod sharded;
 mod upstream;
 
@@ -25,6 +26,7 @@ pub use self::{
     leases::{Acquired, Leases},
     namespaces::Namespaces,
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+    reserved::Reserved,
     upstream::{Blind, Gate, Learned, Upstreams},
 };
 
@@ -114,6 +116,27 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Takes up to `up_to` units of `key` at once, as many as it has available, but at least
+    /// `cost` (else a denial of `cost`, exactly as [`check`](Self::check) would deny it): a
+    /// unit lease's reservation (see [`UnitLease`](crate::UnitLease)). The algorithms that
+    /// can be leased are [`Gcra`](crate::Gcra) and [`TokenBucket`](crate::TokenBucket).
+    ///
+    /// The default returns [`Error::Unsupported`]; a leasing limiter then checks each request
+    /// with [`check`](Self::check), as without a lease.
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Reserved, Error>> {
+        let _ = (algorithm, key, cost, up_to, now_us);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "this store cannot reserve units",
+        ))))
+    }
+
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError) (see
     /// [`Namespaces`]). `None` (the default): not checked.
@@ -170,6 +193,17 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now_us: Option<u64>,
     ) -> Option<Result<bool, Error>> {
         (**self).refund_now(algorithm, key, charge, now_us)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Reserved, Error>> {
+        (**self).reserve(algorithm, key, cost, up_to, now_us)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

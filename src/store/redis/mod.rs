@@ -6,6 +6,7 @@ mod builder;
 mod connect;
 mod connection;
 mod leases;
+mod reserve;
 mod scripts;
 #[cfg(feature = "tls")]
 mod tls;
@@ -27,7 +28,7 @@ use self::{
     batch::Batcher,
     scripts::Wire,
 };
-use super::{BoxFuture, Namespaces, Store, StoreKey};
+use super::{BoxFuture, Namespaces, Reserved, Store, StoreKey};
 use crate::{Algorithm, Charge, ConfigError, Error, Outcome};
 
 /// Counters in Redis, shared by every instance that points at the same server.
@@ -232,6 +233,22 @@ impl Store for RedisStore {
         let cmd = wire.command(key, now_us);
         let script = wire.script;
         Box::pin(async move { scripts::parse_refund(self.backend.eval(script, &cmd).await?) })
+    }
+
+    /// One script call, never batched (one call stands for a whole lease of checks).
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Reserved, Error>> {
+        let (script, cmd) = match reserve::command(algorithm, key, cost, up_to, now_us) {
+            Ok(call) => call,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        Box::pin(async move { reserve::parse(self.backend.eval(script, &cmd).await?, cost, up_to) })
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -1,0 +1,42 @@
+-- Reservation for the token bucket (a unit lease): takes up to `up_to` tokens at once, what
+-- the bucket holds, at least `cost`; else denies exactly as token_bucket.lua would deny a
+-- check of `cost`.
+-- KEYS[1]  the bucket hash
+-- ARGV     now|'', emission_us, burst, cost, up_to
+-- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted}
+local now = clock()
+local emission = int_arg(2, 'emission', 1)
+local burst = int_arg(3, 'burst', 1)
+local cost = int_arg(4, 'cost', 1)
+local up_to = int_arg(5, 'up_to', 1)
+local tolerance = emission * burst
+if tolerance > MAX then
+  fail('invalid argument burst')
+end
+if up_to < cost then
+  up_to = cost
+end
+
+local tokens, ts = burst, now
+local st = redis.call('HMGET', KEYS[1], 'n', 't')
+if st[1] or st[2] then
+  tokens = stored_int(st[1], 'token count')
+  ts = stored_int(st[2], 'timestamp')
+end
+local t_eff
+tokens, ts, t_eff = credit(tokens, ts, now, emission, burst)
+
+if cost > burst then
+  return { 0, tokens, -1, bucket_wait(tokens, ts, t_eff, now, emission, burst), 0 }
+end
+if tokens < cost then
+  return { 0, tokens, bucket_wait(tokens, ts, t_eff, now, emission, cost),
+    bucket_wait(tokens, ts, t_eff, now, emission, burst), 0 }
+end
+
+local granted = math.min(up_to, tokens)
+tokens = tokens - granted
+local full_in = bucket_wait(tokens, ts, t_eff, now, emission, burst)
+redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
+redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
+return { 1, tokens, 0, full_in, granted }

@@ -1,0 +1,354 @@
+//! The lease table: per key, the lease this limiter holds, the reservation in flight, and
+//! the key's observed demand that sizes the next lease. Bounded: split over lock shards,
+//! each holding at most its share of the keys; idle keys make room for new ones.
+
+use std::{
+    collections::HashMap,
+    hash::BuildHasher,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{futures::OwnedNotified, Notify};
+
+use crate::Outcome;
+
+const SHARDS: usize = 16;
+
+/// A lease grows only for keys seen at this many units per lifetime (or more): a colder key
+/// asks the store for each check, exactly, with no units to give back.
+const HOT: u64 = 4;
+
+/// One lock shard: keys (compact bytes) to their slots, and when idle ones were last swept.
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Box<[u8]>, Slot>,
+    /// A full shard of keys that are all busy is swept at most once per lifetime, so a new
+    /// key does not pay a sweep each time.
+    swept: Option<Instant>,
+}
+
+/// The leases of one limiter.
+pub(crate) struct Table {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+    max_per_shard: usize,
+    lifetime: Duration,
+    /// The most units one lease holds.
+    cap: u64,
+}
+
+/// One key's state.
+struct Slot {
+    lease: Lease,
+    /// Woken when the reservation in flight lands (or fails, or is dropped).
+    in_flight: Option<Arc<Notify>>,
+    /// When the last reservation was sent.
+    since: Instant,
+    /// Units asked for since then (handed out, waited for, or sent to the store).
+    demand: u64,
+    /// Units this key uses per lifetime: an average over the reservations.
+    per_lifetime: u64,
+    /// Numbers the leases of this key apart, so a lease's return finds only its own units.
+    generation: u64,
+}
+
+/// Units in hand: `left` of them, to hand out before `until`.
+#[derive(Clone, Copy)]
+struct Lease {
+    left: u64,
+    until: Instant,
+    /// What the store said was left besides this lease, at the reservation.
+    remaining: u64,
+    reset_after_us: u64,
+}
+
+/// What a check does, as the table says.
+pub(crate) enum Step {
+    /// Answered from the lease.
+    Taken(Outcome),
+    /// A reservation of this key is in flight: wait for it, then try the lease once more.
+    /// (Registered under the table's lock, so the reservation cannot land unseen.)
+    Wait(OwnedNotified),
+    /// Send a reservation of up to `up_to` units (at least the cost); first give `give_back`
+    /// units of the previous lease back to the store.
+    Reserve { up_to: u64, give_back: u64 },
+    /// Not tracked (the table is full): check in the store, as without leases.
+    Untracked,
+}
+
+impl Table {
+    pub(crate) fn new(max_keys: usize, lifetime: Duration, cap: u64) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: Default::default(),
+            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            lifetime,
+            cap: cap.max(1),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> std::sync::MutexGuard<'_, Shard> {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        // A panic elsewhere cannot leave a slot half-updated: each update is a few plain stores.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Units of `key`'s live lease, if it holds `cost` of them now; counts the demand either way.
+    pub(crate) fn take(&self, key: &[u8], cost: u32, now: Instant) -> Option<Outcome> {
+        let mut shard = self.shard(key);
+        let slot = shard.slots.get_mut(key)?;
+        slot.demand += u64::from(cost);
+        slot.take(cost, now)
+    }
+
+    /// The next step of a check of `key` that found no units in hand ([`take`](Self::take)).
+    /// `waited`: this check already waited for a reservation, and does not start one.
+    pub(crate) fn step(&self, key: &[u8], cost: u32, now: Instant, waited: bool) -> Step {
+        let mut guard = self.shard(key);
+        let shard = &mut *guard;
+        if !shard.slots.contains_key(key) {
+            let due = shard
+                .swept
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.lifetime);
+            if shard.slots.len() >= self.max_per_shard && due {
+                shard.slots.retain(|_, s| !s.idle(now, self.lifetime));
+                shard.swept = Some(now);
+            }
+            if shard.slots.len() >= self.max_per_shard {
+                return Step::Untracked;
+            }
+            // As if the last reservation were a lifetime ago: a first check reads as cold.
+            let slot = Slot {
+                lease: Lease {
+                    left: 0,
+                    until: now,
+                    remaining: 0,
+                    reset_after_us: 0,
+                },
+                in_flight: None,
+                since: now.checked_sub(self.lifetime).unwrap_or(now),
+                demand: u64::from(cost),
+                per_lifetime: 0,
+                generation: 0,
+            };
+            shard.slots.insert(key.into(), slot);
+        }
+        let Some(slot) = shard.slots.get_mut(key) else {
+            return Step::Untracked;
+        };
+        if let Some(outcome) = slot.take(cost, now) {
+            return Step::Taken(outcome);
+        }
+        if let Some(notify) = &slot.in_flight {
+            return match waited {
+                false => Step::Wait(Arc::clone(notify).notified_owned()),
+                true => Step::Untracked,
+            };
+        }
+        if waited {
+            return Step::Untracked;
+        }
+        // The demand since the last reservation, per lifetime, averaged with the past.
+        let elapsed = now.saturating_duration_since(slot.since).as_micros().max(1);
+        let sample = u128::from(slot.demand) * self.lifetime.as_micros() / elapsed;
+        let sample = u64::try_from(sample).unwrap_or(u64::MAX).min(self.cap * 4);
+        slot.per_lifetime = match slot.per_lifetime {
+            0 => sample,
+            past => past / 2 + sample / 2,
+        };
+        slot.since = now;
+        slot.demand = 0;
+        // A quarter more than the expected use, so a lease usually lasts its lifetime.
+        let extra = match slot.per_lifetime {
+            hot if hot >= HOT => hot.saturating_add(hot / 4),
+            _ => 0,
+        };
+        let up_to = u64::from(cost)
+            .saturating_add(extra)
+            .min(self.cap.max(u64::from(cost)));
+        let give_back = std::mem::take(&mut slot.lease.left);
+        slot.in_flight = Some(Arc::new(Notify::new()));
+        Step::Reserve { up_to, give_back }
+    }
+
+    /// A reservation of `key` sent at `sent` landed with `extra` units beyond the check's
+    /// cost: they are handed out until `sent` + the lifetime. The lease's generation, for
+    /// [`expire`](Self::expire); waiters are woken.
+    pub(crate) fn install(&self, key: &[u8], sent: Instant, extra: u64, outcome: &Outcome) -> u64 {
+        let mut shard = self.shard(key);
+        let Some(slot) = shard.slots.get_mut(key) else {
+            return 0;
+        };
+        slot.generation += 1;
+        slot.lease = Lease {
+            left: extra,
+            until: sent + self.lifetime,
+            remaining: outcome.remaining,
+            reset_after_us: outcome.reset_after_us,
+        };
+        if let Some(notify) = slot.in_flight.take() {
+            notify.notify_waiters();
+        }
+        slot.generation
+    }
+
+    /// A reservation of `key` ended without a lease (denied, failed, or dropped): waiters go
+    /// to the store. A denied key turns cold, so it is checked exactly until it is hot again.
+    pub(crate) fn abandon(&self, key: &[u8], denied: bool) {
+        let mut shard = self.shard(key);
+        let Some(slot) = shard.slots.get_mut(key) else {
+            return;
+        };
+        if denied {
+            slot.per_lifetime = 0;
+        }
+        if let Some(notify) = slot.in_flight.take() {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Ends lease `generation` of `key` (its lifetime is over): the units it still held, to
+    /// give back. 0 when that lease is gone or used up.
+    pub(crate) fn expire(&self, key: &[u8], generation: u64) -> u64 {
+        let mut shard = self.shard(key);
+        match shard.slots.get_mut(key) {
+            Some(slot) if slot.generation == generation => std::mem::take(&mut slot.lease.left),
+            _ => 0,
+        }
+    }
+
+    /// How long a lease's units may be handed out after its reservation was sent.
+    pub(crate) fn lifetime(&self) -> Duration {
+        self.lifetime
+    }
+
+    /// Keys tracked.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap().slots.len())
+            .sum()
+    }
+}
+
+impl Slot {
+    /// `cost` units from the lease, if it is live and holds them.
+    fn take(&mut self, cost: u32, now: Instant) -> Option<Outcome> {
+        let l = &mut self.lease;
+        let cost = u64::from(cost);
+        if l.left < cost || now >= l.until {
+            return None;
+        }
+        l.left -= cost;
+        Some(Outcome::single(
+            true,
+            l.remaining.saturating_add(l.left),
+            Some(0),
+            l.reset_after_us,
+        ))
+    }
+
+    /// Nothing in hand, nothing in flight, and not asked for in a lifetime: can be forgotten.
+    fn idle(&self, now: Instant, lifetime: Duration) -> bool {
+        self.lease.left == 0
+            && self.in_flight.is_none()
+            && now.saturating_duration_since(self.since) > lifetime
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Duration = Duration::from_millis(50);
+
+    fn reserve(step: Step) -> (u64, u64) {
+        match step {
+            Step::Reserve { up_to, give_back } => (up_to, give_back),
+            _ => panic!("expected a reservation"),
+        }
+    }
+
+    #[test]
+    fn a_cold_key_reserves_its_cost_only() {
+        let t = Table::new(100, L, 1_000);
+        let mut now = Instant::now();
+        for _ in 0..5 {
+            let (up_to, _) = reserve(t.step(b"k", 1, now, false));
+            assert_eq!(up_to, 1);
+            t.abandon(b"k", false);
+            now += Duration::from_secs(1);
+        }
+    }
+
+    #[test]
+    fn a_hot_key_gets_leases_sized_to_its_rate_and_capped() {
+        let t = Table::new(100, L, 1_000);
+        let now = Instant::now();
+        reserve(t.step(b"k", 1, now, false));
+        // 200 checks in the next millisecond, waiting for the first reservation.
+        for _ in 0..200 {
+            assert!(t.take(b"k", 1, now).is_none());
+        }
+        t.abandon(b"k", false);
+        let (up_to, _) = reserve(t.step(b"k", 1, now + Duration::from_millis(1), false));
+        assert_eq!(up_to, 1_000, "capped");
+        let at = now + Duration::from_millis(1);
+        let g = t.install(b"k", at, 999, &Outcome::single(true, 5, Some(0), 10));
+        let o = t.take(b"k", 1, at).unwrap();
+        assert_eq!((o.allowed, o.remaining), (true, 5 + 998));
+        // Nothing handed out once the lifetime is over; the rest goes back once.
+        assert!(t.take(b"k", 1, at + L).is_none());
+        assert_eq!(t.expire(b"k", g), 998);
+        assert_eq!(t.expire(b"k", g), 0);
+    }
+
+    #[test]
+    fn a_denied_key_turns_cold() {
+        let t = Table::new(100, L, 1_000);
+        let now = Instant::now();
+        reserve(t.step(b"k", 1, now, false));
+        for _ in 0..200 {
+            t.take(b"k", 1, now);
+        }
+        t.abandon(b"k", false);
+        assert!(reserve(t.step(b"k", 1, now, false)).0 > 1);
+        t.abandon(b"k", true);
+        let (up_to, _) = reserve(t.step(b"k", 1, now + Duration::from_secs(1), false));
+        assert_eq!(up_to, 1);
+    }
+
+    #[test]
+    fn checks_wait_for_the_reservation_in_flight_once() {
+        let t = Table::new(100, L, 1_000);
+        let now = Instant::now();
+        reserve(t.step(b"k", 1, now, false));
+        assert!(matches!(t.step(b"k", 1, now, false), Step::Wait(_)));
+        assert!(matches!(t.step(b"k", 1, now, true), Step::Untracked));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_forgets_idle_keys() {
+        let t = Table::new(16, L, 1_000);
+        let now = Instant::now();
+        let mut untracked = 0;
+        for i in 0..1_000u32 {
+            // Each is left in flight: never idle.
+            if let Step::Untracked = t.step(&i.to_le_bytes(), 1, now, false) {
+                untracked += 1;
+            }
+        }
+        assert!(t.len() <= 16 && untracked >= 984, "{} {untracked}", t.len());
+        // A lifetime later, with nothing in flight, old keys make room.
+        for i in 0..1_000u32 {
+            t.abandon(&i.to_le_bytes(), false);
+        }
+        let later = now + 3 * L;
+        assert!(matches!(
+            t.step(b"new", 1, later, false),
+            Step::Reserve { .. }
+        ));
+    }
+}
