@@ -12,8 +12,9 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]] [--prefix P]
-//!     [--log error|warn|info|debug|trace] [--shadow] [--no-limit]
+//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
+//!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
+//!     [--no-limit]
 //! ```
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
@@ -26,6 +27,11 @@
 //! flight at once across every instance sharing the store, on top of the rate limit; over it,
 //! 429. A slot is held under a lease renewed while the request runs, so the slots of a
 //! gateway that dies come back within M ms.
+//!
+//! `--unit-lease-ms N` (GCRA and token bucket): a hot key that is allowed is answered from
+//! blocks of its units reserved in the store in one call, each handed out for at most N ms
+//! after its reservation was sent; what is left goes back. The limit then holds in count,
+//! shifted in time by at most N ms (see `UnitLease`).
 //!
 //! `--shadow` never rejects: over-limit requests are served with the headers of the denial,
 //! and each is logged ("would deny") at `info`.
@@ -49,7 +55,7 @@ use axum::{
 use tower_redis_ratelimit::{
     Algorithm, Batching, ClientIp, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra,
     GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, Leases, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, StatusSet, TokenBucket,
+    RateLimiter, RedisStore, SlidingWindow, StatusSet, TokenBucket, UnitLease,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -59,7 +65,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
-[--concurrency N [--lease-ms M]] [--prefix P] [--log LEVEL] [--shadow] [--batch] [--no-limit]";
+[--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
+[--batch] [--no-limit]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -103,6 +110,8 @@ struct Args {
     concurrency: Option<u32>,
     /// `--lease-ms M`: the lease of a concurrency slot.
     lease: Option<Duration>,
+    /// `--unit-lease-ms N`: unit leases for hot allowed keys, handed out for at most N ms.
+    unit_lease: Option<Duration>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -161,6 +170,7 @@ fn parse_args() -> Result<Args, String> {
         count_only: None,
         concurrency: None,
         lease: None,
+        unit_lease: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -210,6 +220,7 @@ fn parse_args() -> Result<Args, String> {
             "--count-only",
             "--concurrency",
             "--lease-ms",
+            "--unit-lease-ms",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -327,6 +338,13 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|_| bad("a whole number of milliseconds"))?,
                 ))
             }
+            "--unit-lease-ms" => {
+                a.unit_lease = Some(Duration::from_millis(
+                    value
+                        .parse()
+                        .map_err(|_| bad("a whole number of milliseconds"))?,
+                ))
+            }
             "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
             _ => unreachable!("checked against FLAGS above"),
         }
@@ -370,19 +388,45 @@ fn concurrency_limiter(
         .map_err(|e| format!("--concurrency {n} --lease-ms {}: {e}", lease.as_millis()))
 }
 
+/// The rate limiter, checked before anything connects (with a `MemoryStore`) and built again
+/// on the real store.
+fn rate_limiter(
+    args: &Args,
+    store: Arc<dyn Leases>,
+    algorithm: Arc<dyn Algorithm>,
+) -> Result<RateLimiter<Arc<dyn Algorithm>>, String> {
+    let mut builder = RateLimiter::builder(store, algorithm)
+        .prefix(&args.prefix)
+        .store_timeout(args.timeout)
+        .on_store_error(args.on_error)
+        .local_share(args.local_share)
+        .shadow(args.shadow);
+    if let Some(lifetime) = args.unit_lease {
+        builder = builder.lease(UnitLease::up_to(lifetime));
+    }
+    builder.build().map_err(|e| match e.field() {
+        f if f.starts_with("lease") => format!(
+            "--unit-lease-ms {} (--algorithm {}): {e}",
+            args.unit_lease.unwrap_or_default().as_millis(),
+            args.algorithm
+        ),
+        _ => e.to_string(),
+    })
+}
+
 async fn serve(
     args: Args,
     store: Arc<dyn Leases>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
-    let limiter = RateLimiter::builder(store, algorithm)
-        .prefix(&args.prefix)
-        .store_timeout(args.timeout)
-        .on_store_error(args.on_error)
-        .local_share(args.local_share)
-        .shadow(args.shadow)
-        .build()?;
+    let limiter = rate_limiter(&args, store, algorithm)?;
+    if let Some(lifetime) = args.unit_lease {
+        println!(
+            "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",
+            lifetime.as_millis()
+        );
+    }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
     if let Some(statuses) = args.count_only {
         println!(
@@ -474,10 +518,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
         quota = quota.burst(b);
     }
     // Reject a bad configuration before connecting to anything.
-    match args.algorithm.as_str() {
-        "sliding-window" => SlidingWindow::new(quota).map(|_| ())?,
-        _ => Gcra::new(quota).map(|_| ())?,
-    }
+    let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
+        "token-bucket" => Arc::new(TokenBucket::new(quota)?),
+        "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
+        _ => Arc::new(Gcra::new(quota)?),
+    };
+    rate_limiter(&args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
     key_extractor(&args)?;
     if args.shadow && args.concurrency.is_some() {
         return Err(
@@ -609,11 +655,6 @@ async fn run(args: Args) -> Result<(), BoxError> {
     for (key, plan) in &args.plans {
         println!("plan: key {key:?} gets {plan}");
     }
-    let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
-        "token-bucket" => Arc::new(TokenBucket::new(quota)?),
-        "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
-        _ => Arc::new(Gcra::new(quota)?),
-    };
     serve(args, store, algorithm).await
 }
 

@@ -8,6 +8,7 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use common::{
+    command_calls,
     gateway::{gateway_bin, get, get_path, start_gateway, start_gateway_with_stderr, Gateway},
     RedisCluster, RedisServer,
 };
@@ -221,6 +222,12 @@ fn bad_flags_exit_with_a_clear_error() {
             "--local-share",
         ),
         (&["--batch"][..], "--batch"),
+        (&["--unit-lease-ms", "0"][..], "--unit-lease-ms"),
+        (&["--unit-lease-ms", "20000"][..], "lease.lifetime"),
+        (
+            &["--algorithm", "sliding-window", "--unit-lease-ms", "50"][..],
+            "not the sliding window",
+        ),
     ] {
         let out = Command::new(gateway_bin()).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");
@@ -748,4 +755,88 @@ fn a_killed_gateway_gives_its_slots_back_within_the_lease() {
         "the slot was free at once after the kill: {statuses:?}"
     );
     drop(a);
+}
+
+/// `threads` clients, each sending GETs to its gateway (round robin over `gateways`) until
+/// `requests` in all were answered; the number answered 200 and the time it took.
+fn flood(gateways: &[&Gateway], threads: usize, requests: usize) -> (usize, Duration) {
+    let started = std::time::Instant::now();
+    let ok = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let addr = gateways[t % gateways.len()].addr;
+            let ok = &ok;
+            s.spawn(move || {
+                for _ in 0..requests / threads {
+                    let (status, _) = get(addr, "");
+                    assert!(status == 200 || status == 429, "status {status}");
+                    if status == 200 {
+                        ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    (ok.into_inner(), started.elapsed())
+}
+
+#[test]
+fn unit_leases_answer_a_hot_allowed_key_with_few_store_calls_and_keep_its_limit() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let scripts = || command_calls(&mut redis.conn(), |name| name.starts_with("eval"));
+    // A key far below its limit, served by two gateways: leased, a handful of script calls.
+    let hot = [
+        "--redis",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "1000000",
+        "--per",
+        "1s",
+        "--unit-lease-ms",
+        "50",
+        "--prefix",
+        "hot",
+    ];
+    let (a, b) = (start_gateway(&hot), start_gateway(&hot));
+    assert!(
+        a.banner.iter().any(|l| l.contains("unit leases")),
+        "{:?}",
+        a.banner
+    );
+    let before = scripts();
+    let (ok, _) = flood(&[&a, &b], 8, 4_000);
+    let calls = scripts() - before;
+    assert_eq!(ok, 4_000, "every request is allowed");
+    assert!(
+        calls < 1_000,
+        "{calls} script calls for 4,000 requests: the hot key was not leased"
+    );
+    let (_, head) = get(a.addr, "");
+    assert!(head.contains("ratelimit: \"default\";r="), "{head}");
+    drop((a, b));
+
+    // A limit that binds: 50 a minute (burst 50) over two leasing gateways. In the flood's
+    // time T, the key admits at most burst + (T + lifetime) / emission (1.2 s).
+    let tight = [
+        "--redis",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "50",
+        "--per",
+        "1m",
+        "--unit-lease-ms",
+        "50",
+        "--prefix",
+        "tight",
+    ];
+    let (a, b) = (start_gateway(&tight), start_gateway(&tight));
+    let (ok, took) = flood(&[&a, &b], 8, 1_600);
+    let bound = 50 + ((took.as_secs_f64() + 0.05) / 1.2).floor() as usize;
+    assert!(ok <= bound, "{ok} admitted in {took:?}, bound {bound}");
+    assert!(ok >= 40, "only {ok} of the burst of 50 admitted");
 }

@@ -98,12 +98,9 @@ impl UnitLease {
         }
         let burst = match rule {
             Rule::Gcra(r) | Rule::TokenBucket(r) => r.burst(),
-            other => {
-                return Err(ConfigError::new(
-                    "lease",
-                    format!("only GCRA and the token bucket can be leased, not {other:?}"),
-                ))
-            }
+            Rule::SlidingWindow(_) => return Err(not_leased("the sliding window")),
+            Rule::Multi(_) => return Err(not_leased("a multi-limit")),
+            Rule::Script(_) => return Err(not_leased("a custom script")),
         };
         let share = u32::try_from((burst / 8).max(1)).unwrap_or(u32::MAX);
         match self.max_units {
@@ -112,4 +109,11 @@ impl UnitLease {
             None => Ok(share),
         }
     }
+}
+
+fn not_leased(what: &str) -> ConfigError {
+    ConfigError::new(
+        "lease",
+        format!("only GCRA and the token bucket can be leased, not {what}"),
+    )
 }
