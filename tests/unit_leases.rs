@@ -346,3 +346,243 @@ async fn a_corrupted_state_is_an_error_not_a_lease() {
     }
     assert_eq!(l.stats().store_errors, 3);
 }
+
+/// Defects a review found in the first version of leases, each shown failing before its fix:
+/// cold keys leased on a burst of a few checks or a single costly one, a rested key leased on
+/// its next check, keys seen once shutting hot keys out of the table, and cold keys losing the
+/// store's batching.
+mod review {
+    use super::*;
+    use tower_redis_ratelimit::Batching;
+
+    async fn limiter(
+        redis: &RedisServer,
+        gcra: &Gcra,
+        prefix: &str,
+        lease: Option<UnitLease>,
+    ) -> RateLimiter<Gcra> {
+        let mut b = RateLimiter::builder(redis.store().await, gcra.clone())
+            .prefix(prefix)
+            .store_timeout(Duration::from_secs(5));
+        if let Some(lease) = lease {
+            b = b.lease(lease);
+        }
+        b.build().unwrap()
+    }
+
+    /// A key checked once, ever, is cold ("fewer than 4 checks per lifetime ... stay exact,
+    /// nothing is given back"). With a cost of 8, its very first check takes a lease of 18 units
+    /// from Redis (the table counts units, not checks, and a new slot reads as one lifetime old).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_single_check_of_cost_8_on_a_fresh_key_takes_only_its_cost() {
+        let redis = RedisServer::start();
+        // Burst 1,000, one unit back per 3.6 s: leases of up to 125 units could be had.
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        // A long lifetime, so the lease (if any) is still held when the other instance looks.
+        let leasing = limiter(
+            &redis,
+            &gcra,
+            "cost8",
+            Some(UnitLease::up_to(Duration::from_secs(10))),
+        )
+        .await;
+        let exact = limiter(&redis, &gcra, "cost8", None).await;
+        let d = leasing.check("k", 8).await.unwrap();
+        assert!(d.allowed);
+        // Exact: 1,000 - 8 - 1 = 991 left after the other instance's check.
+        let seen = exact.check("k", 1).await.unwrap().remaining;
+        assert!(
+            seen >= 991,
+            "one check of cost 8 took {} units from Redis",
+            1_000 - 1 - seen
+        );
+    }
+
+    /// A key that was hot and then rests (here 6 lifetimes; an hour behaves the same: the
+    /// estimate halves per reservation, not per unit of time) is checked once: that single check
+    /// takes a large block of the key's units from Redis (held by this instance, away from the
+    /// others, for a whole lifetime) instead of its cost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_that_rested_is_cold_again() {
+        const LIFETIME: Duration = Duration::from_secs(1);
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        let leasing = limiter(&redis, &gcra, "rest", Some(UnitLease::up_to(LIFETIME))).await;
+        let exact = limiter(&redis, &gcra, "rest", None).await;
+        // Hot: 300 checks in a row.
+        for _ in 0..300 {
+            assert!(leasing.check("k", 1).await.unwrap().allowed);
+        }
+        // Every lease ends and goes back; the key then rests.
+        tokio::time::sleep(LIFETIME * 2).await;
+        let before = exact.check("k", 1).await.unwrap().remaining;
+        tokio::time::sleep(LIFETIME * 6).await;
+        // One check after the rest.
+        assert!(leasing.check("k", 1).await.unwrap().allowed);
+        let after = exact.check("k", 1).await.unwrap().remaining;
+        // Exact: this check's unit and the other instance's (refills only add).
+        assert!(
+            after + 2 >= before,
+            "one check after a rest took {} units from Redis",
+            before - after - 1
+        );
+    }
+
+    /// With batching on, concurrent checks of many cold keys share script calls. A lease sends
+    /// each cold key's check as a reservation, which is never batched: one call per check.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cold_keys_keep_the_stores_batching() {
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        let mut calls = Vec::new();
+        for (prefix, lease) in [
+            ("plain", None),
+            ("leased", Some(UnitLease::up_to(Duration::from_millis(50)))),
+        ] {
+            let store = redis
+                .store()
+                .await
+                .with_batching(Batching::new().max_in_flight(1).max_batch(64))
+                .unwrap();
+            let mut b = RateLimiter::builder(store, gcra.clone())
+                .prefix(prefix)
+                .store_timeout(Duration::from_secs(5));
+            if let Some(lease) = lease {
+                b = b.lease(lease);
+            }
+            let l = b.build().unwrap();
+            // Loads the scripts (batch, check, reservation).
+            for i in 0..3 {
+                let _ = tokio::join!(
+                    l.check(format!("warm-{i}"), 1),
+                    l.check(format!("warm2-{i}"), 1)
+                );
+            }
+            let before = script_calls(&redis);
+            let checks = (0..64).map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move { l.check(format!("user-{i}"), 1).await.unwrap() })
+            });
+            for d in futures_util::future::join_all(checks).await {
+                assert!(d.unwrap().allowed);
+            }
+            calls.push(script_calls(&redis) - before);
+        }
+        let (plain, leased) = (calls[0], calls[1]);
+        eprintln!("64 cold checks: {plain} script calls without a lease, {leased} with");
+        assert!(plain < 32, "batching works without a lease ({plain} calls)");
+        assert!(
+            leased < 32,
+            "with a lease, 64 checks of cold keys took {leased} script calls (batched: {plain})"
+        );
+    }
+
+    /// Two checks in a row on a fresh key (a page load: two requests a millisecond apart, then
+    /// nothing) are "2 checks per lifetime", cold. The second check's demand is extrapolated from
+    /// the interval since the first (one check in a millisecond = 10,000 per 10 s lifetime), so
+    /// it takes a full lease (125 units) from Redis and holds it away from the other instances.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_checks_in_a_row_take_only_two_units() {
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        let leasing = limiter(
+            &redis,
+            &gcra,
+            "two",
+            Some(UnitLease::up_to(Duration::from_secs(10))),
+        )
+        .await;
+        let exact = limiter(&redis, &gcra, "two", None).await;
+        assert!(leasing.check("k", 1).await.unwrap().allowed);
+        assert!(leasing.check("k", 1).await.unwrap().allowed);
+        // Exact: 1,000 - 2 - 1 = 997 left after the other instance's check.
+        let seen = exact.check("k", 1).await.unwrap().remaining;
+        assert!(
+            seen >= 997,
+            "two checks took {} units from Redis",
+            1_000 - 1 - seen
+        );
+    }
+
+    /// (Verification, passes) Refunding decisions answered from a lease gives their units back
+    /// to Redis once, and the lease's own return adds only what it did not hand out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refunds_of_leased_decisions_and_the_return_add_up() {
+        const LIFETIME: Duration = Duration::from_millis(200);
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        let leasing = limiter(&redis, &gcra, "refund", Some(UnitLease::up_to(LIFETIME))).await;
+        let exact = limiter(&redis, &gcra, "refund", None).await;
+        let before = script_calls(&redis);
+        let mut decisions = Vec::new();
+        for _ in 0..100 {
+            let d = leasing.check("k", 1).await.unwrap();
+            assert!(d.allowed);
+            decisions.push(d);
+        }
+        assert!(script_calls(&redis) - before < 50, "leases were used");
+        for d in &mut decisions {
+            assert!(leasing.refund("k", d).await.unwrap());
+        }
+        // The limiter is dropped with its lease live: the return still runs.
+        drop(leasing);
+        tokio::time::sleep(LIFETIME * 3).await;
+        let mut found = 0;
+        while exact.check("k", 1).await.unwrap().allowed {
+            found += 1;
+        }
+        assert!((1_000..=1_001).contains(&found), "found {found} of 1,000");
+    }
+
+    /// A client spraying keys (one check per key per lifetime: keys that are cold and never
+    /// leased) fills the lease table, and a hot key that comes later is never tracked: every one
+    /// of its checks is a Redis call, as if leases were off. The table keeps cold keys as firmly
+    /// as hot ones (a slot is "idle" only after a whole lifetime without a check).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_sprayed_once_do_not_shut_hot_keys_out_of_leases() {
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(100_000)).unwrap();
+        let lease = UnitLease::up_to(Duration::from_secs(10)).max_keys(160);
+        let l = limiter(&redis, &gcra, "spray", Some(lease)).await;
+        l.check("warm-up", 1).await.unwrap();
+        // The spray: 2,000 keys checked once each (within one lifetime).
+        for i in 0..2_000 {
+            assert!(l.check(format!("spray-{i}"), 1).await.unwrap().allowed);
+        }
+        // A hot tenant: 500 checks in a row.
+        let before = script_calls(&redis);
+        for _ in 0..500 {
+            assert!(l.check("tenant", 1).await.unwrap().allowed);
+        }
+        let calls = script_calls(&redis) - before;
+        assert!(
+            calls < 100,
+            "500 checks of a hot key took {calls} script calls"
+        );
+    }
+
+    /// Bursty but cold keys (a page load: 2 requests at once, then nothing for a while) cost more
+    /// Redis calls with a lease than without: each burst reserves a block and gives it back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_two_costs_no_more_calls_than_without_a_lease() {
+        const LIFETIME: Duration = Duration::from_millis(100);
+        let redis = RedisServer::start();
+        let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
+        let l = limiter(&redis, &gcra, "burst3", Some(UnitLease::up_to(LIFETIME))).await;
+        l.check("warm-up", 1).await.unwrap();
+        l.check("warm-up", 1).await.unwrap();
+        tokio::time::sleep(LIFETIME * 3).await;
+        let before = script_calls(&redis);
+        for user in 0..10 {
+            for _ in 0..2 {
+                assert!(l.check(format!("user-{user}"), 1).await.unwrap().allowed);
+            }
+        }
+        tokio::time::sleep(LIFETIME * 3).await;
+        let calls = script_calls(&redis) - before;
+        assert!(
+            calls <= 20,
+            "20 checks took {calls} script calls (20 without a lease)"
+        );
+    }
+}

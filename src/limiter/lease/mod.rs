@@ -18,8 +18,10 @@
 //! - **Sizes adapt**: a block is the key's demand per lifetime since the last reservation
 //!   (averaged with the previous estimate) and a quarter more, capped at an eighth of the
 //!   burst (or [`UnitLease::max_units`]) so that one instance does not take what the others
-//!   need. A key seen fewer than 4 times per lifetime is cold: each of its checks asks the
-//!   store for its cost only, exactly as without leases, and nothing is given back.
+//!   need. A key seen fewer than 4 times within the last lifetime (a new key, a key that
+//!   rested, whatever it did before) is cold: each of its checks is an ordinary check of the
+//!   store (batched, if the store batches), exactly as without leases, and nothing is given
+//!   back; its past demand is forgotten.
 //! - **One reservation per key in flight**: concurrent checks of the key wait for it and then
 //!   take from the new lease; if it holds nothing for them, they ask the store one by one.
 //! - **Denials stay exact**: a denied reservation is the store's denial of the check (the
@@ -31,8 +33,10 @@
 //! - **Decisions from a lease** are `allowed`, with `remaining` = what Redis had left at the
 //!   reservation plus what the lease still holds (an estimate: other instances spend too),
 //!   and the reset time of the reservation.
-//! - **Bounded**: at most [`UnitLease::max_keys`] keys are tracked; keys beyond it are
-//!   checked one request at a time until idle keys make room.
+//! - **Bounded**: at most [`UnitLease::max_keys`] keys are tracked; a new key takes the
+//!   place of a cold one holding nothing, so keys checked now and then never shut hot ones
+//!   out; keys beyond it (every tracked key hot or holding units) are checked one request at
+//!   a time until idle keys make room.
 //!
 //! GCRA and the token bucket can be leased, in a store that reserves
 //! ([`RedisStore`](crate::RedisStore)); another algorithm is a

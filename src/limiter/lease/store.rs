@@ -84,6 +84,12 @@ impl LeasedStore {
                     continue;
                 }
                 Step::Untracked => return self.inner.check(algorithm, key, cost, None).await,
+                Step::Exact { give_back } => {
+                    if give_back > 0 {
+                        self.give_back(self.owned(key), give_back);
+                    }
+                    return self.inner.check(algorithm, key, cost, None).await;
+                }
                 Step::Reserve { up_to, give_back } => (up_to, give_back),
             };
             let owned = self.owned(key);

@@ -5,7 +5,10 @@
 use std::{
     collections::HashMap,
     hash::BuildHasher,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -15,9 +18,13 @@ use crate::Outcome;
 
 const SHARDS: usize = 16;
 
-/// A lease grows only for keys seen at this many units per lifetime (or more): a colder key
-/// asks the store for each check, exactly, with no units to give back.
-const HOT: u64 = 4;
+/// A lease grows only for keys seen at least this many times within one lifetime: a colder
+/// key asks the store for each check, exactly (batched like any check), with no units to
+/// give back.
+const HOT: usize = 4;
+
+/// Slots a new key looks at, in a full shard, for a cold one to take the place of.
+const EVICTION_SCAN: usize = 32;
 
 /// One lock shard: keys (compact bytes) to their slots, and when idle ones were last swept.
 #[derive(Default)]
@@ -36,6 +43,9 @@ pub(crate) struct Table {
     lifetime: Duration,
     /// The most units one lease holds.
     cap: u64,
+    /// The last lease's number, across keys: a key forgotten and tracked again never reuses
+    /// the number of a lease whose return is still pending.
+    generations: AtomicU64,
 }
 
 /// One key's state.
@@ -51,6 +61,10 @@ struct Slot {
     per_lifetime: u64,
     /// Numbers the leases of this key apart, so a lease's return finds only its own units.
     generation: u64,
+    /// When the last `HOT` checks of this key came (a ring; `None` before there were so many):
+    /// the key is hot while the oldest of them is less than a lifetime old.
+    seen: [Option<Instant>; HOT],
+    next_seen: usize,
 }
 
 /// Units in hand: `left` of them, to hand out before `until`.
@@ -75,6 +89,9 @@ pub(crate) enum Step {
     Reserve { up_to: u64, give_back: u64 },
     /// Not tracked (the table is full): check in the store, as without leases.
     Untracked,
+    /// A cold key (or a cost no lease would add to): check in the store, exactly as without
+    /// leases, after giving `give_back` units of the previous lease back.
+    Exact { give_back: u64 },
 }
 
 impl Table {
@@ -85,6 +102,7 @@ impl Table {
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             lifetime,
             cap: cap.max(1),
+            generations: AtomicU64::new(0),
         }
     }
 
@@ -99,6 +117,7 @@ impl Table {
         let mut shard = self.shard(key);
         let slot = shard.slots.get_mut(key)?;
         slot.demand += u64::from(cost);
+        slot.saw(now);
         slot.take(cost, now)
     }
 
@@ -108,18 +127,34 @@ impl Table {
         let mut guard = self.shard(key);
         let shard = &mut *guard;
         if !shard.slots.contains_key(key) {
+            if shard.slots.len() >= self.max_per_shard {
+                // Room for a new key: a cold slot that holds nothing (a few looked at, so a new
+                // key never pays for a whole shard); hot keys keep theirs.
+                let lifetime = self.lifetime;
+                let victim = shard
+                    .slots
+                    .iter()
+                    .take(EVICTION_SCAN)
+                    .find(|(_, s)| s.evictable(now, lifetime))
+                    .map(|(k, _)| k.clone());
+                if let Some(victim) = victim {
+                    shard.slots.remove(&victim);
+                }
+            }
             let due = shard
                 .swept
                 .is_none_or(|at| now.saturating_duration_since(at) >= self.lifetime);
             if shard.slots.len() >= self.max_per_shard && due {
-                shard.slots.retain(|_, s| !s.idle(now, self.lifetime));
+                shard
+                    .slots
+                    .retain(|_, s| !s.idle(now, self.lifetime) && !s.evictable(now, self.lifetime));
                 shard.swept = Some(now);
             }
             if shard.slots.len() >= self.max_per_shard {
                 return Step::Untracked;
             }
             // As if the last reservation were a lifetime ago: a first check reads as cold.
-            let slot = Slot {
+            let mut slot = Slot {
                 lease: Lease {
                     left: 0,
                     until: now,
@@ -131,7 +166,10 @@ impl Table {
                 demand: u64::from(cost),
                 per_lifetime: 0,
                 generation: 0,
+                seen: [None; HOT],
+                next_seen: 0,
             };
+            slot.saw(now);
             shard.slots.insert(key.into(), slot);
         }
         let Some(slot) = shard.slots.get_mut(key) else {
@@ -149,6 +187,15 @@ impl Table {
         if waited {
             return Step::Untracked;
         }
+        // Seen fewer than HOT times in the last lifetime (a new key, a key that rested): cold,
+        // and what it did before it rested says nothing about its next lifetime.
+        if !slot.hot(now, self.lifetime) {
+            slot.per_lifetime = 0;
+            slot.since = now;
+            slot.demand = 0;
+            let give_back = std::mem::take(&mut slot.lease.left);
+            return Step::Exact { give_back };
+        }
         // The demand since the last reservation, per lifetime, averaged with the past.
         let elapsed = now.saturating_duration_since(slot.since).as_micros().max(1);
         let sample = u128::from(slot.demand) * self.lifetime.as_micros() / elapsed;
@@ -160,14 +207,14 @@ impl Table {
         slot.since = now;
         slot.demand = 0;
         // A quarter more than the expected use, so a lease usually lasts its lifetime.
-        let extra = match slot.per_lifetime {
-            hot if hot >= HOT => hot.saturating_add(hot / 4),
-            _ => 0,
-        };
+        let extra = slot.per_lifetime.saturating_add(slot.per_lifetime / 4);
         let up_to = u64::from(cost)
             .saturating_add(extra)
             .min(self.cap.max(u64::from(cost)));
         let give_back = std::mem::take(&mut slot.lease.left);
+        if up_to <= u64::from(cost) {
+            return Step::Exact { give_back };
+        }
         slot.in_flight = Some(Arc::new(Notify::new()));
         Step::Reserve { up_to, give_back }
     }
@@ -180,7 +227,7 @@ impl Table {
         let Some(slot) = shard.slots.get_mut(key) else {
             return 0;
         };
-        slot.generation += 1;
+        slot.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         slot.lease = Lease {
             left: extra,
             until: sent + self.lifetime,
@@ -234,6 +281,18 @@ impl Table {
 }
 
 impl Slot {
+    /// A check of this key came at `now`.
+    fn saw(&mut self, now: Instant) {
+        self.seen[self.next_seen] = Some(now);
+        self.next_seen = (self.next_seen + 1) % HOT;
+    }
+
+    /// Seen at least `HOT` times within the last lifetime.
+    fn hot(&self, now: Instant, lifetime: Duration) -> bool {
+        // The oldest of the last HOT checks is the one the ring writes next.
+        self.seen[self.next_seen].is_some_and(|at| now.saturating_duration_since(at) < lifetime)
+    }
+
     /// `cost` units from the lease, if it is live and holds them.
     fn take(&mut self, cost: u32, now: Instant) -> Option<Outcome> {
         let l = &mut self.lease;
@@ -248,6 +307,12 @@ impl Slot {
             Some(0),
             l.reset_after_us,
         ))
+    }
+
+    /// Cold (seen fewer than `HOT` times in the last lifetime), nothing in hand, nothing in
+    /// flight: a new key may take its place.
+    fn evictable(&self, now: Instant, lifetime: Duration) -> bool {
+        self.lease.left == 0 && self.in_flight.is_none() && !self.hot(now, lifetime)
     }
 
     /// Nothing in hand, nothing in flight, and not asked for in a lifetime: can be forgotten.
@@ -271,28 +336,60 @@ mod tests {
         }
     }
 
+    fn exact(step: Step) -> u64 {
+        match step {
+            Step::Exact { give_back } => give_back,
+            _ => panic!("expected an exact check"),
+        }
+    }
+
+    /// `n` checks of `key` at `now` that found no lease: the key is hot.
+    fn heat(t: &Table, key: &[u8], now: Instant, n: usize) {
+        if !matches!(
+            t.step(key, 1, now, false),
+            Step::Exact { .. } | Step::Untracked
+        ) {
+            panic!("a first check is exact");
+        }
+        for _ in 1..n {
+            assert!(t.take(key, 1, now).is_none());
+        }
+    }
+
     #[test]
-    fn a_cold_key_reserves_its_cost_only() {
+    fn a_cold_key_is_checked_exactly() {
         let t = Table::new(100, L, 1_000);
         let mut now = Instant::now();
         for _ in 0..5 {
-            let (up_to, _) = reserve(t.step(b"k", 1, now, false));
-            assert_eq!(up_to, 1);
-            t.abandon(b"k", false);
+            t.take(b"k", 1, now);
+            exact(t.step(b"k", 1, now, false));
             now += Duration::from_secs(1);
         }
+        // Three checks in a row, and one with a cost of 8: still fewer than 4 checks.
+        for cost in [1, 1, 8] {
+            t.take(b"k", cost, now);
+            exact(t.step(b"k", cost, now, false));
+        }
+    }
+
+    #[test]
+    fn a_key_that_rested_is_cold_again() {
+        let t = Table::new(100, L, 1_000);
+        let now = Instant::now();
+        heat(&t, b"k", now, 200);
+        assert!(reserve(t.step(b"k", 1, now + Duration::from_millis(1), false)).0 > 1);
+        t.abandon(b"k", false);
+        let later = now + Duration::from_secs(3_600);
+        assert!(t.take(b"k", 1, later).is_none());
+        exact(t.step(b"k", 1, later, false));
     }
 
     #[test]
     fn a_hot_key_gets_leases_sized_to_its_rate_and_capped() {
         let t = Table::new(100, L, 1_000);
         let now = Instant::now();
-        reserve(t.step(b"k", 1, now, false));
-        // 200 checks in the next millisecond, waiting for the first reservation.
-        for _ in 0..200 {
-            assert!(t.take(b"k", 1, now).is_none());
-        }
-        t.abandon(b"k", false);
+        // 200 checks in the next millisecond.
+        heat(&t, b"k", now, 201);
         let (up_to, _) = reserve(t.step(b"k", 1, now + Duration::from_millis(1), false));
         assert_eq!(up_to, 1_000, "capped");
         let at = now + Duration::from_millis(1);
@@ -309,21 +406,18 @@ mod tests {
     fn a_denied_key_turns_cold() {
         let t = Table::new(100, L, 1_000);
         let now = Instant::now();
-        reserve(t.step(b"k", 1, now, false));
-        for _ in 0..200 {
-            t.take(b"k", 1, now);
-        }
-        t.abandon(b"k", false);
+        heat(&t, b"k", now, 201);
         assert!(reserve(t.step(b"k", 1, now, false)).0 > 1);
         t.abandon(b"k", true);
-        let (up_to, _) = reserve(t.step(b"k", 1, now + Duration::from_secs(1), false));
-        assert_eq!(up_to, 1);
+        t.take(b"k", 1, now + Duration::from_secs(1));
+        exact(t.step(b"k", 1, now + Duration::from_secs(1), false));
     }
 
     #[test]
     fn checks_wait_for_the_reservation_in_flight_once() {
         let t = Table::new(100, L, 1_000);
         let now = Instant::now();
+        heat(&t, b"k", now, 10);
         reserve(t.step(b"k", 1, now, false));
         assert!(matches!(t.step(b"k", 1, now, false), Step::Wait(_)));
         assert!(matches!(t.step(b"k", 1, now, true), Step::Untracked));
@@ -335,7 +429,8 @@ mod tests {
         let now = Instant::now();
         let mut untracked = 0;
         for i in 0..1_000u32 {
-            // Each is left in flight: never idle.
+            // Each is hot (and left in flight): never evicted, never idle.
+            heat(&t, &i.to_le_bytes(), now, 5);
             if let Step::Untracked = t.step(&i.to_le_bytes(), 1, now, false) {
                 untracked += 1;
             }
@@ -348,6 +443,50 @@ mod tests {
         let later = now + 3 * L;
         assert!(matches!(
             t.step(b"new", 1, later, false),
+            Step::Exact { .. }
+        ));
+    }
+
+    #[test]
+    fn a_return_pending_for_a_forgotten_key_finds_nothing_of_its_next_lease() {
+        let t = Table::new(16, L, 1_000);
+        let now = Instant::now();
+        heat(&t, b"k", now, 5);
+        reserve(t.step(b"k", 1, now, false));
+        let old = t.install(b"k", now, 10, &Outcome::single(true, 5, Some(0), 10));
+        while t.take(b"k", 1, now).is_some() {}
+        // The key goes cold and a spray of keys pushes it out; it comes back, hot again.
+        let later = now + 2 * L;
+        for i in 0..1_000u32 {
+            t.step(&i.to_le_bytes(), 1, later, false);
+        }
+        heat(&t, b"k", later, 5);
+        reserve(t.step(b"k", 1, later, false));
+        let new = t.install(b"k", later, 10, &Outcome::single(true, 5, Some(0), 10));
+        // The old lease's return, late, takes nothing of the new one.
+        assert_eq!(t.expire(b"k", old), 0);
+        assert_eq!(t.expire(b"k", new), 10);
+    }
+
+    #[test]
+    fn cold_keys_make_room_for_new_ones_hot_keys_stay() {
+        let t = Table::new(16, L, 1_000);
+        let now = Instant::now();
+        // A spray of keys checked once: cold, each taking the place of another.
+        for i in 0..1_000u32 {
+            assert!(matches!(
+                t.step(&i.to_le_bytes(), 1, now, false),
+                Step::Exact { .. }
+            ));
+        }
+        assert!(t.len() <= 16);
+        // A hot key gets in, and the spray does not push it out.
+        heat(&t, b"hot", now, 5);
+        for i in 1_000..2_000u32 {
+            t.step(&i.to_le_bytes(), 1, now, false);
+        }
+        assert!(matches!(
+            t.step(b"hot", 1, now, false),
             Step::Reserve { .. }
         ));
     }
