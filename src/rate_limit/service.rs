@@ -94,7 +94,6 @@ where
         let responder = &config.responder;
 
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
         let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let policy = match selected {
@@ -109,14 +108,14 @@ where
                     "rate limit: classify returned a policy handle of another layer; answering 503"
                 );
                 let e = Error::InvalidInput("a policy handle of another layer");
-                let req = Request::from_parts(parts, body);
                 let answer = Answer {
                     failure: FailurePolicy::Closed,
                     shadow: None,
-                    grpc,
+                    grpc: is_grpc(&parts.headers),
                     partition_key: None,
                     refund: None,
                 };
+                let req = Request::from_parts(parts, body);
                 let field = &config.policies[0].field;
                 return ResponseFuture::decided(Err(e), req, inner, responder, answer, field);
             }
@@ -163,7 +162,7 @@ where
             key: key.as_ref().map(|k| k.clone().into_owned()),
             count: Arc::clone(count),
         });
-        let answer = Answer {
+        let answer = |grpc| Answer {
             failure: policy.failure,
             shadow: policy.shadow.then(|| Arc::clone(policy)),
             grpc,
@@ -173,9 +172,13 @@ where
         // Answered without waiting (deny cache, in-memory store): no boxed future.
         if let Some(result) = policy.decide_now(key.as_ref(), cost, quoted.as_ref()) {
             drop(key);
+            // Only an answer the limiter writes itself depends on the protocol.
+            let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
+            let answer = answer(grpc);
             let req = Request::from_parts(parts, body);
             return ResponseFuture::decided(result, req, inner, responder, answer, field);
         }
+        let answer = answer(is_grpc(&parts.headers));
         let key = key.map(Key::into_owned);
         let req = Request::from_parts(parts, body);
         // Called once the decision comes: take the service that was driven to readiness and
