@@ -26,7 +26,7 @@ const SHARDS: usize = 16;
 /// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
 /// of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
-/// log entry takes 24 bytes, a key about 120-290). At either cap, the keys whose state expires
+/// log entry takes 24 bytes, a key about 130-290). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
@@ -104,8 +104,9 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 120 MB of GCRA or token-bucket state at the
-    /// cap (116 and 124 bytes per key, `cargo bench --bench footprint`).
+    /// Default cap on the number of keys: about 130 MB of GCRA or token-bucket state at the
+    /// cap (127 bytes per key for either, keys held in place, `cargo bench --bench
+    /// footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
     /// Default cap on the sliding-window log entries of all keys together: 96 MB of entries at
