@@ -1,6 +1,6 @@
 //! CPU per check of the in-memory contenders, less sensitive than checks/s to the noise of a
 //! shared machine (time the process waits for a core is not counted): one contender, a fixed
-//! number of checks on the `spread` workload, on one thread or on `WORKERS` threads with 64
+//! number of checks on the `spread` workload (or `hot`), on one thread or on `WORKERS` threads with 64
 //! tasks as `compare` runs them (then contention between cores, on atomics and locks, shows).
 //! `perf stat -e task-clock` divided by the count is the contender's CPU per check; the loop,
 //! the key's `format!` and the request are the same for all of them.
@@ -19,11 +19,17 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let name = args
         .next()
-        .expect("usage: percheck CONTENDER [CHECKS [WORKERS]]");
+        .expect("usage: percheck CONTENDER [CHECKS [WORKERS [spread|hot]]]");
     let checks: u64 = args
         .next()
         .map_or(2_000_000, |n| n.parse().expect("CHECKS"));
     let workers: usize = args.next().map_or(1, |n| n.parse().expect("WORKERS"));
+    // `hot`: every check on one key, far over its limit (as `compare`'s `hot`).
+    let hot = match args.next().as_deref() {
+        None | Some("spread") => false,
+        Some("hot") => true,
+        Some(other) => panic!("workload {other:?}: expected spread or hot"),
+    };
     let mut c = Contenders::new(vec![]);
     contenders::tower_governor(&mut c, "tower_governor layer");
     contenders::governor_check_key(&mut c, "tower_governor limiter check_key");
@@ -39,7 +45,7 @@ fn main() {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(checks_in_a_loop(check, checks, 0))
+        rt.block_on(checks_in_a_loop(check, checks, 0, hot))
     } else {
         // As `compare` runs them: 64 tasks on `workers` threads.
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -49,7 +55,7 @@ fn main() {
             .unwrap();
         rt.block_on(async {
             let tasks: Vec<_> = (0..64)
-                .map(|t| tokio::spawn(checks_in_a_loop(check.clone(), checks / 64, t + 1)))
+                .map(|t| tokio::spawn(checks_in_a_loop(check.clone(), checks / 64, t + 1, hot)))
                 .collect();
             let mut allowed = 0;
             for t in tasks {
@@ -61,8 +67,8 @@ fn main() {
     println!("{name}: {checks} checks on {workers} thread(s), {allowed} allowed");
 }
 
-/// `checks` checks of keys drawn from 100,000 ids, as `compare`'s `spread`.
-async fn checks_in_a_loop(check: contenders::CheckFn, checks: u64, seed: u64) -> u64 {
+/// `checks` checks of keys drawn from 100,000 ids, as `compare`'s `spread`, or of one key.
+async fn checks_in_a_loop(check: contenders::CheckFn, checks: u64, seed: u64, hot: bool) -> u64 {
     let mut rng = 0x2545_F491_4F6C_DD1D_u64 ^ seed.wrapping_mul(0x9E37_79B9);
     let mut allowed = 0u64;
     for n in 0..checks {
@@ -72,7 +78,12 @@ async fn checks_in_a_loop(check: contenders::CheckFn, checks: u64, seed: u64) ->
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        allowed += u64::from(check(format!("id{}", rng % 100_000)).await);
+        let key = if hot {
+            "hot".to_owned()
+        } else {
+            format!("id{}", rng % 100_000)
+        };
+        allowed += u64::from(check(key).await);
     }
     allowed
 }
