@@ -742,3 +742,76 @@ async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
     assert_eq!(limiter.stats().store_errors, 4);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// An inner service that must be driven to readiness before each call, and counts its clones
+/// (like a `tower::buffer::Buffer` or a connection-limited client).
+struct Strict {
+    ready: bool,
+    clones: Arc<AtomicUsize>,
+}
+
+impl Clone for Strict {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::Relaxed);
+        Self {
+            ready: false,
+            clones: self.clones.clone(),
+        }
+    }
+}
+
+impl tower::Service<Request<()>> for Strict {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.ready = true;
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        std::future::ready(Ok(Response::new(String::new())))
+    }
+}
+
+/// The inner service called is the one driven to readiness, whether the decision is made in
+/// `call` (in memory) or comes later (Redis); a decision made in `call` clones no service.
+#[tokio::test]
+async fn the_ready_inner_service_is_called_and_cloned_only_to_wait() {
+    use tower::Service;
+    let redis = RedisServer::start();
+    let memory = RateLimiter::new(
+        tower_redis_ratelimit::MemoryStore::new(),
+        Gcra::new(Quota::per_minute(3)).unwrap(),
+    );
+    let remote = limiter(redis.store().await, "strict", Quota::per_minute(3));
+    // Redis decides the first four; the deny cache answers the fifth in `call`.
+    for (store, limiter, expected_clones) in [("memory", memory, 0), ("redis", remote, 4)] {
+        let clones = Arc::new(AtomicUsize::new(0));
+        let mut svc = ServiceBuilder::new()
+            .layer(RateLimitLayer::new(limiter, GlobalKey))
+            .service(Strict {
+                ready: false,
+                clones: clones.clone(),
+            });
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let res = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(Request::new(()))
+                .await
+                .unwrap();
+            statuses.push(res.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 200, 429, 429], "{store}");
+        assert_eq!(clones.load(Ordering::Relaxed), expected_clones, "{store}");
+    }
+}

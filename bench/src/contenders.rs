@@ -18,8 +18,8 @@ use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::{
     bb8, bb8_redis::RedisConnectionManager, redis, redis::Script, Algorithm, BoxFuture,
-    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
-    Rule, SlidingWindow, Store, TokenBucket,
+    FailurePolicy, Gcra, HeaderKey, HeaderStyle, MemoryStore, Quota, RateLimitLayer, RateLimiter,
+    RedisStore, Rule, SlidingWindow, Store, TokenBucket,
 };
 
 /// One check: is this request for this key allowed?
@@ -248,6 +248,25 @@ pub fn ours_memory(c: &mut Contenders, check_baseline: &str, layer_baseline: &st
             check,
         );
     }
+    // The cost of the headers: the same layer writing none (tower_governor's default writes
+    // none on allowed responses).
+    let prefix = c.prefix();
+    let limiter = limiter(
+        MemoryStore::new(),
+        Gcra::new(quota()).unwrap(),
+        prefix,
+        true,
+    );
+    let (inner, calls) = Inner::new();
+    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap())
+        .headers(HeaderStyle::None);
+    c.push(
+        "ours memory gcra layer (headers off)".to_owned(),
+        false,
+        Some(layer_baseline.to_owned()),
+        Some(calls),
+        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
+    );
 }
 
 fn limiter<A: Algorithm>(

@@ -12,7 +12,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         OnceLock,
     },
     time::{Duration, Instant},
@@ -54,7 +54,15 @@ pub(crate) struct DenyCache {
     /// Entries held (live or not yet swept): lets a lookup skip the lock and the hash while
     /// nothing is denied, the common case.
     held: Padded,
+    /// The latest time any entry answers until (see [`micros`]): past it, every entry held
+    /// is dead, and a lookup skips the lock and the hash too (e.g. once a flood has ended).
+    live_until: Padded64,
 }
+
+/// [`Padded`], for a time.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded64(AtomicU64);
 
 /// A counter on a cache line of its own: it is read on every lookup while the shard locks
 /// next to it change hands.
@@ -74,18 +82,27 @@ impl DenyCache {
         Self {
             entries: Sharded::new(SHARDS, max_keys),
             held: Padded::default(),
+            live_until: Padded64::default(),
         }
     }
 
-    /// The live denial for `key`, if any; `now` is read only when an entry is found.
-    pub(crate) fn get(&self, key: &[u8], now: impl FnOnce() -> Instant) -> Option<Hit> {
+    /// `now`, when an entry may still answer then; `None` when none can (nothing held, or
+    /// every entry dead): no key need be looked up. The clock is read only when entries are
+    /// held.
+    pub(crate) fn live(&self, now: impl FnOnce() -> Instant) -> Option<Instant> {
         if self.held.0.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let now = now();
+        (micros(now) < self.live_until.0.load(Ordering::Relaxed)).then_some(now)
+    }
+
+    /// The live denial for `key`, if any; `now` is read only when entries are held.
+    pub(crate) fn get(&self, key: &[u8], now: impl FnOnce() -> Instant) -> Option<Hit> {
+        let now = self.live(now)?;
         let slot = self.entries.slot(key);
         let mut shard = self.entries.lock(slot);
         let e = *shard.get_mut(slot, key)?;
-        let now = now();
         (now < e.valid).then(|| Hit {
             retry_after: e.until - now,
             reset_after: e.reset.saturating_duration_since(now),
@@ -106,6 +123,11 @@ impl DenyCache {
             until: sent + retry_after,
             reset: sent + reset_after,
         };
+        // Before the entry is visible: a lookup that finds it must not skip it. `micros` is
+        // monotonic, and an entry rounded down ends no later than it would have.
+        self.live_until
+            .0
+            .fetch_max(micros(entry.valid) + 1, Ordering::Relaxed);
         let slot = self.entries.slot(key);
         let mut shard = self.entries.lock(slot);
         if let Some(e) = shard.get_mut(slot, key) {
@@ -171,6 +193,28 @@ mod tests {
         let hit = c.get(b"day", || sent + Duration::from_millis(500)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(3_599_500));
         assert_eq!(c.get(b"day", || sent + MAX_AGE), None);
+    }
+
+    /// Lookups skip the map once every entry is dead, never while one lives: a long denial
+    /// keeps answering after shorter ones ended, and a denial cached later answers again.
+    #[test]
+    fn skips_lookups_only_when_every_entry_is_dead() {
+        let c = DenyCache::new(1_000);
+        let sent = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(c.live(|| sent), None, "nothing held");
+        c.insert(b"long", sent, ms(300), ms(300));
+        c.insert(b"short", sent, ms(10), ms(10));
+        assert!(c.get(b"long", || sent + ms(50)).is_some());
+        assert_eq!(c.get(b"short", || sent + ms(50)), None);
+        assert_eq!(c.live(|| sent + ms(299)), Some(sent + ms(299)));
+        assert_eq!(c.live(|| sent + ms(301)), None, "every entry is dead");
+        assert_eq!(c.get(b"long", || sent + ms(301)), None);
+        // Replacing an entry extends it too.
+        c.insert(b"short", sent + ms(400), ms(100), ms(100));
+        assert!(c.get(b"short", || sent + ms(450)).is_some());
+        assert_eq!(c.get(b"long", || sent + ms(450)), None);
+        assert_eq!(c.live(|| sent + ms(501)), None);
     }
 
     #[test]

@@ -281,9 +281,11 @@ impl Engine {
         quoted: Option<&Quoted>,
     ) -> Option<Decision> {
         let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
+        // No key to build while no denial is held (the common case).
+        let now = cache.live(Instant::now)?;
         let mut compact = KeyBuf::new();
         Self::cache_key(key, quoted, &mut compact);
-        let hit = cache.get(compact.as_bytes(), Instant::now)?;
+        let hit = cache.get(compact.as_bytes(), || now)?;
         self.counters
             .deny_cache_hits
             .fetch_add(1, Ordering::Relaxed);

@@ -65,6 +65,19 @@ impl<B> ResponseBody<B> {
     }
 }
 
+impl ResponseBody<std::convert::Infallible> {
+    /// A body the limiter wrote (it holds no inner body), as the body of any inner service's
+    /// responses: rejections are built before the inner service's body type matters.
+    pub(crate) fn written<B>(self) -> ResponseBody<B> {
+        let kind = match self.kind {
+            Kind::Inner { body } => match body {},
+            Kind::Full { data } => Kind::Full { data },
+            Kind::Boxed { body } => Kind::Boxed { body },
+        };
+        ResponseBody { kind }
+    }
+}
+
 /// Boxes any body whose data is `Bytes` (an axum `Body`, `String`, `Full<Bytes>`...).
 pub(crate) fn box_body<T>(body: T) -> UnsyncBoxBody<Bytes, BoxError>
 where

@@ -11,7 +11,7 @@ use std::{
 
 use http::request::Parts;
 
-use super::{counting::CountFn, response::Responder};
+use super::{counting::CountFn, response::Responder, stamp::PolicyField};
 use crate::{extract::CostFn, limiter::Engine, Quota};
 
 /// What the layer does with a request whose [`KeyExtractor`](crate::KeyExtractor) found no
@@ -72,11 +72,28 @@ pub(crate) fn next_layer_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// One policy of a layer: its limiter, and its `RateLimit-Policy` member rendered once.
+#[derive(Clone)]
+pub(crate) struct Policy {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) field: PolicyField,
+}
+
+impl Policy {
+    pub(crate) fn new(engine: &Arc<Engine>) -> Self {
+        let algorithm = &engine.algorithm;
+        Self {
+            engine: Arc::clone(engine),
+            field: PolicyField::new(&engine.policy, algorithm.quota(), algorithm.window()),
+        }
+    }
+}
+
 /// Everything a layer and its services share.
 pub(crate) struct Config<K> {
     pub(crate) id: u64,
     /// The default policy first, then those added with `add_policy`, in order.
-    pub(crate) policies: Vec<Arc<Engine>>,
+    pub(crate) policies: Vec<Policy>,
     pub(crate) classify: Option<Arc<ClassifyFn>>,
     pub(crate) key: Arc<K>,
     pub(crate) cost: Option<Arc<CostFn>>,
@@ -110,7 +127,7 @@ impl<K> fmt::Debug for Config<K> {
         let policies: Vec<(&str, _)> = self
             .policies
             .iter()
-            .map(|p| (&*p.policy, p.failure))
+            .map(|p| (&*p.engine.policy, p.engine.failure))
             .collect();
         f.debug_struct("RateLimitLayer")
             .field("policies", &policies)
@@ -122,7 +139,7 @@ impl<K> fmt::Debug for Config<K> {
 
 /// The policy a request falls under.
 pub(crate) enum Selected<'a> {
-    Policy(&'a Arc<Engine>),
+    Policy(&'a Policy),
     Bypass,
     /// A handle of another layer.
     Foreign(PolicyId),

@@ -1,6 +1,7 @@
 //! The response future: decide, then call the inner service only if allowed.
 
 use std::{
+    convert::Infallible,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -12,7 +13,12 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{body::ResponseBody, counting::CountFn, response::Responder};
+use super::{
+    body::ResponseBody,
+    counting::CountFn,
+    response::Responder,
+    stamp::{PolicyField, Stamp},
+};
 use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy, Key};
 
 pin_project! {
@@ -23,8 +29,6 @@ pin_project! {
     {
         #[pin]
         state: State<S, B>,
-        responder: Arc<Responder>,
-        answer: Answer,
     }
 }
 
@@ -48,17 +52,43 @@ pub(crate) struct Refund {
     pub(crate) count: Arc<CountFn>,
 }
 
-impl Answer {
-    /// For a request that is not checked.
-    fn unchecked() -> Self {
-        Self {
-            failure: FailurePolicy::Open,
-            shadow: None,
-            grpc: false,
-            partition_key: None,
-            refund: None,
-        }
-    }
+/// What the inner service's response gets.
+enum Then {
+    /// Nothing: the request was not checked, or the store failed and the policy let it
+    /// through.
+    Nothing,
+    /// These headers, rendered when the decision was made (the common case).
+    Stamp(Stamp),
+    /// The headers of this decision, once the units of a response that does not count are
+    /// given back (several limits, a denial let through in shadow mode, counting by response).
+    Decided(Box<Decided>),
+}
+
+/// A decision kept until the inner service answers.
+struct Decided {
+    decision: Decision,
+    responder: Arc<Responder>,
+    partition_key: Option<String>,
+    refund: Option<Refund>,
+}
+
+/// Where a decision leads.
+enum Next {
+    /// The limiter answers: a rejection, or the store failed and the policy is closed.
+    Answer(Response<ResponseBody<Infallible>>),
+    /// The inner service answers.
+    Call(Then),
+}
+
+/// A decision on its way from a store that must be waited for, with everything needed once
+/// it comes.
+struct Pending<S, B> {
+    check: BoxFuture<'static, Result<Decision, Error>>,
+    request: Request<B>,
+    service: S,
+    responder: Arc<Responder>,
+    answer: Answer,
+    field: PolicyField,
 }
 
 pin_project! {
@@ -67,46 +97,99 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
+        /// Decided in `call`, answered by the limiter.
+        Answered {
+            response: Option<Response<ResponseBody<Infallible>>>,
+        },
+        /// Boxed: a store that must be waited for takes far longer than the allocation, and
+        /// the future of the answers at hand stays small.
         Checking {
-            check: Check,
-            request: Option<(Request<B>, S)>,
+            pending: Option<Box<Pending<S, B>>>,
         },
         Calling {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
+            then: Option<Then>,
+            // Decided without waiting: spend the task's budget before the inner service runs.
+            budget: bool,
         },
         Refunding {
             refund: BoxFuture<'static, Result<bool, Error>>,
-            response: Option<(S::Response, Decision)>,
+            response: Option<(S::Response, Box<Decided>)>,
         },
     }
 }
 
-/// The decision: already made in `call`, or on its way.
-pub(crate) enum Check {
-    Ready(Option<Result<Decision, Error>>),
-    Pending(BoxFuture<'static, Result<Decision, Error>>),
+/// What to do with `result`, the decision on a request under `answer`; `field` is the
+/// policy's own `RateLimit-Policy` member.
+fn conclude(
+    result: Result<Decision, Error>,
+    answer: Answer,
+    responder: &Arc<Responder>,
+    field: &PolicyField,
+) -> Next {
+    let d = match result {
+        // The limiter logged the decision (see `telemetry`).
+        Ok(d) if d.allowed => d,
+        Ok(d) => match &answer.shadow {
+            Some(policy) => {
+                policy.shadow_denied(&d);
+                d
+            }
+            None => {
+                let pk = answer.partition_key.as_deref();
+                return Next::Answer(responder.denied(&d, answer.grpc, pk));
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, policy = ?answer.failure, "rate limit: store failed");
+            // Under `Local`, an error reaching here was not about availability (or the local
+            // twin failed): reject rather than let it through. In shadow mode, never.
+            if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {
+                return Next::Answer(responder.unavailable(answer.grpc));
+            }
+            return Next::Call(Then::Nothing);
+        }
+    };
+    if answer.refund.is_none() {
+        let pk = answer.partition_key.as_deref();
+        if let Some(stamp) = Stamp::of(responder.style, &d, pk, Some(field)) {
+            return Next::Call(Then::Stamp(stamp));
+        }
+    }
+    Next::Call(Then::Decided(Box::new(Decided {
+        decision: d,
+        responder: Arc::clone(responder),
+        partition_key: answer.partition_key,
+        refund: answer.refund,
+    })))
 }
 
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
+    /// Decided in `call`: the answer is made now, and an allowed request's inner call
+    /// started on `service` (driven to readiness).
     pub(crate) fn decided(
         result: Result<Decision, Error>,
         request: Request<B>,
-        service: S,
-        responder: Arc<Responder>,
+        service: &mut S,
+        responder: &Arc<Responder>,
         answer: Answer,
+        field: &PolicyField,
     ) -> Self {
-        Self::with_check(
-            Check::Ready(Some(result)),
-            request,
-            service,
-            responder,
-            answer,
-        )
+        let state = match conclude(result, answer, responder, field) {
+            Next::Answer(response) => State::Answered {
+                response: Some(response),
+            },
+            Next::Call(then) => State::Calling {
+                future: service.call(request),
+                then: Some(then),
+                budget: true,
+            },
+        };
+        Self { state }
     }
 
     pub(crate) fn checking(
@@ -115,42 +198,35 @@ where
         service: S,
         responder: Arc<Responder>,
         answer: Answer,
+        field: PolicyField,
     ) -> Self {
-        Self::with_check(Check::Pending(check), request, service, responder, answer)
-    }
-
-    fn with_check(
-        check: Check,
-        request: Request<B>,
-        service: S,
-        responder: Arc<Responder>,
-        answer: Answer,
-    ) -> Self {
-        Self {
-            state: State::Checking {
-                check,
-                request: Some((request, service)),
-            },
+        let pending = Box::new(Pending {
+            check,
+            request,
+            service,
             responder,
             answer,
+            field,
+        });
+        Self {
+            state: State::Checking {
+                pending: Some(pending),
+            },
         }
     }
 
-    pub(crate) fn unchecked(
-        request: Request<B>,
-        mut service: S,
-        responder: Arc<Responder>,
-    ) -> Self {
+    pub(crate) fn unchecked(request: Request<B>, service: &mut S) -> Self {
         Self {
             state: State::Calling {
                 future: service.call(request),
-                decision: None,
+                then: Some(Then::Nothing),
+                budget: false,
             },
-            responder,
-            answer: Answer::unchecked(),
         }
     }
 }
+
+const DONE: &str = "ResponseFuture polled after completion";
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
@@ -162,78 +238,77 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check, request } => {
-                    let result = match check {
-                        Check::Pending(check) => ready!(check.as_mut().poll(cx)),
-                        Check::Ready(result) => {
-                            // Decided without waiting: still spend the task's budget, so a
-                            // loop of such requests lets the runtime run other tasks.
-                            ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
-                            result
-                                .take()
-                                .expect("ResponseFuture polled after completion")
-                        }
-                    };
-                    let (req, mut service) = request
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    let answer = &*this.answer;
-                    let decision = match result {
-                        // The limiter logged the decision (see `telemetry`).
-                        Ok(d) if d.allowed => Some(d),
-                        Ok(d) => match &answer.shadow {
-                            Some(policy) => {
-                                policy.shadow_denied(&d);
-                                Some(d)
-                            }
-                            None => {
-                                let pk = answer.partition_key.as_deref();
-                                return Poll::Ready(Ok(this.responder.denied(&d, answer.grpc, pk)));
-                            }
-                        },
-                        Err(e) => {
-                            tracing::warn!(error = %e, policy = ?answer.failure, "rate limit: store failed");
-                            // Under `Local`, an error reaching here was not about availability
-                            // (or the local twin failed): reject rather than let it through.
-                            // In shadow mode, never.
-                            if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {
-                                return Poll::Ready(Ok(this.responder.unavailable(answer.grpc)));
-                            }
-                            None
-                        }
-                    };
-                    let future = service.call(req);
-                    this.state.set(State::Calling { future, decision });
+                StateProj::Answered { response } => {
+                    // Decided without waiting: still spend the task's budget, so a loop of
+                    // such requests lets the runtime run other tasks.
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    let res = response.take().expect(DONE);
+                    return Poll::Ready(Ok(res.map(ResponseBody::written)));
                 }
-                StateProj::Calling { future, decision } => {
-                    let mut res = ready!(future.poll(cx))?;
-                    let Some(d) = decision.take() else {
-                        return Poll::Ready(Ok(res.map(ResponseBody::inner)));
-                    };
-                    // Not counted: give the units back before answering.
-                    let uncounted = this.answer.refund.take().and_then(|r| {
-                        let charge = *d.charge()?;
-                        (!(r.count)(res.status(), res.headers())).then_some((r, charge))
-                    });
-                    if let Some((r, charge)) = uncounted {
-                        let refund: BoxFuture<'static, _> = Box::pin(async move {
-                            r.policy.refund(r.key.as_ref(), &charge, None).await
-                        });
-                        this.state.set(State::Refunding {
-                            refund,
-                            response: Some((res, d)),
-                        });
-                        continue;
+                StateProj::Checking { pending } => {
+                    let result = ready!(pending.as_mut().expect(DONE).check.as_mut().poll(cx));
+                    let p = *pending.take().expect(DONE);
+                    let Pending {
+                        request,
+                        mut service,
+                        responder,
+                        answer,
+                        field,
+                        ..
+                    } = p;
+                    match conclude(result, answer, &responder, &field) {
+                        Next::Answer(res) => {
+                            return Poll::Ready(Ok(res.map(ResponseBody::written)));
+                        }
+                        Next::Call(then) => {
+                            let future = service.call(request);
+                            this.state.set(State::Calling {
+                                future,
+                                then: Some(then),
+                                budget: false,
+                            });
+                        }
                     }
-                    let pk = this.answer.partition_key.as_deref();
-                    this.responder.allowed(&d, &mut res, pk);
+                }
+                StateProj::Calling {
+                    future,
+                    then,
+                    budget,
+                } => {
+                    if *budget {
+                        ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                        *budget = false;
+                    }
+                    let mut res = ready!(future.poll(cx))?;
+                    match then.take().expect(DONE) {
+                        Then::Nothing => {}
+                        Then::Stamp(stamp) => stamp.apply(res.headers_mut()),
+                        Then::Decided(mut decided) => {
+                            // Not counted: give the units back before answering.
+                            let uncounted = decided.refund.take().and_then(|r| {
+                                let charge = *decided.decision.charge()?;
+                                (!(r.count)(res.status(), res.headers())).then_some((r, charge))
+                            });
+                            if let Some((r, charge)) = uncounted {
+                                let refund: BoxFuture<'static, _> = Box::pin(async move {
+                                    r.policy.refund(r.key.as_ref(), &charge, None).await
+                                });
+                                this.state.set(State::Refunding {
+                                    refund,
+                                    response: Some((res, decided)),
+                                });
+                                continue;
+                            }
+                            let pk = decided.partition_key.as_deref();
+                            decided.responder.allowed(&decided.decision, &mut res, pk);
+                        }
+                    }
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
                 StateProj::Refunding { refund, response } => {
                     let given = ready!(refund.as_mut().poll(cx));
-                    let (mut res, mut d) = response
-                        .take()
-                        .expect("ResponseFuture polled after completion");
+                    let (mut res, mut decided) = response.take().expect(DONE);
+                    let d = &mut decided.decision;
                     if let Ok(true) = given {
                         // The units are back; a quota full again resets now. Otherwise the
                         // reset time stays the charge's, an upper bound.
@@ -242,8 +317,8 @@ where
                             d.reset_after = Duration::ZERO;
                         }
                     }
-                    let pk = this.answer.partition_key.as_deref();
-                    this.responder.allowed(&d, &mut res, pk);
+                    let pk = decided.partition_key.as_deref();
+                    decided.responder.allowed(&decided.decision, &mut res, pk);
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
             }

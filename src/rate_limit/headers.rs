@@ -16,7 +16,7 @@
 use http::{header::RETRY_AFTER, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
-use crate::Decision;
+use crate::{extract::Out, store::KeyBuf, Decision};
 
 /// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -52,7 +52,7 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 
 /// Seconds in `t` and `X-RateLimit-Reset`: until the quota is full again when allowed, until
 /// the request can succeed when denied, nothing when it never can.
-fn reset_secs(d: &Decision) -> Option<u64> {
+pub(crate) fn reset_secs(d: &Decision) -> Option<u64> {
     if d.allowed {
         Some(ceil_secs(d.reset_after))
     } else {
@@ -70,23 +70,34 @@ pub fn retry_after_secs(d: &Decision) -> Option<u64> {
 
 /// Appends the policy name as a Structured Field string: `"` and `\` escaped, anything outside
 /// visible ASCII and space replaced by `_` (limiter-built names never contain either).
-fn push_sf_string(out: &mut String, name: &str) {
-    out.push('"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
+pub(crate) fn push_sf_string(out: &mut impl Out, name: &str) {
+    out.put(b"\"");
+    // Runs of plain characters are copied at once: names are nearly always plain.
+    let mut plain = 0;
+    for (i, c) in name.char_indices() {
+        if matches!(c, ' '..='~') && c != '"' && c != '\\' {
+            continue;
         }
+        out.put(&name.as_bytes()[plain..i]);
+        match c {
+            '"' | '\\' => out.put(&[b'\\', c as u8]),
+            _ => out.put(b"_"),
+        }
+        plain = i + c.len_utf8();
     }
-    out.push('"');
+    out.put(&name.as_bytes()[plain..]);
+    out.put(b"\"");
 }
 
 /// Appends `n` in decimal (without `format!`: headers are rendered on every response).
-fn push_u64(out: &mut String, mut n: u64) {
+fn push_u64(out: &mut impl Out, n: u64) {
+    let mut digits = [0u8; 20];
+    let len = write_u64(&mut digits, n);
+    out.put(&digits[..len]);
+}
+
+/// Writes `n` in decimal at the start of `out` (at least 20 bytes long); returns its length.
+pub(crate) fn write_u64(out: &mut [u8], mut n: u64) -> usize {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -97,9 +108,63 @@ fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
+    let len = digits.len() - i;
+    out[..len].copy_from_slice(&digits[i..]);
+    len
+}
+
+/// Appends `;pk=:PK:` (an sf-binary) when there is a partition key.
+fn push_pk(out: &mut impl Out, pk: Option<&str>) {
+    if let Some(pk) = pk {
+        out.put(b";pk=:");
+        out.put(pk.as_bytes());
+        out.put(b":");
     }
+}
+
+/// A `RateLimit-Policy` list member: `"name";q=LIMIT;w=WINDOW[;pk=:PK:]`.
+pub(crate) fn policy_item(
+    name: &str,
+    limit: u64,
+    window: Duration,
+    pk: Option<&str>,
+) -> HeaderValue {
+    let mut out = KeyBuf::new();
+    push_sf_string(&mut out, name);
+    out.put(b";q=");
+    push_u64(&mut out, limit);
+    out.put(b";w=");
+    push_u64(&mut out, ceil_secs(window).max(1));
+    push_pk(&mut out, pk);
+    value(out.as_bytes())
+}
+
+/// A `RateLimit` list member: `"name";r=REMAINING[;t=T][;pk=:PK:]`.
+pub(crate) fn state_item(
+    name: &str,
+    remaining: u64,
+    t: Option<u64>,
+    pk: Option<&str>,
+) -> HeaderValue {
+    let mut out = KeyBuf::new();
+    push_sf_string(&mut out, name);
+    out.put(b";r=");
+    push_u64(&mut out, remaining);
+    if let Some(t) = t {
+        out.put(b";t=");
+        push_u64(&mut out, t);
+    }
+    push_pk(&mut out, pk);
+    value(out.as_bytes())
+}
+
+/// The partition key when it can be written as an sf-binary (only base64 characters are ever
+/// stored there).
+pub(crate) fn valid_pk(pk: Option<&str>) -> Option<&str> {
+    pk.filter(|pk| {
+        pk.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+    })
 }
 
 /// The `pk` value for `key` (its compact bytes): base64 of the first 12 bytes of
@@ -114,9 +179,11 @@ pub(crate) fn partition_key(secret: &[u8], key: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(&h.digest().bytes()[..12])
 }
 
-fn value(s: String) -> HeaderValue {
-    // Only digits, ASCII letters and sf punctuation are ever formatted here.
-    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+pub(crate) fn value(bytes: &[u8]) -> HeaderValue {
+    // Only digits, ASCII letters and sf punctuation are ever formatted here. Copied once into
+    // an exactly sized buffer: a `String` with spare capacity would take a second allocation
+    // to become shared bytes.
+    HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 /// Renders `d` into `headers` in `style`; adds `Retry-After` when `d` is a retryable denial.
@@ -151,38 +218,11 @@ pub(crate) fn render_with(
 ) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        // sf-binary: base64 between colons; only base64 characters are ever stored here.
-        let pk = pk.filter(|pk| {
-            pk.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
-        });
-        let mut item =
-            |name: &str, limit: u64, window: Duration, remaining: u64, t: Option<u64>| {
-                let extra = name.len() + pk.map_or(0, |pk| pk.len() + 6);
-                let mut policy = String::with_capacity(40 + extra);
-                push_sf_string(&mut policy, name);
-                policy.push_str(";q=");
-                push_u64(&mut policy, limit);
-                policy.push_str(";w=");
-                push_u64(&mut policy, ceil_secs(window).max(1));
-                let mut state = String::with_capacity(40 + extra);
-                push_sf_string(&mut state, name);
-                state.push_str(";r=");
-                push_u64(&mut state, remaining);
-                if let Some(t) = t {
-                    state.push_str(";t=");
-                    push_u64(&mut state, t);
-                }
-                if let Some(pk) = pk {
-                    for s in [&mut policy, &mut state] {
-                        s.push_str(";pk=:");
-                        s.push_str(pk);
-                        s.push(':');
-                    }
-                }
-                headers.append(RATELIMIT_POLICY, value(policy));
-                headers.append(RATELIMIT, value(state));
-            };
+        let pk = valid_pk(pk);
+        let mut item = |name: &str, limit: u64, window: Duration, remaining: u64, t| {
+            headers.append(RATELIMIT_POLICY, policy_item(name, limit, window, pk));
+            headers.append(RATELIMIT, state_item(name, remaining, t, pk));
+        };
         if d.limits.is_empty() {
             item(&d.policy, d.limit, d.window, d.remaining, t);
         } else {
@@ -221,18 +261,13 @@ pub(crate) fn render_concurrency(
     headers: &mut HeaderMap,
 ) {
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let mut item = String::with_capacity(48 + policy.len());
+        let mut item = KeyBuf::new();
         push_sf_string(&mut item, policy);
-        let name_len = item.len();
-        item.push_str(";q=");
+        item.put(b";q=");
         push_u64(&mut item, u64::from(limit));
-        item.push_str(";qu=\"concurrent-requests\"");
-        let mut state = String::with_capacity(24 + policy.len());
-        state.push_str(&item[..name_len]);
-        state.push_str(";r=");
-        push_u64(&mut state, free);
-        headers.append(RATELIMIT_POLICY, value(item));
-        headers.append(RATELIMIT, value(state));
+        item.put(b";qu=\"concurrent-requests\"");
+        headers.append(RATELIMIT_POLICY, value(item.as_bytes()));
+        headers.append(RATELIMIT, state_item(policy, free, None, None));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
@@ -248,13 +283,20 @@ mod tests {
     #[test]
     fn decimal_digits() {
         for n in [0, 7, 10, 99, 1_000_000_007, u64::MAX] {
-            let mut s = String::from("x");
+            let mut s = b"x".to_vec();
             push_u64(&mut s, n);
-            assert_eq!(s, format!("x{n}"));
+            assert_eq!(s, format!("x{n}").into_bytes());
         }
-        let mut s = String::new();
-        push_sf_string(&mut s, "a\"b\\c\u{e9}");
-        assert_eq!(s, r#""a\"b\\c_""#);
+        for (name, sf) in [
+            ("a\"b\\c\u{e9}", r#""a\"b\\c_""#),
+            ("plain name", r#""plain name""#),
+            ("\u{e9}\u{1F600}x\"", r#""__x\"""#),
+            ("", r#""""#),
+        ] {
+            let mut s = Vec::new();
+            push_sf_string(&mut s, name);
+            assert_eq!(String::from_utf8(s).unwrap(), sf);
+        }
     }
 
     fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::{
     body::{box_body, BoxError},
-    config::{next_layer_id, Class, Config, MissingKey, PolicyId},
+    config::{next_layer_id, Class, Config, MissingKey, Policy, PolicyId},
     counting::StatusSet,
     headers::HeaderStyle,
     response::Responder,
@@ -70,7 +70,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         Self {
             config: Config {
                 id: next_layer_id(),
-                policies: vec![Arc::clone(&limiter.engine)],
+                policies: vec![Policy::new(&limiter.engine)],
                 classify: None,
                 key: Arc::new(key),
                 cost: None,
@@ -121,7 +121,12 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         limiter: RateLimiter<B>,
     ) -> Result<PolicyId, ConfigError> {
         let name = &limiter.engine.policy;
-        if self.config.policies.iter().any(|p| p.policy == *name) {
+        if self
+            .config
+            .policies
+            .iter()
+            .any(|p| p.engine.policy == *name)
+        {
             return Err(ConfigError::new(
                 "policy_name",
                 format!("this layer already has a policy named {name:?}"),
@@ -130,7 +135,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         if self.config.count.is_some() {
             cannot_refund(&limiter.engine)?;
         }
-        self.config.policies.push(Arc::clone(&limiter.engine));
+        self.config.policies.push(Policy::new(&limiter.engine));
         Ok(PolicyId::new(
             self.config.id,
             self.config.policies.len() - 1,
@@ -253,7 +258,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     {
         for policy in &self.config.policies {
-            cannot_refund(policy)?;
+            cannot_refund(&policy.engine)?;
         }
         self.config.count = Some(Arc::new(count));
         Ok(self)

@@ -12,6 +12,7 @@ pub mod headers;
 mod layer;
 pub mod response;
 mod service;
+mod stamp;
 
 pub use self::{
     body::{BoxError, ResponseBody},

@@ -87,21 +87,20 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // Call the clone that was driven to readiness; leave a fresh clone in its place.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // Decided here (the common case): the inner service, ready, is called here too, and
+        // needs no clone.
+        let inner = &mut self.inner;
         let config = &*self.config;
-        let responder = Arc::clone(&config.responder);
+        let responder = &config.responder;
 
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
         let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let policy = match selected {
             Selected::Policy(policy) if cost > 0 => policy,
             Selected::Policy(_) | Selected::Bypass => {
                 let req = Request::from_parts(parts, body);
-                return ResponseFuture::unchecked(req, inner, responder);
+                return ResponseFuture::unchecked(req, inner);
             }
             Selected::Foreign(id) => {
                 tracing::error!(
@@ -109,24 +108,27 @@ where
                     "rate limit: classify returned a policy handle of another layer; answering 503"
                 );
                 let e = Error::InvalidInput("a policy handle of another layer");
-                let req = Request::from_parts(parts, body);
                 let answer = Answer {
                     failure: FailurePolicy::Closed,
                     shadow: None,
-                    grpc,
+                    grpc: is_grpc(&parts.headers),
                     partition_key: None,
                     refund: None,
                 };
-                return ResponseFuture::decided(Err(e), req, inner, responder, answer);
+                let req = Request::from_parts(parts, body);
+                let field = &config.policies[0].field;
+                return ResponseFuture::decided(Err(e), req, inner, responder, answer, field);
             }
         };
+        let field = &policy.field;
+        let policy = &policy.engine;
         // The key borrows from the request head: decide what can be decided at once before
         // the head goes back into the request.
         let key = config.key.extract(&parts);
         if key.is_none() {
             if config.missing_key == MissingKey::Allow {
                 let req = Request::from_parts(parts, body);
-                return ResponseFuture::unchecked(req, inner, responder);
+                return ResponseFuture::unchecked(req, inner);
             }
             if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -160,7 +162,7 @@ where
             key: key.as_ref().map(|k| k.clone().into_owned()),
             count: Arc::clone(count),
         });
-        let answer = Answer {
+        let answer = |grpc| Answer {
             failure: policy.failure,
             shadow: policy.shadow.then(|| Arc::clone(policy)),
             grpc,
@@ -170,17 +172,26 @@ where
         // Answered without waiting (deny cache, in-memory store): no boxed future.
         if let Some(result) = policy.decide_now(key.as_ref(), cost, quoted.as_ref()) {
             drop(key);
+            // Only an answer the limiter writes itself depends on the protocol.
+            let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
+            let answer = answer(grpc);
             let req = Request::from_parts(parts, body);
-            return ResponseFuture::decided(result, req, inner, responder, answer);
+            return ResponseFuture::decided(result, req, inner, responder, answer, field);
         }
+        let answer = answer(is_grpc(&parts.headers));
         let key = key.map(Key::into_owned);
         let req = Request::from_parts(parts, body);
+        // Called once the decision comes: take the service that was driven to readiness and
+        // leave a fresh clone in its place.
+        let clone = inner.clone();
+        let inner = std::mem::replace(inner, clone);
         let policy = Arc::clone(policy);
         let check: BoxFuture<'static, _> = Box::pin(async move {
             policy
                 .check(key.as_ref(), cost, quoted.as_ref(), None)
                 .await
         });
-        ResponseFuture::checking(check, req, inner, responder, answer)
+        let responder = Arc::clone(responder);
+        ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }
 }

@@ -18,12 +18,15 @@ const SHARDS: usize = 16;
 /// development, tests and demos, not behind a load balancer.
 ///
 /// A check looks its key up by a hash computed once, in one of 16 lock shards, without
-/// allocating (a new key allocates its entry once).
+/// allocating: keys of up to 46 bytes (with the limiter's namespace) are held in the map's
+/// slot, and a key whose state expired keeps its slot until the map has grown past an eighth
+/// of its cap, so that a key coming back now and then is found again.
 ///
-/// Memory is bounded: expired state is swept as the map grows, the number of keys is capped
-/// (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number of sliding-window log
+/// Memory is bounded: beyond that eighth, expired state is swept as the map grows; the
+/// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
+/// of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
-/// log entry takes 24 bytes, a key about 120-290). At either cap, the keys whose state expires
+/// log entry takes 24 bytes, a key about 130-290). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
@@ -101,8 +104,9 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 120 MB of GCRA or token-bucket state at the
-    /// cap (116 and 124 bytes per key, `cargo bench --bench footprint`).
+    /// Default cap on the number of keys: about 130 MB of GCRA or token-bucket state at the
+    /// cap (127 bytes per key for either, keys held in place, `cargo bench --bench
+    /// footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
     /// Default cap on the sliding-window log entries of all keys together: 96 MB of entries at
@@ -391,21 +395,52 @@ mod tests {
         assert_eq!(store.len(), 2);
     }
 
+    /// Beyond an eighth of the cap (here 1,250 keys a shard, 20,000 in all), expired keys
+    /// are swept as new ones come.
     #[test]
     fn expired_keys_are_swept() {
-        let store = MemoryStore::new();
+        let store = MemoryStore::with_max_keys(160_000);
         let g = Gcra::new(Quota::per_second(10)).unwrap();
         let t0 = 1_700_000_000_000_000;
         for i in 0..10_000u64 {
             store.decide_at(&g, &format!("k{i}"), 1, t0).unwrap();
         }
-        // One second later every state has expired; new keys trigger sweeps.
-        for i in 0..10_000u64 {
+        // One second later every state has expired; new keys (all live) trigger sweeps.
+        for i in 0..30_000u64 {
             store
                 .decide_at(&g, &format!("n{i}"), 1, t0 + 1_000_000 + i)
                 .unwrap();
         }
-        assert!(store.len() < 15_000, "{}", store.len());
+        assert_eq!(store.len(), 30_000, "the expired keys are gone");
+        assert_eq!(store.evicted(), 0);
+    }
+
+    /// Below an eighth of the cap, an expired key stays, so that it is found again when it
+    /// comes back (no entry added per visit), and it decides as a rested key.
+    #[test]
+    fn expired_keys_stay_below_an_eighth_of_the_cap() {
+        let store = MemoryStore::new();
+        let g = Gcra::new(Quota::per_second(1)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        // New keys come while the first ones have expired; then the first ones come back.
+        for (round, keys) in [(0, 0..5_000u64), (1, 5_000..10_000), (2, 0..5_000)] {
+            for i in keys {
+                let at = t0 + round * 2_000_000 + i;
+                assert!(
+                    store
+                        .decide_at(&g, &format!("k{i}"), 1, at)
+                        .unwrap()
+                        .allowed
+                );
+                assert!(
+                    !store
+                        .decide_at(&g, &format!("k{i}"), 1, at)
+                        .unwrap()
+                        .allowed
+                );
+            }
+            assert_eq!(store.len(), if round == 0 { 5_000 } else { 10_000 });
+        }
         assert_eq!(store.evicted(), 0);
     }
 

@@ -8,6 +8,7 @@
 mod clock;
 mod key;
 mod leases;
+mod map_key;
 mod memory;
 mod namespaces;
 mod redis;

@@ -10,6 +10,8 @@ use std::{
 
 use hashbrown::HashTable;
 
+use super::map_key::MapKey;
+
 /// What the map needs to know of a value: when it stops mattering.
 pub(crate) trait Expiring {
     /// The time (in the owner's clock) at and after which the value is dead.
@@ -28,9 +30,10 @@ pub(crate) struct Sharded<V> {
 #[repr(align(128))]
 struct Padded<V>(Mutex<Shard<V>>);
 
-/// One shard: its entries, each with its hash (so growing the table needs no rehash).
+/// One shard: its entries, each with its hash (so growing the table needs no rehash) and its
+/// key (inline while short: no allocation per new key).
 pub(crate) struct Shard<V> {
-    table: HashTable<(u64, Box<[u8]>, V)>,
+    table: HashTable<(u64, MapKey, V)>,
     /// Size after the last sweep; the next sweep runs when the shard has doubled.
     swept_len: usize,
     max: usize,
@@ -99,20 +102,23 @@ impl<V> Shard<V> {
 
     pub(crate) fn get_mut(&mut self, slot: Slot, key: &[u8]) -> Option<&mut V> {
         self.table
-            .find_mut(slot.hash, |e| *e.1 == *key)
+            .find_mut(slot.hash, |e| e.1.as_bytes() == key)
             .map(|e| &mut e.2)
     }
 
     pub(crate) fn remove(&mut self, slot: Slot, key: &[u8]) -> Option<V> {
-        let entry = self.table.find_entry(slot.hash, |e| *e.1 == *key).ok()?;
+        let entry = self
+            .table
+            .find_entry(slot.hash, |e| e.1.as_bytes() == key)
+            .ok()?;
         Some(entry.remove().0 .2)
     }
 
     /// Adds `key` (not present) with `value`; the caller has made room (see [`Self::room`]).
     pub(crate) fn insert(&mut self, slot: Slot, key: &[u8], value: V) -> &mut V {
-        let entry = self
-            .table
-            .insert_unique(slot.hash, (slot.hash, key.into(), value), |e| e.0);
+        let entry =
+            self.table
+                .insert_unique(slot.hash, (slot.hash, MapKey::new(key), value), |e| e.0);
         &mut entry.into_mut().2
     }
 
@@ -130,13 +136,18 @@ impl<V> Shard<V> {
 }
 
 impl<V: Expiring> Shard<V> {
-    /// Makes room for one more entry at `now`: sweeps expired entries when the shard has
-    /// doubled since the last sweep or is full, and when still full forgets the eighth of the
-    /// entries that expire soonest (they hold the least). True when entries were dropped.
-    /// Amortised over the inserts that refill the shard, this is O(log n) per new key.
+    /// Makes room for one more entry at `now`: sweeps expired entries when the shard is full,
+    /// or has doubled since the last sweep and holds more than an eighth of its bound, and
+    /// when still full forgets the eighth of the entries that expire soonest (they hold the
+    /// least). True when entries were dropped. Amortised over the inserts that refill the
+    /// shard, this is O(log n) per new key.
+    ///
+    /// Below an eighth of the bound, expired entries stay: a key that comes back after its
+    /// state expired (many keys each seen now and then) finds its entry, instead of being
+    /// swept and added again on every visit.
     pub(crate) fn room(&mut self, now: u64) -> bool {
         let len = self.table.len();
-        if len >= self.max || len >= 2 * self.swept_len.max(256) {
+        if len >= self.max || len >= (2 * self.swept_len).max(self.max / 8).max(256) {
             self.table.retain(|e| e.2.expires_at() > now);
             self.swept_len = self.table.len();
         }
@@ -181,7 +192,7 @@ impl<V: Expiring> Shard<V> {
         let mut order: Vec<(u64, u64)> = self
             .table
             .iter()
-            .filter(|e| *e.1 != *keep && weight(&e.2) > 0)
+            .filter(|e| e.1.as_bytes() != keep && weight(&e.2) > 0)
             .map(|e| (e.2.expires_at(), e.0))
             .collect();
         order.sort_unstable();
@@ -191,7 +202,7 @@ impl<V: Expiring> Shard<V> {
                 break;
             }
             // Entries sharing a hash (rare): any of them but `keep`.
-            if let Ok(entry) = self.table.find_entry(hash, |e| *e.1 != *keep) {
+            if let Ok(entry) = self.table.find_entry(hash, |e| e.1.as_bytes() != keep) {
                 let ((_, _, value), _) = entry.remove();
                 freed += weight(&value);
                 self.evicted += 1;

@@ -1,0 +1,224 @@
+//! The rate-limit headers of an allowed response, rendered when the decision is made, before
+//! the inner service answers: the response future then carries two header values instead of
+//! the whole decision and what it takes to render it.
+
+use std::{sync::Arc, time::Duration};
+
+use http::{HeaderMap, HeaderValue};
+
+use super::headers::{
+    policy_item, push_sf_string, reset_secs, state_item, valid_pk, value, write_u64, HeaderStyle,
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+use crate::Decision;
+
+/// A policy's `RateLimit-Policy` member for its configured quota, rendered once when the
+/// layer is built (it is the same on every response of the policy), and the start of its
+/// `RateLimit` member (`"name";r=`).
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyField {
+    limit: u64,
+    window: Duration,
+    value: HeaderValue,
+    state: Arc<[u8]>,
+}
+
+/// Room for a `RateLimit` member on the stack: the name's start and two numbers.
+const STATE_LEN: usize = 96;
+
+impl PolicyField {
+    pub(crate) fn new(name: &str, limit: u64, window: Duration) -> Self {
+        let mut state = Vec::new();
+        push_sf_string(&mut state, name);
+        state.extend_from_slice(b";r=");
+        Self {
+            limit,
+            window,
+            value: policy_item(name, limit, window, None),
+            state: state.into(),
+        }
+    }
+
+    /// The `RateLimit` member of a decision of this policy, without a partition key: the
+    /// same bytes as [`state_item`]'s.
+    fn state(&self, d: &Decision, t: Option<u64>) -> HeaderValue {
+        // Two numbers of at most 20 digits and `;t=`.
+        if self.state.len() + 43 > STATE_LEN {
+            return state_item(&d.policy, d.remaining, t, None);
+        }
+        let mut buf = [0u8; STATE_LEN];
+        let mut len = self.state.len();
+        buf[..len].copy_from_slice(&self.state);
+        len += write_u64(&mut buf[len..], d.remaining);
+        if let Some(t) = t {
+            buf[len..len + 3].copy_from_slice(b";t=");
+            len += 3;
+            len += write_u64(&mut buf[len..], t);
+        }
+        value(&buf[..len])
+    }
+
+    /// Whether this is the policy field of `d`. Decisions of a policy carry its name, so
+    /// only the quota can differ: a quota given per request, or the local share of a degraded
+    /// decision.
+    fn matches(&self, d: &Decision) -> bool {
+        d.limit == self.limit && d.window == self.window
+    }
+}
+
+/// The headers [`render_with`](super::headers::render_with) would add to the response of an
+/// allowed decision with a single limit, rendered ahead.
+pub(crate) struct Stamp {
+    /// `RateLimit-Policy` and `RateLimit`, appended.
+    ietf: Option<(HeaderValue, HeaderValue)>,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, inserted.
+    legacy: Option<(u64, u64, Option<u64>)>,
+}
+
+impl Stamp {
+    /// The headers of `d` in `style`, with the IETF `pk` parameter when given; `field`: the
+    /// policy's own `RateLimit-Policy` member, used when it matches. `None` when `d` is a
+    /// denial or has several limits: render those from the decision.
+    pub(crate) fn of(
+        style: HeaderStyle,
+        d: &Decision,
+        pk: Option<&str>,
+        field: Option<&PolicyField>,
+    ) -> Option<Self> {
+        if !d.allowed || !d.limits.is_empty() {
+            return None;
+        }
+        let t = reset_secs(d);
+        let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| {
+            let pk = valid_pk(pk);
+            match field.filter(|f| pk.is_none() && f.matches(d)) {
+                Some(f) => (f.value.clone(), f.state(d, t)),
+                None => (
+                    policy_item(&d.policy, d.limit, d.window, pk),
+                    state_item(&d.policy, d.remaining, t, pk),
+                ),
+            }
+        });
+        let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then_some((
+            d.limit,
+            d.remaining,
+            t,
+        ));
+        Some(Self { ietf, legacy })
+    }
+
+    /// Adds the headers to a response, as `render_with` does: the IETF fields appended (after
+    /// those of limiters further in), the legacy ones replacing earlier values.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if let Some((policy, state)) = self.ietf {
+            headers.append(RATELIMIT_POLICY, policy);
+            headers.append(RATELIMIT, state);
+        }
+        if let Some((limit, remaining, t)) = self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+            if let Some(t) = t {
+                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(t));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate_limit::headers::render_with;
+    use proptest::prelude::*;
+
+    fn decision(name: &str, limit: u64, remaining: u64, reset_us: u64, window_us: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after: Duration::from_micros(reset_us),
+            retry_after: None,
+            window: Duration::from_micros(window_us),
+            cost: 1,
+            policy: Arc::from(name),
+            degraded: false,
+            limits: Vec::new(),
+            charge: None,
+        }
+    }
+
+    fn stamped(
+        style: HeaderStyle,
+        d: &Decision,
+        pk: Option<&str>,
+        f: Option<&PolicyField>,
+    ) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.append(RATELIMIT, HeaderValue::from_static("\"inner\";r=1"));
+        h.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
+        Stamp::of(style, d, pk, f)
+            .expect("a single allowed limit")
+            .apply(&mut h);
+        h
+    }
+
+    fn rendered(style: HeaderStyle, d: &Decision, pk: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.append(RATELIMIT, HeaderValue::from_static("\"inner\";r=1"));
+        h.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
+        render_with(style, d, pk, &mut h);
+        h
+    }
+
+    #[test]
+    fn the_policy_field_is_used_for_its_own_quota_only() {
+        let f = PolicyField::new("api", 100, Duration::from_secs(60));
+        let d = decision("api", 100, 42, 17_500_000, 60_000_000);
+        let h = stamped(HeaderStyle::Ietf, &d, None, Some(&f));
+        assert_eq!(h["ratelimit-policy"], r#""api";q=100;w=60"#);
+        let all: Vec<_> = h.get_all("ratelimit").iter().collect();
+        assert_eq!(all, [r#""inner";r=1"#, r#""api";r=42;t=18"#]);
+        // A quota given per request: rendered from the decision.
+        let other = decision("api", 5, 4, 1, 1_000_000);
+        let h = stamped(HeaderStyle::Ietf, &other, None, Some(&f));
+        assert_eq!(h["ratelimit-policy"], r#""api";q=5;w=1"#);
+        // Denials and several limits are rendered from the decision.
+        let mut denied = d.clone();
+        denied.allowed = false;
+        assert!(Stamp::of(HeaderStyle::Ietf, &denied, None, Some(&f)).is_none());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Headers rendered ahead are those `render_with` writes, byte for byte, in every
+        /// style, with and without a partition key, with the policy's own field or another's.
+        #[test]
+        fn stamps_are_rendered_headers(
+            name in prop_oneof!["[a-z:-]{0,12}", "[ -~]{0,80}", ".{0,8}"],
+            limit in prop_oneof![1..1_000u64, any::<u64>()],
+            remaining in prop_oneof![0..1_000u64, any::<u64>()],
+            reset_us in any::<u64>(),
+            window_us in prop_oneof![Just(60_000_000u64), any::<u64>()],
+            style in prop_oneof![
+                Just(HeaderStyle::Ietf), Just(HeaderStyle::Legacy),
+                Just(HeaderStyle::Both), Just(HeaderStyle::None),
+            ],
+            pk in prop::option::of(prop_oneof!["[A-Za-z0-9+/=]{16}", Just("not base64!".to_owned())]),
+            own_field in any::<bool>(),
+        ) {
+            let d = decision(&name, limit, remaining, reset_us, window_us);
+            let field = if own_field {
+                PolicyField::new(&name, limit, d.window)
+            } else {
+                PolicyField::new("other", limit.wrapping_add(1), d.window)
+            };
+            let expected = rendered(style, &d, pk.as_deref());
+            prop_assert_eq!(&stamped(style, &d, pk.as_deref(), Some(&field)), &expected);
+            prop_assert_eq!(&stamped(style, &d, pk.as_deref(), None), &expected);
+        }
+    }
+}
