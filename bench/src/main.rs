@@ -13,6 +13,7 @@
 mod chart;
 mod contenders;
 mod machine;
+mod pinning;
 mod redis_server;
 mod report;
 
@@ -38,6 +39,8 @@ struct Config {
     rounds: u64,
     tasks: u64,
     filter: Vec<String>,
+    /// `BENCH_PIN=1`: Redis on one CPU, this process on the others (see `pinning.rs`).
+    pin: Option<pinning::Pinning>,
 }
 
 impl Config {
@@ -63,6 +66,7 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            pin: pinning::Pinning::from_env(),
         }
     }
 }
@@ -226,10 +230,24 @@ fn redis_stats(conn: &mut redis::Connection) -> (u64, f64) {
     (calls, cpu_secs * 1e6)
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let config = Config::from_env();
-    let server = redis_server::RedisServer::start();
+    // Pinned before the runtime starts, so that its threads inherit the CPU set; one worker
+    // per CPU this process may use.
+    if let Some(pin) = &config.pin {
+        pin.pin_this_process();
+    }
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+        .block_on(run(config));
+}
+
+async fn run(config: Config) {
+    let server = redis_server::RedisServer::start(config.pin.as_ref());
     let url = server.url();
     let mut info = server.conn();
     let redis_version = machine::redis_version(&mut info);
