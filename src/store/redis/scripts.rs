@@ -2,7 +2,7 @@
 //! arguments, and how its reply reads.
 //!
 //! The scripts live in `lua/`; all but `gcra.lua` (the hottest, kept standalone) share
-//! `prelude.lua`. Keys derive from the limiter's base key by a suffix, so every key of one
+//! `prelude.lua`; all but GCRA (`gcra_batch.lua`) get their batch form from `batch.lua`. Keys derive from the limiter's base key by a suffix, so every key of one
 //! check carries the base key's hash tag and lands on one cluster slot.
 
 use std::sync::LazyLock;
@@ -42,10 +42,10 @@ macro_rules! scripts {
             }),
         }
     };
-    ($file:literal, standalone) => {
+    ($file:literal, standalone, batch: $batch:literal) => {
         Scripts {
             single: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file)))),
-            batch: LazyLock::new(|| batch_form("", include_str!(concat!("../../../lua/", $file)))),
+            batch: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $batch)))),
         }
     };
 }
@@ -61,7 +61,9 @@ macro_rules! refund_script {
     };
 }
 
-static GCRA: Scripts = scripts!("gcra.lua", standalone);
+/// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
+/// check), with the argument layout of `batch.lua`.
+static GCRA: Scripts = scripts!("gcra.lua", standalone, batch: "gcra_batch.lua");
 static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua");
 static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
