@@ -16,7 +16,7 @@ use std::{sync::Arc, time::Duration};
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::backend::{evalsha, Backend};
+use super::backend::{evalsha_sized, Backend};
 use crate::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
@@ -263,7 +263,12 @@ async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
             cmd.arg(key);
         }
     };
-    let mut cmd = evalsha(script, key_count, keys, batch[0].now);
+    let arg_count: usize = batch.iter().map(|job| job.args.len()).sum();
+    let capacity = (
+        key_count + 2 * batch.len() + arg_count + 5,
+        64 + 80 * key_count + 4 * batch.len() + 20 * arg_count,
+    );
+    let mut cmd = evalsha_sized(script, key_count, capacity, keys, batch[0].now);
     cmd.arg(batch.len());
     for job in &batch {
         cmd.arg(job.keys.len()).arg(job.args.len());

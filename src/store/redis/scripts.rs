@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::backend::evalsha;
+use super::backend::evalsha_sized;
 
 use crate::{
     decision::{LogEntry, PartInfo},
@@ -203,7 +203,11 @@ impl<'a> Wire<'a> {
                 cmd.arg(k);
             })
         };
-        let mut cmd = evalsha(self.script, self.key_count(), write_keys, now_us);
+        let (keys, args) = (self.key_count(), self.args().len());
+        // EVALSHA, the hash, the key count, the keys, the time, the arguments; keys of up to
+        // about 80 bytes and arguments of up to 20 digits fit without growing.
+        let capacity = (keys + args + 4, 64 + 80 * keys + 20 * args);
+        let mut cmd = evalsha_sized(self.script, keys, capacity, write_keys, now_us);
         for arg in self.args() {
             cmd.arg(*arg);
         }
@@ -275,7 +279,23 @@ pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Ou
     match algorithm.rule() {
         Rule::Script(s) => s.parse_reply(reply),
         Rule::SlidingWindow(_) => parse_logged(reply),
-        _ => Outcome::from_redis(reply),
+        _ => match four_ints(&reply) {
+            Some(outcome) => outcome,
+            None => Outcome::from_redis(reply),
+        },
+    }
+}
+
+/// The shared reply shape when the reply is exactly four integers (a single limit), read
+/// without collecting them into a `Vec` first.
+fn four_ints(reply: &redis::Value) -> Option<Result<Outcome, Error>> {
+    use redis::Value::Int;
+    match reply {
+        redis::Value::Array(items) => match items.as_slice() {
+            [Int(a), Int(b), Int(c), Int(d)] => Some(Outcome::from_ints(&[*a, *b, *c, *d])),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -310,5 +330,37 @@ pub(crate) fn parse_refund(reply: redis::Value) -> Result<bool, Error> {
         other => Err(Error::InvalidReply(format!(
             "a refund answers 0 or 1, not {other:?}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value::{self, Int};
+
+    #[test]
+    fn four_integers_read_as_the_general_parser_reads_them() {
+        for ints in [
+            [1, 4, 0, 900],
+            [0, 0, 250, 900],
+            [0, 4, -1, 900],
+            [0, 4, -2, 900],
+            [1, -1, 0, 0],
+            [2, 0, 0, 0],
+        ] {
+            let reply = Value::Array(ints.iter().map(|&i| Int(i)).collect());
+            let fast = four_ints(&reply).expect("four integers");
+            let general = Outcome::from_redis(reply);
+            assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{ints:?}");
+        }
+        // Anything else goes to the general parser.
+        for other in [
+            Value::Array(vec![Int(1), Int(4), Int(0)]),
+            Value::Array(vec![Int(1), Int(4), Int(0), Value::Nil]),
+            Value::Array((0..11).map(Int).collect()),
+            Int(1),
+        ] {
+            assert!(four_ints(&other).is_none(), "{other:?}");
+        }
     }
 }
