@@ -100,6 +100,8 @@ struct Round {
     redis_commands: u64,
     /// Redis server CPU time (user + system), µs.
     redis_cpu_us: f64,
+    /// This process' CPU time (user + system), µs.
+    client_cpu_us: f64,
     inner_calls: u64,
 }
 
@@ -117,6 +119,8 @@ pub struct Summary {
     pub redis_cpu_us_per_check: Option<f64>,
     /// Layers only.
     pub inner_calls_per_check: Option<f64>,
+    /// This process' CPU time per check, µs.
+    pub client_cpu_us_per_check: f64,
 }
 
 fn summarize(mut rounds: Vec<Round>, c: &Contender) -> Summary {
@@ -135,6 +139,7 @@ fn summarize(mut rounds: Vec<Round>, c: &Contender) -> Summary {
             .uses_redis
             .then(|| mid.redis_cpu_us / mid.checks.max(1) as f64),
         inner_calls_per_check: c.inner_calls.as_ref().map(|_| per_check(mid.inner_calls)),
+        client_cpu_us_per_check: mid.client_cpu_us / mid.checks.max(1) as f64,
     }
 }
 
@@ -193,8 +198,25 @@ async fn round(check: &CheckFn, workload: Workload, tasks: u64, secs: u64) -> Ro
         p99_us: hist.value_at_quantile(0.99),
         redis_commands: 0,
         redis_cpu_us: 0.0,
+        client_cpu_us: 0.0,
         inner_calls: 0,
     }
+}
+
+/// This process' CPU time so far (user + system, all threads), µs, from `/proc/self/stat`
+/// (in clock ticks, 100 a second on Linux); 0 where that file does not exist.
+fn process_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (in parentheses, which may hold spaces): utime and
+    // stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    ticks as f64 * 10_000.0
 }
 
 /// Calls of every Redis command so far, from `INFO commandstats` (minus the INFO calls),
@@ -322,11 +344,13 @@ async fn run(config: Config) {
         for r in 0..config.rounds {
             for (i, contender) in contenders.iter().enumerate() {
                 let (commands_before, cpu_before) = redis_stats(&mut info);
+                let client_before = process_cpu_us();
                 let inner_before = contender
                     .inner_calls
                     .as_ref()
                     .map_or(0, |n| n.load(Ordering::Relaxed));
                 let mut round = round(&contender.check, workload, config.tasks, config.secs).await;
+                round.client_cpu_us = process_cpu_us() - client_before;
                 let (commands_after, cpu_after) = redis_stats(&mut info);
                 round.redis_commands = commands_after - commands_before;
                 round.redis_cpu_us = cpu_after - cpu_before;
