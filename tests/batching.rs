@@ -212,17 +212,21 @@ async fn batched_decisions_equal_one_call_each_on_redis_cluster() {
 }
 
 /// A key holding foreign or corrupted data fails its own check with the error a single call
-/// gets; the other checks of the same call are decided normally.
+/// gets; the other checks of the same call are decided normally. A key of another type fails
+/// whether its checks would have written (cost 1) or not (cost above the burst: no write
+/// tells the batch script that the key exists), and so does every repeat of a bad key.
 #[tokio::test]
 async fn a_bad_key_fails_alone_within_its_batch() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
-    let _: () = redis::cmd("HSET")
-        .arg("{be:wrongtype}:g")
-        .arg("x")
-        .arg(1)
-        .query(&mut conn)
-        .unwrap();
+    for key in ["{be:wrongtype}:g", "{be:wrongtype-big}:g"] {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg("x")
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
+    }
     let _: () = redis::cmd("SET")
         .arg("{be:corrupt}:g")
         .arg("not a number")
@@ -231,12 +235,15 @@ async fn a_bad_key_fails_alone_within_its_batch() {
     let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
     let single = redis.store().await;
     let batched = redis.store().await.with_batching(Batching::new()).unwrap();
-    let keys = [
-        "{be:a}",
-        "{be:wrongtype}",
-        "{be:b}",
-        "{be:corrupt}",
-        "{be:c}",
+    let checks = [
+        ("{be:a}", 1),
+        ("{be:wrongtype}", 1),
+        ("{be:b}", 1),
+        ("{be:corrupt}", 1),
+        ("{be:wrongtype-big}", 6),
+        ("{be:c}", 1),
+        ("{be:wrongtype}", 2),
+        ("{be:corrupt}", 1),
     ];
     // Loads the script, so that the call below is counted once.
     assert!(check_at_base(&batched, &gcra, "{be:warm}", 1, None)
@@ -244,20 +251,21 @@ async fn a_bad_key_fails_alone_within_its_batch() {
         .is_ok());
     let before = script_calls(&mut [redis.conn()]);
     let got = in_order(
-        keys.iter()
-            .map(|k| check_at_base(&batched, &gcra, k, 1, None))
+        checks
+            .iter()
+            .map(|(k, cost)| check_at_base(&batched, &gcra, k, *cost, None))
             .collect(),
     )
     .await;
     assert_eq!(script_calls(&mut [redis.conn()]) - before, 1, "one call");
-    for (key, got) in keys.iter().zip(got) {
+    for ((key, cost), got) in checks.iter().zip(got) {
         match got {
             Ok(o) => {
                 assert!(!key.contains("wrongtype") && !key.contains("corrupt"));
                 assert!(o.allowed && o.remaining == 4, "{key}: {o:?}");
             }
             Err(e) => {
-                let alone = check_at_base(&single, &gcra, key, 1, None)
+                let alone = check_at_base(&single, &gcra, key, *cost, None)
                     .await
                     .unwrap_err();
                 eprintln!("{key}: {e}\n  alone: {alone}");
@@ -274,6 +282,16 @@ async fn a_bad_key_fails_alone_within_its_batch() {
             }
         }
     }
+    // Nothing was written over the foreign data.
+    for key in ["{be:wrongtype}:g", "{be:wrongtype-big}:g"] {
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).unwrap();
+        assert_eq!(kind, "hash", "{key}");
+    }
+    let corrupt: String = redis::cmd("GET")
+        .arg("{be:corrupt}:g")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(corrupt, "not a number");
 }
 
 /// A check whose caller stopped waiting while its batch was still queued is never sent, so it

@@ -20,7 +20,17 @@ pub fn redis_version(conn: &mut redis::Connection) -> String {
 }
 
 pub fn describe(redis_version: &str, config: &Config) -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // The machine's, not this process' (which BENCH_PIN=1 narrows).
+    let cores = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+        .ok()
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
+        .unwrap_or(0);
+    let pinning = config
+        .pin
+        .as_ref()
+        .map_or_else(|| "not pinned".to_owned(), |p| p.describe());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -53,7 +63,7 @@ pub fn describe(redis_version: &str, config: &Config) -> String {
     format!(
         "{date}; {cores} cores, {cpu}, {os}, {rustc}, {profile}; redis-server {redis_version}; \
          tower-redis-ratelimit {ours}, tower-rate-limit-redis {trlr} (redis-rs {redis}), \
-         tower_governor {tg} (governor {gov}); {tasks} tasks, {rounds} rounds x {secs} s",
+         tower_governor {tg} (governor {gov}); {tasks} tasks, {rounds} rounds x {secs} s; {pinning}",
         date = today(),
         ours = v("tower-redis-ratelimit"),
         trlr = v("tower-rate-limit-redis"),

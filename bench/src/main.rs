@@ -14,6 +14,7 @@ mod chart;
 mod contenders;
 mod hot_allowed;
 mod machine;
+mod pinning;
 mod redis_server;
 mod report;
 
@@ -39,6 +40,8 @@ struct Config {
     rounds: u64,
     tasks: u64,
     filter: Vec<String>,
+    /// `BENCH_PIN=1`: Redis on one CPU, this process on the others (see `pinning.rs`).
+    pin: Option<pinning::Pinning>,
 }
 
 impl Config {
@@ -64,6 +67,7 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            pin: pinning::Pinning::from_env(),
         }
     }
 }
@@ -101,6 +105,8 @@ struct Round {
     redis_commands: u64,
     /// Redis server CPU time (user + system), µs.
     redis_cpu_us: f64,
+    /// This process' CPU time (user + system), µs.
+    client_cpu_us: f64,
     inner_calls: u64,
 }
 
@@ -118,6 +124,8 @@ pub struct Summary {
     pub redis_cpu_us_per_check: Option<f64>,
     /// Layers only.
     pub inner_calls_per_check: Option<f64>,
+    /// This process' CPU time per check, µs.
+    pub client_cpu_us_per_check: f64,
 }
 
 fn summarize(mut rounds: Vec<Round>, c: &Contender) -> Summary {
@@ -136,6 +144,7 @@ fn summarize(mut rounds: Vec<Round>, c: &Contender) -> Summary {
             .uses_redis
             .then(|| mid.redis_cpu_us / mid.checks.max(1) as f64),
         inner_calls_per_check: c.inner_calls.as_ref().map(|_| per_check(mid.inner_calls)),
+        client_cpu_us_per_check: mid.client_cpu_us / mid.checks.max(1) as f64,
     }
 }
 
@@ -195,8 +204,25 @@ async fn round(check: &CheckFn, workload: Workload, tasks: u64, secs: u64) -> Ro
         p99_us: hist.value_at_quantile(0.99),
         redis_commands: 0,
         redis_cpu_us: 0.0,
+        client_cpu_us: 0.0,
         inner_calls: 0,
     }
+}
+
+/// This process' CPU time so far (user + system, all threads), µs, from `/proc/self/stat`
+/// (in clock ticks, 100 a second on Linux); 0 where that file does not exist.
+fn process_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (in parentheses, which may hold spaces): utime and
+    // stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    ticks as f64 * 10_000.0
 }
 
 /// Calls of every Redis command so far, from `INFO commandstats` (minus the INFO calls),
@@ -232,10 +258,24 @@ fn redis_stats(conn: &mut redis::Connection) -> (u64, f64) {
     (calls, cpu_secs * 1e6)
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let config = Config::from_env();
-    let server = redis_server::RedisServer::start();
+    // Pinned before the runtime starts, so that its threads inherit the CPU set; one worker
+    // per CPU this process may use.
+    if let Some(pin) = &config.pin {
+        pin.pin_this_process();
+    }
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+        .block_on(run(config));
+}
+
+async fn run(config: Config) {
+    let server = redis_server::RedisServer::start(config.pin.as_ref());
     let url = server.url();
     let mut info = server.conn();
     let redis_version = machine::redis_version(&mut info);
@@ -316,11 +356,13 @@ async fn main() {
         for r in 0..config.rounds {
             for (i, contender) in contenders.iter().enumerate() {
                 let (commands_before, cpu_before) = redis_stats(&mut info);
+                let client_before = process_cpu_us();
                 let inner_before = contender
                     .inner_calls
                     .as_ref()
                     .map_or(0, |n| n.load(Ordering::Relaxed));
                 let mut round = round(&contender.check, workload, config.tasks, config.secs).await;
+                round.client_cpu_us = process_cpu_us() - client_before;
                 let (commands_after, cpu_after) = redis_stats(&mut info);
                 round.redis_commands = commands_after - commands_before;
                 round.redis_cpu_us = cpu_after - cpu_before;

@@ -12,15 +12,17 @@ use std::{
 
 use tower_redis_ratelimit::redis;
 
+use crate::pinning::Pinning;
+
 pub struct RedisServer {
     child: Child,
     port: u16,
 }
 
 impl RedisServer {
-    /// Starts `redis-server` (or `$REDIS_SERVER_BIN`) without persistence; panics with the
-    /// reason if it does not answer `PING` within 10 s.
-    pub fn start() -> Self {
+    /// Starts `redis-server` (or `$REDIS_SERVER_BIN`) without persistence, on the CPUs of
+    /// `pinning` if given; panics with the reason if it does not answer `PING` within 10 s.
+    pub fn start(pinning: Option<&Pinning>) -> Self {
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
         let mut last_error = String::new();
         for _ in 0..5 {
@@ -30,7 +32,8 @@ impl RedisServer {
                 .port();
             let dir = std::env::temp_dir().join(format!("trr-bench-redis-{port}"));
             let _ = std::fs::create_dir_all(&dir);
-            let child = Command::new(&bin)
+            let child = pinning
+                .map_or_else(|| Command::new(&bin), |p| p.command(&bin))
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 .args(["--loglevel", "warning", "--protected-mode", "yes"])

@@ -69,8 +69,13 @@ pub fn markdown(
     let _ = writeln!(w, "# tower-redis-ratelimit against peer crates\n");
     let _ = writeln!(
         w,
-        "Command (from the workspace root): `BENCH_SECS={} BENCH_ROUNDS={} BENCH_TASKS={}{} \
+        "Command (from the workspace root): `{}BENCH_SECS={} BENCH_ROUNDS={} BENCH_TASKS={}{} \
          cargo run --release -p tower-redis-ratelimit-bench --bin compare`\n",
+        if config.pin.is_some() {
+            "BENCH_PIN=1 "
+        } else {
+            ""
+        },
         config.secs,
         config.rounds,
         config.tasks,
@@ -93,7 +98,9 @@ pub fn markdown(
          cmds/check`: the `INFO commandstats` delta per check, counting the commands run \
          inside scripts. `Redis CPU µs/check`: the server's CPU time (user + system, \
          `INFO cpu`) per check: with one Redis near 100% of a core, what bounds checks/s. \
-         `vs baseline`: median checks/s divided by the named contender's. \
+         `client CPU µs/check`: this process' CPU time (user + system, from `/proc/self/stat`, \
+         10 ms ticks) per check: the contender's client side, plus the harness' loop (the same \
+         for every contender). `vs baseline`: median checks/s divided by the named contender's. \
          Figures are from one run on a shared machine: compare rows of the same run.\n",
         tasks = config.tasks,
         secs = config.secs,
@@ -103,9 +110,10 @@ pub fn markdown(
     let _ = writeln!(
         w,
         "| contender | workload | checks/s median (min–max) | p50 µs | p99 µs | allowed | \
-         inner calls/check | Redis cmds/check | Redis CPU µs/check | vs baseline |"
+         inner calls/check | Redis cmds/check | Redis CPU µs/check | client CPU µs/check | \
+         vs baseline |"
     );
-    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for (wi, workload) in WORKLOADS.iter().enumerate() {
         for (c, s) in contenders.iter().zip(results) {
             let s = &s[wi];
@@ -119,7 +127,7 @@ pub fn markdown(
                 );
             let _ = writeln!(
                 w,
-                "| {} | {} | {:.0} ({:.0}–{:.0}) | {} | {} | {:.3} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} ({:.0}–{:.0}) | {} | {} | {:.3} | {} | {} | {} | {:.2} | {} |",
                 c.name,
                 workload.name(),
                 s.median,
@@ -131,6 +139,7 @@ pub fn markdown(
                 opt(s.inner_calls_per_check, 3),
                 opt(s.commands_per_check, 2),
                 opt(s.redis_cpu_us_per_check, 2),
+                s.client_cpu_us_per_check,
                 vs,
             );
         }

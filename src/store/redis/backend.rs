@@ -72,7 +72,14 @@ impl Backend {
         evalsha: &redis::Cmd,
     ) -> Result<redis::Value, Error> {
         match self {
-            Backend::Multiplexed(conn) => eval_on(&mut conn.clone(), script, evalsha).await,
+            // Straight to the connection: no clone of the handle, no boxed future.
+            Backend::Multiplexed(conn) => match conn.query(evalsha).await {
+                Err(e) if is_noscript(&e) => {
+                    script.load_async(&mut conn.clone()).await?;
+                    Ok(conn.query(evalsha).await?)
+                }
+                result => Ok(result?),
+            },
             // EVALSHA is routed by the slot of its first key.
             Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
             Backend::Shared(shared) => eval_on(&mut shared.handle(), script, evalsha).await,
@@ -98,7 +105,7 @@ async fn eval_on(
     evalsha: &redis::Cmd,
 ) -> Result<redis::Value, Error> {
     match evalsha.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+        Err(e) if is_noscript(&e) => {
             script.load_async(conn).await?;
             Ok(evalsha.query_async(conn).await?)
         }
@@ -106,16 +113,33 @@ async fn eval_on(
     }
 }
 
-/// `EVALSHA` of `script` with `keys` (`key_count` of them), then `ARGV[1]` (`now`, or `''` for the server clock) and
-/// `args`. Built straight into one command buffer: no per-argument allocation.
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// `EVALSHA` of `script` with `keys` (`key_count` of them), then `ARGV[1]` (`now`, or `''`
+/// for the server clock) and the arguments the caller adds. Built straight into one command
+/// buffer: no per-argument allocation.
 pub(crate) fn evalsha(
     script: &Script,
     key_count: usize,
     keys: impl FnOnce(&mut redis::Cmd),
     now: Option<u64>,
 ) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(key_count);
+    evalsha_sized(script, key_count, (key_count + 8, 160), keys, now)
+}
+
+/// [`evalsha`] into a command sized for `capacity`: (arguments, bytes of arguments), so that
+/// it is built without growing.
+pub(crate) fn evalsha_sized(
+    script: &Script,
+    key_count: usize,
+    capacity: (usize, usize),
+    keys: impl FnOnce(&mut redis::Cmd),
+    now: Option<u64>,
+) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(capacity.0, capacity.1);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(key_count);
     keys(&mut cmd);
     match now {
         Some(now) => cmd.arg(now),

@@ -16,7 +16,10 @@ use std::{sync::Arc, time::Duration};
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::backend::{evalsha, Backend};
+use super::{
+    backend::{evalsha_sized, Backend},
+    packed::{Args, Keys},
+};
 use crate::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
@@ -125,8 +128,8 @@ impl Batching {
 /// One queued check.
 pub(crate) struct Job {
     pub(crate) script: &'static Script,
-    pub(crate) keys: Vec<Vec<u8>>,
-    pub(crate) args: Vec<u64>,
+    pub(crate) keys: Keys,
+    pub(crate) args: Args,
     pub(crate) now: Option<u64>,
     pub(crate) reply: oneshot::Sender<Result<Value, Error>>,
 }
@@ -160,8 +163,8 @@ impl Batcher {
     pub(crate) async fn submit(
         &self,
         script: &'static Script,
-        keys: Vec<Vec<u8>>,
-        args: Vec<u64>,
+        keys: Keys,
+        args: Args,
         now: Option<u64>,
     ) -> Result<Value, Error> {
         let (reply, answer) = oneshot::channel();
@@ -222,7 +225,7 @@ async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
 /// Splits `jobs` into batches that one call can decide: the same script and explicit time,
 /// and on a cluster the same slot. Arrival order is kept within each batch.
 fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
-    let slot = |job: &Job| if cluster { slot(&job.keys) } else { 0 };
+    let slot = |job: &Job| if cluster { slot(job.keys.first()) } else { 0 };
     let mut batches: Vec<(u16, Vec<Job>)> = Vec::new();
     for job in jobs.drain(..) {
         let job_slot = slot(&job);
@@ -238,14 +241,14 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
     batches.into_iter().map(|(_, b)| b).collect()
 }
 
-/// The cluster slot of a check (all of a check's keys share its hash tag).
-fn slot(keys: &[Vec<u8>]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(keys)) % 16_384
+/// The cluster slot of a check, from its first key (all of a check's keys share its hash
+/// tag).
+fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16_384
 }
 
-/// The hash tag of a check's first key (all of a check's keys share it).
-fn hash_tag(keys: &[Vec<u8>]) -> &[u8] {
-    let Some(key) = keys.first() else { return b"" };
+/// The hash tag of `key`.
+fn hash_tag(key: &[u8]) -> &[u8] {
     let Some(open) = key.iter().position(|&b| b == b'{') else {
         return key;
     };
@@ -263,11 +266,17 @@ async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
             cmd.arg(key);
         }
     };
-    let mut cmd = evalsha(script, key_count, keys, batch[0].now);
+    let arg_count: usize = batch.iter().map(|job| job.args.as_slice().len()).sum();
+    let capacity = (
+        key_count + 2 * batch.len() + arg_count + 5,
+        64 + 80 * key_count + 4 * batch.len() + 20 * arg_count,
+    );
+    let mut cmd = evalsha_sized(script, key_count, capacity, keys, batch[0].now);
     cmd.arg(batch.len());
     for job in &batch {
-        cmd.arg(job.keys.len()).arg(job.args.len());
-        for arg in &job.args {
+        let args = job.args.as_slice();
+        cmd.arg(job.keys.len()).arg(args.len());
+        for arg in args {
             cmd.arg(*arg);
         }
     }
@@ -331,21 +340,21 @@ mod tests {
     #[test]
     fn slots_match_redis_cluster() {
         // CLUSTER KEYSLOT values from a real Redis 7.0.
-        let k = |s: &str| vec![s.as_bytes().to_vec()];
-        assert_eq!(slot(&k("foo")), 12182);
-        assert_eq!(slot(&k("{user1000}.following")), 3443);
-        assert_eq!(slot(&k("{user1000}.followers")), 3443);
-        assert_eq!(slot(&k("{rl:a}:g")), slot(&k("{rl:a}:l")));
+        let k = str::as_bytes;
+        assert_eq!(slot(k("foo")), 12182);
+        assert_eq!(slot(k("{user1000}.following")), 3443);
+        assert_eq!(slot(k("{user1000}.followers")), 3443);
+        assert_eq!(slot(k("{rl:a}:g")), slot(k("{rl:a}:l")));
     }
 
     #[test]
     fn hash_tags() {
-        let k = |s: &str| vec![s.as_bytes().to_vec()];
-        assert_eq!(hash_tag(&k("{rl:a}:l")), b"rl:a");
-        assert_eq!(hash_tag(&k("x{rl:a}")), b"rl:a");
-        assert_eq!(hash_tag(&k("{}x")), b"{}x");
-        assert_eq!(hash_tag(&k("plain")), b"plain");
-        assert_eq!(hash_tag(&[]), b"");
+        let k = str::as_bytes;
+        assert_eq!(hash_tag(k("{rl:a}:l")), b"rl:a");
+        assert_eq!(hash_tag(k("x{rl:a}")), b"rl:a");
+        assert_eq!(hash_tag(k("{}x")), b"{}x");
+        assert_eq!(hash_tag(k("plain")), b"plain");
+        assert_eq!(hash_tag(b""), b"");
     }
 
     #[test]

@@ -223,6 +223,12 @@ impl Supervised {
         false
     }
 
+    /// Sends `cmd` and reads its reply, a server error as an `Err` (what `Cmd::query_async`
+    /// does, without going through a boxed [`ConnectionLike`] future).
+    pub(crate) async fn query(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        self.send(cmd).await?.extract_error()
+    }
+
     /// Sends `cmd` once; once more on a new connection when it provably never reached Redis.
     async fn send(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
         let mut retried = false;

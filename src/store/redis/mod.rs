@@ -6,6 +6,7 @@ mod builder;
 mod connect;
 mod connection;
 mod leases;
+mod packed;
 mod reserve;
 mod scripts;
 #[cfg(feature = "tls")]
@@ -203,9 +204,9 @@ impl Store for RedisStore {
         // Everything the call needs is copied before the future: it borrows no key.
         let wire = Wire::of(algorithm, key, cost);
         if let (Some(batcher), Some(batch)) = (&self.batcher, wire.batch) {
-            let mut keys = Vec::with_capacity(wire.key_count());
-            wire.each_key(key, |k| keys.push(k.to_vec()));
-            let args = wire.args().to_vec();
+            let mut keys = packed::Keys::default();
+            wire.each_key(key, |k| keys.push(k));
+            let args = packed::Args::new(wire.args());
             return Box::pin(async move {
                 let reply = batcher.submit(batch, keys, args, now_us).await?;
                 scripts::parse(algorithm, reply)

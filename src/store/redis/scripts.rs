@@ -2,14 +2,14 @@
 //! arguments, and how its reply reads.
 //!
 //! The scripts live in `lua/`; all but `gcra.lua` (the hottest, kept standalone) share
-//! `prelude.lua`. Keys derive from the limiter's base key by a suffix, so every key of one
+//! `prelude.lua`; all but GCRA (`gcra_batch.lua`) get their batch form from `batch.lua`. Keys derive from the limiter's base key by a suffix, so every key of one
 //! check carries the base key's hash tag and lands on one cluster slot.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::backend::evalsha;
+use super::backend::evalsha_sized;
 
 use crate::{
     decision::{LogEntry, PartInfo},
@@ -42,10 +42,10 @@ macro_rules! scripts {
             }),
         }
     };
-    ($file:literal, standalone) => {
+    ($file:literal, standalone, batch: $batch:literal) => {
         Scripts {
             single: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file)))),
-            batch: LazyLock::new(|| batch_form("", include_str!(concat!("../../../lua/", $file)))),
+            batch: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $batch)))),
         }
     };
 }
@@ -61,7 +61,9 @@ macro_rules! refund_script {
     };
 }
 
-static GCRA: Scripts = scripts!("gcra.lua", standalone);
+/// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
+/// check), with the argument layout of `batch.lua`.
+static GCRA: Scripts = scripts!("gcra.lua", standalone, batch: "gcra_batch.lua");
 static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua");
 static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
@@ -201,7 +203,11 @@ impl<'a> Wire<'a> {
                 cmd.arg(k);
             })
         };
-        let mut cmd = evalsha(self.script, self.key_count(), write_keys, now_us);
+        let (keys, args) = (self.key_count(), self.args().len());
+        // EVALSHA, the hash, the key count, the keys, the time, the arguments; keys of up to
+        // about 80 bytes and arguments of up to 20 digits fit without growing.
+        let capacity = (keys + args + 4, 64 + 80 * keys + 20 * args);
+        let mut cmd = evalsha_sized(self.script, keys, capacity, write_keys, now_us);
         for arg in self.args() {
             cmd.arg(*arg);
         }
@@ -273,7 +279,23 @@ pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Ou
     match algorithm.rule() {
         Rule::Script(s) => s.parse_reply(reply),
         Rule::SlidingWindow(_) => parse_logged(reply),
-        _ => Outcome::from_redis(reply),
+        _ => match four_ints(&reply) {
+            Some(outcome) => outcome,
+            None => Outcome::from_redis(reply),
+        },
+    }
+}
+
+/// The shared reply shape when the reply is exactly four integers (a single limit), read
+/// without collecting them into a `Vec` first.
+fn four_ints(reply: &redis::Value) -> Option<Result<Outcome, Error>> {
+    use redis::Value::Int;
+    match reply {
+        redis::Value::Array(items) => match items.as_slice() {
+            [Int(a), Int(b), Int(c), Int(d)] => Some(Outcome::from_ints(&[*a, *b, *c, *d])),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -308,5 +330,37 @@ pub(crate) fn parse_refund(reply: redis::Value) -> Result<bool, Error> {
         other => Err(Error::InvalidReply(format!(
             "a refund answers 0 or 1, not {other:?}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value::{self, Int};
+
+    #[test]
+    fn four_integers_read_as_the_general_parser_reads_them() {
+        for ints in [
+            [1, 4, 0, 900],
+            [0, 0, 250, 900],
+            [0, 4, -1, 900],
+            [0, 4, -2, 900],
+            [1, -1, 0, 0],
+            [2, 0, 0, 0],
+        ] {
+            let reply = Value::Array(ints.iter().map(|&i| Int(i)).collect());
+            let fast = four_ints(&reply).expect("four integers");
+            let general = Outcome::from_redis(reply);
+            assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{ints:?}");
+        }
+        // Anything else goes to the general parser.
+        for other in [
+            Value::Array(vec![Int(1), Int(4), Int(0)]),
+            Value::Array(vec![Int(1), Int(4), Int(0), Value::Nil]),
+            Value::Array((0..11).map(Int).collect()),
+            Int(1),
+        ] {
+            assert!(four_ints(&other).is_none(), "{other:?}");
+        }
     }
 }
