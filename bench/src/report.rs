@@ -82,7 +82,7 @@ pub fn markdown(
         if config.filter.is_empty() {
             String::new()
         } else {
-            format!(" BENCH_FILTER={}", config.filter.join(","))
+            format!(" BENCH_FILTER='{}'", config.filter.join(","))
         }
     );
     let _ = writeln!(w, "Machine: {machine}.\n");
