@@ -13,18 +13,8 @@ use crate::{
     Acquired, Error,
 };
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/prelude.lua"),
-        include_str!("../../../lua/semaphore_acquire.lua")
-    ))
-});
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/prelude.lua"),
-        include_str!("../../../lua/semaphore_renew.lua")
-    ))
-});
+static ACQUIRE: LazyLock<Script> = prelude_script!("semaphore_acquire.lua");
+static RENEW: LazyLock<Script> = prelude_script!("semaphore_renew.lua");
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_release.lua")));
 

@@ -1,5 +1,18 @@
 //! The Redis store: checks run as atomic Lua scripts, on one server, a pool or a cluster.
 
+/// A script of `lua/` with the shared prelude before it, built (and hashed) once:
+/// `static S: LazyLock<Script> = prelude_script!("file.lua");`.
+macro_rules! prelude_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/prelude.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+}
+
 mod backend;
 mod batch;
 mod builder;

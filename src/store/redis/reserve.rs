@@ -12,19 +12,8 @@ use crate::{
     Algorithm, Error, Rule, StoreKey,
 };
 
-macro_rules! reserve_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../../lua/prelude.lua"),
-                include_str!(concat!("../../../lua/", $file))
-            ))
-        })
-    };
-}
-
-static GCRA_RESERVE: LazyLock<Script> = reserve_script!("gcra_reserve.lua");
-static TOKEN_BUCKET_RESERVE: LazyLock<Script> = reserve_script!("token_bucket_reserve.lua");
+static GCRA_RESERVE: LazyLock<Script> = prelude_script!("gcra_reserve.lua");
+static TOKEN_BUCKET_RESERVE: LazyLock<Script> = prelude_script!("token_bucket_reserve.lua");
 
 /// A reservation of up to `up_to` units (at least `cost`) of `key` under `algorithm`: its
 /// script and its `EVALSHA`; an [`Error::Unsupported`] for an algorithm that cannot be leased.

@@ -28,12 +28,7 @@ struct Scripts {
 macro_rules! scripts {
     ($file:literal) => {
         Scripts {
-            single: LazyLock::new(|| {
-                Script::new(concat!(
-                    include_str!("../../../lua/prelude.lua"),
-                    include_str!(concat!("../../../lua/", $file))
-                ))
-            }),
+            single: prelude_script!($file),
             batch: LazyLock::new(|| {
                 batch_form(
                     include_str!("../../../lua/prelude.lua"),
@@ -50,17 +45,6 @@ macro_rules! scripts {
     };
 }
 
-macro_rules! refund_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../../lua/prelude.lua"),
-                include_str!(concat!("../../../lua/", $file))
-            ))
-        })
-    };
-}
-
 /// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
 /// check), with the argument layout of `batch.lua`.
 static GCRA: Scripts = scripts!("gcra.lua", standalone, batch: "gcra_batch.lua");
@@ -69,9 +53,9 @@ static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
 
 /// The refund scripts (one call each, never batched).
-static GCRA_REFUND: LazyLock<Script> = refund_script!("gcra_refund.lua");
-static TOKEN_BUCKET_REFUND: LazyLock<Script> = refund_script!("token_bucket_refund.lua");
-static SLIDING_WINDOW_REFUND: LazyLock<Script> = refund_script!("sliding_window_refund.lua");
+static GCRA_REFUND: LazyLock<Script> = prelude_script!("gcra_refund.lua");
+static TOKEN_BUCKET_REFUND: LazyLock<Script> = prelude_script!("token_bucket_refund.lua");
+static SLIDING_WINDOW_REFUND: LazyLock<Script> = prelude_script!("sliding_window_refund.lua");
 
 /// How one check of an algorithm goes to Redis.
 pub(crate) struct Wire<'a> {

@@ -15,18 +15,8 @@ use crate::{
     Error,
 };
 
-static TAKE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/prelude.lua"),
-        include_str!("../../../lua/upstream_take.lua")
-    ))
-});
-static LEARN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/prelude.lua"),
-        include_str!("../../../lua/upstream_learn.lua")
-    ))
-});
+static TAKE: LazyLock<Script> = prelude_script!("upstream_take.lua");
+static LEARN: LazyLock<Script> = prelude_script!("upstream_learn.lua");
 
 /// The largest time a script takes: 2^52 µs, as the prelude checks.
 const MAX_US: u64 = 1 << 52;
