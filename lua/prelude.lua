@@ -78,6 +78,21 @@ local function first_run(nkeys)
   return redis.call('SET', KEYS[nkeys + 1], '1', 'NX', 'PX', 30000) ~= false
 end
 
+-- The leading arguments of a GCRA or token-bucket script (ARGV: now|'', emission_us, burst,
+-- cost): the time, the emission interval, the burst, the cost and the tolerance (emission *
+-- burst, which must stay below 2^52).
+local function bucket_args()
+  local now = clock()
+  local emission = int_arg(2, 'emission', 1)
+  local burst = int_arg(3, 'burst', 1)
+  local cost = int_arg(4, 'cost', 1)
+  local tolerance = emission * burst
+  if tolerance > MAX then
+    fail('invalid argument burst')
+  end
+  return now, emission, burst, cost, tolerance
+end
+
 -- A token bucket (see token_bucket.lua) credited up to `now` with the whole tokens earned
 -- since `ts`: the tokens, the time the last whole token was credited, and the time waits are
 -- measured from (`now`, or the stored time if the clock went backwards, crediting nothing).

@@ -3,14 +3,7 @@
 -- A missing key is a full bucket; the key expires when the bucket would be full again.
 -- KEYS[1]  the bucket hash
 -- ARGV     now|'', emission_us, burst, cost
-local now = clock()
-local emission = int_arg(2, 'emission', 1)
-local burst = int_arg(3, 'burst', 1)
-local cost = int_arg(4, 'cost', 1)
-local tolerance = emission * burst
-if tolerance > MAX then
-  fail('invalid argument burst')
-end
+local now, emission, burst, cost, tolerance = bucket_args()
 
 local tokens, ts = burst, now
 local st = redis.call('HMGET', KEYS[1], 'n', 't')

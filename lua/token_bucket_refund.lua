@@ -4,14 +4,7 @@
 -- KEYS[1]  the bucket hash; KEYS[2], optionally, a marker key (see `first_run` in prelude.lua)
 -- ARGV     now|'', emission_us, burst, cost
 -- Reply    1 when tokens were given back, 0 otherwise
-local now = clock()
-local emission = int_arg(2, 'emission', 1)
-local burst = int_arg(3, 'burst', 1)
-local cost = int_arg(4, 'cost', 1)
-local tolerance = emission * burst
-if tolerance > MAX then
-  fail('invalid argument burst')
-end
+local now, emission, burst, cost, tolerance = bucket_args()
 
 if not first_run(1) then
   return 0

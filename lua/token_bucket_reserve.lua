@@ -4,15 +4,8 @@
 -- KEYS[1]  the bucket hash
 -- ARGV     now|'', emission_us, burst, cost, up_to
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted}
-local now = clock()
-local emission = int_arg(2, 'emission', 1)
-local burst = int_arg(3, 'burst', 1)
-local cost = int_arg(4, 'cost', 1)
+local now, emission, burst, cost, tolerance = bucket_args()
 local up_to = int_arg(5, 'up_to', 1)
-local tolerance = emission * burst
-if tolerance > MAX then
-  fail('invalid argument burst')
-end
 if up_to < cost then
   up_to = cost
 end
