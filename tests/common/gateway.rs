@@ -79,6 +79,19 @@ pub fn start_gateway_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Gat
     }
 }
 
+/// Runs the gateway with `args` (on a free port, should it start) and asserts that it refuses
+/// them at start-up: it exits non-zero with `says` on stderr.
+pub fn assert_refused(args: &[&str], says: &str) {
+    let out = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} was accepted");
+    assert!(stderr.contains(says), "{args:?}: {stderr}");
+}
+
 /// GET / over a fresh connection with `extra` header lines (raw bytes, each ending in
 /// `\r\n`, so they may hold bytes that are not UTF-8); returns (status, lower-cased head).
 pub fn get(addr: SocketAddr, extra: impl AsRef<[u8]>) -> (u16, String) {
