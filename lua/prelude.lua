@@ -116,6 +116,19 @@ local function credit(tokens, ts, now, emission, burst)
   return tokens, ts + add * emission, t_eff
 end
 
+-- The bucket under KEYS[1] (a missing key is a full bucket) credited up to `now` (see
+-- `credit`): the tokens, the time the last whole token was credited, and the time waits are
+-- measured from.
+local function stored_bucket(now, emission, burst)
+  local tokens, ts = burst, now
+  local st = redis.call('HMGET', KEYS[1], 'n', 't')
+  if st[1] or st[2] then
+    tokens = stored_int(st[1], 'token count')
+    ts = stored_int(st[2], 'timestamp')
+  end
+  return credit(tokens, ts, now, emission, burst)
+end
+
 -- Time from `now` until a bucket credited as above holds `want` whole tokens.
 local function bucket_wait(tokens, ts, t_eff, now, emission, want)
   if tokens >= want then

@@ -5,14 +5,7 @@
 -- ARGV     now|'', emission_us, burst, cost
 local now, emission, burst, cost, tolerance = bucket_args()
 
-local tokens, ts = burst, now
-local st = redis.call('HMGET', KEYS[1], 'n', 't')
-if st[1] or st[2] then
-  tokens = stored_int(st[1], 'token count')
-  ts = stored_int(st[2], 'timestamp')
-end
-local t_eff
-tokens, ts, t_eff = credit(tokens, ts, now, emission, burst)
+local tokens, ts, t_eff = stored_bucket(now, emission, burst)
 
 -- Time from now until `want` whole tokens are in the bucket.
 local function wait_for(want)

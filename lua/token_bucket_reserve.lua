@@ -10,14 +10,7 @@ if up_to < cost then
   up_to = cost
 end
 
-local tokens, ts = burst, now
-local st = redis.call('HMGET', KEYS[1], 'n', 't')
-if st[1] or st[2] then
-  tokens = stored_int(st[1], 'token count')
-  ts = stored_int(st[2], 'timestamp')
-end
-local t_eff
-tokens, ts, t_eff = credit(tokens, ts, now, emission, burst)
+local tokens, ts, t_eff = stored_bucket(now, emission, burst)
 
 if cost > burst then
   return { 0, tokens, -1, bucket_wait(tokens, ts, t_eff, now, emission, burst), 0 }
