@@ -14,7 +14,7 @@ use std::{
 
 use bytes::Bytes;
 use common::{
-    upstream::{Style, Upstream},
+    upstream::{Fixed, Style, Upstream},
     RedisServer,
 };
 use http::{Request, StatusCode};
@@ -422,6 +422,128 @@ async fn a_rate_limited_get_is_sent_again_after_the_pause() {
     assert_eq!(layer.adaptive_stats().unwrap().retried, retried);
 }
 
+/// An upstream that refuses every call (429 or 503) but says to come back at once, in each
+/// way a header can say it: `Retry-After: 0` or a date in the past, a `RateLimit` window of
+/// none left resetting now, the earlier drafts' and the `X-RateLimit-*` headers with a reset
+/// of 0 or in the past. Each answer still pauses every instance for `DEFAULT_429_PAUSE`, as a
+/// retry waits: the pause is in the shared state (exactly, on the in-memory store's stopped
+/// clock; most of it still ahead on Redis), and the calls made meanwhile never reach the
+/// upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    use tower_redis_ratelimit::{
+        throttle::DEFAULT_429_PAUSE, Key, ManualClock, MemoryStore, StoreKey, ThrottleError,
+        Upstreams,
+    };
+
+    let redis = RedisServer::start();
+    let an_hour_ago = SystemTime::now() - Duration::from_secs(3_600);
+    let past_date = httpdate::fmt_http_date(an_hour_ago);
+    let past_unix = an_hour_ago
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let (too_many, unavailable) = (
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
+    let forms: Vec<(StatusCode, Vec<(&str, &str)>)> = vec![
+        (too_many, vec![("retry-after", "0")]),
+        (too_many, vec![("retry-after", &past_date)]),
+        (unavailable, vec![("retry-after", "0")]),
+        (unavailable, vec![("retry-after", &past_date)]),
+        (too_many, vec![("ratelimit", "\"x\";r=0;t=0")]),
+        (
+            too_many,
+            vec![("ratelimit", "\"x\";r=0;t=0"), ("retry-after", "0")],
+        ),
+        (
+            too_many,
+            vec![("ratelimit-remaining", "0"), ("ratelimit-reset", "0")],
+        ),
+        (
+            too_many,
+            vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "0")],
+        ),
+        (
+            too_many,
+            vec![
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", &past_unix),
+            ],
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (form, (status, headers)) in forms.iter().enumerate() {
+        for on_redis in [false, true] {
+            let label = format!(
+                "{status} {headers:?} on {}",
+                if on_redis { "redis" } else { "memory" }
+            );
+            let up = Fixed::start(*status, headers).await;
+            // The in-memory store's clock stands still: the pause it records is exact.
+            let store: Arc<dyn Upstreams> = if on_redis {
+                Arc::new(redis.store().await)
+            } else {
+                Arc::new(MemoryStore::with_clock(ManualClock::new()))
+            };
+            let prefix = format!("zero{form}-{}", u8::from(on_redis));
+            let limiter = RateLimiter::builder(
+                MemoryStore::new(),
+                Gcra::new(Quota::per_second(10_000)).unwrap(),
+            )
+            .prefix(&prefix)
+            .build()
+            .unwrap();
+            let layer =
+                ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
+                    .adaptive(Arc::clone(&store))
+                    // A call that would have to wait fails at once.
+                    .max_wait(Duration::ZERO);
+            let svc = ServiceBuilder::new().layer(layer).service(http());
+
+            let req = Request::get(up.url()).body(Empty::new()).unwrap();
+            let first = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(first.status(), *status, "{label}");
+
+            let key = Key::from("up");
+            let namespace = format!("{prefix}:default");
+            let mut not_paused = Vec::new();
+            for _ in 0..5 {
+                let req = Request::get(up.url()).body(Empty::new()).unwrap();
+                match svc.clone().oneshot(req).await {
+                    Err(e)
+                        if matches!(
+                            e.downcast_ref::<ThrottleError>(),
+                            Some(ThrottleError::UpstreamPaused { .. })
+                        ) => {}
+                    other => not_paused.push(format!("{:?}", other.map(|r| r.status()))),
+                }
+            }
+            let gate = store
+                .take(StoreKey::new(&namespace, Some(&key)), 1)
+                .await
+                .unwrap();
+            let paused = !gate.go
+                && if on_redis {
+                    gate.wait > DEFAULT_429_PAUSE / 2 && gate.wait <= DEFAULT_429_PAUSE
+                } else {
+                    gate.wait == DEFAULT_429_PAUSE
+                };
+            if !paused || !not_paused.is_empty() || up.calls() != 1 {
+                problems.push(format!(
+                    "{label}: shared state {gate:?}; {} calls reached the upstream; \
+                     calls not held back by the pause: {not_paused:?}",
+                    up.calls()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Review findings (issue 14), each guarded by a test that failed before its fix.
 mod review {
     use super::*;
@@ -559,30 +681,6 @@ mod review {
         );
     }
 
-    /// An upstream answering every call with 429, and a handle on how often it was called.
-    async fn always_429(
-        headers: &'static [(&'static str, &'static str)],
-    ) -> (String, Arc<std::sync::atomic::AtomicU64>) {
-        use axum::{response::IntoResponse, routing::any, Router};
-        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let c = calls.clone();
-        let app = Router::new().route(
-            "/",
-            any(move || {
-                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut h = http::HeaderMap::new();
-                for (k, v) in headers {
-                    h.insert(*k, v.parse().unwrap());
-                }
-                async move { (StatusCode::TOO_MANY_REQUESTS, h, "no").into_response() }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (format!("http://{addr}/"), calls)
-    }
-
     fn retrying(
         store: RedisStore,
         prefix: &str,
@@ -617,14 +715,14 @@ mod review {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_zero_retry_after_does_not_make_a_retry_storm() {
         let redis = RedisServer::start();
-        let (url, calls) = always_429(&[("retry-after", "0")]).await;
+        let up = Fixed::start(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "0")]).await;
         let (svc, _) = retrying(redis.store().await, "storm", Duration::from_secs(60));
-        let req = Request::get(&url).body(Empty::new()).unwrap();
+        let req = Request::get(up.url()).body(Empty::new()).unwrap();
         assert_eq!(
             svc.oneshot(req).await.unwrap(),
             StatusCode::TOO_MANY_REQUESTS
         );
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(up.calls(), 3);
     }
 
     /// A 429 whose window outlasts the maximum wait is the answer, not an error (before the
@@ -632,15 +730,18 @@ mod review {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_429_that_cannot_be_retried_is_the_answer() {
         let redis = RedisServer::start();
-        let (url, calls) =
-            always_429(&[("retry-after", "1"), ("ratelimit", "\"a\";r=0;t=30")]).await;
+        let up = Fixed::start(
+            StatusCode::TOO_MANY_REQUESTS,
+            &[("retry-after", "1"), ("ratelimit", "\"a\";r=0;t=30")],
+        )
+        .await;
         let (svc, _) = retrying(redis.store().await, "kept", Duration::from_secs(60));
-        let req = Request::get(&url).body(Empty::new()).unwrap();
+        let req = Request::get(up.url()).body(Empty::new()).unwrap();
         assert_eq!(
             svc.oneshot(req).await.unwrap(),
             StatusCode::TOO_MANY_REQUESTS
         );
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(up.calls(), 1);
     }
 
     /// `max_pause(Duration::MAX)` and a `Retry-After` of 19 digits: no panic, and the state
@@ -649,10 +750,14 @@ mod review {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_huge_pause_under_a_huge_cap_neither_panics_nor_corrupts() {
         let redis = RedisServer::start();
-        let (url, _) = always_429(&[("retry-after", "9999999999999999999")]).await;
+        let up = Fixed::start(
+            StatusCode::TOO_MANY_REQUESTS,
+            &[("retry-after", "9999999999999999999")],
+        )
+        .await;
         let (svc, layer) = retrying(redis.store().await, "huge", Duration::MAX);
         for _ in 0..2 {
-            let req = Request::get(&url).body(Empty::new()).unwrap();
+            let req = Request::get(up.url()).body(Empty::new()).unwrap();
             let _ = svc.clone().oneshot(req).await;
         }
         let stats = layer.adaptive_stats().unwrap();

@@ -72,7 +72,10 @@ const EPOCH_MILLIS: u64 = 1_000_000_000_000;
 /// `RateLimit-Reset`, `X-RateLimit-Remaining` / `X-RateLimit-Reset`. A reset of
 /// 1,000,000,000 or more is a Unix time (in milliseconds from 10^12), otherwise seconds from
 /// now. A pause comes from `Retry-After` on a 429 or a 503; a 429 without one pauses for
-/// [`DEFAULT_429_PAUSE`], or until the window resets when the answer says none is left.
+/// [`DEFAULT_429_PAUSE`], or until the window resets when the answer says none is left. A
+/// 429 or 503 that says to come back at once (`Retry-After: 0`, a date in the past, a window
+/// of none left that resets now or has reset) pauses for [`DEFAULT_429_PAUSE`] too (cut to
+/// `max_pause` when that is shorter).
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -145,11 +148,25 @@ pub fn read_limits(
             None => None,
         };
         if let Some((p, from)) = pause {
-            r.learned.pause = Some(cap(p, max_pause, &mut r.capped));
+            r.learned.pause = Some(cap(at_least_a_moment(p), max_pause, &mut r.capped));
             r.pause_from = Some(from);
         }
     }
     r
+}
+
+/// The pause of an answer that refuses calls: what it said, or [`DEFAULT_429_PAUSE`] when it
+/// said to come back at once (`Retry-After: 0`, a date in the past, a window that resets
+/// now), so that an upstream refusing every call is not called again at once by every
+/// instance. A retry waits the same ([`ThrottleLayer::retry_rate_limited`]).
+///
+/// [`ThrottleLayer::retry_rate_limited`]: crate::ThrottleLayer::retry_rate_limited
+pub(crate) fn at_least_a_moment(pause: Duration) -> Duration {
+    if pause.is_zero() {
+        DEFAULT_429_PAUSE
+    } else {
+        pause
+    }
 }
 
 fn cap(d: Duration, max: Duration, capped: &mut u32) -> Duration {
@@ -347,6 +364,58 @@ mod tests {
         assert_eq!(r.learned.pause, Some(Duration::from_secs(8)));
         // Not on a 200.
         assert_eq!(read(200, &[("retry-after", "5")]).learned.pause, None);
+    }
+
+    #[test]
+    fn a_refusal_saying_to_come_back_at_once_pauses_the_default() {
+        let past = "Tue, 14 Nov 2023 22:13:00 GMT";
+        for (status, pairs) in [
+            (429, &[("retry-after", "0")][..]),
+            (429, &[("retry-after", past)][..]),
+            (503, &[("retry-after", "0")][..]),
+            (503, &[("retry-after", past)][..]),
+            (429, &[("ratelimit", "\"x\";r=0;t=0")][..]),
+            (
+                429,
+                &[("ratelimit-remaining", "0"), ("ratelimit-reset", "0")][..],
+            ),
+            (
+                429,
+                &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "0")][..],
+            ),
+            (
+                429,
+                &[
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", "1600000000"),
+                ][..],
+            ),
+        ] {
+            let r = read(status, pairs);
+            assert_eq!(
+                r.learned.pause,
+                Some(DEFAULT_429_PAUSE),
+                "{status} {pairs:?}"
+            );
+        }
+        // Cut to a shorter cap, as any pause.
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("0"));
+        let r = read_limits(
+            StatusCode::TOO_MANY_REQUESTS,
+            &h,
+            SystemTime::now(),
+            Duration::from_millis(300),
+        );
+        assert_eq!(
+            (r.learned.pause, r.capped),
+            (Some(Duration::from_millis(300)), 1)
+        );
+        // Not a refusal: a 200 whose window has reset says when units come back, and a 503
+        // without `Retry-After` says nothing of the limit.
+        let r = read(200, &[("ratelimit", "\"x\";r=0;t=0")]);
+        assert_eq!(r.learned, Learned::new().window(0, Duration::ZERO));
+        assert_eq!(read(503, &[]).learned.pause, None);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::{
     adaptive::{Adaptive, Counters},
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
-    learn::{read_limits, DEFAULT_429_PAUSE},
+    learn::{at_least_a_moment, read_limits},
 };
 use crate::{
     store::{within, Blind, Learned},
@@ -305,11 +305,10 @@ where
         };
         let (learned, rate_limited) = observe(adaptive, limiter, settings.max_pause, &res);
         record(adaptive, limiter, &key, learned, how).await;
-        // A 429 that says to come back at once still waits the default pause.
-        let pause = learned
-            .pause
-            .filter(|p| !p.is_zero())
-            .unwrap_or(DEFAULT_429_PAUSE);
+        // A 429 that says to come back at once still waits the default pause: the store
+        // holds it (read_limits), unless `max_pause` cut it to nothing; then the retry waits
+        // it here.
+        let pause = at_least_a_moment(learned.pause.unwrap_or_default());
         match copy {
             Some(copy) if rate_limited && fits(pause, deadline) => {
                 Counters::add(&adaptive.counters.retried, 1);

@@ -1,6 +1,7 @@
 //! A third-party API for the outbound tests: an axum server on loopback that enforces its own
 //! limit (a fixed window aligned to whole seconds) and tells it in one of several header
-//! styles, with a limit its clients are not told and that can change while they run.
+//! styles, with a limit its clients are not told and that can change while they run; and
+//! [`Fixed`], an upstream giving every call the same answer.
 
 use std::{
     net::SocketAddr,
@@ -185,4 +186,54 @@ fn answer(
         _ => put("retry-after", reset.to_string()),
     }
     (StatusCode::TOO_MANY_REQUESTS, h, "slow down")
+}
+
+/// An upstream that answers every call with `status` and `headers`, whatever was asked.
+pub struct Fixed {
+    pub addr: SocketAddr,
+    calls: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fixed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Fixed {
+    pub async fn start(status: StatusCode, headers: &[(&str, &str)]) -> Self {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        let app = Router::new().route(
+            "/",
+            any(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                let h = h.clone();
+                async move { (status, h, "fixed answer") }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, calls, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Calls that reached it so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
 }
