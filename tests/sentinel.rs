@@ -18,7 +18,8 @@ use std::{
 use common::{
     gateway::{get, start_gateway},
     keys_with_pttl, limiter,
-    sentinel::{SentinelSetup, MASTER},
+    sentinel::{Sentinel, SentinelSetup, MASTER},
+    RedisServer,
 };
 use tower_redis_ratelimit::{
     CircuitBreaker, ConnectErrorKind, Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow,
@@ -474,6 +475,109 @@ async fn stopped_sentinels_are_bounded_by_the_connect_timeout() {
         took >= connect_timeout && took < connect_timeout + Duration::from_secs(1),
         "took {took:?}"
     );
+}
+
+/// A Sentinel that names a server refusing the primary's password (a decoy with a password
+/// of its own), next to two that name the primary: the store connects to the primary, even
+/// when the decoy's Sentinel answers first (the two others are stopped until its answer has
+/// been tried); the same with a Sentinel naming a server that never answers. When no
+/// Sentinel names a server that works, the error gives each one's
+/// failure: with the kind of failure when every server named refused the same way, else
+/// `NoPrimary`.
+#[tokio::test]
+async fn a_sentinel_naming_a_server_that_refuses_the_password_does_not_hide_the_primary() {
+    let mut primary = RedisServer::start_with(&["--requirepass", "pw1"]);
+    let decoy = RedisServer::start_with(&["--requirepass", "pw2"]);
+    let liar = Sentinel::watching(decoy.port, Some("pw2"));
+    let honest = [
+        Sentinel::watching(primary.port, Some("pw1")),
+        Sentinel::watching(primary.port, Some("pw1")),
+    ];
+    let all: Vec<String> = [&liar, &honest[0], &honest[1]]
+        .iter()
+        .map(|s| s.url())
+        .collect();
+    let connect = |sentinels: Vec<String>| async move {
+        RedisStore::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .primary_auth(None, "pw1")
+            .connect_sentinel(&sentinels, MASTER)
+            .await
+    };
+
+    for s in &honest {
+        s.signal("-STOP");
+    }
+    let connecting = tokio::spawn(connect(all.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in &honest {
+        s.signal("-CONT");
+    }
+    let store = connecting
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the decoy's Sentinel answered first: {e}"));
+    let l = limiter(store, Gcra::new(Quota::per_minute(5)).unwrap(), "liar");
+    assert!(l.check("k", 1).await.unwrap().allowed);
+    let mut on_primary = redis::Client::open(format!("redis://:pw1@127.0.0.1:{}", primary.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(!keys_with_pttl(&mut on_primary, "{liar*").is_empty());
+    // In whatever order the Sentinels answer.
+    for _ in 0..3 {
+        connect(all.clone())
+            .await
+            .unwrap_or_else(|e| panic!("the Sentinels answering in any order: {e}"));
+    }
+
+    // A Sentinel naming a server that accepts connections and never answers, first: the
+    // primary named meanwhile is tried without waiting for it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute = Sentinel::watching(silent.local_addr().unwrap().port(), None);
+    for s in &honest {
+        s.signal("-STOP");
+    }
+    let connecting = tokio::spawn(connect(vec![mute.url(), honest[0].url(), honest[1].url()]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in &honest {
+        s.signal("-CONT");
+    }
+    connecting
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("a Sentinel named a server that never answers: {e}"));
+
+    // No Sentinel names a server that takes the password: the kind says so, and the message
+    // names the server and the Sentinel that named it.
+    let e = connect_error(connect(vec![liar.url()]).await);
+    assert_eq!(e.kind(), ConnectErrorKind::AuthFailed, "{e}");
+    for needle in [
+        format!("primary 127.0.0.1:{}", decoy.port),
+        format!("sentinel 127.0.0.1:{}", liar.port),
+    ] {
+        assert!(e.message().contains(&needle), "{needle}: {e}");
+    }
+    // The primary down too: the decoy refused the password, the primary is unreachable.
+    primary.kill();
+    let e = connect_error(connect(all).await);
+    assert_eq!(e.kind(), ConnectErrorKind::NoPrimary, "{e}");
+    for needle in [
+        format!("primary 127.0.0.1:{}", decoy.port),
+        format!("primary 127.0.0.1:{}", primary.port),
+        "authentication failed".to_owned(),
+        "unreachable".to_owned(),
+    ] {
+        assert!(e.message().contains(&needle), "{needle}: {e}");
+    }
+}
+
+fn connect_error(result: Result<RedisStore, Error>) -> tower_redis_ratelimit::ConnectError {
+    match result {
+        Err(Error::Connect(e)) => e,
+        Err(other) => panic!("expected a connect error, got {other:?}"),
+        Ok(_) => panic!("connected through Sentinels that name no working primary"),
+    }
 }
 
 #[test]

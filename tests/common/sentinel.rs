@@ -34,12 +34,25 @@ pub struct Sentinel {
 }
 
 impl Sentinel {
-    /// Starts a Sentinel monitoring `127.0.0.1:primary_port`; retries on another port when
-    /// the first one was taken meanwhile.
+    /// Starts a Sentinel monitoring `127.0.0.1:primary_port` with a quorum of 2; retries on
+    /// another port when the first one was taken meanwhile.
     fn start(primary_port: u16) -> Self {
+        Self::start_with(primary_port, 2, "")
+    }
+
+    /// Starts a Sentinel of its own monitoring `127.0.0.1:primary_port` as [`MASTER`] (quorum
+    /// 1), logging in to it with `auth_pass` when given. It names that server at once.
+    pub fn watching(primary_port: u16, auth_pass: Option<&str>) -> Self {
+        let auth = auth_pass
+            .map(|pw| format!("sentinel auth-pass {MASTER} {pw}\n"))
+            .unwrap_or_default();
+        Self::start_with(primary_port, 1, &auth)
+    }
+
+    fn start_with(primary_port: u16, quorum: u32, extra: &str) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
-            match Self::spawn(free_port(), primary_port) {
+            match Self::spawn(free_port(), primary_port, quorum, extra) {
                 Ok(sentinel) => return sentinel,
                 Err(e) => last_error = e,
             }
@@ -47,7 +60,7 @@ impl Sentinel {
         panic!("redis-server --sentinel did not come up on 127.0.0.1: {last_error}");
     }
 
-    fn spawn(port: u16, primary_port: u16) -> Result<Self, String> {
+    fn spawn(port: u16, primary_port: u16, quorum: u32, extra: &str) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("trr-sentinel-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -60,10 +73,11 @@ impl Sentinel {
              daemonize no\n\
              dir {dir}\n\
              logfile {log}\n\
-             sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
+             sentinel monitor {MASTER} 127.0.0.1 {primary_port} {quorum}\n\
              sentinel down-after-milliseconds {MASTER} 1000\n\
              sentinel failover-timeout {MASTER} 5000\n\
-             sentinel parallel-syncs {MASTER} 1\n",
+             sentinel parallel-syncs {MASTER} 1\n\
+             {extra}",
             dir = dir.display(),
             log = dir.join("sentinel.log").display(),
         );

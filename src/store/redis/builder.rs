@@ -132,8 +132,11 @@ impl RedisStoreBuilder {
     /// `redis://10.0.0.1:26379`; `rediss://` when Sentinels and Redis use TLS) name for
     /// `master`.
     ///
-    /// Every Sentinel is asked at once; the first primary named that answers `ROLE` as a
-    /// primary is used. After a failover the old primary answers `READONLY` or drops its
+    /// Every Sentinel is asked at once, and each distinct address named is tried as soon as
+    /// it is named; the first that takes the credentials and answers `ROLE` as a primary is
+    /// used, so one Sentinel naming a wrong server does not hide the primary the others name.
+    /// When none works, the [`ConnectError`] lists every Sentinel's answer and every named
+    /// server's failure. After a failover the old primary answers `READONLY` or drops its
     /// connections; the store then asks the Sentinels again, so checks go to the new primary
     /// once Sentinel has promoted it (the checks in between go to the failure policy).
     pub async fn connect_sentinel<S: AsRef<str>>(

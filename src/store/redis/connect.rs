@@ -256,8 +256,14 @@ impl Connector {
         Ok(opened)
     }
 
-    /// Asks every Sentinel at once for the primary of `master` and opens a connection to the
-    /// first address named that answers `ROLE` as a primary.
+    /// Asks every Sentinel at once for the primary of `master`, and tries each distinct
+    /// address named as soon as it is named, all at once: the first that accepts the
+    /// credentials and answers `ROLE` as a primary is used. A Sentinel that names a wrong
+    /// server (one that refuses the password, one that does not answer, a replica) does not
+    /// fail the lookup while another names the primary. When none works, the error lists every
+    /// Sentinel's answer and every primary's failure; its kind is that of the primaries'
+    /// failures when they all refused the same way (the password, the certificate), else
+    /// [`ConnectErrorKind::NoPrimary`].
     async fn open_primary(
         &self,
         sentinels: &[ConnectionInfo],
@@ -266,90 +272,160 @@ impl Connector {
         tls: bool,
         phase: &Phase,
     ) -> Result<Opened, Error> {
-        let mut asks: FuturesUnordered<_> = sentinels
+        let mut pending: FuturesUnordered<BoxFuture<'_, Lookup>> = sentinels
             .iter()
-            .map(|sentinel| async move {
-                let name = sentinel.addr().to_string();
-                let opened = self
-                    .open_addr(
-                        sentinel.addr(),
-                        sentinel.redis_settings(),
-                        &Phase::default(),
-                    )
-                    .await
-                    .map_err(|e| format!("sentinel {name}: {e}"))?;
-                let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(master)
-                    .query_async(&mut opened.conn.clone())
-                    .await
-                    .map_err(|e| format!("sentinel {name}: {e}"))?;
-                reply.ok_or_else(|| format!("sentinel {name} does not know {master:?}"))
+            .map(|sentinel| {
+                async move {
+                    let name = sentinel.addr().to_string();
+                    let answer = self.ask_sentinel(sentinel, master).await;
+                    Lookup::Named {
+                        sentinel: name,
+                        answer,
+                    }
+                }
+                .boxed()
             })
             .collect();
         let mut problems = Vec::new();
         let mut tried = Vec::new();
-        while let Some(answer) = asks.next().await {
-            let (host, port) = match answer {
-                Ok(addr) => addr,
-                Err(problem) => {
-                    problems.push(problem);
-                    continue;
+        // How each primary tried failed: `Some(kind)` when it refused the connection that way.
+        let mut refusals: Vec<Option<ConnectErrorKind>> = Vec::new();
+        while let Some(event) = pending.next().await {
+            match event {
+                Lookup::Named {
+                    answer: Err(problem),
+                    ..
+                } => problems.push(problem),
+                Lookup::Named {
+                    sentinel,
+                    answer: Ok((host, port)),
+                } => {
+                    if tried.contains(&(host.clone(), port)) {
+                        continue;
+                    }
+                    tried.push((host.clone(), port));
+                    let addr = if tls {
+                        ConnectionAddr::TcpTls {
+                            host,
+                            port,
+                            insecure: false,
+                            tls_params: None,
+                        }
+                    } else {
+                        ConnectionAddr::Tcp(host, port)
+                    };
+                    pending.push(
+                        async move {
+                            let outcome = self.try_primary(&addr, settings, phase).await;
+                            Lookup::Tried {
+                                named: format!("primary {addr} (named by sentinel {sentinel})"),
+                                outcome,
+                            }
+                        }
+                        .boxed(),
+                    );
                 }
-            };
-            if tried.contains(&(host.clone(), port)) {
-                continue;
-            }
-            tried.push((host.clone(), port));
-            let addr = if tls {
-                ConnectionAddr::TcpTls {
-                    host,
-                    port,
-                    insecure: false,
-                    tls_params: None,
+                Lookup::Tried {
+                    outcome: Ok(opened),
+                    ..
+                } => return Ok(opened),
+                Lookup::Tried {
+                    named,
+                    outcome: Err((refused, problem)),
+                } => {
+                    refusals.push(refused);
+                    problems.push(format!("{named}: {problem}"));
                 }
-            } else {
-                ConnectionAddr::Tcp(host, port)
-            };
-            let opened = match self.open_addr(&addr, settings, phase).await {
-                Ok(opened) => opened,
-                // A refused password or certificate is the answer, whichever Sentinel named
-                // the primary.
-                Err(e @ Error::Connect(_)) if !is_transient(&e) => return Err(e),
-                Err(e) => {
-                    problems.push(format!("primary {addr}: {e}"));
-                    continue;
-                }
-            };
-            // During a failover a Sentinel may still name the old primary.
-            // A server that fails `ROLE` (it went down, or it is loading) is one problem
-            // among the answers, not the end of the search.
-            let role: redis::Value = match redis::cmd("ROLE")
-                .query_async(&mut opened.conn.clone())
-                .await
-            {
-                Ok(role) => role,
-                Err(e) => {
-                    problems.push(format!(
-                        "primary {addr}: ROLE failed: {}",
-                        classify(&addr.to_string(), e)
-                    ));
-                    continue;
-                }
-            };
-            match role_name(&role) {
-                Some("master") => return Ok(opened),
-                other => problems.push(format!(
-                    "{addr}, named by a sentinel, is a {} now",
-                    other.unwrap_or("server of unknown role")
-                )),
             }
         }
+        let kind = match refusals.split_first() {
+            Some((Some(first), rest)) if rest.iter().all(|k| *k == Some(*first)) => *first,
+            _ => ConnectErrorKind::NoPrimary,
+        };
         Err(connect_error(
-            ConnectErrorKind::NoPrimary,
+            kind,
             format!("no primary for {master:?}: {}", problems.join("; ")),
         ))
     }
+
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one Sentinel; why not, as a problem.
+    async fn ask_sentinel(
+        &self,
+        sentinel: &ConnectionInfo,
+        master: &str,
+    ) -> Result<(String, u16), String> {
+        let name = sentinel.addr().to_string();
+        let opened = self
+            .open_addr(
+                sentinel.addr(),
+                sentinel.redis_settings(),
+                &Phase::default(),
+            )
+            .await
+            .map_err(|e| format!("sentinel {name}: {e}"))?;
+        let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(master)
+            .query_async(&mut opened.conn.clone())
+            .await
+            .map_err(|e| format!("sentinel {name}: {e}"))?;
+        reply.ok_or_else(|| format!("sentinel {name} does not know {master:?}"))
+    }
+
+    /// Opens a connection to a primary a Sentinel named and checks that it is one (`ROLE`;
+    /// during a failover a Sentinel may still name the old primary). Why not, as a problem,
+    /// with the kind of failure when the server refused the connection (a password, a
+    /// certificate).
+    async fn try_primary(
+        &self,
+        addr: &ConnectionAddr,
+        settings: &RedisConnectionInfo,
+        phase: &Phase,
+    ) -> Result<Opened, (Option<ConnectErrorKind>, String)> {
+        let opened = match self.open_addr(addr, settings, phase).await {
+            Ok(opened) => opened,
+            Err(e @ Error::Connect(_)) if !is_transient(&e) => {
+                let kind = match &e {
+                    Error::Connect(c) => Some(c.kind()),
+                    _ => None,
+                };
+                return Err((kind, e.to_string()));
+            }
+            Err(e) => return Err((None, e.to_string())),
+        };
+        // A server that fails `ROLE` (it went down, or it is loading) is one problem among
+        // the answers, not the end of the search.
+        let role: redis::Value = redis::cmd("ROLE")
+            .query_async(&mut opened.conn.clone())
+            .await
+            .map_err(|e| {
+                (
+                    None,
+                    format!("ROLE failed: {}", classify(&addr.to_string(), e)),
+                )
+            })?;
+        match role_name(&role) {
+            Some("master") => Ok(opened),
+            other => Err((
+                None,
+                format!("is a {} now", other.unwrap_or("server of unknown role")),
+            )),
+        }
+    }
+}
+
+/// What a step of a Sentinel lookup found.
+enum Lookup {
+    /// A Sentinel's answer: the primary's address, or why there is none.
+    Named {
+        sentinel: String,
+        answer: Result<(String, u16), String>,
+    },
+    /// A named primary, tried.
+    Tried {
+        named: String,
+        outcome: Result<Opened, (Option<ConnectErrorKind>, String)>,
+    },
 }
 
 /// Reads the target of a Sentinel store: every Sentinel URL (`redis://` or `rediss://`),
