@@ -128,6 +128,14 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(n.checked_mul(unit)?))
 }
 
+/// Redis URLs as printed (stdout, stderr): each with `***` in place of its password.
+fn shown(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| RedisStore::redact_url(url))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn url_list(value: &str) -> Option<Vec<String>> {
     let urls: Vec<String> = value
         .split(',')
@@ -609,10 +617,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect_cluster(nodes)
                 .await
-                .map_err(|e| format!("--redis-cluster {}: {e}", nodes.join(",")))?;
+                .map_err(|e| format!("--redis-cluster {}: {e}", shown(nodes)))?;
             println!(
                 "store: redis cluster via {} (shared by every instance pointing at it)",
-                nodes.join(",")
+                shown(nodes)
             );
             Arc::new(batching(store)?)
         }
@@ -621,19 +629,20 @@ async fn run(args: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect_sentinel(sentinels, master)
                 .await
-                .map_err(|e| format!("--redis-sentinel {}: {e}", sentinels.join(",")))?;
+                .map_err(|e| format!("--redis-sentinel {}: {e}", shown(sentinels)))?;
             println!(
                 "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
-                sentinels.join(",")
+                shown(sentinels)
             );
             Arc::new(batching(store)?)
         }
         (Some(url), _, _) => {
+            let shown = RedisStore::redact_url(url);
             let store = builder
                 .connect(url)
                 .await
-                .map_err(|e| format!("--redis {url}: {e}"))?;
-            println!("store: redis at {url}{lazy} (shared by every instance pointing at it)");
+                .map_err(|e| format!("--redis {shown}: {e}"))?;
+            println!("store: redis at {shown}{lazy} (shared by every instance pointing at it)");
             Arc::new(batching(store)?)
         }
         (None, None, None) => {

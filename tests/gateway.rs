@@ -491,6 +491,135 @@ fn shadow_never_rejects_and_logs_each_would_be_denial() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The gateway never prints a Redis password, on stdout or on stderr (logs at `trace`
+/// included), whether it connects, is refused, starts lazily and fails later, or is given a
+/// URL it cannot parse; for `--redis`, `--redis-sentinel` and `--redis-cluster`. Where it shows
+/// a URL, the password is `***`.
+#[test]
+fn the_gateway_never_prints_a_redis_password() {
+    const SECRETS: [&str; 3] = ["gw-secret-1", "gw-secret-2", "gw-wrong-3"];
+    let redis = RedisServer::start_with(&[
+        "--requirepass",
+        SECRETS[0],
+        "--user",
+        "limiter",
+        "on",
+        &format!(">{}", SECRETS[1]),
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let port = redis.port;
+    let dead = common::free_port();
+    let stderr_file = std::env::temp_dir().join(format!("trr-gateway-stderr-{port}"));
+    let leaks = |what: &str, out: &str| {
+        for secret in SECRETS {
+            assert!(!out.contains(secret), "{what} shows {secret}: {out}");
+        }
+    };
+
+    // Connected, as the default user and as an ACL user: the banner shows the URL without its
+    // password, and checks (logged at trace) run on Redis.
+    for (user, url, want) in [
+        (
+            "default",
+            format!("redis://:{}@127.0.0.1:{port}", SECRETS[0]),
+            format!("store: redis at redis://:***@127.0.0.1:{port} "),
+        ),
+        (
+            "limiter",
+            format!("redis://limiter:{}@127.0.0.1:{port}/0", SECRETS[1]),
+            format!("store: redis at redis://limiter:***@127.0.0.1:{port}/0 "),
+        ),
+    ] {
+        let stderr = std::fs::File::create(&stderr_file).unwrap();
+        let gw = start_gateway_with_stderr(
+            &[
+                "--redis", &url, "--log", "trace", "--limit", "2", "--per", "1h", "--prefix", user,
+            ],
+            stderr,
+        );
+        let statuses: Vec<u16> = (0..3).map(|_| get(gw.addr, "").0).collect();
+        assert_eq!(statuses, [200, 200, 429], "{url}");
+        let stdout = gw.banner.join("\n");
+        drop(gw);
+        let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+        assert!(stdout.contains(&want), "{want}: {stdout}");
+        assert!(stderr.contains("rate limit: decided"), "no log: {stderr}");
+        leaks("stdout", &stdout);
+        leaks("stderr", &stderr);
+    }
+
+    // Refused (a wrong password), unreachable, unparsable: the one error line shows no
+    // password.
+    let wrong = format!("redis://:{}@127.0.0.1:{port}", SECRETS[2]);
+    let dead_url = format!("redis://:{}@127.0.0.1:{dead}", SECRETS[0]);
+    let dead_user_url = format!("rediss://limiter:{}@127.0.0.1:{dead}", SECRETS[1]);
+    let no_scheme = format!(":{}@127.0.0.1:{port}", SECRETS[0]);
+    let bad_sentinel = format!("redis://:{}@127.0.0.1:{dead}/x", SECRETS[0]);
+    for args in [
+        vec!["--redis", &wrong],
+        vec!["--redis", &dead_url],
+        vec!["--redis", &no_scheme],
+        vec!["--redis-sentinel", &dead_url, "--sentinel-master", "m"],
+        vec![
+            "--redis-sentinel",
+            &format!("{dead_user_url},{dead_url}"),
+            "--sentinel-master",
+            "m",
+        ],
+        vec!["--redis-sentinel", &bad_sentinel, "--sentinel-master", "m"],
+        vec!["--redis-cluster", &dead_url],
+        vec!["--redis-cluster", &format!("{dead_url},{wrong}")],
+        vec!["--redis-cluster", &dead_url, "--lazy-connect"],
+    ] {
+        let out = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0", "--connect-timeout-ms", "500"])
+            .args(["--log", "trace"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(!out.status.success(), "{args:?} started: {stdout}");
+        assert!(stderr.contains("error: --redis"), "{args:?}: {stderr}");
+        assert!(stderr.contains(":***@"), "{args:?}: {stderr}");
+        leaks("stdout", &stdout);
+        leaks("stderr", &stderr);
+    }
+
+    // Lazy: started with a wrong password, then failing on each check (logged).
+    for args in [
+        vec!["--redis", &wrong],
+        vec!["--redis-sentinel", &dead_url, "--sentinel-master", "m"],
+    ] {
+        let stderr = std::fs::File::create(&stderr_file).unwrap();
+        let mut all = args.clone();
+        all.extend([
+            "--lazy-connect",
+            "--log",
+            "trace",
+            "--on-redis-error",
+            "closed",
+        ]);
+        let gw = start_gateway_with_stderr(&all, stderr);
+        assert_eq!(get(gw.addr, "").0, 503, "{args:?}");
+        let stdout = gw.banner.join("\n");
+        drop(gw);
+        let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+        assert!(stdout.contains(":***@"), "{args:?}: {stdout}");
+        assert!(
+            stderr.contains("cannot connect to redis"),
+            "{args:?}: {stderr}"
+        );
+        leaks("stdout", &stdout);
+        leaks("stderr", &stderr);
+    }
+    let _ = std::fs::remove_file(&stderr_file);
+}
+
 /// `--plan KEY=N/PERIOD` gives a key its own quota, with each algorithm, in memory, on
 /// Redis and on a cluster; a plan that cannot work, or without `--key header:NAME`, stops the gateway at
 /// start-up.

@@ -9,6 +9,7 @@ use super::{
     backend::Backend,
     connect::{self, Connector, Target},
     connection::Supervised,
+    redact::redact_url,
     RedisStore,
 };
 use crate::{ConfigError, ConnectError, ConnectErrorKind, Error};
@@ -209,14 +210,15 @@ impl RedisStoreBuilder {
             .map_err(|e| Error::Config(ConfigError::new("nodes", e.to_string())))?;
         let connection =
             match tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await {
-                Ok(result) => result.map_err(|e| connect::classify(first, e))?,
+                Ok(result) => result.map_err(|e| connect::classify(&redact_url(first), e))?,
                 Err(_) => {
                     return Err(Error::Connect(ConnectError::new(
                         ConnectErrorKind::TimedOut,
                         format!(
-                        "the cluster at {first} did not answer within {:?} (the connect timeout)",
-                        self.connect_timeout
-                    ),
+                            "the cluster at {} did not answer within {:?} (the connect timeout)",
+                            redact_url(first),
+                            self.connect_timeout
+                        ),
                     )))
                 }
             };

@@ -26,6 +26,7 @@ use redis::{
     IntoConnectionInfo, RedisConnectionInfo,
 };
 
+use super::redact::redact_url;
 use crate::{ConfigError, ConnectError, ConnectErrorKind, Error};
 
 /// Idle time before the first TCP keepalive probe.
@@ -451,8 +452,12 @@ pub(crate) fn sentinel_target(
     let infos = sentinels
         .iter()
         .map(|s| {
-            s.into_connection_info()
-                .map_err(|e| Error::Config(ConfigError::new("sentinels", format!("{s}: {e}"))))
+            s.into_connection_info().map_err(|e| {
+                Error::Config(ConfigError::new(
+                    "sentinels",
+                    format!("{}: {e}", redact_url(s)),
+                ))
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tls = matches!(infos[0].addr(), ConnectionAddr::TcpTls { .. });

@@ -20,6 +20,7 @@ mod connect;
 mod connection;
 mod leases;
 mod packed;
+mod redact;
 mod reserve;
 mod scripts;
 #[cfg(feature = "tls")]
@@ -113,6 +114,25 @@ impl RedisStore {
     /// The URL is still parsed now.
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
         Self::builder().lazy_direct(url)
+    }
+
+    /// `url` as it may be shown in a message, a log or a banner: with `***` in place of the
+    /// password (`redis://:***@HOST`, `rediss://USER:***@HOST`, `redis+unix:///PATH?pass=***`;
+    /// a user information without a colon, `redis://SECRET@HOST`, is hidden whole). Anything
+    /// that is not a well-formed URL errs towards hiding more. The store's own errors and
+    /// logs never show a password.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::RedisStore;
+    ///
+    /// assert_eq!(
+    ///     RedisStore::redact_url("redis://app:s3cret@10.0.0.1:6379/0"),
+    ///     "redis://app:***@10.0.0.1:6379/0"
+    /// );
+    /// assert_eq!(RedisStore::redact_url("redis://10.0.0.1:6379"), "redis://10.0.0.1:6379");
+    /// ```
+    pub fn redact_url(url: &str) -> std::borrow::Cow<'_, str> {
+        redact::redact_url(url)
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (e.g.
