@@ -18,7 +18,9 @@
 //! ```
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
-//! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`.
+//! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`. Each KEY has one plan; with
+//! `--algorithm sliding-window`, PERIOD is `--per`'s (a sliding window takes only quotas of
+//! its own period). A plan the limiter would refuse stops the gateway at start-up.
 //!
 //! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
 //! in LIST spend quota; the others give their units back before they are answered.
@@ -102,8 +104,8 @@ struct Args {
     batch: bool,
     /// Shadow mode: decide and report, never reject.
     shadow: bool,
-    /// `--plan KEY=N/PERIOD`: a quota per key.
-    plans: Vec<(String, Quota)>,
+    /// `--plan KEY=N/PERIOD`: a quota per key, with the flag's value as given.
+    plans: Vec<(String, Quota, String)>,
     /// `--count-only LIST`: the statuses that spend quota.
     count_only: Option<StatusSet>,
     /// `--concurrency N`: at most N requests of a key in flight.
@@ -321,7 +323,7 @@ fn parse_args() -> Result<Args, String> {
                 let plan = value.rsplit_once('=').and_then(|(key, quota)| {
                     let (n, per) = quota.split_once('/')?;
                     let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
-                    (!key.is_empty()).then(|| (key.to_owned(), quota))
+                    (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
                 });
                 a.plans
                     .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
@@ -451,7 +453,7 @@ async fn serve(
         let plans: HashMap<Vec<u8>, Quota> = args
             .plans
             .iter()
-            .map(|(key, quota)| (key.as_bytes().to_vec(), *quota))
+            .map(|(key, quota, _)| (key.as_bytes().to_vec(), *quota))
             .collect();
         layer = layer.quota_fn(move |parts| {
             let key = parts.headers.get(&header)?;
@@ -546,14 +548,18 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err("--plan gives a quota per key of --key header:NAME".into());
     }
-    for (key, plan) in &args.plans {
-        // The same checks as the algorithm makes when built.
-        let checked = match args.algorithm.as_str() {
-            "sliding-window" => SlidingWindow::new(*plan).map(|_| ()),
-            "token-bucket" => TokenBucket::new(*plan).map(|_| ()),
-            _ => Gcra::new(*plan).map(|_| ()),
-        };
-        checked.map_err(|e| format!("--plan {key}={}/{:?}: {e}", plan.limit(), plan.period()))?;
+    for (i, (key, plan, given)) in args.plans.iter().enumerate() {
+        if let Some((.., first)) = args.plans[..i].iter().find(|(k, ..)| k == key) {
+            return Err(format!(
+                "--plan {given}: the key {key:?} has a plan already (--plan {first})"
+            )
+            .into());
+        }
+        // The check the limiter makes of each request's quota (a sliding window takes only
+        // quotas of its own period): a plan it would refuse is refused now.
+        algorithm
+            .with_quota(*plan)
+            .map_err(|e| format!("--plan {given}: {e}"))?;
     }
     let redis_flags = [
         args.redis.is_some(),
@@ -661,7 +667,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             String::new()
         }
     );
-    for (key, plan) in &args.plans {
+    for (key, plan, _) in &args.plans {
         println!("plan: key {key:?} gets {plan}");
     }
     serve(args, store, algorithm).await

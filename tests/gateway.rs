@@ -621,8 +621,9 @@ fn the_gateway_never_prints_a_redis_password() {
 }
 
 /// `--plan KEY=N/PERIOD` gives a key its own quota, with each algorithm, in memory, on
-/// Redis and on a cluster; a plan that cannot work, or without `--key header:NAME`, stops the gateway at
-/// start-up.
+/// Redis and on a cluster; a plan that cannot work (one the limiter would refuse on each
+/// request included), a key given two plans, or a plan without `--key header:NAME`, stops the
+/// gateway at start-up.
 #[test]
 fn plans_give_keys_their_own_quota() {
     let redis = RedisServer::start();
@@ -675,6 +676,55 @@ fn plans_give_keys_their_own_quota() {
     ] {
         assert_refused(&args, says);
     }
+
+    // A plan the limiter would refuse on each request (a sliding window takes only quotas of
+    // its own period), and a key given a second plan: refused at start-up, in one line that
+    // names the plan.
+    for (args, says) in [
+        (
+            vec![
+                "--algorithm",
+                "sliding-window",
+                "--per",
+                "60s",
+                "--plan",
+                "gold=100/1s",
+            ],
+            "error: --plan gold=100/1s: invalid quota.period",
+        ),
+        (
+            vec![
+                "--plan",
+                "gold=5/1h",
+                "--plan",
+                "silver=3/1h",
+                "--plan",
+                "gold=6/1h",
+            ],
+            "error: --plan gold=6/1h: the key \"gold\" has a plan already (--plan gold=5/1h)",
+        ),
+    ] {
+        let args = [&args[..], &["--key", "header:x-key"]].concat();
+        let stderr = assert_refused(&args, says);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+    // A sliding window's plan of its own period, however written, is in force.
+    let gw = start_gateway(&[
+        "--algorithm",
+        "sliding-window",
+        "--per",
+        "60s",
+        "--limit",
+        "2",
+        "--key",
+        "header:x-key",
+        "--plan",
+        "gold=3/1m",
+    ]);
+    let allowed = (0..5)
+        .filter(|_| get(gw.addr, "x-key: gold\r\n").0 == 200)
+        .count();
+    assert_eq!(allowed, 3, "{:?}", gw.banner);
 }
 
 /// `--count-only LIST`: only responses whose status is in LIST spend quota, on the in-memory

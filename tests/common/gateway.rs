@@ -80,16 +80,33 @@ pub fn start_gateway_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Gat
 }
 
 /// Runs the gateway with `args` (on a free port, should it start) and asserts that it refuses
-/// them at start-up: it exits non-zero with `says` on stderr.
-pub fn assert_refused(args: &[&str], says: &str) {
-    let out = Command::new(gateway_bin())
+/// them at start-up: it exits non-zero with `says` on stderr. A gateway that accepts them
+/// (still running after 30 s) is killed and the assertion fails. Returns its stderr.
+pub fn assert_refused(args: &[&str], says: &str) -> String {
+    let mut child = Command::new(gateway_bin())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} was accepted: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} was accepted");
     assert!(stderr.contains(says), "{args:?}: {stderr}");
+    stderr.into_owned()
 }
 
 /// GET / over a fresh connection with `extra` header lines (raw bytes, each ending in
