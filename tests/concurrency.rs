@@ -1,8 +1,8 @@
 //! Per-key concurrency limits (`ConcurrencyLimiter`, `ConcurrencyLimitLayer`) on real Redis
 //! servers (standalone, batched, cluster) and on `MemoryStore`: never more than N in flight
-//! across limiters, slots given back on every way a request can end, leases that expire when
-//! their holder dies and stay while it lives, failure policies, and composition with the rate
-//! limit.
+//! across limiters, slots given back on every way a request can end (also when Redis stalls at
+//! the release), leases that expire when their holder dies and stay while it lives, failure
+//! policies, and composition with the rate limit.
 
 mod common;
 
@@ -896,4 +896,149 @@ mod review {
         );
         drop((victim, flood));
     }
+}
+
+/// An inner service whose requests stay in it until [`end_all`](Self::end_all), counting how
+/// many are inside at once and the most ever.
+#[derive(Clone)]
+struct Holding {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+    end: tokio::sync::watch::Sender<bool>,
+}
+
+impl Holding {
+    fn new() -> Self {
+        Self {
+            now: Arc::default(),
+            max: Arc::default(),
+            end: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = impl Send>
+           + Clone {
+        let h = self.clone();
+        service_fn(move |_req: Request<Body>| {
+            let h = h.clone();
+            async move {
+                let n = h.now.fetch_add(1, Ordering::SeqCst) + 1;
+                h.max.fetch_max(n, Ordering::SeqCst);
+                let mut end = h.end.subscribe();
+                let _ = end.wait_for(|end| *end).await;
+                h.now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(Response::new(Body::from("done")))
+            }
+        })
+    }
+
+    fn end_all(&self) {
+        self.end.send_replace(true);
+    }
+}
+
+/// The holders of `limiter`'s `key` in Redis.
+fn holders(redis: &RedisServer, limiter: &ConcurrencyLimiter, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(limiter.storage_key(key))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// A request ends while Redis is stalled (here stopped with SIGSTOP) on a connection idle for
+/// over a second, so the release waits on the connection's probe past the store timeout and
+/// never reaches Redis. The release is kept and sent again: the slot is free within seconds of
+/// Redis answering again, not at the end of the lease (60 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_that_fails_while_redis_stalls_is_sent_again_until_it_succeeds() {
+    let redis = RedisServer::start();
+    let limiter = ConcurrencyLimiter::builder(redis.store().await, 1)
+        .prefix("stalled-release")
+        .lease(Duration::from_secs(60))
+        .store_timeout(Duration::from_millis(200))
+        .on_store_error(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let holding = Holding::new();
+    let svc = ConcurrencyLimitLayer::new(limiter.clone(), GlobalKey).layer(holding.service());
+    let request = tokio::spawn(
+        svc.clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap()),
+    );
+    let deadline = Instant::now() + EVENTUALLY;
+    while holding.now.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the request never got in");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(holders(&redis, &limiter, "global").len(), 1);
+    // A long request: the store's connection stays idle for more than a second.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    redis.signal("-STOP");
+    holding.end_all();
+    let res = request.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // The body's end gives the slot back: the release goes out and waits on stopped Redis.
+    res.into_body().collect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.signal("-CONT");
+
+    let deadline = Instant::now() + EVENTUALLY;
+    loop {
+        let held = holders(&redis, &limiter, "global");
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot is still held {EVENTUALLY:?} after Redis answered again: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(limiter.acquire("global").await.unwrap().is_some());
+}
+
+/// A runtime shut down while a failed release waits to be sent again, and a permit dropped
+/// after its runtime is gone: nothing panics (the slots come back when their leases end).
+#[test]
+fn a_runtime_shut_down_with_releases_kept_does_not_panic() {
+    const THREADS: &str = "kept-releases";
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    let test_thread = std::thread::current().name().map(str::to_owned);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let name = std::thread::current().name().map(str::to_owned);
+        if name.as_deref() == Some(THREADS) || name == test_thread {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(THREADS)
+        .enable_all()
+        .build()
+        .unwrap();
+    let late = rt.block_on(async {
+        let limiter = ConcurrencyLimiter::builder(redis.store().await, 2)
+            .prefix("shutdown")
+            .lease(Duration::from_secs(60))
+            .store_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let kept = limiter.acquire("k").await.unwrap().unwrap();
+        let late = limiter.acquire("k").await.unwrap().unwrap();
+        redis.signal("-STOP");
+        assert!(kept.release().await.is_err(), "Redis is stopped");
+        late
+    });
+    drop(rt);
+    drop(late);
+    redis.signal("-CONT");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
 }

@@ -36,6 +36,7 @@ pub(crate) async fn acquire(
     // holder that was never added does nothing.
     if result.is_ok() {
         pending.0 = None;
+        lease.extended();
     }
     drop(pending);
     match result {

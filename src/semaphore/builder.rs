@@ -3,7 +3,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{limiter::ConcurrencyLimiter, slots::Slots};
+use super::{limiter::ConcurrencyLimiter, releases::Releases, slots::Slots};
 use crate::{
     limiter::{check_names, BreakerState},
     CircuitBreaker, ConfigError, FailurePolicy, Leases, MemoryStore, DEFAULT_MAX_KEY_LEN,
@@ -105,7 +105,8 @@ impl ConcurrencyLimiterBuilder {
     }
 
     /// Bound on one store call (acquire, renewal, release), including waiting for a pooled
-    /// connection (default 100 ms).
+    /// connection (default 100 ms). A release that fails is sent again, at least once a
+    /// second, until it succeeds or its lease would have ended by itself.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -211,6 +212,7 @@ impl ConcurrencyLimiterBuilder {
                 breaker: BreakerState::new(CircuitBreaker::disabled()),
                 failure: FailurePolicy::Closed,
                 local: None,
+                releases: Releases::default(),
                 _claim: None,
             })
         });
@@ -226,6 +228,7 @@ impl ConcurrencyLimiterBuilder {
                 breaker: BreakerState::new(self.breaker),
                 failure: self.failure,
                 local,
+                releases: Releases::default(),
                 _claim: claim,
             }),
         })

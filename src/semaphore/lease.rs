@@ -1,14 +1,17 @@
 //! One holder's lease on one slot: renewed in the background while held, released when given
-//! up.
+//! up (and the release sent again until it succeeds, see [`releases`](super::releases)).
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
-    Arc,
+    Arc, Mutex,
 };
 
-use tokio::runtime::Handle;
+use tokio::{runtime::Handle, time::Instant};
 
-use super::slots::Slots;
+use super::{
+    releases::{self, Kept},
+    slots::Slots,
+};
 use crate::{store::within, Error, Key};
 
 /// A holder of (maybe) one slot: what a [`Permit`](super::Permit), its renewal task and its
@@ -19,6 +22,9 @@ pub(crate) struct Lease {
     pub(crate) holder: String,
     /// Set when a renewal found the slot gone.
     pub(crate) lost: AtomicBool,
+    /// When the store last extended the lease, or may have: the lease ends by itself at most
+    /// one lease (and one store timeout) after.
+    extended_at: Mutex<Instant>,
 }
 
 impl Lease {
@@ -28,22 +34,29 @@ impl Lease {
             key,
             holder,
             lost: AtomicBool::new(false),
+            extended_at: Mutex::new(Instant::now()),
         }
     }
 
-    /// Gives the slot back and waits for the store (within the store timeout).
-    pub(crate) async fn release(&self) -> Result<(), Error> {
-        let slots = &self.slots;
-        let key = slots.store_key(self.key.as_ref());
-        if let Some(result) = slots.store.release_now(key, &self.holder) {
-            return result;
+    /// Records that the store extended the lease, or may have, just now.
+    pub(crate) fn extended(&self) {
+        *self.extended_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// Gives the slot back and waits for the store (within the store timeout). On a failure,
+    /// the release is also kept and sent again in the background.
+    pub(crate) async fn release(self: &Arc<Self>) -> Result<(), Error> {
+        let result = self.slots.release(self.key.as_ref(), &self.holder).await;
+        if let Err(e) = &result {
+            self.keep_trying(e);
         }
-        within(slots.timeout, slots.store.release(key, &self.holder)).await
+        result
     }
 
     /// Gives the slot back without waiting: at once when the store can (in memory), else on
-    /// the current Tokio runtime, else on `runtime`. Without either, the slot comes back when
-    /// its lease ends. Never panics.
+    /// the current Tokio runtime, else on `runtime`; a release that fails is sent again until
+    /// it succeeds or the lease has ended. Without a runtime, the slot comes back when its
+    /// lease ends. Never panics.
     pub(crate) fn release_in_background(self: Arc<Self>, runtime: Option<&Handle>) {
         let slots = &self.slots;
         let key = slots.store_key(self.key.as_ref());
@@ -59,10 +72,21 @@ impl Lease {
         };
         // A runtime that is shutting down drops the task: the lease then ends by itself.
         runtime.spawn(async move {
-            if let Err(e) = self.release().await {
-                tracing::warn!(error = %e, policy = %self.slots.policy, "concurrency limit: release failed; the slot comes back when its lease ends");
+            let result = self.slots.release(self.key.as_ref(), &self.holder).await;
+            if let Err(e) = result {
+                self.keep_trying(&e);
             }
         });
+    }
+
+    /// Keeps this release, which failed with `error`, to send it again until the lease would
+    /// have ended by itself.
+    fn keep_trying(&self, error: &Error) {
+        tracing::warn!(error = %error, policy = %self.slots.policy, "concurrency limit: release failed; sending it again until it succeeds or its lease ends");
+        let extended_at = *self.extended_at.lock().unwrap_or_else(|e| e.into_inner());
+        let until = extended_at + self.slots.lease + self.slots.timeout;
+        let kept = Kept::new(self.key.clone(), self.holder.clone(), until);
+        releases::keep(&self.slots, kept, error);
     }
 
     /// Renews the lease every third of its length until the slot is found gone (then marks it
@@ -75,7 +99,9 @@ impl Lease {
             tokio::time::sleep(every).await;
             let key = slots.store_key(self.key.as_ref());
             let call = slots.store.renew(key, &self.holder, slots.lease);
-            match within(slots.timeout, call).await {
+            let result = within(slots.timeout, call).await;
+            self.extended();
+            match result {
                 Ok(true) => {}
                 Ok(false) => {
                     self.lost.store(true, Ordering::Release);

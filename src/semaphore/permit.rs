@@ -15,9 +15,12 @@ use crate::Error;
 /// While it is held, a background task on the Tokio runtime renews its lease every third of
 /// the lease, so a request may run for as long as it needs. Dropping it gives the slot back:
 /// at once for a [`MemoryStore`](crate::MemoryStore), otherwise with a release spawned on the
-/// Tokio runtime (the one current at the drop, else the one it was acquired on). Dropping it
-/// never blocks and never panics, also outside a runtime; when no runtime is left to send the
-/// release, the slot comes back when its lease ends.
+/// Tokio runtime (the one current at the drop, else the one it was acquired on). A release
+/// that fails (Redis stalled or failing over, a connection cut) is sent again, at least once a
+/// second, until it succeeds or the lease would have ended by itself, so the slot is free
+/// within about a second of Redis answering again. Dropping it never blocks and never panics,
+/// also outside a runtime; when no runtime is left to send the release, the slot comes back
+/// when its lease ends.
 ///
 /// A permit leaked with [`std::mem::forget`] keeps renewing its lease, and so keeps its slot,
 /// for as long as its runtime runs. A process that dies (or a runtime that is shut down)
@@ -97,7 +100,8 @@ impl Permit {
     }
 
     /// Gives the slot back now and waits for the store to confirm (within the store timeout).
-    /// On an error, the slot comes back when its lease ends.
+    /// On an error, the release is also sent again in the background until it succeeds or the
+    /// lease would have ended by itself.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop_renewing();
         self.released = true;

@@ -3,6 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use super::releases::Releases;
 use crate::{
     limiter::BreakerState,
     store::{within, Claim, Leases},
@@ -23,6 +24,8 @@ pub(crate) struct Slots {
     pub(crate) failure: FailurePolicy,
     /// Under [`FailurePolicy::Local`]: a semaphore in this process at the local share.
     pub(crate) local: Option<Arc<Slots>>,
+    /// Releases that failed, sent again until they succeed or their lease has ended.
+    pub(crate) releases: Releases,
     /// This limiter's hold on its namespace in the store (released when dropped).
     pub(crate) _claim: Option<Arc<Claim>>,
 }
@@ -50,5 +53,14 @@ impl Slots {
             tracing::warn!(error = %e, policy = %self.policy, "concurrency limit: store failed");
         }
         result
+    }
+
+    /// Gives `holder`'s slot of `key` back, within the store timeout (at once in memory).
+    pub(crate) async fn release(&self, key: Option<&Key<'_>>, holder: &str) -> Result<(), Error> {
+        let key = self.store_key(key);
+        if let Some(result) = self.store.release_now(key, holder) {
+            return result;
+        }
+        within(self.timeout, self.store.release(key, holder)).await
     }
 }
