@@ -58,8 +58,7 @@ fn acquire_local(local: &Arc<Slots>, key: Option<Key<'static>>) -> Result<Option
     let call = local.store.acquire(
         local.store_key(lease.key.as_ref()),
         &lease.holder,
-        local.limit,
-        local.lease,
+        &local.terms,
     );
     match call.now_or_never() {
         Some(Ok(a)) if a.admitted => Ok(Some(Permit::new(lease, a.holders, true))),

@@ -51,6 +51,7 @@ struct State {
 pub(crate) struct Kept {
     key: Option<Key<'static>>,
     holder: String,
+    late_renewal: bool,
     /// When the holder's lease ends by itself at the latest: no use sending it after.
     until: Instant,
     next: Instant,
@@ -58,11 +59,18 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    /// `holder`'s release of `key`, worth sending until `until`.
-    pub(crate) fn new(key: Option<Key<'static>>, holder: String, until: Instant) -> Self {
+    /// `holder`'s release of `key`, worth sending until `until`; `late_renewal` as in
+    /// [`Slots::release`].
+    pub(crate) fn new(
+        key: Option<Key<'static>>,
+        holder: String,
+        late_renewal: bool,
+        until: Instant,
+    ) -> Self {
         Self {
             key,
             holder,
+            late_renewal,
             until,
             next: Instant::now() + FIRST_WAIT,
             tries: 0,
@@ -160,7 +168,10 @@ impl Worker {
                 }
             };
             let slots = &*self.slots;
-            match slots.release(first.key.as_ref(), &first.holder).await {
+            match slots
+                .release(first.key.as_ref(), &first.holder, first.late_renewal)
+                .await
+            {
                 Err(e) if e.is_unavailable() => {
                     // Still away: the others wait for the next round.
                     let mut state = slots.releases.lock();
@@ -172,7 +183,9 @@ impl Worker {
             }
             futures_util::stream::iter(rest)
                 .for_each_concurrent(AT_ONCE, |kept| async {
-                    let result = slots.release(kept.key.as_ref(), &kept.holder).await;
+                    let result = slots
+                        .release(kept.key.as_ref(), &kept.holder, kept.late_renewal)
+                        .await;
                     self.settle(kept, result);
                 })
                 .await;
@@ -235,7 +248,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        store::{BoxFuture, Leases},
+        store::{BoxFuture, Leases, SlotTerms},
         Acquired, ConcurrencyLimiter, MemoryStore, Namespaces, Store, StoreKey,
     };
 
@@ -268,25 +281,25 @@ mod tests {
             &'a self,
             key: StoreKey<'a>,
             holder: &'a str,
-            limit: u32,
-            lease: Duration,
+            terms: &'a SlotTerms,
         ) -> BoxFuture<'a, Result<Acquired, Error>> {
-            self.inner.acquire(key, holder, limit, lease)
+            self.inner.acquire(key, holder, terms)
         }
 
         fn renew<'a>(
             &'a self,
             key: StoreKey<'a>,
             holder: &'a str,
-            lease: Duration,
+            terms: &'a SlotTerms,
         ) -> BoxFuture<'a, Result<bool, Error>> {
-            self.inner.renew(key, holder, lease)
+            self.inner.renew(key, holder, terms)
         }
 
         fn release<'a>(
             &'a self,
             key: StoreKey<'a>,
             holder: &'a str,
+            late_renewal: Option<Duration>,
         ) -> BoxFuture<'a, Result<(), Error>> {
             self.releases.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
@@ -294,7 +307,7 @@ mod tests {
                     Duration::from_millis(100),
                 ))));
             }
-            self.inner.release(key, holder)
+            self.inner.release(key, holder, late_renewal)
         }
     }
 
@@ -367,14 +380,18 @@ mod tests {
         let error = Error::Timeout(Duration::from_millis(100));
         let until = Instant::now() + Duration::from_secs(60);
         for i in 0..MAX_KEPT + 10 {
-            keep(slots, Kept::new(None, format!("h{i}"), until), &error);
+            keep(
+                slots,
+                Kept::new(None, format!("h{i}"), false, until),
+                &error,
+            );
         }
         assert_eq!(slots.releases.len(), MAX_KEPT);
         // A release the store refuses as invalid is not kept.
         let invalid = Error::InvalidInput("no");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(slots.releases.len(), 0, "sent once the store answers");
-        keep(slots, Kept::new(None, "x".into(), until), &invalid);
+        keep(slots, Kept::new(None, "x".into(), false, until), &invalid);
         assert_eq!(slots.releases.len(), 0);
     }
 }

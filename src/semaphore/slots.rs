@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use super::releases::Releases;
 use crate::{
     limiter::BreakerState,
-    store::{within, Claim, Leases},
+    store::{within, Claim, Leases, SlotTerms},
     Acquired, Error, FailurePolicy, Key, StoreKey,
 };
 
@@ -16,8 +16,8 @@ pub(crate) struct Slots {
     /// `prefix:policy`: a key's holders are under `{namespace:key}:c`.
     pub(crate) namespace: String,
     pub(crate) policy: Arc<str>,
-    pub(crate) limit: u32,
-    pub(crate) lease: Duration,
+    /// The limit, the lease, the pause after a loss, and the store epochs seen.
+    pub(crate) terms: SlotTerms,
     pub(crate) timeout: Duration,
     pub(crate) max_key_len: usize,
     pub(crate) breaker: BreakerState,
@@ -36,6 +36,16 @@ impl Slots {
         StoreKey::bounded(&self.namespace, key, self.max_key_len)
     }
 
+    /// Requests of one key allowed in flight at once.
+    pub(crate) fn limit(&self) -> u32 {
+        self.terms.limit()
+    }
+
+    /// How long a slot is held without a renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        self.terms.lease()
+    }
+
     /// The store's answer, through the circuit breaker and within the store timeout.
     pub(crate) async fn ask_store(
         &self,
@@ -46,7 +56,7 @@ impl Slots {
             return Err(Error::CircuitOpen);
         };
         let key = self.store_key(key);
-        let call = self.store.acquire(key, holder, self.limit, self.lease);
+        let call = self.store.acquire(key, holder, &self.terms);
         let result = within(self.timeout, call).await;
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
         if let Err(e) = &result {
@@ -56,11 +66,18 @@ impl Slots {
     }
 
     /// Gives `holder`'s slot of `key` back, within the store timeout (at once in memory).
-    pub(crate) async fn release(&self, key: Option<&Key<'_>>, holder: &str) -> Result<(), Error> {
+    /// `late_renewal`: a renewal of it may still reach the store (see [`Leases::release`]).
+    pub(crate) async fn release(
+        &self,
+        key: Option<&Key<'_>>,
+        holder: &str,
+        late_renewal: bool,
+    ) -> Result<(), Error> {
         let key = self.store_key(key);
         if let Some(result) = self.store.release_now(key, holder) {
             return result;
         }
-        within(self.timeout, self.store.release(key, holder)).await
+        let guard = late_renewal.then(|| self.lease());
+        within(self.timeout, self.store.release(key, holder, guard)).await
     }
 }
