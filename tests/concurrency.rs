@@ -1198,6 +1198,47 @@ async fn after_a_loss_a_new_instance_may_admit_until_one_that_knew_the_old_epoch
     assert!(eventually_free(&new, "k").await);
 }
 
+/// On a cluster the epoch is kept per hash slot: every primary flushed while requests of a
+/// key run, the next acquire of that key by the instance that saw the slot's epoch is paused
+/// (nothing is held in Redis), the running requests are counted again at their renewal, and
+/// the key stays full until they end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flushed_cluster_pauses_the_slots_admissions_until_running_requests_count_again() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let lease = Duration::from_millis(3_000);
+    let limiter = ConcurrencyLimiter::builder(cluster.store().await, 2)
+        .prefix("cluster-loss")
+        .lease(lease)
+        .store_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let running = [
+        limiter.acquire("k").await.unwrap().unwrap(),
+        limiter.acquire("k").await.unwrap().unwrap(),
+    ];
+    for (port, reply) in cluster.on_each(&["FLUSHALL"]) {
+        assert_eq!(reply, redis::Value::Okay, "{port}");
+    }
+    let held = || cluster.keys_with_pttl("{cluster-loss:concurrency:k}:c");
+    assert!(held().is_empty(), "flushed");
+    assert!(limiter.acquire("k").await.unwrap().is_none(), "paused");
+    let deadline = Instant::now() + EVENTUALLY;
+    while running.iter().any(|p| !p.is_lost()) {
+        assert!(
+            Instant::now() < deadline,
+            "the running requests were not put back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(lease).await;
+    assert!(
+        limiter.acquire("k").await.unwrap().is_none(),
+        "2 in flight, limit 2"
+    );
+    drop(running);
+    assert!(eventually_free(&limiter, "k").await);
+}
+
 /// A renewal that got no answer may reach Redis after the holder's release (another
 /// connection, a stalled one): the release then remembers the holder as released for a
 /// lease, and that renewal does not take the slot again. Without that guard, a renewal puts a
