@@ -1,26 +1,38 @@
--- Concurrency slots, renew: moves a holder's deadline to one lease from now.
+-- Concurrency slots, renew: moves a holder's deadline to one lease from now. Follows the
+-- prelude and semaphore_epoch.lua.
 -- KEYS[1]  the holders ZSET
--- ARGV     now|'', lease_us, holder
--- Reply    1 when renewed, 0 when the holder holds no slot (released, expired, state lost)
+-- KEYS[2]  the epoch marker (see semaphore_epoch.lua)
+-- KEYS[3]  released holders: a ZSET of holder ids scored by the end of their guard (µs)
+-- ARGV     now|'', lease_us, holder, known epoch (0: none), pause_us
+-- Reply    {held (1: renewed; 0: not held, put back; 2: released, not put back), epoch}
 --
--- A lease past its deadline is gone even if no acquire has swept it yet: others may count on
--- its slot. ZADD XX never adds a holder back.
+-- A holder that is not held (its lease ran out unrenewed, or the server lost its state) is
+-- put back: its request still runs, so it counts again, even if that takes the key over its
+-- limit (new requests are then refused until enough end). Except a holder released while a
+-- renewal of it got no answer: that renewal may arrive here after the release, and must not
+-- take the slot again.
 local now = clock()
 local lease = int_arg(2, 'lease', 1)
 local holder = ARGV[3]
+if holder == nil or holder == '' then
+  fail('invalid argument holder')
+end
+local known = int_arg(4, 'epoch', 0)
+local pause = int_arg(5, 'pause', 0)
+local e = epoch(now, known, pause)
 
+local held = 1
 local score = redis.call('ZSCORE', KEYS[1], holder)
-if not score then
-  return 0
+if not score or stored_int(score, 'lease deadline') <= now then
+  local released = redis.call('ZSCORE', KEYS[3], holder)
+  if released and stored_int(released, 'release guard') > now then
+    return { 2, e }
+  end
+  held = 0
 end
-if stored_int(score, 'lease deadline') <= now then
-  redis.call('ZREM', KEYS[1], holder)
-  return 0
-end
-local deadline = now + lease
-redis.call('ZADD', KEYS[1], 'XX', fmt(deadline), holder)
+redis.call('ZADD', KEYS[1], fmt(now + lease), holder)
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < math.ceil(lease / 1000) then
   redis.call('PEXPIRE', KEYS[1], ms_ceil(lease))
 end
-return 1
+return { held, e }

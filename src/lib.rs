@@ -76,7 +76,7 @@ pub use rate_limit::{
 pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
     Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
-    Namespaces, RedisStore, RedisStoreBuilder, Reserved, Store, StoreKey, Upstreams,
+    Namespaces, RedisStore, RedisStoreBuilder, Reserved, SlotTerms, Store, StoreKey, Upstreams,
     DEFAULT_CONNECT_TIMEOUT,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};

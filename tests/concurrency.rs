@@ -1,7 +1,8 @@
 //! Per-key concurrency limits (`ConcurrencyLimiter`, `ConcurrencyLimitLayer`) on real Redis
 //! servers (standalone, batched, cluster) and on `MemoryStore`: never more than N in flight
-//! across limiters, slots given back on every way a request can end, leases that expire when
-//! their holder dies and stay while it lives, failure policies, and composition with the rate
+//! across limiters, also across repeated Redis restarts; slots given back on every way a
+//! request can end, also when Redis stalls at the release; leases that expire when their
+//! holder dies and stay while it lives; failure policies; and composition with the rate
 //! limit.
 
 mod common;
@@ -22,7 +23,7 @@ use http_body_util::BodyExt;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     redis, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra, GlobalKey, HeaderKey,
-    Leases, ManualClock, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
+    Leases, ManualClock, MemoryStore, Permit, Quota, RateLimitLayer, RateLimiter, RedisStore,
 };
 
 /// Generous: a bound that catches a hang or a leaked slot, not a benchmark.
@@ -59,6 +60,13 @@ async fn eventually_free(limiter: &ConcurrencyLimiter, key: &str) -> bool {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The keys under `pattern` but the epoch markers (which live a day after the last call).
+fn holders_left(conn: &mut redis::Connection, pattern: &str) -> Vec<(String, i64)> {
+    let mut keys = common::keys_with_pttl(conn, pattern);
+    keys.retain(|(k, _)| !k.contains(":#epoch"));
+    keys
 }
 
 /// An inner service that counts the requests inside it and records the most at once.
@@ -176,7 +184,10 @@ async fn never_more_than_n_in_flight_on_every_backend() {
         }
         // The holders live under the rate limit's hash tag, expiring with their lease.
         let permit = limiters[0].acquire("k").await.unwrap().unwrap();
-        let keys = backend.keys_with_pttl("{x-redis:*");
+        let (mut keys, epochs): (Vec<_>, Vec<_>) = backend
+            .keys_with_pttl("{x-redis:*")
+            .into_iter()
+            .partition(|(k, _)| !k.contains(":#epoch"));
         assert_eq!(keys.len(), 1, "{what}: {keys:?}");
         assert_eq!(keys[0].0, "{x-redis:concurrency:k}:c", "{what}");
         assert_eq!(keys[0].0, limiters[0].storage_key("k"));
@@ -185,12 +196,32 @@ async fn never_more_than_n_in_flight_on_every_backend() {
             "{what}: PTTL {}",
             keys[0].1
         );
+        // The epoch marker: of the server, or of the key's hash slot on a cluster; it lives a
+        // day after the last call.
+        assert_eq!(epochs.len(), 1, "{what}: {epochs:?}");
+        let marker = &epochs[0].0;
+        match backend {
+            common::Backend::Cluster(_) => assert!(
+                marker.starts_with("{x-redis:concurrency:#epoch:") && marker.ends_with("}:c"),
+                "{what}: {marker}"
+            ),
+            _ => assert_eq!(marker, "{x-redis:concurrency:#epoch}:c", "{what}"),
+        }
+        assert!(epochs[0].1 > 86_000_000, "{what}: {epochs:?}");
         permit.release().await.unwrap();
-        assert!(backend.keys_with_pttl("{x-redis:*").is_empty(), "{what}");
+        keys = backend.keys_with_pttl("{x-redis:*");
+        assert!(
+            keys.iter().all(|(k, _)| k.contains(":#epoch")),
+            "{what}: {keys:?}"
+        );
 
         exactly_n_in_flight(limiters, 4, what).await;
         let deadline = Instant::now() + EVENTUALLY;
-        while !backend.keys_with_pttl("{x-redis:*").is_empty() {
+        while backend
+            .keys_with_pttl("{x-redis:*")
+            .iter()
+            .any(|(k, _)| !k.contains(":#epoch"))
+        {
             assert!(Instant::now() < deadline, "{what}: holders left behind");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -390,7 +421,7 @@ async fn every_ending_gives_the_slot_back_on_redis() {
     let redis = RedisServer::start();
     let l = limiter(redis.store().await, 1, "end");
     every_ending_gives_the_slot_back(&l, "redis").await;
-    assert!(common::keys_with_pttl(&mut redis.conn(), "{end:*").is_empty());
+    assert!(holders_left(&mut redis.conn(), "{end:*").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -428,40 +459,48 @@ async fn renewal_keeps_a_slot_for_a_request_longer_than_its_lease() {
     }
 }
 
+/// A holder missing from the store while its request runs (deleted here; a failover to a
+/// replica that had not received it): another request may take its slot meanwhile, and the
+/// next renewal reports the loss and puts the holder back, counted over the limit, so no
+/// further request gets in until enough end.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_lease_lost_in_the_store_is_reported_and_its_slot_given_to_another() {
+async fn a_lease_lost_in_the_store_is_reported_and_put_back_at_the_next_renewal() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
     let l = short_lease(redis.store().await, 1, "lost", lease);
     let permit = l.acquire("k").await.unwrap().unwrap();
-    // The state is lost (a restart, FLUSHDB): the next renewal finds the slot gone.
     let _: () = redis::cmd("DEL")
         .arg(l.storage_key("k"))
         .query(&mut redis.conn())
         .unwrap();
-    let deadline = Instant::now() + EVENTUALLY;
-    while !permit.is_lost() {
-        assert!(Instant::now() < deadline, "the loss was never noticed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Renewal stopped and never re-added the holder: another request takes the slot.
     let other = l
         .acquire("k")
         .await
         .unwrap()
         .expect("the slot is free in the store");
-    tokio::time::sleep(lease).await;
+    let deadline = Instant::now() + EVENTUALLY;
+    while !permit.is_lost() {
+        assert!(Instant::now() < deadline, "the loss was never noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut members = holders(&redis, &l, "k");
+    members.sort();
+    assert_eq!(members.len(), 2, "put back: {members:?}");
     assert!(!other.is_lost());
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(l.storage_key("k"))
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap();
-    assert_eq!(members.len(), 1, "{members:?}");
-    // Releasing the lost permit does not take the other's slot.
+    assert!(
+        l.acquire("k").await.unwrap().is_none(),
+        "2 in flight, limit 1"
+    );
+    other.release().await.unwrap();
+    assert!(
+        l.acquire("k").await.unwrap().is_none(),
+        "1 in flight, limit 1"
+    );
+    // It stays held across renewals, and its release gives the slot back.
+    tokio::time::sleep(lease).await;
+    assert_eq!(holders(&redis, &l, "k").len(), 1);
     permit.release().await.unwrap();
-    assert!(l.acquire("k").await.unwrap().is_none());
+    assert!(l.acquire("k").await.unwrap().is_some());
 }
 
 #[tokio::test]
@@ -731,13 +770,15 @@ async fn composes_with_the_rate_limit_in_either_order() {
             .into_iter()
             .map(|k| k.0)
             .collect();
-        let (g, c) = (
+        let (g, c, epoch) = (
             format!("{{{prefix}:api:k}}:g"),
             format!("{{{prefix}:api:k}}:c"),
+            format!("{{{prefix}:api:#epoch}}:c"),
         );
         assert!(keys.contains(&g), "{prefix}: {keys:?}");
+        assert!(keys.contains(&epoch), "{prefix}: {keys:?}");
         assert!(
-            keys.iter().all(|k| *k == g || *k == c),
+            keys.iter().all(|k| *k == g || *k == c || *k == epoch),
             "{prefix}: {keys:?}"
         );
 
@@ -853,17 +894,22 @@ mod review {
         let mut c = redis.conn();
         let acquire = redis::Script::new(concat!(
             include_str!("../lua/prelude.lua"),
+            include_str!("../lua/semaphore_epoch.lua"),
             include_str!("../lua/semaphore_acquire.lua")
         ));
         let run = |c: &mut redis::Connection, holder: &str| -> Vec<i64> {
-            acquire
+            let reply: Vec<i64> = acquire
                 .key("{rl:concurrency:k}:c")
+                .key("{rl:concurrency:#epoch}:c")
                 .arg("")
                 .arg(1)
                 .arg(60_000_000u64)
                 .arg(holder)
+                .arg(0)
+                .arg(1_000_000)
                 .invoke(c)
-                .unwrap()
+                .unwrap();
+            vec![reply[0], reply[1]]
         };
         assert_eq!(run(&mut c, "holder-1"), [1, 1]);
         assert_eq!(run(&mut c, "holder-1"), [1, 1], "resent");
@@ -896,4 +942,430 @@ mod review {
         );
         drop((victim, flood));
     }
+}
+
+/// An inner service whose requests stay in it until [`end_all`](Self::end_all), counting how
+/// many are inside at once and the most ever.
+#[derive(Clone)]
+struct Holding {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+    end: tokio::sync::watch::Sender<bool>,
+}
+
+impl Holding {
+    fn new() -> Self {
+        Self {
+            now: Arc::default(),
+            max: Arc::default(),
+            end: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = impl Send>
+           + Clone {
+        let h = self.clone();
+        service_fn(move |_req: Request<Body>| {
+            let h = h.clone();
+            async move {
+                let n = h.now.fetch_add(1, Ordering::SeqCst) + 1;
+                h.max.fetch_max(n, Ordering::SeqCst);
+                let mut end = h.end.subscribe();
+                let _ = end.wait_for(|end| *end).await;
+                h.now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(Response::new(Body::from("done")))
+            }
+        })
+    }
+
+    fn end_all(&self) {
+        self.end.send_replace(true);
+    }
+}
+
+/// The holders of `limiter`'s `key` in Redis.
+fn holders(redis: &RedisServer, limiter: &ConcurrencyLimiter, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(limiter.storage_key(key))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// A request ends while Redis is stalled (here stopped with SIGSTOP) on a connection idle for
+/// over a second, so the release waits on the connection's probe past the store timeout and
+/// never reaches Redis. The release is kept and sent again: the slot is free within seconds of
+/// Redis answering again, not at the end of the lease (60 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_that_fails_while_redis_stalls_is_sent_again_until_it_succeeds() {
+    let redis = RedisServer::start();
+    let limiter = ConcurrencyLimiter::builder(redis.store().await, 1)
+        .prefix("stalled-release")
+        .lease(Duration::from_secs(60))
+        .store_timeout(Duration::from_millis(200))
+        .on_store_error(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let holding = Holding::new();
+    let svc = ConcurrencyLimitLayer::new(limiter.clone(), GlobalKey).layer(holding.service());
+    let request = tokio::spawn(
+        svc.clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap()),
+    );
+    let deadline = Instant::now() + EVENTUALLY;
+    while holding.now.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the request never got in");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(holders(&redis, &limiter, "global").len(), 1);
+    // A long request: the store's connection stays idle for more than a second.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    redis.signal("-STOP");
+    holding.end_all();
+    let res = request.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // The body's end gives the slot back: the release goes out and waits on stopped Redis.
+    res.into_body().collect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.signal("-CONT");
+
+    let deadline = Instant::now() + EVENTUALLY;
+    loop {
+        let held = holders(&redis, &limiter, "global");
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot is still held {EVENTUALLY:?} after Redis answered again: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(limiter.acquire("global").await.unwrap().is_some());
+}
+
+/// Sends a request through each of `services` in turn every 20 ms for `period`; admitted ones
+/// stay in `holding` (their tasks are pushed to `tasks`).
+async fn keep_sending<S>(
+    services: &[S],
+    period: Duration,
+    tasks: &mut Vec<tokio::task::JoinHandle<StatusCode>>,
+) where
+    S: Service<
+            Request<Body>,
+            Response = Response<tower_redis_ratelimit::concurrency::ResponseBody<Body>>,
+        > + Clone
+        + Send
+        + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let started = Instant::now();
+    while started.elapsed() < period {
+        let svc = services[tasks.len() % services.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let res = svc
+                .oneshot(Request::get("/").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = res.status();
+            res.into_body().collect().await.unwrap();
+            status
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Long requests stay in flight while Redis is restarted (without persistence) again and
+/// again, some restarts closer together than the renewal interval, with new requests arriving
+/// all the time on two instances: the inner service never sees more than the limit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_redis_restarts_never_let_more_than_the_limit_run() {
+    let mut redis = RedisServer::start();
+    let n = 3;
+    let lease = Duration::from_millis(2_400);
+    let holding = Holding::new();
+    let mut services = Vec::new();
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let limiter = ConcurrencyLimiter::builder(redis.store().await, n)
+            .prefix("restarts")
+            .lease(lease)
+            .store_timeout(Duration::from_millis(300))
+            .on_store_error(FailurePolicy::Closed)
+            .build()
+            .unwrap();
+        services
+            .push(ConcurrencyLimitLayer::new(limiter.clone(), GlobalKey).layer(holding.service()));
+        limiters.push(limiter);
+    }
+    let mut tasks = Vec::new();
+    keep_sending(&services, Duration::from_millis(500), &mut tasks).await;
+    assert_eq!(holding.now.load(Ordering::SeqCst), n as usize, "not full");
+    // Restarts a renewal interval and more apart, and in quick succession.
+    for wait in [
+        lease,
+        Duration::from_millis(300),
+        Duration::from_millis(100),
+        lease,
+    ] {
+        tokio::task::block_in_place(|| redis.restart());
+        keep_sending(&services, wait, &mut tasks).await;
+    }
+    let most = holding.max.load(Ordering::SeqCst);
+    holding.end_all();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for task in tasks {
+        *statuses.entry(task.await.unwrap().as_u16()).or_default() += 1;
+    }
+    println!("most in flight: {most} (limit {n}); statuses {statuses:?}");
+    assert!(
+        most <= n as usize,
+        "{most} requests in flight at once, limit {n}"
+    );
+    for limiter in &limiters {
+        assert!(eventually_free(limiter, "global").await);
+    }
+}
+
+/// Redis loses its slots (`FLUSHALL`) while an instance holds two of them, and a new instance
+/// that never used this Redis is the first to call: it cannot tell a loss from a first use
+/// and is admitted (2N in flight). As soon as the instance that saw the old epoch calls,
+/// admissions pause from the new epoch's start, until its running requests have put their
+/// slots back; then the limit holds again.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_loss_a_new_instance_may_admit_until_one_that_knew_the_old_epoch_calls() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(3_000);
+    let build = |store: RedisStore| {
+        ConcurrencyLimiter::builder(store, 2)
+            .prefix("new-instance")
+            .lease(lease)
+            .store_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let old = build(redis.store().await);
+    let running = [
+        old.acquire("k").await.unwrap().unwrap(),
+        old.acquire("k").await.unwrap().unwrap(),
+    ];
+    let _: () = redis::cmd("FLUSHALL").query(&mut redis.conn()).unwrap();
+    let new = build(redis.store().await);
+    let first = [
+        new.acquire("k")
+            .await
+            .unwrap()
+            .expect("a first use, as far as it knows"),
+        new.acquire("k")
+            .await
+            .unwrap()
+            .expect("a first use, as far as it knows"),
+    ];
+    // The old instance calls (another key): the loss is news to it, admissions pause.
+    assert!(old.acquire("other").await.unwrap().is_none(), "paused");
+    for p in first {
+        p.release().await.unwrap();
+    }
+    assert!(
+        new.acquire("k").await.unwrap().is_none(),
+        "paused, although no slot of k is held in Redis"
+    );
+    // The running requests renew (a third of the lease): counted again, the key is full.
+    let deadline = Instant::now() + EVENTUALLY;
+    while holders(&redis, &old, "k").len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the running requests were not put back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(running.iter().all(Permit::is_lost));
+    tokio::time::sleep(lease).await;
+    assert!(
+        new.acquire("k").await.unwrap().is_none(),
+        "2 in flight, limit 2"
+    );
+    assert!(
+        new.acquire("other").await.unwrap().is_some(),
+        "the pause is over"
+    );
+    drop(running);
+    assert!(eventually_free(&new, "k").await);
+}
+
+/// On a cluster the epoch is kept per hash slot: every primary flushed while requests of a
+/// key run, the next acquire of that key by the instance that saw the slot's epoch is paused
+/// (nothing is held in Redis), the running requests are counted again at their renewal, and
+/// the key stays full until they end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flushed_cluster_pauses_the_slots_admissions_until_running_requests_count_again() {
+    let cluster = common::RedisCluster::start(3, 0);
+    let lease = Duration::from_millis(3_000);
+    let limiter = ConcurrencyLimiter::builder(cluster.store().await, 2)
+        .prefix("cluster-loss")
+        .lease(lease)
+        .store_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let running = [
+        limiter.acquire("k").await.unwrap().unwrap(),
+        limiter.acquire("k").await.unwrap().unwrap(),
+    ];
+    for (port, reply) in cluster.on_each(&["FLUSHALL"]) {
+        assert_eq!(reply, redis::Value::Okay, "{port}");
+    }
+    let held = || cluster.keys_with_pttl("{cluster-loss:concurrency:k}:c");
+    assert!(held().is_empty(), "flushed");
+    assert!(limiter.acquire("k").await.unwrap().is_none(), "paused");
+    let deadline = Instant::now() + EVENTUALLY;
+    while running.iter().any(|p| !p.is_lost()) {
+        assert!(
+            Instant::now() < deadline,
+            "the running requests were not put back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(lease).await;
+    assert!(
+        limiter.acquire("k").await.unwrap().is_none(),
+        "2 in flight, limit 2"
+    );
+    drop(running);
+    assert!(eventually_free(&limiter, "k").await);
+}
+
+/// A renewal that got no answer may reach Redis after the holder's release (another
+/// connection, a stalled one): the release then remembers the holder as released for a
+/// lease, and that renewal does not take the slot again. Without that guard, a renewal puts a
+/// missing holder back.
+#[test]
+fn a_renewal_arriving_after_a_guarded_release_does_not_put_the_holder_back() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let script = |file: &str| {
+        let body = match file {
+            "renew" => include_str!("../lua/semaphore_renew.lua"),
+            _ => include_str!("../lua/semaphore_release.lua"),
+        };
+        redis::Script::new(&format!(
+            "{}{}{}",
+            include_str!("../lua/prelude.lua"),
+            include_str!("../lua/semaphore_epoch.lua"),
+            body
+        ))
+    };
+    let (renew, release) = (script("renew"), script("release"));
+    let (holders, marker, released) = (
+        "{rl:concurrency:k}:c",
+        "{rl:concurrency:#epoch}:c",
+        "{rl:concurrency:k}:cx",
+    );
+    let renew = |c: &mut redis::Connection, holder: &str| -> i64 {
+        let reply: Vec<i64> = renew
+            .key(holders)
+            .key(marker)
+            .key(released)
+            .arg("")
+            .arg(60_000_000u64)
+            .arg(holder)
+            .arg(0)
+            .arg(1_000_000)
+            .invoke(c)
+            .unwrap();
+        reply[0]
+    };
+    let members = |c: &mut redis::Connection| -> Vec<String> {
+        let mut m: Vec<String> = redis::cmd("ZRANGE")
+            .arg(holders)
+            .arg(0)
+            .arg(-1)
+            .query(c)
+            .unwrap();
+        m.sort();
+        m
+    };
+    assert_eq!(renew(&mut c, "a"), 0, "not held: put back");
+    assert_eq!(renew(&mut c, "a"), 1, "renewed");
+    assert_eq!(renew(&mut c, "b"), 0);
+    // `a` released plainly: a renewal arriving later puts it back.
+    let plain: i64 = release
+        .key(holders)
+        .arg("")
+        .arg("a")
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(plain, 1);
+    assert_eq!(renew(&mut c, "a"), 0);
+    assert_eq!(members(&mut c), ["a", "b"]);
+    // `b` released with the guard: the late renewal finds it released.
+    let guarded: i64 = release
+        .key(holders)
+        .key(released)
+        .arg("")
+        .arg("b")
+        .arg(60_000_000u64)
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(guarded, 1);
+    assert_eq!(renew(&mut c, "b"), 2, "released: not put back");
+    assert_eq!(members(&mut c), ["a"]);
+    let ttl: i64 = redis::cmd("PTTL").arg(released).query(&mut c).unwrap();
+    assert!(ttl > 59_000 && ttl <= 60_000, "{ttl}");
+    // Sending the guarded release again changes nothing.
+    let again: i64 = release
+        .key(holders)
+        .key(released)
+        .arg("")
+        .arg("b")
+        .arg(60_000_000u64)
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(again, 0);
+    assert_eq!(members(&mut c), ["a"]);
+}
+
+/// A runtime shut down while a failed release waits to be sent again, and a permit dropped
+/// after its runtime is gone: nothing panics (the slots come back when their leases end).
+#[test]
+fn a_runtime_shut_down_with_releases_kept_does_not_panic() {
+    const THREADS: &str = "kept-releases";
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    let test_thread = std::thread::current().name().map(str::to_owned);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let name = std::thread::current().name().map(str::to_owned);
+        if name.as_deref() == Some(THREADS) || name == test_thread {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(THREADS)
+        .enable_all()
+        .build()
+        .unwrap();
+    let late = rt.block_on(async {
+        let limiter = ConcurrencyLimiter::builder(redis.store().await, 2)
+            .prefix("shutdown")
+            .lease(Duration::from_secs(60))
+            .store_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let kept = limiter.acquire("k").await.unwrap().unwrap();
+        let late = limiter.acquire("k").await.unwrap().unwrap();
+        redis.signal("-STOP");
+        assert!(kept.release().await.is_err(), "Redis is stopped");
+        late
+    });
+    drop(rt);
+    drop(late);
+    redis.signal("-CONT");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
 }

@@ -24,6 +24,15 @@ use crate::{
 /// a client that sends its next request the instant the previous one ends, with all of its
 /// key's slots in use, may find its slot still taken for that round trip. (A
 /// [`MemoryStore`](crate::MemoryStore) gives the slot back before the body reports its end.)
+/// A release that fails (Redis stalled or failing over, a connection cut) is sent again, at
+/// least once a second, until it succeeds or its lease would have ended by itself.
+///
+/// After Redis loses the slots (a restart without persistence, `FLUSHALL`), running requests
+/// are counted again at their next renewal, and once an instance that used that Redis before
+/// notices, the limiter admits no new request for a third of the lease plus two store
+/// timeouts (`429`s meanwhile), so the limit holds after any number of restarts; see
+/// [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder#when-redis-loses-the-slots)
+/// for the exact bound.
 ///
 /// A request over the limit never reaches the inner service: `429 Too Many Requests`
 /// (gRPC requests: HTTP 200 with `grpc-status: 8`, RESOURCE_EXHAUSTED) with the same headers

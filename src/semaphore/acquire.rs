@@ -36,6 +36,7 @@ pub(crate) async fn acquire(
     // holder that was never added does nothing.
     if result.is_ok() {
         pending.0 = None;
+        lease.extended();
     }
     drop(pending);
     match result {
@@ -57,8 +58,7 @@ fn acquire_local(local: &Arc<Slots>, key: Option<Key<'static>>) -> Result<Option
     let call = local.store.acquire(
         local.store_key(lease.key.as_ref()),
         &lease.holder,
-        local.limit,
-        local.lease,
+        &local.terms,
     );
     match call.now_or_never() {
         Some(Ok(a)) if a.admitted => Ok(Some(Permit::new(lease, a.holders, true))),

@@ -3,11 +3,11 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{limiter::ConcurrencyLimiter, slots::Slots};
+use super::{limiter::ConcurrencyLimiter, releases::Releases, slots::Slots};
 use crate::{
     limiter::{check_names, BreakerState},
-    CircuitBreaker, ConfigError, FailurePolicy, Leases, MemoryStore, DEFAULT_MAX_KEY_LEN,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    CircuitBreaker, ConfigError, FailurePolicy, Leases, MemoryStore, SlotTerms,
+    DEFAULT_MAX_KEY_LEN, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
 /// The most requests of one key a limiter may allow in flight.
@@ -35,6 +35,35 @@ impl ConcurrencyLimiter {
 }
 
 /// Options for a [`ConcurrencyLimiter`]; [`build`](Self::build) validates them.
+///
+/// # When Redis loses the slots
+///
+/// A Redis restart without persistence, `FLUSHALL`, or a failover to a replica that had not
+/// received them takes away the holders of running requests. Each running request puts its
+/// holder back at its next renewal (within a third of the [lease](Self::lease)), counted even
+/// if its key is then over the limit. And the first call after the loss from an instance that
+/// had used this limiter on that Redis before (an acquire, or a running request's renewal)
+/// finds the epoch marker it remembers (`{prefix:policy:#epoch}:c`, kept a day after the last
+/// call; on a cluster, one per hash slot) gone: then no new request of the policy, whatever
+/// its key, is admitted for a third of the lease plus two [store
+/// timeouts](Self::store_timeout) (3.5 s with the defaults), the time every running request
+/// needs to renew and so be counted again. Refused requests get the layer's `429`.
+///
+/// So at most `max_in_flight` requests of a key run at once, after any number of losses
+/// however close together, except for:
+/// - requests whose renewals do not reach Redis during that pause (their instance cannot
+///   reach it, or the renewal times out): each counts again at its next successful renewal,
+///   as a request whose renewals failed for a whole lease does without any loss;
+/// - a loss first noticed by an instance that had not used that Redis before (on a cluster,
+///   that hash slot; say, one that just started): it cannot tell a loss from a first use and
+///   admits up to `max_in_flight` more, until an instance that knew the old epoch calls (at
+///   the latest the next renewal of a running request), which pauses admissions from the new
+///   epoch's start. That is at most twice the limit for such a loss;
+/// - a loss that leaves the epoch marker (a failover that lost only the last writes, a
+///   deleted key): no pause; as many new requests as holders went missing may be admitted
+///   before those count again at their next renewal.
+///
+/// A [`MemoryStore`] never loses its slots.
 pub struct ConcurrencyLimiterBuilder {
     store: Arc<dyn Leases>,
     limit: u32,
@@ -76,10 +105,11 @@ impl ConcurrencyLimiterBuilder {
     }
 
     /// How long a slot stays held without a renewal (default 10 s): the time within which
-    /// the slots of a crashed instance come back. Held slots are renewed every third of it.
-    /// From 100 ms to one hour, and at least three times the
-    /// [store timeout](Self::store_timeout), so that a renewal that times out still leaves
-    /// time for another before the lease ends.
+    /// the slots of a crashed instance come back. Held slots are renewed every third of it,
+    /// and after Redis loses the slots admissions pause for a third of it plus two store
+    /// timeouts (see [When Redis loses the slots](Self#when-redis-loses-the-slots)). From
+    /// 100 ms to one hour, and at least three times the [store timeout](Self::store_timeout),
+    /// so that a renewal that times out still leaves time for another before the lease ends.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -105,7 +135,8 @@ impl ConcurrencyLimiterBuilder {
     }
 
     /// Bound on one store call (acquire, renewal, release), including waiting for a pooled
-    /// connection (default 100 ms).
+    /// connection (default 100 ms). A release that fails is sent again, at least once a
+    /// second, until it succeeds or its lease would have ended by itself.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -199,18 +230,21 @@ impl ConcurrencyLimiterBuilder {
             None => None,
         };
         let policy: Arc<str> = self.policy.into();
+        // Every running holder renews within a third of the lease (plus the call before it
+        // and its own), so all are counted again by the end of the pause.
+        let pause = self.lease / 3 + self.timeout.saturating_mul(2);
         let local = (self.failure == FailurePolicy::Local).then(|| {
             Arc::new(Slots {
                 store: Arc::new(MemoryStore::new()),
                 namespace: namespace.clone(),
                 policy: Arc::clone(&policy),
-                limit: (self.limit / self.local_share).max(1),
-                lease: self.lease,
+                terms: SlotTerms::new((self.limit / self.local_share).max(1), self.lease, pause),
                 timeout: DEFAULT_TIMEOUT,
                 max_key_len: self.max_key_len,
                 breaker: BreakerState::new(CircuitBreaker::disabled()),
                 failure: FailurePolicy::Closed,
                 local: None,
+                releases: Releases::default(),
                 _claim: None,
             })
         });
@@ -219,13 +253,13 @@ impl ConcurrencyLimiterBuilder {
                 store: self.store,
                 namespace,
                 policy,
-                limit: self.limit,
-                lease: self.lease,
+                terms: SlotTerms::new(self.limit, self.lease, pause),
                 timeout: self.timeout,
                 max_key_len: self.max_key_len,
                 breaker: BreakerState::new(self.breaker),
                 failure: self.failure,
                 local,
+                releases: Releases::default(),
                 _claim: claim,
             }),
         })

@@ -54,8 +54,8 @@ impl fmt::Debug for ConcurrencyLimiter {
         let s = &*self.slots;
         f.debug_struct("ConcurrencyLimiter")
             .field("namespace", &s.namespace)
-            .field("max_in_flight", &s.limit)
-            .field("lease", &s.lease)
+            .field("max_in_flight", &s.limit())
+            .field("lease", &s.lease())
             .field("timeout", &s.timeout)
             .field("on_store_error", &s.failure)
             .finish()
@@ -105,12 +105,12 @@ impl ConcurrencyLimiter {
 
     /// Requests of one key allowed in flight at once.
     pub fn max_in_flight(&self) -> u32 {
-        self.slots.limit
+        self.slots.limit()
     }
 
     /// How long a slot is held without a renewal.
     pub fn lease(&self) -> Duration {
-        self.slots.lease
+        self.slots.lease()
     }
 
     /// The policy name used in the headers.

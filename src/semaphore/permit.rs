@@ -15,9 +15,12 @@ use crate::Error;
 /// While it is held, a background task on the Tokio runtime renews its lease every third of
 /// the lease, so a request may run for as long as it needs. Dropping it gives the slot back:
 /// at once for a [`MemoryStore`](crate::MemoryStore), otherwise with a release spawned on the
-/// Tokio runtime (the one current at the drop, else the one it was acquired on). Dropping it
-/// never blocks and never panics, also outside a runtime; when no runtime is left to send the
-/// release, the slot comes back when its lease ends.
+/// Tokio runtime (the one current at the drop, else the one it was acquired on). A release
+/// that fails (Redis stalled or failing over, a connection cut) is sent again, at least once a
+/// second, until it succeeds or the lease would have ended by itself, so the slot is free
+/// within about a second of Redis answering again. Dropping it never blocks and never panics,
+/// also outside a runtime; when no runtime is left to send the release, the slot comes back
+/// when its lease ends.
 ///
 /// A permit leaked with [`std::mem::forget`] keeps renewing its lease, and so keeps its slot,
 /// for as long as its runtime runs. A process that dies (or a runtime that is shut down)
@@ -25,9 +28,12 @@ use crate::Error;
 ///
 /// When the store cannot be reached, renewals fail and are tried again every third of the
 /// lease; if none succeeds before the lease ends, the slot may be given to another request
-/// while this one still runs (the limit can then be exceeded by such requests). When a
-/// renewal finds the slot gone, [`is_lost`](Self::is_lost) turns true and renewal stops;
-/// the request is never interrupted.
+/// while this one still runs. When a renewal finds the slot gone (its lease ran out
+/// unrenewed, or the store lost its state), [`is_lost`](Self::is_lost) turns true and the
+/// renewal puts the slot back: the request counts again, even if its key is then over the
+/// limit (new requests of the key are refused until enough end). The request is never
+/// interrupted. See [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder) for what
+/// this bounds after Redis loses its state.
 ///
 /// ```
 /// use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
@@ -75,7 +81,7 @@ impl Permit {
 
     /// The limit it was admitted under (the local share's when [degraded](Self::is_degraded)).
     pub fn max_in_flight(&self) -> u32 {
-        self.lease.slots.limit
+        self.lease.slots.limit()
     }
 
     /// The policy name of the limiter that admitted it.
@@ -91,13 +97,15 @@ impl Permit {
 
     /// True when a renewal found the slot gone: the request outlived its lease without a
     /// successful renewal (the store was away, or the process stalled), or the store lost its
-    /// state (a restart, `FLUSHDB`). Its slot may then be held by another request.
+    /// state (a restart, `FLUSHDB`). That renewal put it back, but another request may have
+    /// taken its place meanwhile (the key is then over its limit until enough requests end).
     pub fn is_lost(&self) -> bool {
         self.lease.lost.load(Ordering::Acquire)
     }
 
     /// Gives the slot back now and waits for the store to confirm (within the store timeout).
-    /// On an error, the slot comes back when its lease ends.
+    /// On an error, the release is also sent again in the background until it succeeds or the
+    /// lease would have ended by itself.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop_renewing();
         self.released = true;
@@ -126,7 +134,7 @@ impl fmt::Debug for Permit {
             .field("policy", &self.lease.slots.policy)
             .field("holder", &self.lease.holder)
             .field("in_flight", &self.in_flight)
-            .field("max_in_flight", &self.lease.slots.limit)
+            .field("max_in_flight", &self.lease.slots.limit())
             .field("degraded", &self.degraded)
             .field("lost", &self.is_lost())
             .finish()

@@ -24,7 +24,7 @@ pub(crate) use self::{
 };
 pub use self::{
     key::StoreKey,
-    leases::{Acquired, Leases},
+    leases::{Acquired, Leases, SlotTerms},
     namespaces::Namespaces,
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
     reserved::Reserved,

@@ -1,11 +1,13 @@
 //! The in-memory twin of the Redis semaphore scripts (`lua/semaphore_*.lua`): the same rules,
-//! on this store's clock (a [`ManualClock`](crate::ManualClock) when it has one).
+//! on this store's clock (a [`ManualClock`](crate::ManualClock) when it has one). It never loses
+//! its state, so it keeps no epoch and never pauses admissions; and its calls are never
+//! reordered, so a renewal never arrives after its holder's release.
 
 use std::time::Duration;
 
 use super::MemoryStore;
 use crate::{
-    store::{micros, BoxFuture, Expiring, KeyBuf, Leases, StoreKey},
+    store::{micros, BoxFuture, Expiring, KeyBuf, Leases, SlotTerms, StoreKey},
     Acquired, Error,
 };
 
@@ -88,19 +90,28 @@ impl MemoryStore {
         })
     }
 
+    /// `false` when `holder` held no slot (its lease ran out unrenewed): it is put back, counted
+    /// even over the limit, as the renewal script does.
     fn renew_now(&self, key: StoreKey<'_>, holder: &str, lease: Duration) -> bool {
-        self.with_holders(key, false, |h, now| {
-            // A lease past its deadline is gone, even if no acquire has swept it yet.
+        let renewed = self.with_holders(key, true, |h, now| {
+            // A lease past its deadline no longer counts, even if no acquire swept it yet.
             h.expire(now);
+            let deadline = now.saturating_add(micros(lease));
             match h.held.iter_mut().find(|(id, _)| **id == *holder) {
                 Some(held) => {
-                    held.1 = now.saturating_add(micros(lease));
+                    held.1 = deadline;
                     true
                 }
-                None => false,
+                None => {
+                    h.held.push((holder.into(), deadline));
+                    false
+                }
             }
+        });
+        renewed.unwrap_or_else(|| {
+            tracing::warn!("concurrency limit: the store's key cap is full of keys with running requests; a running request could not be counted again");
+            false
         })
-        .unwrap_or(false)
     }
 
     /// Slot holders under all keys, expired ones not swept yet included (for tests and
@@ -119,27 +130,34 @@ impl Leases for MemoryStore {
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
-        limit: u32,
-        lease: Duration,
+        terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        Box::pin(std::future::ready(Ok(
-            self.acquire_now(key, holder, limit, lease)
-        )))
+        Box::pin(std::future::ready(Ok(self.acquire_now(
+            key,
+            holder,
+            terms.limit(),
+            terms.lease(),
+        ))))
     }
 
     fn renew<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
-        lease: Duration,
+        terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(Ok(self.renew_now(key, holder, lease))))
+        Box::pin(std::future::ready(Ok(self.renew_now(
+            key,
+            holder,
+            terms.lease(),
+        ))))
     }
 
     fn release<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
+        _late_renewal: Option<Duration>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(std::future::ready(
             self.release_now(key, holder).unwrap_or(Ok(())),
@@ -175,17 +193,33 @@ mod tests {
         );
         clock.advance(Duration::from_secs(6));
         assert!(store.renew_now(key, "a", lease));
-        // `b` expires at 10 s exactly: gone at its deadline, and it cannot renew after it.
+        // `b` expires at 10 s exactly: gone at its deadline, so `c` takes its slot.
         clock.advance(Duration::from_secs(4));
-        assert!(!store.renew_now(key, "b", lease));
         assert_eq!(
             store.acquire_now(key, "c", 2, lease),
             Acquired::new(true, 2)
         );
+        // `b` still runs: its renewal puts it back, over the limit, and nobody else gets in
+        // until enough holders end.
+        assert!(!store.renew_now(key, "b", lease));
+        assert_eq!(
+            store.acquire_now(key, "d", 2, lease),
+            Acquired::new(false, 3)
+        );
         store.release_now(key, "a");
+        assert_eq!(
+            store.acquire_now(key, "d", 2, lease),
+            Acquired::new(false, 2)
+        );
+        store.release_now(key, "b");
         store.release_now(key, "nobody");
         assert_eq!(store.lease_holders(), 1);
         store.release_now(key, "c");
+        assert_eq!(store.lease_holders(), 0);
+        // A renewal of a key with no holder left creates it again.
+        assert!(!store.renew_now(key, "e", lease));
+        assert_eq!(store.lease_holders(), 1);
+        store.release_now(key, "e");
         assert_eq!(store.lease_holders(), 0);
         assert!(
             store.inner.leases.each().all(|s| s.len() == 0),

@@ -243,7 +243,7 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
 
 /// The cluster slot of a check, from its first key (all of a check's keys share its hash
 /// tag).
-fn slot(key: &[u8]) -> u16 {
+pub(super) fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16_384
 }
 

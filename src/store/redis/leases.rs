@@ -2,37 +2,121 @@
 //! holders scored by lease deadline, under `{prefix:policy:key}:c`, so it shares the rate
 //! limit's hash tag and cluster slot. Always sent alone, also by a batching store: slots are
 //! taken once per request, not once per check of a flood.
+//!
+//! Acquires and renewals also keep the epoch marker `{prefix:policy:#epoch}:c` (on a cluster,
+//! one per hash slot, `{prefix:policy:#epoch:N}:c`, with `N` chosen to fall in the slot), by
+//! which a limiter that saw the old epoch notices that Redis lost its slots
+//! (`lua/semaphore_epoch.lua`). Holders released while a renewal of theirs got no answer are
+//! kept under `{prefix:policy:key}:cx` for a lease, so that renewal does not put them back.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, LazyLock, RwLock},
+    time::Duration,
+};
 
-use redis::{Cmd, Script, Value};
+use redis::{Script, Value};
 
-use super::{backend::evalsha, RedisStore};
+use super::{backend::evalsha, batch::slot, RedisStore};
 use crate::{
-    store::{micros, BoxFuture, KeyBuf, Leases, StoreKey},
+    extract::Out,
+    store::{micros, BoxFuture, KeyBuf, Leases, SlotTerms, StoreKey},
     Acquired, Error,
 };
 
-static ACQUIRE: LazyLock<Script> = prelude_script!("semaphore_acquire.lua");
-static RENEW: LazyLock<Script> = prelude_script!("semaphore_renew.lua");
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_release.lua")));
+/// A script that follows the prelude and the epoch's functions.
+macro_rules! epoch_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/prelude.lua"),
+                include_str!("../../../lua/semaphore_epoch.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+}
+
+static ACQUIRE: LazyLock<Script> = epoch_script!("semaphore_acquire.lua");
+static RENEW: LazyLock<Script> = epoch_script!("semaphore_renew.lua");
+static RELEASE: LazyLock<Script> = prelude_script!("semaphore_release.lua");
 
 /// The suffix of the holders key.
 const SUFFIX: &[u8] = b":c";
+/// The suffix of the key of holders released while a renewal of theirs got no answer.
+const RELEASED: &[u8] = b":cx";
 
-/// `EVALSHA` of `script` on `key`'s holders, with the server's clock.
-fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
-    let mut buf = KeyBuf::new();
-    key.write_base_with(SUFFIX, &mut buf);
-    evalsha(
-        script,
-        1,
-        |cmd| {
-            cmd.arg(buf.as_bytes());
-        },
-        None,
-    )
+/// The keys of one call on `key`'s slots: its holders, and the epoch marker of the server (on a
+/// cluster, of the holders' hash slot, so that one script reaches both). No client key is
+/// stored as `#epoch`: keys starting with `#` are stored hashed.
+struct Keys {
+    holders: KeyBuf,
+    marker: KeyBuf,
+    /// What the marker stands for: 0 for a server, the hash slot on a cluster.
+    unit: u16,
+}
+
+impl Keys {
+    fn new(key: StoreKey<'_>, cluster: bool) -> Self {
+        let mut holders = KeyBuf::new();
+        key.write_base_with(SUFFIX, &mut holders);
+        let mut marker = KeyBuf::new();
+        marker.put(b"{");
+        marker.put(key.namespace().as_bytes());
+        marker.put(b":#epoch");
+        let mut unit = 0;
+        if cluster {
+            unit = slot(holders.as_bytes());
+            marker.put(b":");
+            marker.put(
+                slot_tags(key.namespace())[usize::from(unit)]
+                    .to_string()
+                    .as_bytes(),
+            );
+        }
+        marker.put(b"}");
+        marker.put(SUFFIX);
+        Self {
+            holders,
+            marker,
+            unit,
+        }
+    }
+}
+
+/// For each cluster hash slot, a number `n` such that the tag `namespace:#epoch:n` falls in
+/// that slot: the marker `{namespace:#epoch:n}:c` then lives with the holders of every key of
+/// the slot. Found once per namespace (about 170,000 CRCs).
+fn slot_tags(namespace: &str) -> Arc<[u32]> {
+    static TAGS: LazyLock<RwLock<HashMap<String, Arc<[u32]>>>> = LazyLock::new(RwLock::default);
+    let known = TAGS.read().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = known.get(namespace) {
+        return Arc::clone(found);
+    }
+    drop(known);
+    let mut tags = TAGS.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = tags.get(namespace) {
+        return Arc::clone(found);
+    }
+    let mut prefix = crc16::State::<crc16::XMODEM>::new();
+    prefix.update(namespace.as_bytes());
+    prefix.update(b":#epoch:");
+    let mut found = vec![u32::MAX; 16_384];
+    let mut missing = found.len();
+    let mut n = 0u32;
+    while missing > 0 {
+        let mut crc = prefix;
+        crc.update(n.to_string().as_bytes());
+        let slot = &mut found[usize::from(crc.get() % 16_384)];
+        if *slot == u32::MAX {
+            *slot = n;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    let found: Arc<[u32]> = found.into();
+    tags.insert(namespace.to_owned(), Arc::clone(&found));
+    found
 }
 
 fn int(value: &Value) -> Option<i64> {
@@ -42,26 +126,47 @@ fn int(value: &Value) -> Option<i64> {
     }
 }
 
-fn parse_acquired(reply: Value) -> Result<Acquired, Error> {
-    let bad = |r: &Value| Error::InvalidReply(format!("acquire: expected {{0|1, holders}}: {r:?}"));
+/// An acquire's answer, the epoch, and how long admissions stay paused (µs).
+fn parse_acquired(reply: Value) -> Result<(Acquired, u64, u64), Error> {
+    let bad = |r: &Value| {
+        Error::InvalidReply(format!(
+            "acquire: expected {{0|1, holders, epoch, paused}}: {r:?}"
+        ))
+    };
+    let Value::Array(items) = &reply else {
+        return Err(bad(&reply));
+    };
+    let [admitted, holders, epoch, paused] = items.as_slice() else {
+        return Err(bad(&reply));
+    };
+    match (int(admitted), int(holders), int(epoch), int(paused)) {
+        (Some(a @ (0 | 1)), Some(n), Some(e), Some(p)) if n >= 0 && e > 0 && p >= 0 => {
+            Ok((Acquired::new(a == 1, n as u64), e as u64, p as u64))
+        }
+        _ => Err(bad(&reply)),
+    }
+}
+
+/// A renewal's answer (1: renewed; 0: put back; 2: released, not put back) and the epoch.
+fn parse_renewed(reply: Value) -> Result<(i64, u64), Error> {
+    let bad = |r: &Value| Error::InvalidReply(format!("renew: expected {{0|1|2, epoch}}: {r:?}"));
     let Value::Array(items) = &reply else {
         return Err(bad(&reply));
     };
     match items.as_slice() {
-        [admitted, holders] => match (int(admitted), int(holders)) {
-            (Some(a @ (0 | 1)), Some(n)) if n >= 0 => Ok(Acquired::new(a == 1, n as u64)),
+        [held, epoch] => match (int(held), int(epoch)) {
+            (Some(h @ 0..=2), Some(e)) if e > 0 => Ok((h, e as u64)),
             _ => Err(bad(&reply)),
         },
         _ => Err(bad(&reply)),
     }
 }
 
-fn parse_flag(what: &str, reply: Value) -> Result<bool, Error> {
+fn parse_released(reply: Value) -> Result<(), Error> {
     match int(&reply) {
-        Some(0) => Ok(false),
-        Some(1) => Ok(true),
+        Some(0 | 1) => Ok(()),
         _ => Err(Error::InvalidReply(format!(
-            "{what}: expected 0 or 1: {reply:?}"
+            "release: expected 0 or 1: {reply:?}"
         ))),
     }
 }
@@ -71,35 +176,96 @@ impl Leases for RedisStore {
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
-        limit: u32,
-        lease: Duration,
+        terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        let mut cmd = call(&ACQUIRE, key);
-        cmd.arg(limit).arg(micros(lease)).arg(holder);
-        Box::pin(async move { parse_acquired(self.backend.eval(&ACQUIRE, &cmd).await?) })
+        let keys = Keys::new(key, self.backend.is_cluster());
+        let mut cmd = evalsha(
+            &ACQUIRE,
+            2,
+            |cmd| {
+                cmd.arg(keys.holders.as_bytes()).arg(keys.marker.as_bytes());
+            },
+            None,
+        );
+        cmd.arg(terms.limit())
+            .arg(micros(terms.lease()))
+            .arg(holder)
+            .arg(terms.known_epoch(keys.unit))
+            .arg(micros(terms.pause()));
+        let unit = keys.unit;
+        Box::pin(async move {
+            let (acquired, epoch, paused) =
+                parse_acquired(self.backend.eval(&ACQUIRE, &cmd).await?)?;
+            if terms.saw_epoch(unit, epoch) && paused > 0 {
+                tracing::warn!(
+                    namespace = key.namespace(),
+                    paused = ?Duration::from_micros(paused),
+                    "concurrency limit: redis lost the slots held (a restart, a flush); admitting no new request while the running ones put theirs back"
+                );
+            }
+            Ok(acquired)
+        })
     }
 
     fn renew<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
-        lease: Duration,
+        terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let mut cmd = call(&RENEW, key);
-        cmd.arg(micros(lease)).arg(holder);
-        Box::pin(async move { parse_flag("renew", self.backend.eval(&RENEW, &cmd).await?) })
+        let keys = Keys::new(key, self.backend.is_cluster());
+        let mut released = KeyBuf::new();
+        key.write_base_with(RELEASED, &mut released);
+        let mut cmd = evalsha(
+            &RENEW,
+            3,
+            |cmd| {
+                cmd.arg(keys.holders.as_bytes())
+                    .arg(keys.marker.as_bytes())
+                    .arg(released.as_bytes());
+            },
+            None,
+        );
+        cmd.arg(micros(terms.lease()))
+            .arg(holder)
+            .arg(terms.known_epoch(keys.unit))
+            .arg(micros(terms.pause()));
+        let unit = keys.unit;
+        Box::pin(async move {
+            let (held, epoch) = parse_renewed(self.backend.eval(&RENEW, &cmd).await?)?;
+            terms.saw_epoch(unit, epoch);
+            Ok(held == 1)
+        })
     }
 
     fn release<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
+        late_renewal: Option<Duration>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let mut cmd = call(&RELEASE, key);
+        let mut holders = KeyBuf::new();
+        key.write_base_with(SUFFIX, &mut holders);
+        let mut released = KeyBuf::new();
+        if late_renewal.is_some() {
+            key.write_base_with(RELEASED, &mut released);
+        }
+        let mut cmd = evalsha(
+            &RELEASE,
+            if late_renewal.is_some() { 2 } else { 1 },
+            |cmd| {
+                cmd.arg(holders.as_bytes());
+                if late_renewal.is_some() {
+                    cmd.arg(released.as_bytes());
+                }
+            },
+            None,
+        );
         cmd.arg(holder);
-        Box::pin(async move {
-            parse_flag("release", self.backend.eval(&RELEASE, &cmd).await?).map(drop)
-        })
+        if let Some(guard) = late_renewal {
+            cmd.arg(micros(guard).max(1));
+        }
+        Box::pin(async move { parse_released(self.backend.eval(&RELEASE, &cmd).await?) })
     }
 }
 
@@ -111,23 +277,54 @@ mod tests {
     fn replies_are_checked() {
         let arr = |v: Vec<i64>| Value::Array(v.into_iter().map(Value::Int).collect());
         assert_eq!(
-            parse_acquired(arr(vec![1, 3])).unwrap(),
-            Acquired::new(true, 3)
+            parse_acquired(arr(vec![1, 3, 7, 0])).unwrap(),
+            (Acquired::new(true, 3), 7, 0)
         );
         assert_eq!(
-            parse_acquired(arr(vec![0, 5])).unwrap(),
-            Acquired::new(false, 5)
+            parse_acquired(arr(vec![0, 5, 7, 900])).unwrap(),
+            (Acquired::new(false, 5), 7, 900)
         );
         for bad in [
-            arr(vec![2, 1]),
-            arr(vec![1, -1]),
-            arr(vec![1]),
+            arr(vec![2, 1, 7, 0]),
+            arr(vec![1, -1, 7, 0]),
+            arr(vec![1, 1, 0, 0]),
+            arr(vec![1, 1, 7, -1]),
+            arr(vec![1, 3]),
             Value::Int(1),
         ] {
             assert!(matches!(parse_acquired(bad), Err(Error::InvalidReply(_))));
         }
-        assert!(parse_flag("renew", Value::Int(1)).unwrap());
-        assert!(!parse_flag("renew", Value::Int(0)).unwrap());
-        assert!(parse_flag("renew", Value::Int(7)).is_err());
+        assert_eq!(parse_renewed(arr(vec![1, 7])).unwrap(), (1, 7));
+        assert_eq!(parse_renewed(arr(vec![0, 7])).unwrap(), (0, 7));
+        assert_eq!(parse_renewed(arr(vec![2, 7])).unwrap(), (2, 7));
+        for bad in [
+            arr(vec![3, 7]),
+            arr(vec![1, 0]),
+            arr(vec![1]),
+            Value::Int(1),
+        ] {
+            assert!(matches!(parse_renewed(bad), Err(Error::InvalidReply(_))));
+        }
+        assert!(parse_released(Value::Int(1)).is_ok());
+        assert!(parse_released(Value::Int(0)).is_ok());
+        assert!(parse_released(Value::Int(7)).is_err());
+    }
+
+    #[test]
+    fn each_cluster_slot_has_an_epoch_marker_of_its_own() {
+        let tags = slot_tags("rl:concurrency");
+        assert_eq!(tags.len(), 16_384);
+        for (s, n) in tags.iter().enumerate().step_by(97) {
+            let tag = format!("{{rl:concurrency:#epoch:{n}}}:c");
+            assert_eq!(usize::from(slot(tag.as_bytes())), s, "{tag}");
+        }
+        let k = crate::Key::from("user-42");
+        let keys = Keys::new(StoreKey::new("rl:concurrency", Some(&k)), true);
+        assert_eq!(keys.holders.as_bytes(), b"{rl:concurrency:user-42}:c");
+        assert_eq!(slot(keys.marker.as_bytes()), slot(keys.holders.as_bytes()));
+        assert_eq!(keys.unit, slot(keys.holders.as_bytes()));
+        let one = Keys::new(StoreKey::new("rl:concurrency", Some(&k)), false);
+        assert_eq!(one.marker.as_bytes(), b"{rl:concurrency:#epoch}:c");
+        assert_eq!(one.unit, 0);
     }
 }
