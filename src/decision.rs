@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::{Error, Quota};
+use crate::{algorithm::Placed, Error, Quota};
 
 /// A store's raw answer for one check, in microseconds.
 ///
@@ -26,9 +26,32 @@ pub struct Outcome {
     pub parts: Vec<PartOutcome>,
     /// Index of the binding part in `parts` (0 when there are none).
     pub binding: usize,
-    /// For a sliding window that admitted the check: the log entry it wrote (its time and
-    /// sequence number), so that a refund can remove exactly that entry.
-    pub(crate) entry: Option<LogEntry>,
+    /// Where the store put the units of an admitted check, for a refund.
+    pub(crate) position: Position,
+}
+
+/// Where a store put an admitted check's units, so that a refund finds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Position {
+    /// Not said (a denial, a custom script, a store that does not say).
+    #[default]
+    Unknown,
+    /// A sliding window: the log entry the check wrote (its time and sequence number), so
+    /// that a refund removes exactly that entry.
+    Logged(LogEntry),
+    /// GCRA, the token bucket, the multi-limit: where the charge lies on the key's time, so
+    /// that a refund gives back only what it still holds.
+    Placed(Placed),
+}
+
+impl Position {
+    /// The charge's place on the key's time, if the store said.
+    pub(crate) fn placed(&self) -> Option<&Placed> {
+        match self {
+            Position::Placed(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 /// One admitted request's entry in a sliding-window log: the time it was logged at and its
@@ -121,7 +144,7 @@ impl Outcome {
             reset_after_us,
             parts,
             binding,
-            entry: None,
+            position: Position::Unknown,
         })
     }
 
@@ -139,7 +162,7 @@ impl Outcome {
             reset_after_us,
             parts: Vec::new(),
             binding: 0,
-            entry: None,
+            position: Position::Unknown,
         }
     }
 }
@@ -193,13 +216,15 @@ pub struct Decision {
 }
 
 /// What an allowed check took from a key's quota, so that it can be given back: the cost,
-/// the quota it was taken under, where it was decided, and (for a sliding window) the log
-/// entry it wrote. Read it with [`Decision::charge`]; give it back with
+/// the quota it was taken under, where it was decided, and where the store put it (for a
+/// sliding window the log entry it wrote; for GCRA, the token bucket and the multi-limit when
+/// it was admitted and the key's time it left, so that a refund gives back only what the
+/// charge still holds). Read it with [`Decision::charge`]; give it back with
 /// [`RateLimiter::refund`](crate::RateLimiter::refund).
 ///
 /// Two charges are equal when they took the same units under the same quota in the same
-/// place; which log entry a sliding window wrote is the store's bookkeeping and is not
-/// compared (Redis and the in-memory twin number their entries apart).
+/// place; where the store put them is its bookkeeping and is not compared (Redis and the
+/// in-memory twin number their log entries apart, and read different clocks).
 #[derive(Debug, Clone, Copy)]
 pub struct Charge {
     pub(crate) cost: u32,
@@ -207,7 +232,7 @@ pub struct Charge {
     pub(crate) quota: Option<Quota>,
     /// Decided at the local share (the store was unavailable): given back there too.
     pub(crate) local: bool,
-    pub(crate) entry: Option<LogEntry>,
+    pub(crate) position: Position,
 }
 
 impl PartialEq for Charge {
@@ -313,7 +338,7 @@ impl Decision {
                 cost,
                 quota: None,
                 local: false,
-                entry: o.entry,
+                position: o.position,
             }),
             limits,
         }

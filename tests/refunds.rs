@@ -137,7 +137,12 @@ async fn interleaved_agree(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, c
                 let (mut r, mut m) = allowed[pick % allowed.len()].clone();
                 let given_r = on_redis.refund_at("k", &mut r, now).await.unwrap();
                 let given_m = in_memory.refund_at("k", &mut m, now).await.unwrap();
-                assert_eq!(given_r, given_m, "refund at step {i} of {case:?}");
+                assert_eq!(
+                    given_r,
+                    given_m,
+                    "{}: refund at step {i} of {case:?}",
+                    algorithm.name()
+                );
             }
             Op::Refund(_) => {}
         }
@@ -311,9 +316,10 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
     let redis_server = RedisServer::start();
     let mut c = redis_server.conn();
     let prelude = include_str!("../lua/prelude.lua");
+    let ledger = include_str!("../lua/refund_ledger.lua");
     let gcra = Script::new(include_str!("../lua/gcra.lua"));
     let gcra_refund = Script::new(&format!(
-        "{prelude}{}",
+        "{prelude}{ledger}{}",
         include_str!("../lua/gcra_refund.lua")
     ));
     let bucket = Script::new(&format!(
@@ -321,13 +327,15 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
         include_str!("../lua/token_bucket.lua")
     ));
     let bucket_refund = Script::new(&format!(
-        "{prelude}{}",
+        "{prelude}{ledger}{}",
         include_str!("../lua/token_bucket_refund.lua")
     ));
-    // 3 a minute: emission 20 s, burst 3. Spend all 3, then refund one twice.
+    // 3 a minute: emission 20 s, burst 3. Spend all 3, then refund the last twice.
     let (emission, burst, now) = (20_000_000u64, 3u64, T0);
     for (name, key) in [("gcra", "{m:g}:g"), ("bucket", "{m:b}:b")] {
-        let check = |c: &mut redis::Connection| -> i64 {
+        let ledger_key = format!("{key}r");
+        // The check's decision, and the time its charge left (now + its reset time).
+        let check = |c: &mut redis::Connection| -> (i64, u64) {
             let script = if name == "gcra" { &gcra } else { &bucket };
             let reply: Vec<i64> = script
                 .key(key)
@@ -337,39 +345,55 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
                 .arg(1)
                 .invoke(c)
                 .unwrap();
-            reply[0]
+            let end = if reply[0] == 1 {
+                assert_eq!(reply.len(), 5, "{name}: {reply:?}");
+                assert_eq!(reply[4] as u64, now, "{name}: admitted now");
+                now + reply[3] as u64
+            } else {
+                0
+            };
+            (reply[0], end)
         };
-        let refund = |c: &mut redis::Connection, marker: &str| -> i64 {
+        let refund = |c: &mut redis::Connection, marker: &str, end: u64| -> i64 {
             if name == "gcra" {
                 gcra_refund
                     .key(key)
+                    .key(&ledger_key)
                     .key(marker)
                     .arg(now)
                     .arg(1)
+                    .arg(now)
                     .arg(emission)
                     .arg(burst)
+                    .arg(end)
                     .invoke(c)
                     .unwrap()
             } else {
                 bucket_refund
                     .key(key)
+                    .key(&ledger_key)
                     .key(marker)
                     .arg(now)
                     .arg(emission)
                     .arg(burst)
                     .arg(1)
+                    .arg(now)
+                    .arg(end)
                     .invoke(c)
                     .unwrap()
             }
         };
+        let mut end = 0;
         for _ in 0..3 {
-            assert_eq!(check(&mut c), 1, "{name}");
+            let (allowed, e) = check(&mut c);
+            assert_eq!(allowed, 1, "{name}");
+            end = e;
         }
         let marker = format!("{}:rf:one", &key[..key.find('}').unwrap() + 1]);
-        assert_eq!(refund(&mut c, &marker), 1, "{name}: first run");
-        assert_eq!(refund(&mut c, &marker), 0, "{name}: resent");
-        assert_eq!(check(&mut c), 1, "{name}: the unit given back once");
-        assert_eq!(check(&mut c), 0, "{name}: and only once");
+        assert_eq!(refund(&mut c, &marker, end), 1, "{name}: first run");
+        assert_eq!(refund(&mut c, &marker, end), 0, "{name}: resent");
+        assert_eq!(check(&mut c).0, 1, "{name}: the unit given back once");
+        assert_eq!(check(&mut c).0, 0, "{name}: and only once");
         let ttl: i64 = redis::cmd("PTTL").arg(&marker).query(&mut c).unwrap();
         assert!(
             (1..=30_000).contains(&ttl),
@@ -401,4 +425,227 @@ async fn refunds_on_a_cluster_carry_a_marker() {
     let mut d = limiter.check("k", 1).await.unwrap();
     assert!(limiter.refund("k", &mut d).await.unwrap());
     assert!(common::keys_with_pttl(&mut redis.conn(), "*:rf:*").is_empty());
+}
+
+/// One request of a traffic case: the time since the previous arrival, its cost, and, for a
+/// request whose response turns out not to count, how long it stays in flight before its
+/// refund (held across drains when that is longer than its charge takes to drain).
+#[derive(Debug, Clone)]
+struct Request {
+    gap: u64,
+    cost: u32,
+    uncounted_for: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Traffic {
+    limit: u32,
+    burst: u32,
+    period_s: u64,
+    requests: Vec<Request>,
+}
+
+/// Traffic on a grid of `grid` µs (arrival gaps and times in flight are multiples of it):
+/// bursts, gaps of about an emission interval and of a whole drain, short and long stays in
+/// flight. `limits` are the limits to pick from (divisors of the period keep every time on
+/// the grid).
+fn traffic(limits: Vec<u32>, grid: u64) -> impl Strategy<Value = Traffic> {
+    (prop::sample::select(limits), 1u32..9).prop_flat_map(move |(limit, burst)| {
+        let period_s = 600;
+        let emission = period_s * 1_000_000 / u64::from(limit) / grid;
+        let drain = emission * u64::from(burst);
+        let gap = prop_oneof![
+            3 => Just(0u64),
+            4 => 0..=emission,
+            2 => 0..=3 * emission,
+            1 => 0..=2 * drain,
+        ];
+        let stay = prop_oneof![
+            3 => Just(None),
+            2 => Just(Some(0u64)),
+            2 => (0..=emission).prop_map(Some),
+            3 => (0..=2 * drain).prop_map(Some),
+        ];
+        let request = (gap, 1..=burst + 1, stay).prop_map(move |(gap, cost, stay)| Request {
+            gap: gap * grid,
+            cost,
+            uncounted_for: stay.map(|s| s * grid),
+        });
+        prop::collection::vec(request, 1..60).prop_map(move |requests| Traffic {
+            limit,
+            burst,
+            period_s,
+            requests,
+        })
+    })
+}
+
+/// Each algorithm that gives back a share of a charge in time (not a log entry), for
+/// `traffic`'s quota.
+fn timed_algorithms(t: &Traffic) -> Vec<(&'static str, Arc<dyn Algorithm>)> {
+    let q = Quota::new(t.limit, Duration::from_secs(t.period_s)).burst(t.burst);
+    let slow = Quota::new(t.limit * 3, Duration::from_secs(t.period_s * 6)).burst(t.burst + 2);
+    vec![
+        ("gcra", Arc::new(Gcra::new(q).unwrap())),
+        ("token-bucket", Arc::new(TokenBucket::new(q).unwrap())),
+        (
+            "multi",
+            Arc::new(MultiLimit::new([("fast", q), ("slow", slow)]).unwrap()),
+        ),
+    ]
+}
+
+/// What playing a traffic case gave: the counted admissions (time, cost), the counted
+/// arrivals (admitted or not), and every decision and refund as later requests see it.
+#[derive(Debug, PartialEq)]
+struct Played {
+    counted: Vec<(u64, u32)>,
+    arrivals: Vec<(u64, u32)>,
+    trace: Vec<String>,
+}
+
+/// Plays `traffic` on `limiter` (key "k"): each request is checked when it arrives; an
+/// admitted uncounted one is refunded when it leaves.
+async fn play(limiter: &Limiter, t: &Traffic) -> Played {
+    use std::collections::BTreeMap;
+    // Events by (time, order): arrivals are numbered first, so a refund due at an arrival's
+    // time comes after it.
+    enum Event {
+        Arrive(u32, Option<u64>),
+        Leave(Box<Decision>),
+    }
+    let mut events = BTreeMap::new();
+    let mut now = T0;
+    for (i, r) in t.requests.iter().enumerate() {
+        now += r.gap;
+        events.insert((now, i), Event::Arrive(r.cost, r.uncounted_for));
+    }
+    let mut order = t.requests.len();
+    let (mut counted, mut arrivals, mut trace) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(((at, _), event)) = events.pop_first() {
+        match event {
+            Event::Arrive(cost, uncounted_for) => {
+                let d = limiter.check_at("k", cost, at).await.unwrap();
+                trace.push(format!("+{} check {cost}: {:?}", at - T0, seen(&d)));
+                match uncounted_for {
+                    None => {
+                        arrivals.push((at, cost));
+                        if d.allowed {
+                            counted.push((at, cost));
+                        }
+                    }
+                    Some(stay) if d.allowed => {
+                        events.insert((at + stay, order), Event::Leave(Box::new(d)));
+                        order += 1;
+                    }
+                    Some(_) => {}
+                }
+            }
+            Event::Leave(mut d) => {
+                let given = limiter.refund_at("k", &mut d, at).await.unwrap();
+                trace.push(format!("+{} refund: {given}", at - T0));
+            }
+        }
+    }
+    Played {
+        counted,
+        arrivals,
+        trace,
+    }
+}
+
+/// The counted admissions of a played traffic case never exceed what the algorithm admits to
+/// the counted requests alone at the same arrival times: a fresh limiter (`fresh`) admits
+/// every one of them, each at its time and cost. With costs of one unit, that is also no more
+/// than a fresh limiter admits of all the counted arrivals. (With larger costs a count of
+/// requests is no bound: a refunded request can leave room that a large counted one would
+/// have wasted; the bound is on the units and their times.)
+async fn counted_within_the_algorithm(
+    played: &Played,
+    fresh: impl Fn() -> Limiter,
+    t: &Traffic,
+    label: &str,
+) {
+    let Played {
+        counted, arrivals, ..
+    } = played;
+    let alone = fresh();
+    for (i, &(at, cost)) in counted.iter().enumerate() {
+        let d = alone.check_at("k", cost, at).await.unwrap();
+        assert!(
+            d.allowed,
+            "{label}: counted admission {i} ({cost} at +{} µs) exceeds what the algorithm \
+             admits to the counted requests alone: {counted:?} in {t:?}",
+            at - T0
+        );
+    }
+    if t.requests.iter().all(|r| r.cost == 1) {
+        let alone = fresh();
+        let mut admitted = 0;
+        for &(at, cost) in arrivals {
+            admitted += usize::from(alone.check_at("k", cost, at).await.unwrap().allowed);
+        }
+        assert!(
+            counted.len() <= admitted,
+            "{label}: {} counted admissions, {admitted} for the counted requests alone: {t:?}",
+            counted.len()
+        );
+    }
+}
+
+/// Requests held in flight across drains and refunded as uncounted never let the counted
+/// ones exceed the algorithm, in memory (GCRA, the token bucket, the multi-limit; many cases
+/// at microsecond times); GCRA and the token bucket make the same decisions and refunds.
+#[test]
+fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_memory() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 1_024,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&traffic((1..13).collect(), 1), |t| {
+            let mut traces = Vec::new();
+            for (name, algorithm) in timed_algorithms(&t) {
+                let fresh = || RateLimiter::new(MemoryStore::new(), Arc::clone(&algorithm));
+                let played = rt.block_on(play(&fresh(), &t));
+                rt.block_on(counted_within_the_algorithm(&played, fresh, &t, name));
+                traces.push(played.trace);
+            }
+            assert_eq!(traces[0], traces[1], "gcra and token bucket: {t:?}");
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The same on a real Redis, which agrees with the in-memory twin on every decision and
+/// refund: fewer cases, on a grid of whole seconds (with limits dividing the period), so
+/// that every key outlives the real time a case takes.
+#[test]
+fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_redis() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &traffic(vec![1, 2, 3, 4, 5, 6, 8, 10, 12], 1_000_000),
+            |t| {
+                for (name, algorithm) in timed_algorithms(&t) {
+                    let (on_redis, in_memory) = limiters(&store, &algorithm);
+                    let played = rt.block_on(play(&on_redis, &t));
+                    let twin = rt.block_on(play(&in_memory, &t));
+                    assert_eq!(played, twin, "{name}: Redis and the twin, {t:?}");
+                    let fresh = || limiters(&store, &algorithm).0;
+                    rt.block_on(counted_within_the_algorithm(&played, fresh, &t, name));
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
 }

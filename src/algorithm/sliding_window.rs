@@ -8,7 +8,10 @@ use super::{
     state::{Log, MemoryState},
     Algorithm, Rule,
 };
-use crate::{decision::LogEntry, Charge, ConfigError, Error, Outcome, Quota};
+use crate::{
+    decision::{LogEntry, Position},
+    Charge, ConfigError, Error, Outcome, Quota,
+};
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
 /// `quota.period()`, each request weighing its cost. Exact, with no boundary bursts; the price
@@ -93,7 +96,7 @@ pub(crate) fn decide(
     log.entries.push_back((now, log.added, log.seq));
     log.last = now;
     let mut o = Outcome::single(true, remaining - cost, Some(0), window);
-    o.entry = Some(LogEntry {
+    o.position = Position::Logged(LogEntry {
         at_us: now,
         seq: log.seq,
     });
@@ -178,7 +181,7 @@ impl Algorithm for SlidingWindow {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Some(entry) = charge.entry else {
+        let Position::Logged(entry) = charge.position else {
             return Ok(false);
         };
         if state.is_empty() {
