@@ -649,3 +649,137 @@ fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_redis() {
         )
         .unwrap();
 }
+
+/// The gateway demo as a user runs it with `--count-only 401`: `burst` slow uncounted
+/// requests (`/sleep`) are admitted, stay in flight longer than their charges take to drain,
+/// and end (200, refunded) after counted 401s took the key's units. Their refunds give back
+/// nothing then: all the 401s, before and after they end, are at most what GCRA admits in
+/// the time they took, `burst + elapsed / emission`. Returns the statuses seen.
+fn slow_uncounted_requests_give_back_nothing_drained(
+    args: &[&str],
+    burst: usize,
+    emission: Duration,
+    sleep: Duration,
+) -> (Vec<u16>, usize) {
+    use common::gateway::{get_path, start_gateway};
+    use std::time::Instant;
+    let mut all = vec![
+        "--per",
+        "2s",
+        "--count-only",
+        "401",
+        "--key",
+        "header:x-user",
+    ];
+    all.extend_from_slice(args);
+    let gw = start_gateway(&all);
+    let addr = gw.addr;
+    let header = "x-user: eve\r\n";
+    let start = Instant::now();
+    let path = format!("/sleep/{}", sleep.as_millis());
+    let sleepers: Vec<_> = (0..burst)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || get_path(addr, &path, header).0)
+        })
+        .collect();
+    // Every sleeper's charge has drained (the whole burst takes 2 s to drain) while they are
+    // still in flight.
+    std::thread::sleep(
+        (start + Duration::from_millis(2_100)).saturating_duration_since(Instant::now()),
+    );
+    let first = Instant::now();
+    let mut statuses: Vec<u16> = (0..10)
+        .map(|_| get_path(addr, "/status/401", header).0)
+        .collect();
+    for s in sleepers {
+        assert_eq!(
+            s.join().unwrap(),
+            200,
+            "{args:?}: a slow request was refused"
+        );
+    }
+    statuses.extend((0..10).map(|_| get_path(addr, "/status/401", header).0));
+    let elapsed = first.elapsed();
+    let counted = statuses.iter().filter(|&&s| s == 401).count();
+    let bound = burst + (elapsed.as_micros() / emission.as_micros()) as usize;
+    assert!(
+        counted <= bound,
+        "{args:?}: {counted} counted 401s in {elapsed:?}, at most {bound}: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 401 || s == 429),
+        "{args:?}: {statuses:?}"
+    );
+    (statuses, bound)
+}
+
+/// The attack through the gateway, time-scaled (a quota per 2 s): GCRA on Redis and
+/// in memory, the token bucket with a larger burst on Redis and in memory, each on its own
+/// gateway at once. The first 401s take the burst; the slow requests' refunds give none of
+/// it back (before the fix, each gave back a unit and the key served about twice its burst).
+#[test]
+fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let configs: Vec<(Vec<String>, usize, Duration)> = vec![
+        (
+            vec!["--algorithm", "gcra", "--limit", "5", "--redis", &url],
+            5,
+            400,
+        ),
+        (vec!["--algorithm", "gcra", "--limit", "5"], 5, 400),
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--limit",
+                "8",
+                "--burst",
+                "8",
+                "--redis",
+                &url,
+            ],
+            8,
+            250,
+        ),
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--limit",
+                "8",
+                "--burst",
+                "8",
+            ],
+            8,
+            250,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (args, burst, emission_ms))| {
+        let mut args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        args.extend(["--prefix".to_owned(), format!("slow{i}")]);
+        (args, burst, Duration::from_millis(emission_ms))
+    })
+    .collect();
+    let runs: Vec<_> = configs
+        .into_iter()
+        .map(|(args, burst, emission)| {
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                // The sleepers end a little after the first 401s, well before those drain.
+                slow_uncounted_requests_give_back_nothing_drained(
+                    &args,
+                    burst,
+                    emission,
+                    Duration::from_millis(2_500),
+                )
+            })
+        })
+        .collect();
+    for run in runs {
+        run.join().unwrap();
+    }
+}
