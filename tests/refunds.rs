@@ -229,12 +229,51 @@ fn a_refund_after_its_charge_is_as_if_the_check_never_happened() {
     });
 }
 
-/// A refund that rewrites more members than one chunk of the script, many sharing one score
-/// (one batch, or one microsecond): the log stays ordered and Redis agrees with the twin.
-/// Before the fix, ranks read between chunk writes named a member twice and skipped one,
-/// and Redis admitted 4 units over the limit once the old members left the window.
+/// Checks and refunds in logs longer than a refund rewrites (past 64 members on both sides
+/// of the refunded one): Redis and the twin agree on every decision and refund.
+#[test]
+fn refunds_in_long_logs_match_redis() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 12,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let long_logs = (200u32..400).prop_flat_map(|limit| {
+        let interval = 600_000_000 / u64::from(limit);
+        let step = prop_oneof![3 => Just(0u64), 1 => 0..interval / 4];
+        let op = prop_oneof![
+            12 => Just(Op::Check(1)),
+            2 => (2u32..=3).prop_map(Op::Check),
+            3 => any::<usize>().prop_map(Op::Refund),
+        ];
+        prop::collection::vec((step, op), 250..450).prop_map(move |steps| Case {
+            limit,
+            burst: limit,
+            period_s: 600,
+            steps,
+        })
+    });
+    let _guard = rt.enter();
+    runner
+        .run(&long_logs, |case| {
+            let window = Quota::new(case.limit, Duration::from_secs(case.period_s));
+            let algorithm: Arc<dyn Algorithm> = Arc::new(SlidingWindow::new(window).unwrap());
+            rt.block_on(interleaved_agree(&store, &algorithm, &case));
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Refunds in a log of many members sharing a score (one batch, or one microsecond): each
+/// finds its member among them (by sequence number), the log stays ordered, and Redis agrees
+/// with the twin. Near the log's newer end a refund gives its units back; deep inside (more
+/// than 64 members on either side) its units move onto the member 64 places older and leave
+/// the window with it.
 #[tokio::test]
-async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
+async fn refunds_in_a_log_of_members_sharing_a_score_keep_the_log_exact() {
     let redis = RedisServer::start();
     let window = Duration::from_secs(60);
     let limit = 2008;
@@ -242,20 +281,31 @@ async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
     let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
     let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
     let (t1, t2) = (T0 + 1_000, T0 + 2_000);
-    let (mut r5, mut m5) = (None, None);
+    let mut kept = Vec::new();
     for (t, n, cost) in [(T0, 1001, 1), (t1, 1, 5), (t2, 1002, 1)] {
-        for _ in 0..n {
+        for i in 0..n {
             let r = on_redis.check_at("k", cost, t).await.unwrap();
             let m = in_memory.check_at("k", cost, t).await.unwrap();
             assert!(r.allowed && m.allowed);
-            if cost == 5 {
-                (r5, m5) = (Some(r), Some(m));
+            // The 500th at T0, the one of cost 5, the 1000th at t2.
+            if (t == T0 && i == 499) || cost == 5 || (t == t2 && i == 999) {
+                kept.push((r, m));
             }
         }
     }
-    let (mut r5, mut m5) = (r5.unwrap(), m5.unwrap());
-    assert!(on_redis.refund_at("k", &mut r5, t2).await.unwrap());
-    assert!(in_memory.refund_at("k", &mut m5, t2).await.unwrap());
+    // Two members newer than it: given back.
+    let (mut r, mut m) = kept.pop().unwrap();
+    assert!(on_redis.refund_at("k", &mut r, t2).await.unwrap());
+    assert!(in_memory.refund_at("k", &mut m, t2).await.unwrap());
+    // Deep inside: moved, nothing given back now.
+    for (mut r, mut m) in kept {
+        assert!(!on_redis.refund_at("k", &mut r, t2).await.unwrap());
+        assert!(!in_memory.refund_at("k", &mut m, t2).await.unwrap());
+    }
+    let r = on_redis.check_at("k", 1, t2).await.unwrap();
+    let m = in_memory.check_at("k", 1, t2).await.unwrap();
+    assert_eq!(r, m);
+    assert_eq!(r.remaining, 0, "only the unit given back was free");
     let members: Vec<String> = tower_redis_ratelimit::redis::cmd("ZRANGE")
         .arg(format!("{}:l2", on_redis.storage_key("k")))
         .arg(0)
@@ -267,15 +317,17 @@ async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
         totals.windows(2).all(|w| w[0] < w[1]),
         "the log's totals are out of order"
     );
-    let later = T0 + 60_000_000 + 1; // the T0 members left the window; 1002 units remain
+    // The T0 members left the window, with the units moved onto them: the 1,002 at t2, less
+    // the one given back, plus the check above, remain.
+    let later = T0 + 60_000_000 + 1;
     let r = on_redis.check_at("k", 1, later).await.unwrap();
     let m = in_memory.check_at("k", 1, later).await.unwrap();
+    assert_eq!(r, m);
     assert_eq!(m.remaining, u64::from(limit) - 1002 - 1);
-    assert_eq!(r.remaining, m.remaining);
 }
 
 /// One decision is given back once: the second refund of it is `Ok(false)` and the limit
-/// holds. Before the fix a GCRA or token-bucket decision refunded twice gave back twice.
+/// holds, for every algorithm.
 #[tokio::test]
 async fn a_decision_is_given_back_once() {
     let redis = RedisServer::start();
@@ -717,7 +769,7 @@ fn slow_uncounted_requests_give_back_nothing_drained(
 /// The issue's attack through the gateway, time-scaled (a quota per 2 s): GCRA on Redis and
 /// in memory, the token bucket with a larger burst on Redis and in memory, each on its own
 /// gateway at once. The first 401s take the burst; the slow requests' refunds give none of
-/// it back (before the fix, each gave back a unit and the key served about twice its burst).
+/// it back (were each to give back its unit, the key would serve about twice its burst).
 #[test]
 fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
     let redis = RedisServer::start();
@@ -781,5 +833,189 @@ fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
         .collect();
     for run in runs {
         run.join().unwrap();
+    }
+}
+
+/// `MONITOR` on a test Redis: every command it runs, scripts' included.
+struct Monitor {
+    lines: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Self {
+        use std::io::{BufRead, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut lines = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        lines.read_line(&mut ok).unwrap();
+        assert_eq!(ok.trim_end(), "+OK");
+        Self { lines }
+    }
+
+    /// The commands scripts ran (each as its name and arguments) until the `ECHO` of
+    /// `marker` that the caller sends after them.
+    fn scripts_until(&mut self, marker: &str) -> Vec<Vec<String>> {
+        use std::io::BufRead;
+        let mut commands = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.lines.read_line(&mut line).unwrap() > 0,
+                "MONITOR ended"
+            );
+            let Some((source, rest)) = line.split_once("] ") else {
+                continue;
+            };
+            let args = monitor_args(rest);
+            if args.len() == 2 && args[0].eq_ignore_ascii_case("echo") && args[1] == marker {
+                return commands;
+            }
+            if source.ends_with("lua") {
+                commands.push(args);
+            }
+        }
+    }
+}
+
+/// The quoted arguments of a `MONITOR` line.
+fn monitor_args(rest: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut chars = rest.trim_end().chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => arg.extend(chars.next()),
+                '"' => break,
+                c => arg.push(c),
+            }
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Log members a script command reads or writes: those it names (`ZADD`, `ZREM`), or the
+/// span of ranks it reads (`ZRANGE`); a range by score without `LIMIT` reads every member
+/// in it, unbounded. Counting, reading a hash or a key's size touches no member.
+fn members_touched(command: &[String]) -> usize {
+    let int = |i: usize| command.get(i).and_then(|a| a.parse::<i64>().ok());
+    match command[0].to_ascii_lowercase().as_str() {
+        "zadd" => (command.len() - 2) / 2,
+        "zrem" => command.len() - 2,
+        "zrange" => match (int(2), int(3)) {
+            (Some(a), Some(b)) if a >= 0 && b >= a => (b - a + 1) as usize,
+            (Some(-1), Some(-1)) => 1,
+            _ => usize::MAX,
+        },
+        "zrangebyscore" | "zrevrangebyscore" => {
+            match command.iter().position(|a| a.eq_ignore_ascii_case("limit")) {
+                Some(i) => command
+                    .get(i + 2)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(usize::MAX),
+                None => usize::MAX,
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// At the sizes a client controls (100,000 per 120 s, a log of 40,000 members, 100 refunds
+/// parked in its middle), each refund does bounded work in Redis, as `MONITOR` shows of the
+/// commands its script ran: at most 16 commands touching at most 3 × 64 + 8 log members in
+/// all, not the 20,000 members of a side. The refunds give nothing back now (their units move
+/// 64 members back and leave the window with them), and Redis agrees with the in-memory twin
+/// afterwards.
+#[tokio::test]
+async fn a_sliding_window_refund_does_bounded_work_whatever_the_log_size() {
+    use tower_redis_ratelimit::redis::{self, Script};
+    let redis = RedisServer::start();
+    let window = Duration::from_secs(120);
+    let algorithm = SlidingWindow::new(Quota::new(100_000, window)).unwrap();
+    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
+    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
+    // 20,000 counted requests, 100 parked ones (uncounted, in flight), 20,000 more: the
+    // filler goes to the same script the limiter runs, pipelined.
+    let script = Script::new(&format!(
+        "{}{}",
+        include_str!("../lua/prelude.lua"),
+        include_str!("../lua/sliding_window.lua")
+    ));
+    let base = on_redis.storage_key("k");
+    let mut c = redis.conn();
+    script.prepare_invoke().load(&mut c).unwrap();
+    let mut fill = |from: u64, to: u64| {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(1_000) {
+            let mut pipe = redis::pipe();
+            for i in chunk {
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(2)
+                    .arg(format!("{base}:l2"))
+                    .arg(format!("{base}:m2"))
+                    .arg(T0 + i)
+                    .arg(window.as_micros() as u64)
+                    .arg(100_000)
+                    .arg(1)
+                    .ignore();
+            }
+            pipe.query::<()>(&mut c).unwrap();
+        }
+    };
+    fill(0, 20_000);
+    let mut parked = Vec::new();
+    for i in 20_000..20_100 {
+        let r = on_redis.check_at("k", 1, T0 + i).await.unwrap();
+        assert!(r.allowed);
+        parked.push(r);
+    }
+    fill(20_100, 40_100);
+    let mut twin_parked = Vec::new();
+    for i in 0..40_100 {
+        let m = in_memory.check_at("k", 1, T0 + i).await.unwrap();
+        assert!(m.allowed);
+        if (20_000..20_100).contains(&i) {
+            twin_parked.push(m);
+        }
+    }
+    let mut monitor = Monitor::start(redis.port);
+    let now = T0 + 50_000;
+    for (i, (mut r, mut m)) in parked.into_iter().zip(twin_parked).enumerate() {
+        let given = on_redis.refund_at("k", &mut r, now).await.unwrap();
+        let marker = format!("refund-{i}-done");
+        let _: String = redis::cmd("ECHO").arg(&marker).query(&mut c).unwrap();
+        let commands = monitor.scripts_until(&marker);
+        let touched = commands
+            .iter()
+            .map(|cmd| members_touched(cmd))
+            .fold(0usize, usize::saturating_add);
+        assert!(
+            commands.len() <= 16 && touched <= 3 * 64 + 8,
+            "refund {i}: {} commands touching {touched} log members: {:?}",
+            commands.len(),
+            commands
+                .iter()
+                .map(|c| c.iter().take(4).cloned().collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            !given,
+            "refund {i}: deep in the log, nothing is given back now"
+        );
+        assert!(!in_memory.refund_at("k", &mut m, now).await.unwrap());
+    }
+    for at in [now, T0 + 120_000_000 + 19_935, T0 + 120_000_000 + 19_999] {
+        let r = on_redis.check_at("k", 1, at).await.unwrap();
+        let m = in_memory.check_at("k", 1, at).await.unwrap();
+        assert_eq!(r, m, "at +{}", at - T0);
     }
 }

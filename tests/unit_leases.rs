@@ -188,9 +188,9 @@ async fn unused_units_go_back_when_the_lease_ends() {
 /// The units a lease did not hand out, returned after their share of the key's time has
 /// drained (the reservation's units lie on the key's time, the unused ones last), give
 /// nothing back: another instance that took the key's whole burst meanwhile then gets no
-/// more than the algorithm grants in the time since, `burst + elapsed / emission`. (Before,
-/// the return moved the key's time back by every unused unit and handed out that many of
-/// the other instance's.) GCRA and the token bucket.
+/// more than the algorithm grants in the time since, `burst + elapsed / emission` (a return
+/// of every unused unit would hand out that many of the other instance's). GCRA and the token
+/// bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_units_whose_time_has_drained_give_nothing_back() {
     const LIFETIME: Duration = Duration::from_millis(400);

@@ -137,7 +137,9 @@ impl<A: Algorithm> RateLimiter<A> {
     /// check: GCRA and the token bucket give back the part of the charge that has not drained
     /// yet (a charge drains as the key refills, so a request in flight longer than that gives
     /// back less, or nothing: its units may already be other requests'), never above the
-    /// burst; a sliding window removes the request's own log entry. Limits stay exact under
+    /// burst; a sliding window removes the request's own log entry (one deep inside a long log,
+    /// with more than 64 entries on both sides, gives its units back later, when the entry 64
+    /// places older leaves the window). Limits stay exact under
     /// concurrency: units are taken before the work and given back after, so the requests
     /// that keep their units never exceed the limit.
     ///
