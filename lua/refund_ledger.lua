@@ -25,11 +25,15 @@ local function ledger_read(key, now)
   if not raw then
     return l
   end
-  local n = {}
+  local n, bad = {}, false
   for word in string.gmatch(raw, '%S+') do
-    n[#n + 1] = stored_int(word, 'refund ledger')
+    local v = tonumber(word)
+    if v == nil or v ~= v or v % 1 ~= 0 or v < 0 or v > MAX then
+      bad = true
+    end
+    n[#n + 1] = v
   end
-  if #n < 2 or (#n - 2) % 4 ~= 0 or (#n - 2) / 4 > LEDGER_RECORDS then
+  if bad or #n < 2 or (#n - 2) % 4 ~= 0 or (#n - 2) / 4 > LEDGER_RECORDS then
     fail('corrupted refund ledger under ' .. key)
   end
   if n[1] <= now then

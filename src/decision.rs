@@ -7,7 +7,8 @@ use crate::{algorithm::Placed, Error, Quota};
 /// A store's raw answer for one check, in microseconds.
 ///
 /// Every built-in script replies `{allowed, remaining, retry_after_us, reset_after_us}`, with
-/// `retry_after_us = -1` meaning "never": the cost exceeds the capacity.
+/// `retry_after_us = -1` meaning "never": the cost exceeds the capacity. When they admit, they
+/// add where they put the units, for a refund (the store reads that part itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Outcome {
@@ -75,7 +76,8 @@ pub struct PartOutcome {
 }
 
 impl Outcome {
-    /// Parses the shared reply shape of the built-in scripts.
+    /// Parses the shared reply shape of the built-in scripts (what a custom script answers
+    /// by default, see [`Scripted::parse_reply`](crate::Scripted::parse_reply)).
     ///
     /// Anything else (wrong length, non-integers, negative values, an allowed reply with a
     /// retry time) is an [`Error::InvalidReply`], never a panic and never an "allowed".

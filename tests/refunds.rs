@@ -1019,3 +1019,29 @@ async fn a_sliding_window_refund_does_bounded_work_whatever_the_log_size() {
         assert_eq!(r, m, "at +{}", at - T0);
     }
 }
+
+/// A refund ledger that is not one (foreign data under its key) is an error, never a refund
+/// of more than the charge holds; checks of the key go on.
+#[tokio::test]
+async fn a_corrupted_refund_ledger_is_an_error() {
+    use tower_redis_ratelimit::redis;
+    let redis = RedisServer::start();
+    let limiter = RateLimiter::new(
+        redis.store().await,
+        Gcra::new(Quota::per_minute(3)).unwrap(),
+    );
+    let first = limiter.check("k", 1).await.unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().allowed);
+    for junk in ["x", "1 2 3", "-5 0", "99999999999999999 0 1 2 3 4"] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{}:gr", limiter.storage_key("k")))
+            .arg(junk)
+            .query(&mut redis.conn())
+            .unwrap();
+        let mut d = first.clone();
+        let e = limiter.refund("k", &mut d).await.unwrap_err();
+        assert!(e.to_string().contains("refund ledger"), "{junk:?}: {e}");
+    }
+    assert!(limiter.check("k", 1).await.unwrap().allowed);
+    assert!(!limiter.check("k", 1).await.unwrap().allowed);
+}
