@@ -2,7 +2,9 @@
 -- Same decisions as the token bucket with the same emission interval and burst.
 -- KEYS[1]  TAT
 -- ARGV     now|'', emission_us, burst, cost
--- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}
+-- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}; when
+--          admitted, then `now`: the charge lies just before now + reset_after_us, which a
+--          refund needs (see refund_ledger.lua)
 --
 -- The hottest script, so it stands alone (no shared prelude) and keeps its per-call work to
 -- the minimum: no closures, one validation pass over all arguments before any write, integers
@@ -59,4 +61,4 @@ end
 
 redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX',
   string.format('%d', math.ceil((new_tat - now) / 1000)))
-return { 1, math.floor((now + tolerance - new_tat) / emission), 0, new_tat - now }
+return { 1, math.floor((now + tolerance - new_tat) / emission), 0, new_tat - now, now }

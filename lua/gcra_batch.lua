@@ -105,7 +105,7 @@ for i = 1, n do
         written[#written + 1] = key
       end
       tats[key] = new_tat
-      replies[i] = { 1, math.floor((now + tolerance - new_tat) / emission), 0, new_tat - now }
+      replies[i] = { 1, math.floor((now + tolerance - new_tat) / emission), 0, new_tat - now, now }
     end
   end
 end

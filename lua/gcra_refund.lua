@@ -1,27 +1,31 @@
--- Refund for GCRA and for several GCRA limits on one key: gives back what an admitted check
--- took, as if it had never happened. Each limit's TAT moves back by cost * emission, never
--- before now (a rested key holds no more than its burst); a TAT already in the past, or a
--- missing key, has nothing to give back.
--- KEYS[i]  TAT of limit i; then, optionally, a marker key (see `first_run` in prelude.lua)
--- ARGV     now|'', cost, then emission_us, burst for each limit
--- Reply    1 when units were given back, 0 otherwise
+-- Refund for GCRA and for several GCRA limits on one key: gives back what an admitted check's
+-- charge still holds of each limit's TAT (see refund_ledger.lua), moving it back by that much,
+-- never before now (a rested key holds no more than its burst). A TAT already in the past, or
+-- a missing key, has nothing to give back.
+-- KEYS[i]      TAT of limit i (n limits); KEYS[n + i] its refund ledger; then, optionally, a
+--              marker key (see `first_run` in prelude.lua)
+-- ARGV         now|'', cost, when the check was admitted, then for each limit: emission_us,
+--              burst, the TAT the check left
+-- Reply        1 when units were given back, 0 otherwise
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
-local n = (#ARGV - 2) / 2
-if n < 1 or n % 1 ~= 0 or (#KEYS ~= n and #KEYS ~= n + 1) then
+local at = int_arg(3, 'admission time', 0)
+local n = (#ARGV - 3) / 3
+if n < 1 or n % 1 ~= 0 or (#KEYS ~= 2 * n and #KEYS ~= 2 * n + 1) then
   fail('invalid argument count')
 end
-local emission, back = {}, {}
+local span, ends = {}, {}
 for i = 1, n do
-  emission[i] = int_arg(1 + 2 * i, 'emission', 1)
-  local burst = int_arg(2 + 2 * i, 'burst', 1)
-  if emission[i] * burst > MAX then
+  local emission = int_arg(1 + 3 * i, 'emission', 1)
+  local burst = int_arg(2 + 3 * i, 'burst', 1)
+  if emission * burst > MAX then
     fail('invalid argument burst')
   end
+  ends[i] = int_arg(3 + 3 * i, 'end', 0)
   -- An admitted check cost at most the burst.
-  back[i] = emission[i] * math.min(cost, burst)
+  span[i] = emission * math.min(cost, burst)
 end
-if not first_run(n) then
+if not first_run(2 * n) then
   return 0
 end
 local given = 0
@@ -30,13 +34,19 @@ for i = 1, n do
   if raw then
     local tat = stored_int(raw, 'TAT')
     if tat > now then
-      tat = tat - back[i]
-      if tat > now then
-        redis.call('SET', KEYS[i], fmt(tat), 'PX', ms_ceil(tat - now))
-      else
-        redis.call('DEL', KEYS[i])
+      local ledger = ledger_read(KEYS[n + i], now)
+      local back, moved, noted = ledger_give_back(tat, ledger, now, at, ends[i], span[i])
+      if moved then
+        if back then
+          redis.call('SET', KEYS[i], fmt(back), 'PX', ms_ceil(back - now))
+        else
+          redis.call('DEL', KEYS[i])
+        end
+        given = 1
       end
-      given = 1
+      if noted then
+        ledger_write(KEYS[n + i], ledger, now)
+      end
     end
   end
 end

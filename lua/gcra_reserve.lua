@@ -3,7 +3,8 @@
 -- `cost`. The TAT moves by granted * emission, as if `granted` checks of one unit had run.
 -- KEYS[1]  TAT
 -- ARGV     now|'', emission_us, burst, cost, up_to
--- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted}
+-- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
+--          when granted, then `now` (the units lie just before now + reset_after_us)
 local now, emission, burst, cost, tolerance = bucket_args()
 local up_to = int_arg(5, 'up_to', 1)
 if up_to < cost then
@@ -36,4 +37,4 @@ end
 local granted = math.min(up_to, available)
 local new_tat = tat + granted * emission
 redis.call('SET', KEYS[1], fmt(new_tat), 'PX', ms_ceil(new_tat - now))
-return { 1, available - granted, 0, new_tat - now, granted }
+return { 1, available - granted, 0, new_tat - now, granted, now }

@@ -5,7 +5,8 @@
 -- ARGV     now|'', cost, then emission_us, burst for each limit
 -- Reply: the shared 4 integers for the binding limit (denied: the longest wait; allowed: the
 -- fewest units left), its 0-based index, then remaining, retry_after_us (0 = this limit would
--- admit, -1 = never), reset_after_us for each limit.
+-- admit, -1 = never), reset_after_us for each limit; when admitted, then `now` (each limit's
+-- charge lies just before now + its reset_after_us, which a refund needs).
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
 local n = #KEYS
@@ -81,5 +82,8 @@ for i = 1, n do
   reply[#reply + 1] = remaining[i]
   reply[#reply + 1] = retry[i]
   reply[#reply + 1] = reset[i]
+end
+if allowed then
+  reply[#reply + 1] = now
 end
 return reply

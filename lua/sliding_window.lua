@@ -11,7 +11,8 @@
 -- ARGV     now|'', window_us, limit, cost
 -- Reply    the shared 4 integers; when admitted, then the member's time and sequence number.
 -- Units in the window are a - r: no loop over members, O(log n) per call. A refund
--- (sliding_window_refund.lua) removes a member and lowers the totals of those after it.
+-- (sliding_window_refund.lua) removes a member and moves the totals on one side of it,
+-- rewriting at most 64 members.
 local now = clock()
 local window = int_arg(2, 'window', 1000)
 local limit = int_arg(3, 'limit', 1)

@@ -1,12 +1,24 @@
--- Refund for the sliding-window log: removes the member an admitted check wrote, as if the
--- request had never happened. Running totals then move on one side of it (see below): this
--- costs O(k log n) for the k members on the shorter side (a refund usually follows its check
--- closely, so k is at most the number of requests of that key in flight). A member already
--- out of the window, or gone, has nothing to give back.
+-- Refund for the sliding-window log: removes the member an admitted check wrote and gives its
+-- units back, with work bounded whatever the log's size. A client decides how many members
+-- its log holds (up to its limit), so a refund must not cost in proportion to them: it finds
+-- the member with O(log n) commands and rewrites at most REWRITE members.
+--
+-- Members carry running totals (see sliding_window.lua), so removing one moves the totals on
+-- one side of it: either every older member's total and r go up by the cost (as if its units
+-- had left the window before them), or every newer member's total and a go down by it (as if
+-- they had never been admitted); the same counts either way. When either side holds at most
+-- REWRITE members, the shorter one is rewritten and the units are given back: as if the
+-- request had never happened. When both hold more (a member parked deep inside a long log),
+-- the member is removed and its units move onto the member REWRITE places older instead (the
+-- REWRITE members between are rewritten): they leave the window with that member, sooner
+-- than with their own, but are not given back now. Never more than a whole refund, never
+-- less than none. A member already out of the window, or gone, has nothing to give back.
 -- KEYS[1]  the log (see sliding_window.lua)
 -- KEYS[2]  its hash
 -- ARGV     now|'', window_us, limit, cost, the member's time, the member's sequence number
--- Reply    1 when the member was removed, 0 otherwise
+-- Reply    1 when the units were given back, 0 otherwise (nothing to give, or moved)
+local REWRITE = 64
+
 local now = clock()
 local window = int_arg(2, 'window', 1000)
 int_arg(3, 'limit', 1)
@@ -28,66 +40,65 @@ if at <= now - window then
   return 0 -- out of the window already: it holds no units any more
 end
 
-local mine
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], at, at)) do
-  if member_seq(m) == seq then
-    mine = m
-    break
+-- The member: members sharing its time sort by total, hence by sequence number (both grow
+-- with every admission), so a binary search over their ranks finds it.
+local rank = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. fmt(at))
+local hi = rank + redis.call('ZCOUNT', KEYS[1], fmt(at), fmt(at)) - 1
+if hi < rank then
+  return 0
+end
+while rank < hi do
+  local mid = math.floor((rank + hi) / 2)
+  if member_seq(redis.call('ZRANGE', KEYS[1], mid, mid)[1]) < seq then
+    rank = mid + 1
+  else
+    hi = mid
   end
 end
-if not mine then
+local mine = redis.call('ZRANGE', KEYS[1], rank, rank)[1]
+if member_seq(mine) ~= seq then
   return 0
 end
 local total = member_total(mine)
 if total < cost or added < total or removed + cost > added then
   fail('corrupted log under ' .. KEYS[1])
 end
-local rank = redis.call('ZRANK', KEYS[1], mine)
 local newer = redis.call('ZCARD', KEYS[1]) - 1 - rank
 redis.call('ZREM', KEYS[1], mine)
 
--- Rewrites members `first` to `last` (ranks) with their totals moved by `delta`. All are read
--- before any is rewritten: a rewritten member may sort past members sharing its score, so
--- ranks read between writes could name a member twice and miss another. Written in chunks
--- (a few commands however many there are; unpack's stack is bounded).
-local function shift(first, last, delta)
-  local members = redis.call('ZRANGE', KEYS[1], first, last, 'WITHSCORES')
-  local CHUNK = 2000
-  -- Every old member goes before any new one is written: a new name may be an old one's.
-  for from = 1, #members, CHUNK do
-    local old = {}
-    for i = from, math.min(from + CHUNK - 1, #members), 2 do
-      old[#old + 1] = members[i]
-    end
-    redis.call('ZREM', KEYS[1], unpack(old))
+-- Rewrites members `first` to `upto` (ranks; at most REWRITE of them) with their totals moved
+-- by `delta`. All are read, then all removed, before any is rewritten: a rewritten member may
+-- sort past members sharing its score, and a new name may be an old one's.
+local function shift(first, upto, delta)
+  local members = redis.call('ZRANGE', KEYS[1], first, upto, 'WITHSCORES')
+  local old, new = {}, {}
+  for i = 1, #members, 2 do
+    old[#old + 1] = members[i]
+    new[#new + 1] = members[i + 1]
+    new[#new + 1] = member(member_total(members[i]) + delta, member_seq(members[i]))
   end
-  for from = 1, #members, CHUNK do
-    local new = {}
-    for i = from, math.min(from + CHUNK - 1, #members), 2 do
-      new[#new + 1] = members[i + 1]
-      new[#new + 1] = member(member_total(members[i]) + delta, member_seq(members[i]))
-    end
-    redis.call('ZADD', KEYS[1], unpack(new))
-  end
+  redis.call('ZREM', KEYS[1], unpack(old))
+  redis.call('ZADD', KEYS[1], unpack(new))
 end
 
--- The units in the window are a - r. Either every older member's total and r go up by the
--- cost (as if its units had left the window before them), or every newer member's total and
--- a go down by it (as if they had never been admitted): the same counts either way, so the
--- side with fewer members is rewritten.
-if rank <= newer then
+if rank <= newer and rank <= REWRITE then
   if rank > 0 then
     shift(0, rank - 1, cost)
   end
   redis.call('HSET', KEYS[2], 'r', fmt(removed + cost))
   return 1
 end
-if newer > 0 then
-  shift(rank, rank + newer - 1, -cost)
-else
-  -- It was the newest: the log's time goes back to the newest left.
-  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  redis.call('HSET', KEYS[2], 'l', newest[2])
+if newer < rank and newer <= REWRITE then
+  if newer > 0 then
+    shift(rank, rank + newer - 1, -cost)
+  else
+    -- It was the newest: the log's time goes back to the newest left.
+    local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+    redis.call('HSET', KEYS[2], 'l', newest[2])
+  end
+  redis.call('HSET', KEYS[2], 'a', fmt(added - cost))
+  return 1
 end
-redis.call('HSET', KEYS[2], 'a', fmt(added - cost))
-return 1
+-- Deep inside a long log: its units go to the member REWRITE places older.
+shift(rank - REWRITE, rank - 1, cost)
+return 0

@@ -3,6 +3,8 @@
 -- A missing key is a full bucket; the key expires when the bucket would be full again.
 -- KEYS[1]  the bucket hash
 -- ARGV     now|'', emission_us, burst, cost
+-- Reply    the shared 4 integers; when admitted, then `now` (the bucket is full again at
+--          now + reset_after_us: GCRA's time, which a refund needs, see refund_ledger.lua)
 local now, emission, burst, cost, tolerance = bucket_args()
 
 local tokens, ts, t_eff = stored_bucket(now, emission, burst)
@@ -23,4 +25,4 @@ tokens = tokens - cost
 local full_in = wait_for(burst)
 redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
 redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
-return { 1, tokens, 0, full_in }
+return { 1, tokens, 0, full_in, now }

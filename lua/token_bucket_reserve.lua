@@ -3,7 +3,8 @@
 -- check of `cost`.
 -- KEYS[1]  the bucket hash
 -- ARGV     now|'', emission_us, burst, cost, up_to
--- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted}
+-- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
+--          when granted, then `now` (the bucket is full again at now + reset_after_us)
 local now, emission, burst, cost, tolerance = bucket_args()
 local up_to = int_arg(5, 'up_to', 1)
 if up_to < cost then
@@ -25,4 +26,4 @@ tokens = tokens - granted
 local full_in = bucket_wait(tokens, ts, t_eff, now, emission, burst)
 redis.call('HSET', KEYS[1], 'n', fmt(tokens), 't', fmt(ts))
 redis.call('PEXPIRE', KEYS[1], ms_ceil(full_in))
-return { 1, tokens, 0, full_in, granted }
+return { 1, tokens, 0, full_in, granted, now }

@@ -2,12 +2,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::{Error, Quota};
+use crate::{algorithm::Placed, Error, Quota};
 
 /// A store's raw answer for one check, in microseconds.
 ///
 /// Every built-in script replies `{allowed, remaining, retry_after_us, reset_after_us}`, with
-/// `retry_after_us = -1` meaning "never": the cost exceeds the capacity.
+/// `retry_after_us = -1` meaning "never": the cost exceeds the capacity. When they admit, they
+/// add where they put the units, for a refund (the store reads that part itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Outcome {
@@ -26,9 +27,32 @@ pub struct Outcome {
     pub parts: Vec<PartOutcome>,
     /// Index of the binding part in `parts` (0 when there are none).
     pub binding: usize,
-    /// For a sliding window that admitted the check: the log entry it wrote (its time and
-    /// sequence number), so that a refund can remove exactly that entry.
-    pub(crate) entry: Option<LogEntry>,
+    /// Where the store put the units of an admitted check, for a refund.
+    pub(crate) position: Position,
+}
+
+/// Where a store put an admitted check's units, so that a refund finds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Position {
+    /// Not said (a denial, a custom script, a store that does not say).
+    #[default]
+    Unknown,
+    /// A sliding window: the log entry the check wrote (its time and sequence number), so
+    /// that a refund removes exactly that entry.
+    Logged(LogEntry),
+    /// GCRA, the token bucket, the multi-limit: where the charge lies on the key's time, so
+    /// that a refund gives back only what it still holds.
+    Placed(Placed),
+}
+
+impl Position {
+    /// The charge's place on the key's time, if the store said.
+    pub(crate) fn placed(&self) -> Option<&Placed> {
+        match self {
+            Position::Placed(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 /// One admitted request's entry in a sliding-window log: the time it was logged at and its
@@ -52,7 +76,8 @@ pub struct PartOutcome {
 }
 
 impl Outcome {
-    /// Parses the shared reply shape of the built-in scripts.
+    /// Parses the shared reply shape of the built-in scripts (what a custom script answers
+    /// by default, see [`Scripted::parse_reply`](crate::Scripted::parse_reply)).
     ///
     /// Anything else (wrong length, non-integers, negative values, an allowed reply with a
     /// retry time) is an [`Error::InvalidReply`], never a panic and never an "allowed".
@@ -121,7 +146,7 @@ impl Outcome {
             reset_after_us,
             parts,
             binding,
-            entry: None,
+            position: Position::Unknown,
         })
     }
 
@@ -139,7 +164,7 @@ impl Outcome {
             reset_after_us,
             parts: Vec::new(),
             binding: 0,
-            entry: None,
+            position: Position::Unknown,
         }
     }
 }
@@ -193,13 +218,15 @@ pub struct Decision {
 }
 
 /// What an allowed check took from a key's quota, so that it can be given back: the cost,
-/// the quota it was taken under, where it was decided, and (for a sliding window) the log
-/// entry it wrote. Read it with [`Decision::charge`]; give it back with
+/// the quota it was taken under, where it was decided, and where the store put it (for a
+/// sliding window the log entry it wrote; for GCRA, the token bucket and the multi-limit when
+/// it was admitted and the key's time it left, so that a refund gives back only what the
+/// charge still holds). Read it with [`Decision::charge`]; give it back with
 /// [`RateLimiter::refund`](crate::RateLimiter::refund).
 ///
 /// Two charges are equal when they took the same units under the same quota in the same
-/// place; which log entry a sliding window wrote is the store's bookkeeping and is not
-/// compared (Redis and the in-memory twin number their entries apart).
+/// place; where the store put them is its bookkeeping and is not compared (Redis and the
+/// in-memory twin number their log entries apart, and read different clocks).
 #[derive(Debug, Clone, Copy)]
 pub struct Charge {
     pub(crate) cost: u32,
@@ -207,7 +234,7 @@ pub struct Charge {
     pub(crate) quota: Option<Quota>,
     /// Decided at the local share (the store was unavailable): given back there too.
     pub(crate) local: bool,
-    pub(crate) entry: Option<LogEntry>,
+    pub(crate) position: Position,
 }
 
 impl PartialEq for Charge {
@@ -313,7 +340,7 @@ impl Decision {
                 cost,
                 quota: None,
                 local: false,
-                entry: o.entry,
+                position: o.position,
             }),
             limits,
         }

@@ -137,7 +137,12 @@ async fn interleaved_agree(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>, c
                 let (mut r, mut m) = allowed[pick % allowed.len()].clone();
                 let given_r = on_redis.refund_at("k", &mut r, now).await.unwrap();
                 let given_m = in_memory.refund_at("k", &mut m, now).await.unwrap();
-                assert_eq!(given_r, given_m, "refund at step {i} of {case:?}");
+                assert_eq!(
+                    given_r,
+                    given_m,
+                    "{}: refund at step {i} of {case:?}",
+                    algorithm.name()
+                );
             }
             Op::Refund(_) => {}
         }
@@ -224,12 +229,51 @@ fn a_refund_after_its_charge_is_as_if_the_check_never_happened() {
     });
 }
 
-/// A refund that rewrites more members than one chunk of the script, many sharing one score
-/// (one batch, or one microsecond): the log stays ordered and Redis agrees with the twin.
-/// Before the fix, ranks read between chunk writes named a member twice and skipped one,
-/// and Redis admitted 4 units over the limit once the old members left the window.
+/// Checks and refunds in logs longer than a refund rewrites (past 64 members on both sides
+/// of the refunded one): Redis and the twin agree on every decision and refund.
+#[test]
+fn refunds_in_long_logs_match_redis() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 12,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let long_logs = (200u32..400).prop_flat_map(|limit| {
+        let interval = 600_000_000 / u64::from(limit);
+        let step = prop_oneof![3 => Just(0u64), 1 => 0..interval / 4];
+        let op = prop_oneof![
+            12 => Just(Op::Check(1)),
+            2 => (2u32..=3).prop_map(Op::Check),
+            3 => any::<usize>().prop_map(Op::Refund),
+        ];
+        prop::collection::vec((step, op), 250..450).prop_map(move |steps| Case {
+            limit,
+            burst: limit,
+            period_s: 600,
+            steps,
+        })
+    });
+    let _guard = rt.enter();
+    runner
+        .run(&long_logs, |case| {
+            let window = Quota::new(case.limit, Duration::from_secs(case.period_s));
+            let algorithm: Arc<dyn Algorithm> = Arc::new(SlidingWindow::new(window).unwrap());
+            rt.block_on(interleaved_agree(&store, &algorithm, &case));
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Refunds in a log of many members sharing a score (one batch, or one microsecond): each
+/// finds its member among them (by sequence number), the log stays ordered, and Redis agrees
+/// with the twin. Near the log's newer end a refund gives its units back; deep inside (more
+/// than 64 members on either side) its units move onto the member 64 places older and leave
+/// the window with it.
 #[tokio::test]
-async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
+async fn refunds_in_a_log_of_members_sharing_a_score_keep_the_log_exact() {
     let redis = RedisServer::start();
     let window = Duration::from_secs(60);
     let limit = 2008;
@@ -237,20 +281,31 @@ async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
     let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
     let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
     let (t1, t2) = (T0 + 1_000, T0 + 2_000);
-    let (mut r5, mut m5) = (None, None);
+    let mut kept = Vec::new();
     for (t, n, cost) in [(T0, 1001, 1), (t1, 1, 5), (t2, 1002, 1)] {
-        for _ in 0..n {
+        for i in 0..n {
             let r = on_redis.check_at("k", cost, t).await.unwrap();
             let m = in_memory.check_at("k", cost, t).await.unwrap();
             assert!(r.allowed && m.allowed);
-            if cost == 5 {
-                (r5, m5) = (Some(r), Some(m));
+            // The 500th at T0, the one of cost 5, the 1000th at t2.
+            if (t == T0 && i == 499) || cost == 5 || (t == t2 && i == 999) {
+                kept.push((r, m));
             }
         }
     }
-    let (mut r5, mut m5) = (r5.unwrap(), m5.unwrap());
-    assert!(on_redis.refund_at("k", &mut r5, t2).await.unwrap());
-    assert!(in_memory.refund_at("k", &mut m5, t2).await.unwrap());
+    // Two members newer than it: given back.
+    let (mut r, mut m) = kept.pop().unwrap();
+    assert!(on_redis.refund_at("k", &mut r, t2).await.unwrap());
+    assert!(in_memory.refund_at("k", &mut m, t2).await.unwrap());
+    // Deep inside: moved, nothing given back now.
+    for (mut r, mut m) in kept {
+        assert!(!on_redis.refund_at("k", &mut r, t2).await.unwrap());
+        assert!(!in_memory.refund_at("k", &mut m, t2).await.unwrap());
+    }
+    let r = on_redis.check_at("k", 1, t2).await.unwrap();
+    let m = in_memory.check_at("k", 1, t2).await.unwrap();
+    assert_eq!(r, m);
+    assert_eq!(r.remaining, 0, "only the unit given back was free");
     let members: Vec<String> = tower_redis_ratelimit::redis::cmd("ZRANGE")
         .arg(format!("{}:l2", on_redis.storage_key("k")))
         .arg(0)
@@ -262,15 +317,17 @@ async fn a_refund_rewriting_many_members_sharing_a_score_keeps_the_log_exact() {
         totals.windows(2).all(|w| w[0] < w[1]),
         "the log's totals are out of order"
     );
-    let later = T0 + 60_000_000 + 1; // the T0 members left the window; 1002 units remain
+    // The T0 members left the window, with the units moved onto them: the 1,002 at t2, less
+    // the one given back, plus the check above, remain.
+    let later = T0 + 60_000_000 + 1;
     let r = on_redis.check_at("k", 1, later).await.unwrap();
     let m = in_memory.check_at("k", 1, later).await.unwrap();
+    assert_eq!(r, m);
     assert_eq!(m.remaining, u64::from(limit) - 1002 - 1);
-    assert_eq!(r.remaining, m.remaining);
 }
 
 /// One decision is given back once: the second refund of it is `Ok(false)` and the limit
-/// holds. Before the fix a GCRA or token-bucket decision refunded twice gave back twice.
+/// holds, for every algorithm.
 #[tokio::test]
 async fn a_decision_is_given_back_once() {
     let redis = RedisServer::start();
@@ -311,9 +368,10 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
     let redis_server = RedisServer::start();
     let mut c = redis_server.conn();
     let prelude = include_str!("../lua/prelude.lua");
+    let ledger = include_str!("../lua/refund_ledger.lua");
     let gcra = Script::new(include_str!("../lua/gcra.lua"));
     let gcra_refund = Script::new(&format!(
-        "{prelude}{}",
+        "{prelude}{ledger}{}",
         include_str!("../lua/gcra_refund.lua")
     ));
     let bucket = Script::new(&format!(
@@ -321,13 +379,15 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
         include_str!("../lua/token_bucket.lua")
     ));
     let bucket_refund = Script::new(&format!(
-        "{prelude}{}",
+        "{prelude}{ledger}{}",
         include_str!("../lua/token_bucket_refund.lua")
     ));
-    // 3 a minute: emission 20 s, burst 3. Spend all 3, then refund one twice.
+    // 3 a minute: emission 20 s, burst 3. Spend all 3, then refund the last twice.
     let (emission, burst, now) = (20_000_000u64, 3u64, T0);
     for (name, key) in [("gcra", "{m:g}:g"), ("bucket", "{m:b}:b")] {
-        let check = |c: &mut redis::Connection| -> i64 {
+        let ledger_key = format!("{key}r");
+        // The check's decision, and the time its charge left (now + its reset time).
+        let check = |c: &mut redis::Connection| -> (i64, u64) {
             let script = if name == "gcra" { &gcra } else { &bucket };
             let reply: Vec<i64> = script
                 .key(key)
@@ -337,39 +397,55 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
                 .arg(1)
                 .invoke(c)
                 .unwrap();
-            reply[0]
+            let end = if reply[0] == 1 {
+                assert_eq!(reply.len(), 5, "{name}: {reply:?}");
+                assert_eq!(reply[4] as u64, now, "{name}: admitted now");
+                now + reply[3] as u64
+            } else {
+                0
+            };
+            (reply[0], end)
         };
-        let refund = |c: &mut redis::Connection, marker: &str| -> i64 {
+        let refund = |c: &mut redis::Connection, marker: &str, end: u64| -> i64 {
             if name == "gcra" {
                 gcra_refund
                     .key(key)
+                    .key(&ledger_key)
                     .key(marker)
                     .arg(now)
                     .arg(1)
+                    .arg(now)
                     .arg(emission)
                     .arg(burst)
+                    .arg(end)
                     .invoke(c)
                     .unwrap()
             } else {
                 bucket_refund
                     .key(key)
+                    .key(&ledger_key)
                     .key(marker)
                     .arg(now)
                     .arg(emission)
                     .arg(burst)
                     .arg(1)
+                    .arg(now)
+                    .arg(end)
                     .invoke(c)
                     .unwrap()
             }
         };
+        let mut end = 0;
         for _ in 0..3 {
-            assert_eq!(check(&mut c), 1, "{name}");
+            let (allowed, e) = check(&mut c);
+            assert_eq!(allowed, 1, "{name}");
+            end = e;
         }
         let marker = format!("{}:rf:one", &key[..key.find('}').unwrap() + 1]);
-        assert_eq!(refund(&mut c, &marker), 1, "{name}: first run");
-        assert_eq!(refund(&mut c, &marker), 0, "{name}: resent");
-        assert_eq!(check(&mut c), 1, "{name}: the unit given back once");
-        assert_eq!(check(&mut c), 0, "{name}: and only once");
+        assert_eq!(refund(&mut c, &marker, end), 1, "{name}: first run");
+        assert_eq!(refund(&mut c, &marker, end), 0, "{name}: resent");
+        assert_eq!(check(&mut c).0, 1, "{name}: the unit given back once");
+        assert_eq!(check(&mut c).0, 0, "{name}: and only once");
         let ttl: i64 = redis::cmd("PTTL").arg(&marker).query(&mut c).unwrap();
         assert!(
             (1..=30_000).contains(&ttl),
@@ -401,4 +477,571 @@ async fn refunds_on_a_cluster_carry_a_marker() {
     let mut d = limiter.check("k", 1).await.unwrap();
     assert!(limiter.refund("k", &mut d).await.unwrap());
     assert!(common::keys_with_pttl(&mut redis.conn(), "*:rf:*").is_empty());
+}
+
+/// One request of a traffic case: the time since the previous arrival, its cost, and, for a
+/// request whose response turns out not to count, how long it stays in flight before its
+/// refund (held across drains when that is longer than its charge takes to drain).
+#[derive(Debug, Clone)]
+struct Request {
+    gap: u64,
+    cost: u32,
+    uncounted_for: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Traffic {
+    limit: u32,
+    burst: u32,
+    period_s: u64,
+    requests: Vec<Request>,
+}
+
+/// Traffic on a grid of `grid` µs (arrival gaps and times in flight are multiples of it):
+/// bursts, gaps of about an emission interval and of a whole drain, short and long stays in
+/// flight. `limits` are the limits to pick from (divisors of the period keep every time on
+/// the grid).
+fn traffic(limits: Vec<u32>, grid: u64) -> impl Strategy<Value = Traffic> {
+    (prop::sample::select(limits), 1u32..9).prop_flat_map(move |(limit, burst)| {
+        let period_s = 600;
+        let emission = period_s * 1_000_000 / u64::from(limit) / grid;
+        let drain = emission * u64::from(burst);
+        let gap = prop_oneof![
+            3 => Just(0u64),
+            4 => 0..=emission,
+            2 => 0..=3 * emission,
+            1 => 0..=2 * drain,
+        ];
+        let stay = prop_oneof![
+            3 => Just(None),
+            2 => Just(Some(0u64)),
+            2 => (0..=emission).prop_map(Some),
+            3 => (0..=2 * drain).prop_map(Some),
+        ];
+        let request = (gap, 1..=burst + 1, stay).prop_map(move |(gap, cost, stay)| Request {
+            gap: gap * grid,
+            cost,
+            uncounted_for: stay.map(|s| s * grid),
+        });
+        prop::collection::vec(request, 1..60).prop_map(move |requests| Traffic {
+            limit,
+            burst,
+            period_s,
+            requests,
+        })
+    })
+}
+
+/// Each algorithm that gives back a share of a charge in time (not a log entry), for
+/// `traffic`'s quota.
+fn timed_algorithms(t: &Traffic) -> Vec<(&'static str, Arc<dyn Algorithm>)> {
+    let q = Quota::new(t.limit, Duration::from_secs(t.period_s)).burst(t.burst);
+    let slow = Quota::new(t.limit * 3, Duration::from_secs(t.period_s * 6)).burst(t.burst + 2);
+    vec![
+        ("gcra", Arc::new(Gcra::new(q).unwrap())),
+        ("token-bucket", Arc::new(TokenBucket::new(q).unwrap())),
+        (
+            "multi",
+            Arc::new(MultiLimit::new([("fast", q), ("slow", slow)]).unwrap()),
+        ),
+    ]
+}
+
+/// What playing a traffic case gave: the counted admissions (time, cost), the counted
+/// arrivals (admitted or not), and every decision and refund as later requests see it.
+#[derive(Debug, PartialEq)]
+struct Played {
+    counted: Vec<(u64, u32)>,
+    arrivals: Vec<(u64, u32)>,
+    trace: Vec<String>,
+}
+
+/// Plays `traffic` on `limiter` (key "k"): each request is checked when it arrives; an
+/// admitted uncounted one is refunded when it leaves.
+async fn play(limiter: &Limiter, t: &Traffic) -> Played {
+    use std::collections::BTreeMap;
+    // Events by (time, order): arrivals are numbered first, so a refund due at an arrival's
+    // time comes after it.
+    enum Event {
+        Arrive(u32, Option<u64>),
+        Leave(Box<Decision>),
+    }
+    let mut events = BTreeMap::new();
+    let mut now = T0;
+    for (i, r) in t.requests.iter().enumerate() {
+        now += r.gap;
+        events.insert((now, i), Event::Arrive(r.cost, r.uncounted_for));
+    }
+    let mut order = t.requests.len();
+    let (mut counted, mut arrivals, mut trace) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(((at, _), event)) = events.pop_first() {
+        match event {
+            Event::Arrive(cost, uncounted_for) => {
+                let d = limiter.check_at("k", cost, at).await.unwrap();
+                trace.push(format!("+{} check {cost}: {:?}", at - T0, seen(&d)));
+                match uncounted_for {
+                    None => {
+                        arrivals.push((at, cost));
+                        if d.allowed {
+                            counted.push((at, cost));
+                        }
+                    }
+                    Some(stay) if d.allowed => {
+                        events.insert((at + stay, order), Event::Leave(Box::new(d)));
+                        order += 1;
+                    }
+                    Some(_) => {}
+                }
+            }
+            Event::Leave(mut d) => {
+                let given = limiter.refund_at("k", &mut d, at).await.unwrap();
+                trace.push(format!("+{} refund: {given}", at - T0));
+            }
+        }
+    }
+    Played {
+        counted,
+        arrivals,
+        trace,
+    }
+}
+
+/// The counted admissions of a played traffic case never exceed what the algorithm admits to
+/// the counted requests alone at the same arrival times: a fresh limiter (`fresh`) admits
+/// every one of them, each at its time and cost. With costs of one unit, that is also no more
+/// than a fresh limiter admits of all the counted arrivals. (With larger costs a count of
+/// requests is no bound: a refunded request can leave room that a large counted one would
+/// have wasted; the bound is on the units and their times.)
+async fn counted_within_the_algorithm(
+    played: &Played,
+    fresh: impl Fn() -> Limiter,
+    t: &Traffic,
+    label: &str,
+) {
+    let Played {
+        counted, arrivals, ..
+    } = played;
+    let alone = fresh();
+    for (i, &(at, cost)) in counted.iter().enumerate() {
+        let d = alone.check_at("k", cost, at).await.unwrap();
+        assert!(
+            d.allowed,
+            "{label}: counted admission {i} ({cost} at +{} µs) exceeds what the algorithm \
+             admits to the counted requests alone: {counted:?} in {t:?}",
+            at - T0
+        );
+    }
+    if t.requests.iter().all(|r| r.cost == 1) {
+        let alone = fresh();
+        let mut admitted = 0;
+        for &(at, cost) in arrivals {
+            admitted += usize::from(alone.check_at("k", cost, at).await.unwrap().allowed);
+        }
+        assert!(
+            counted.len() <= admitted,
+            "{label}: {} counted admissions, {admitted} for the counted requests alone: {t:?}",
+            counted.len()
+        );
+    }
+}
+
+/// Requests held in flight across drains and refunded as uncounted never let the counted
+/// ones exceed the algorithm, in memory (GCRA, the token bucket, the multi-limit; many cases
+/// at microsecond times); GCRA and the token bucket make the same decisions and refunds.
+#[test]
+fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_memory() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 1_024,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&traffic((1..13).collect(), 1), |t| {
+            let mut traces = Vec::new();
+            for (name, algorithm) in timed_algorithms(&t) {
+                let fresh = || RateLimiter::new(MemoryStore::new(), Arc::clone(&algorithm));
+                let played = rt.block_on(play(&fresh(), &t));
+                rt.block_on(counted_within_the_algorithm(&played, fresh, &t, name));
+                traces.push(played.trace);
+            }
+            assert_eq!(traces[0], traces[1], "gcra and token bucket: {t:?}");
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The same on a real Redis, which agrees with the in-memory twin on every decision and
+/// refund: fewer cases, on a grid of whole seconds (with limits dividing the period), so
+/// that every key outlives the real time a case takes.
+#[test]
+fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_redis() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &traffic(vec![1, 2, 3, 4, 5, 6, 8, 10, 12], 1_000_000),
+            |t| {
+                for (name, algorithm) in timed_algorithms(&t) {
+                    let (on_redis, in_memory) = limiters(&store, &algorithm);
+                    let played = rt.block_on(play(&on_redis, &t));
+                    let twin = rt.block_on(play(&in_memory, &t));
+                    assert_eq!(played, twin, "{name}: Redis and the twin, {t:?}");
+                    let fresh = || limiters(&store, &algorithm).0;
+                    rt.block_on(counted_within_the_algorithm(&played, fresh, &t, name));
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+/// The gateway demo as a user runs it with `--count-only 401`: `burst` slow uncounted
+/// requests (`/sleep`) are admitted, stay in flight longer than their charges take to drain,
+/// and end (200, refunded) after counted 401s took the key's units. Their refunds give back
+/// nothing then: all the 401s, before and after they end, are at most what GCRA admits in
+/// the time they took, `burst + elapsed / emission`. Returns the statuses seen.
+fn slow_uncounted_requests_give_back_nothing_drained(
+    args: &[&str],
+    burst: usize,
+    emission: Duration,
+    sleep: Duration,
+) -> (Vec<u16>, usize) {
+    use common::gateway::{get_path, start_gateway};
+    use std::time::Instant;
+    let mut all = vec![
+        "--per",
+        "2s",
+        "--count-only",
+        "401",
+        "--key",
+        "header:x-user",
+    ];
+    all.extend_from_slice(args);
+    let gw = start_gateway(&all);
+    let addr = gw.addr;
+    let header = "x-user: eve\r\n";
+    let start = Instant::now();
+    let path = format!("/sleep/{}", sleep.as_millis());
+    let sleepers: Vec<_> = (0..burst)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || get_path(addr, &path, header).0)
+        })
+        .collect();
+    // Every sleeper's charge has drained (the whole burst takes 2 s to drain) while they are
+    // still in flight.
+    std::thread::sleep(
+        (start + Duration::from_millis(2_100)).saturating_duration_since(Instant::now()),
+    );
+    let first = Instant::now();
+    let mut statuses: Vec<u16> = (0..10)
+        .map(|_| get_path(addr, "/status/401", header).0)
+        .collect();
+    for s in sleepers {
+        assert_eq!(
+            s.join().unwrap(),
+            200,
+            "{args:?}: a slow request was refused"
+        );
+    }
+    statuses.extend((0..10).map(|_| get_path(addr, "/status/401", header).0));
+    let elapsed = first.elapsed();
+    let counted = statuses.iter().filter(|&&s| s == 401).count();
+    let bound = burst + (elapsed.as_micros() / emission.as_micros()) as usize;
+    assert!(
+        counted <= bound,
+        "{args:?}: {counted} counted 401s in {elapsed:?}, at most {bound}: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 401 || s == 429),
+        "{args:?}: {statuses:?}"
+    );
+    (statuses, bound)
+}
+
+/// The issue's attack through the gateway, time-scaled (a quota per 2 s): GCRA on Redis and
+/// in memory, the token bucket with a larger burst on Redis and in memory, each on its own
+/// gateway at once. The first 401s take the burst; the slow requests' refunds give none of
+/// it back (were each to give back its unit, the key would serve about twice its burst).
+#[test]
+fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let configs: Vec<(Vec<String>, usize, Duration)> = vec![
+        (
+            vec!["--algorithm", "gcra", "--limit", "5", "--redis", &url],
+            5,
+            400,
+        ),
+        (vec!["--algorithm", "gcra", "--limit", "5"], 5, 400),
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--limit",
+                "8",
+                "--burst",
+                "8",
+                "--redis",
+                &url,
+            ],
+            8,
+            250,
+        ),
+        (
+            vec![
+                "--algorithm",
+                "token-bucket",
+                "--limit",
+                "8",
+                "--burst",
+                "8",
+            ],
+            8,
+            250,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (args, burst, emission_ms))| {
+        let mut args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        args.extend(["--prefix".to_owned(), format!("slow{i}")]);
+        (args, burst, Duration::from_millis(emission_ms))
+    })
+    .collect();
+    let runs: Vec<_> = configs
+        .into_iter()
+        .map(|(args, burst, emission)| {
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                // The sleepers end a little after the first 401s, well before those drain.
+                slow_uncounted_requests_give_back_nothing_drained(
+                    &args,
+                    burst,
+                    emission,
+                    Duration::from_millis(2_500),
+                )
+            })
+        })
+        .collect();
+    for run in runs {
+        run.join().unwrap();
+    }
+}
+
+/// `MONITOR` on a test Redis: every command it runs, scripts' included.
+struct Monitor {
+    lines: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Self {
+        use std::io::{BufRead, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut lines = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        lines.read_line(&mut ok).unwrap();
+        assert_eq!(ok.trim_end(), "+OK");
+        Self { lines }
+    }
+
+    /// The commands scripts ran (each as its name and arguments) until the `ECHO` of
+    /// `marker` that the caller sends after them.
+    fn scripts_until(&mut self, marker: &str) -> Vec<Vec<String>> {
+        use std::io::BufRead;
+        let mut commands = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.lines.read_line(&mut line).unwrap() > 0,
+                "MONITOR ended"
+            );
+            let Some((source, rest)) = line.split_once("] ") else {
+                continue;
+            };
+            let args = monitor_args(rest);
+            if args.len() == 2 && args[0].eq_ignore_ascii_case("echo") && args[1] == marker {
+                return commands;
+            }
+            if source.ends_with("lua") {
+                commands.push(args);
+            }
+        }
+    }
+}
+
+/// The quoted arguments of a `MONITOR` line.
+fn monitor_args(rest: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut chars = rest.trim_end().chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => arg.extend(chars.next()),
+                '"' => break,
+                c => arg.push(c),
+            }
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Log members a script command reads or writes: those it names (`ZADD`, `ZREM`), or the
+/// span of ranks it reads (`ZRANGE`); a range by score without `LIMIT` reads every member
+/// in it, unbounded. Counting, reading a hash or a key's size touches no member.
+fn members_touched(command: &[String]) -> usize {
+    let int = |i: usize| command.get(i).and_then(|a| a.parse::<i64>().ok());
+    match command[0].to_ascii_lowercase().as_str() {
+        "zadd" => (command.len() - 2) / 2,
+        "zrem" => command.len() - 2,
+        "zrange" => match (int(2), int(3)) {
+            (Some(a), Some(b)) if a >= 0 && b >= a => (b - a + 1) as usize,
+            (Some(-1), Some(-1)) => 1,
+            _ => usize::MAX,
+        },
+        "zrangebyscore" | "zrevrangebyscore" => {
+            match command.iter().position(|a| a.eq_ignore_ascii_case("limit")) {
+                Some(i) => command
+                    .get(i + 2)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(usize::MAX),
+                None => usize::MAX,
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// At the sizes a client controls (100,000 per 120 s, a log of 40,000 members, 100 refunds
+/// parked in its middle), each refund does bounded work in Redis, as `MONITOR` shows of the
+/// commands its script ran: at most 16 commands touching at most 3 × 64 + 8 log members in
+/// all, not the 20,000 members of a side. The refunds give nothing back now (their units move
+/// 64 members back and leave the window with them), and Redis agrees with the in-memory twin
+/// afterwards.
+#[tokio::test]
+async fn a_sliding_window_refund_does_bounded_work_whatever_the_log_size() {
+    use tower_redis_ratelimit::redis::{self, Script};
+    let redis = RedisServer::start();
+    let window = Duration::from_secs(120);
+    let algorithm = SlidingWindow::new(Quota::new(100_000, window)).unwrap();
+    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
+    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
+    // 20,000 counted requests, 100 parked ones (uncounted, in flight), 20,000 more: the
+    // filler goes to the same script the limiter runs, pipelined.
+    let script = Script::new(&format!(
+        "{}{}",
+        include_str!("../lua/prelude.lua"),
+        include_str!("../lua/sliding_window.lua")
+    ));
+    let base = on_redis.storage_key("k");
+    let mut c = redis.conn();
+    script.prepare_invoke().load(&mut c).unwrap();
+    let mut fill = |from: u64, to: u64| {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(1_000) {
+            let mut pipe = redis::pipe();
+            for i in chunk {
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(2)
+                    .arg(format!("{base}:l2"))
+                    .arg(format!("{base}:m2"))
+                    .arg(T0 + i)
+                    .arg(window.as_micros() as u64)
+                    .arg(100_000)
+                    .arg(1)
+                    .ignore();
+            }
+            pipe.query::<()>(&mut c).unwrap();
+        }
+    };
+    fill(0, 20_000);
+    let mut parked = Vec::new();
+    for i in 20_000..20_100 {
+        let r = on_redis.check_at("k", 1, T0 + i).await.unwrap();
+        assert!(r.allowed);
+        parked.push(r);
+    }
+    fill(20_100, 40_100);
+    let mut twin_parked = Vec::new();
+    for i in 0..40_100 {
+        let m = in_memory.check_at("k", 1, T0 + i).await.unwrap();
+        assert!(m.allowed);
+        if (20_000..20_100).contains(&i) {
+            twin_parked.push(m);
+        }
+    }
+    let mut monitor = Monitor::start(redis.port);
+    let now = T0 + 50_000;
+    for (i, (mut r, mut m)) in parked.into_iter().zip(twin_parked).enumerate() {
+        let given = on_redis.refund_at("k", &mut r, now).await.unwrap();
+        let marker = format!("refund-{i}-done");
+        let _: String = redis::cmd("ECHO").arg(&marker).query(&mut c).unwrap();
+        let commands = monitor.scripts_until(&marker);
+        let touched = commands
+            .iter()
+            .map(|cmd| members_touched(cmd))
+            .fold(0usize, usize::saturating_add);
+        assert!(
+            commands.len() <= 16 && touched <= 3 * 64 + 8,
+            "refund {i}: {} commands touching {touched} log members: {:?}",
+            commands.len(),
+            commands
+                .iter()
+                .map(|c| c.iter().take(4).cloned().collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            !given,
+            "refund {i}: deep in the log, nothing is given back now"
+        );
+        assert!(!in_memory.refund_at("k", &mut m, now).await.unwrap());
+    }
+    for at in [now, T0 + 120_000_000 + 19_935, T0 + 120_000_000 + 19_999] {
+        let r = on_redis.check_at("k", 1, at).await.unwrap();
+        let m = in_memory.check_at("k", 1, at).await.unwrap();
+        assert_eq!(r, m, "at +{}", at - T0);
+    }
+}
+
+/// A refund ledger that is not one (foreign data under its key) is an error, never a refund
+/// of more than the charge holds; checks of the key go on.
+#[tokio::test]
+async fn a_corrupted_refund_ledger_is_an_error() {
+    use tower_redis_ratelimit::redis;
+    let redis = RedisServer::start();
+    let limiter = RateLimiter::new(
+        redis.store().await,
+        Gcra::new(Quota::per_minute(3)).unwrap(),
+    );
+    let first = limiter.check("k", 1).await.unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().allowed);
+    for junk in ["x", "1 2 3", "-5 0", "99999999999999999 0 1 2 3 4"] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{}:gr", limiter.storage_key("k")))
+            .arg(junk)
+            .query(&mut redis.conn())
+            .unwrap();
+        let mut d = first.clone();
+        let e = limiter.refund("k", &mut d).await.unwrap_err();
+        assert!(e.to_string().contains("refund ledger"), "{junk:?}: {e}");
+    }
+    assert!(limiter.check("k", 1).await.unwrap().allowed);
+    assert!(!limiter.check("k", 1).await.unwrap().allowed);
 }

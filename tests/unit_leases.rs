@@ -185,6 +185,59 @@ async fn unused_units_go_back_when_the_lease_ends() {
     );
 }
 
+/// The units a lease did not hand out, returned after their share of the key's time has
+/// drained (the reservation's units lie on the key's time, the unused ones last), give
+/// nothing back: another instance that took the key's whole burst meanwhile then gets no
+/// more than the algorithm grants in the time since, `burst + elapsed / emission` (a return
+/// of every unused unit would hand out that many of the other instance's). GCRA and the token
+/// bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_units_whose_time_has_drained_give_nothing_back() {
+    const LIFETIME: Duration = Duration::from_millis(400);
+    const EMISSION: Duration = Duration::from_millis(10);
+    let redis = RedisServer::start();
+    // 100 a second, burst 100: leases of up to 12 units.
+    let quota = Quota::per_second(100);
+    let algorithms: [(&str, Arc<dyn Algorithm>); 2] = [
+        ("gcra", Arc::new(Gcra::new(quota).unwrap())),
+        ("token-bucket", Arc::new(TokenBucket::new(quota).unwrap())),
+    ];
+    for (name, algorithm) in algorithms {
+        let leasing = instances(
+            &redis,
+            &algorithm,
+            name,
+            Some(UnitLease::up_to(LIFETIME)),
+            1,
+        )
+        .await
+        .remove(0);
+        let other = instances(&redis, &algorithm, name, None, 1).await.remove(0);
+        // Four exact checks heat the key; the fifth reserves a lease of 12 units, of which it
+        // hands out one. The key's time is then about 160 ms ahead: 16 units.
+        let reserved = Instant::now();
+        for _ in 0..5 {
+            assert!(leasing.check("k", 1).await.unwrap().allowed, "{name}");
+        }
+        // Once those units have drained, the other instance takes the whole burst...
+        tokio::time::sleep_until((reserved + Duration::from_millis(250)).into()).await;
+        let start = Instant::now();
+        assert!(other.check("k", 100).await.unwrap().allowed, "{name}");
+        // ... and after the lease's rest went back, whatever the key has again.
+        tokio::time::sleep_until((reserved + LIFETIME + Duration::from_millis(200)).into()).await;
+        let mut admitted = 100;
+        while other.check("k", 1).await.unwrap().allowed {
+            admitted += 1;
+        }
+        let elapsed = start.elapsed();
+        let bound = 100 + (elapsed.as_micros() / EMISSION.as_micros()) as usize;
+        assert!(
+            admitted <= bound,
+            "{name}: {admitted} admitted in {elapsed:?}, the algorithm grants at most {bound}"
+        );
+    }
+}
+
 /// On one hot key far below its limit, four leasing limiters make fewer than 1,000 Redis
 /// script calls for 10,000 allowed checks (at most 0.1 per check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

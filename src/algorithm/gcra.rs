@@ -2,8 +2,13 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use super::{bucket::BucketQuota, rate::BucketRate, Algorithm, MemoryState, Rule};
-use crate::{Charge, ConfigError, Error, Outcome, Quota};
+use super::{
+    bucket::BucketQuota,
+    held::{self, GivenBack, Ledger, Placed},
+    rate::BucketRate,
+    Algorithm, MemoryState, Rule,
+};
+use crate::{decision::Position, Charge, ConfigError, Error, Outcome, Quota};
 
 /// GCRA (generic cell rate algorithm): a token bucket stored as one integer per key, the
 /// "theoretical arrival time". Capacity `quota.burst_size()`, refilled at `quota.limit()` per
@@ -55,23 +60,26 @@ pub(crate) fn decide(
         let o = Outcome::single(false, units_left(tat), Some(allow_at - now), tat - now);
         return (o, None);
     }
-    let o = Outcome::single(true, units_left(new_tat), Some(0), new_tat - now);
+    let mut o = Outcome::single(true, units_left(new_tat), Some(0), new_tat - now);
+    o.position = Position::Placed(Placed::new(now, &[new_tat]));
     (o, Some(new_tat))
 }
 
-/// In-memory twin of `lua/gcra_refund.lua`: the TAT moved back by `cost` emission intervals,
-/// never before `now` (a bucket never holds more than its burst). `None` when there is nothing
-/// to give back (no TAT, or one already in the past); `Some(None)` when the key is rested
-/// again (it goes away).
+/// In-memory twin of `lua/gcra_refund.lua` for one limit: gives back what a charge of `cost`
+/// admitted at `at` that left the TAT at `end` still holds at `now` (see `held.rs`), never
+/// moving the TAT before `now`. `None` when there is nothing to give back (no TAT, or one
+/// already in the past).
 pub(crate) fn refund(
     rate: BucketRate,
     stored_tat: Option<u64>,
+    ledger: &mut Ledger,
     now: u64,
     cost: u64,
-) -> Option<Option<u64>> {
+    (at, end): (u64, u64),
+) -> Option<GivenBack> {
     let tat = stored_tat.filter(|&t| t > now)?;
-    let back = tat.saturating_sub(cost.min(rate.burst) * rate.emission_us);
-    Some((back > now).then_some(back))
+    let span = cost.min(rate.burst) * rate.emission_us;
+    Some(held::give_back(tat, ledger, now, at, end, span))
 }
 
 impl Algorithm for Gcra {
@@ -100,12 +108,25 @@ impl Algorithm for Gcra {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        match refund(self.0.rate, state.tat()?, now_us, u64::from(charge.cost())) {
-            None => return Ok(false),
-            Some(None) => state.clear(),
-            Some(Some(tat)) => state.put_tat(tat, now_us, tat - now_us),
+        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
+            return Ok(false); // not placed on this key's time: nothing it provably holds
+        };
+        let placed = (at, end);
+        let tat = state.tat()?;
+        let mut ledgers = state.take_ledgers(1, now_us);
+        let cost = u64::from(charge.cost());
+        let given = refund(self.0.rate, tat, &mut ledgers[0], now_us, cost, placed);
+        match given {
+            Some(GivenBack { tat: None, .. }) => state.clear(),
+            Some(GivenBack {
+                tat: Some(tat),
+                given: true,
+                ..
+            }) => state.put_tat(tat, now_us, tat - now_us),
+            _ => {}
         }
-        Ok(true)
+        state.put_ledgers(ledgers, now_us);
+        Ok(given.is_some_and(|g| g.given))
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

@@ -23,12 +23,14 @@
 
 mod bucket;
 mod gcra;
+mod held;
 mod multi;
 mod rate;
 mod sliding_window;
 mod state;
 mod token_bucket;
 
+pub(crate) use self::held::Placed;
 pub use self::{
     gcra::Gcra,
     multi::MultiLimit,
@@ -80,8 +82,9 @@ pub trait Algorithm: Send + Sync + 'static {
     }
 
     /// The in-memory twin of a refund: gives back on this key's state what an allowed check
-    /// took (`charge`), as if that check had never happened, at `now_us`. `Ok(false)` when
-    /// there was nothing to give back (the state expired, or the entry is gone).
+    /// took (`charge`) and still holds at `now_us`, exactly as the store-side refund does.
+    /// `Ok(false)` when there was nothing to give back (the state expired, the entry is gone,
+    /// or the charge has drained).
     ///
     /// The default returns [`Error::Unsupported`]; the built-in algorithms all refund, in
     /// Redis and in memory.

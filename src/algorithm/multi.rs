@@ -2,9 +2,9 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use super::{bucket::divided, gcra, rate::BucketRate, Algorithm, MemoryState, Rule};
+use super::{bucket::divided, gcra, held::Placed, rate::BucketRate, Algorithm, MemoryState, Rule};
 use crate::{
-    decision::{PartInfo, PartOutcome},
+    decision::{PartInfo, PartOutcome, Position},
     Charge, ConfigError, Error, Outcome, Quota,
 };
 
@@ -136,6 +136,13 @@ pub(crate) fn decide(
         }
     }
     let p = parts[b];
+    let placed = allowed.then(|| {
+        let mut ends = [0; 8];
+        for (end, t) in ends.iter_mut().zip(tats.iter()) {
+            *end = t.unwrap_or(now);
+        }
+        Placed::new(now, &ends[..tats.len()])
+    });
     Outcome {
         allowed,
         remaining: p.remaining,
@@ -143,7 +150,7 @@ pub(crate) fn decide(
         reset_after_us: p.reset_after_us,
         parts,
         binding: b,
-        entry: None,
+        position: placed.map_or(Position::Unknown, Position::Placed),
     }
 }
 
@@ -184,20 +191,27 @@ impl Algorithm for MultiLimit {
         Ok(outcome)
     }
 
-    /// Each limit's TAT moved back as [`Gcra`](crate::Gcra)'s is (`lua/multi_gcra_refund.lua`).
+    /// Each limit's TAT moved back as [`Gcra`](crate::Gcra)'s is, by what the charge still
+    /// holds of it (`lua/gcra_refund.lua`).
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
         let n = self.rates.len();
+        let Some(placed) = charge.position.placed().filter(|p| p.ends().len() == n) else {
+            return Ok(false); // not placed on these limits' times: nothing it provably holds
+        };
         let mut tats = [None; 8];
         match state.tats(n)? {
             Some(stored) => tats[..n].copy_from_slice(stored),
             None => return Ok(false),
         }
         let tats = &mut tats[..n];
+        let mut ledgers = state.take_ledgers(n, now_us);
+        let cost = u64::from(charge.cost());
         let mut given = false;
-        for (tat, rate) in tats.iter_mut().zip(&self.rates) {
-            if let Some(back) = gcra::refund(*rate, *tat, now_us, u64::from(charge.cost())) {
-                *tat = back;
-                given = true;
+        for (i, (tat, rate)) in tats.iter_mut().zip(&self.rates).enumerate() {
+            let at = (placed.at_us, placed.ends()[i]);
+            if let Some(g) = gcra::refund(*rate, *tat, &mut ledgers[i], now_us, cost, at) {
+                *tat = g.tat;
+                given |= g.given;
             }
         }
         let ttl = tats
@@ -209,6 +223,7 @@ impl Algorithm for MultiLimit {
             Some(ttl) if ttl > 0 => state.put_tats(tats, now_us, ttl),
             _ => state.clear(),
         }
+        state.put_ledgers(ledgers, now_us);
         Ok(given)
     }
 

@@ -8,14 +8,20 @@ use super::{
     state::{Log, MemoryState},
     Algorithm, Rule,
 };
-use crate::{decision::LogEntry, Charge, ConfigError, Error, Outcome, Quota};
+use crate::{
+    decision::{LogEntry, Position},
+    Charge, ConfigError, Error, Outcome, Quota,
+};
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
 /// `quota.period()`, each request weighing its cost. Exact, with no boundary bursts; the price
 /// is one log entry (~100 bytes in Redis) per admitted request, kept for one window.
 ///
 /// Each call costs O(log n) in Redis: the script keeps a running total instead of summing the
-/// log, and removes only expired entries.
+/// log, and removes only expired entries. A refund ([`RateLimiter::refund`](crate::RateLimiter::refund))
+/// costs O(log n) commands and rewrites at most 64 entries, however long the log: an entry
+/// with more than 64 others on both sides is not given back at once, its units move onto the
+/// entry 64 places older and leave the window with it.
 ///
 /// ```
 /// use tower_redis_ratelimit::{Quota, SlidingWindow};
@@ -93,50 +99,86 @@ pub(crate) fn decide(
     log.entries.push_back((now, log.added, log.seq));
     log.last = now;
     let mut o = Outcome::single(true, remaining - cost, Some(0), window);
-    o.entry = Some(LogEntry {
+    o.position = Position::Logged(LogEntry {
         at_us: now,
         seq: log.seq,
     });
     (o, true)
 }
 
-/// In-memory twin of `lua/sliding_window_refund.lua`: removes `entry` from `log` and moves
-/// the running totals on its shorter side by `cost`. False when the entry is gone or out of
-/// the window.
-pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: LogEntry) -> bool {
+/// The most log entries a refund rewrites (see [`refund`]).
+pub(crate) const REWRITE: usize = 64;
+
+/// What a refund did to a log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refunded {
+    /// True when the entry's units were given back.
+    pub(crate) given: bool,
+    /// Entries whose running totals were rewritten (at most [`REWRITE`]).
+    pub(crate) rewritten: usize,
+}
+
+/// In-memory twin of `lua/sliding_window_refund.lua`: removes `entry` from `log` and moves the
+/// running totals on its shorter side by `cost` when that side holds at most [`REWRITE`]
+/// entries (its units are given back); otherwise moves its units onto the entry `REWRITE`
+/// places older (they leave the window with it). Nothing when the entry is gone or out of the
+/// window.
+pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: LogEntry) -> Refunded {
+    let none = Refunded {
+        given: false,
+        rewritten: 0,
+    };
     let now = now.max(log.last);
     if now >= window && entry.at_us <= now - window {
-        return false;
+        return none;
     }
-    let first = log.entries.partition_point(|&(ts, ..)| ts < entry.at_us);
-    let Some(i) = (first..log.entries.len())
-        .take_while(|&i| log.entries[i].0 == entry.at_us)
-        .find(|&i| log.entries[i].2 == entry.seq)
-    else {
-        return false;
-    };
+    // Entries are in (time, sequence number) order: a binary search finds it.
+    let key = (entry.at_us, entry.seq);
+    let i = log.entries.partition_point(|&(ts, _, seq)| (ts, seq) < key);
+    if log
+        .entries
+        .get(i)
+        .is_none_or(|&(ts, _, seq)| (ts, seq) != key)
+    {
+        return none;
+    }
     let newer = log.entries.len() - 1 - i;
     log.entries.remove(i);
-    // The same side as the script rewrites: the older members and the expired total, or the
-    // newer members and the admitted total.
-    if i <= newer {
+    // The same side as the script rewrites: the older entries and the expired total, or the
+    // newer entries and the admitted total; or, deep inside, the REWRITE entries before it.
+    if i <= newer && i <= REWRITE {
         for e in log.entries.range_mut(..i) {
             e.1 += cost;
         }
         log.removed += cost;
-        return true;
+        return Refunded {
+            given: true,
+            rewritten: i,
+        };
     }
-    for e in log.entries.range_mut(i..) {
-        e.1 = e.1.saturating_sub(cost);
-    }
-    log.added = log.added.saturating_sub(cost);
-    if newer == 0 {
-        // It was the newest: the log's time goes back to the newest left.
-        if let Some(&(ts, ..)) = log.entries.back() {
-            log.last = ts;
+    if newer < i && newer <= REWRITE {
+        for e in log.entries.range_mut(i..) {
+            e.1 = e.1.saturating_sub(cost);
         }
+        log.added = log.added.saturating_sub(cost);
+        if newer == 0 {
+            // It was the newest: the log's time goes back to the newest left.
+            if let Some(&(ts, ..)) = log.entries.back() {
+                log.last = ts;
+            }
+        }
+        return Refunded {
+            given: true,
+            rewritten: newer,
+        };
     }
-    true
+    for e in log.entries.range_mut(i - REWRITE..i) {
+        e.1 += cost;
+    }
+    Refunded {
+        given: false,
+        rewritten: REWRITE,
+    }
 }
 
 impl Algorithm for SlidingWindow {
@@ -178,20 +220,15 @@ impl Algorithm for SlidingWindow {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Some(entry) = charge.entry else {
+        let Position::Logged(entry) = charge.position else {
             return Ok(false);
         };
         if state.is_empty() {
             return Ok(false);
         }
         let log = state.log()?;
-        Ok(refund(
-            self.rate.window_us,
-            log,
-            now_us,
-            u64::from(charge.cost()),
-            entry,
-        ))
+        let cost = u64::from(charge.cost());
+        Ok(refund(self.rate.window_us, log, now_us, cost, entry).given)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {
@@ -213,5 +250,65 @@ impl Algorithm for SlidingWindow {
             ));
         }
         Ok(Box::new(Self::new(quota)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At the sizes a client can reach (100,000 per 120 s, a log of 40,000 entries), 100
+    /// refunds parked in the middle each rewrite at most `REWRITE` entries, whatever the log's
+    /// size; their units leave the window with older entries, never later than their own.
+    #[test]
+    fn a_refund_rewrites_a_bounded_number_of_entries() {
+        let (window, limit) = (120_000_000, 100_000);
+        let t0 = 1_700_000_000_000_000;
+        let mut log = Log::default();
+        let mut parked = Vec::new();
+        for i in 0..40_100u64 {
+            let (o, _) = decide(window, limit, &mut log, t0 + i, 1);
+            assert!(o.allowed);
+            if (20_000..20_100).contains(&i) {
+                let Position::Logged(entry) = o.position else {
+                    panic!("an admission names its entry");
+                };
+                parked.push(entry);
+            }
+        }
+        let now = t0 + 50_000;
+        for entry in parked {
+            let r = refund(window, &mut log, now, 1, entry);
+            assert!(r.rewritten <= REWRITE, "{r:?}");
+            assert!(
+                !r.given,
+                "deep inside: moved onto an older entry, not given back"
+            );
+        }
+        assert!(log
+            .entries
+            .iter()
+            .zip(log.entries.iter().skip(1))
+            .all(|(a, b)| a.1 < b.1));
+        // Nothing given back now; the units leave the window with the entries they moved to
+        // (each refund moves its units 64 entries back, onto those logged at t0 + 19,936 to
+        // t0 + 19,999), before the entries they were parked at (t0 + 20,000 on).
+        let used = |log: &mut Log, at| limit - decide(window, limit, log, at, 1).0.remaining - 1;
+        assert_eq!(used(&mut log.clone(), now), 40_100);
+        assert_eq!(
+            used(&mut log.clone(), t0 + window + 19_935),
+            40_100 - 19_936
+        );
+        assert_eq!(
+            used(&mut log.clone(), t0 + window + 19_999),
+            40_100 - 20_000 - 100
+        );
+        // Near either end, a refund rewrites the shorter side and gives the units back.
+        let newest = LogEntry {
+            at_us: t0 + 40_099,
+            seq: 40_100,
+        };
+        let r = refund(window, &mut log, now, 1, newest);
+        assert_eq!((r.given, r.rewritten), (true, 0));
     }
 }

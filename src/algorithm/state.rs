@@ -2,6 +2,7 @@
 
 use std::{any::Any, collections::VecDeque};
 
+use super::held::Ledger;
 use crate::Error;
 
 /// One key's state in a [`MemoryStore`](crate::MemoryStore), with its expiry.
@@ -28,6 +29,15 @@ enum Value {
     /// Boxed: the largest state stays out of line, so the value of every other key is small.
     Log(Box<Log>),
     Any(Box<dyn Any + Send>),
+    /// A GCRA, token-bucket or multi-limit state (or none, once rested) with the ledgers of
+    /// its refunds, one per limit (see `held.rs`), which may outlive it.
+    Ledgered(Box<Ledgered>),
+}
+
+#[derive(Debug)]
+struct Ledgered {
+    value: Value,
+    ledgers: Vec<Ledger>,
 }
 
 /// Token-bucket state: whole tokens, and the time the last whole token was credited.
@@ -82,9 +92,30 @@ impl MemoryState {
         self.expires_at_us = now_us.saturating_add(ttl_us);
     }
 
+    /// The stored value, ledgers aside.
+    fn plain(&self) -> &Value {
+        match &self.value {
+            Value::Ledgered(l) => &l.value,
+            v => v,
+        }
+    }
+
+    /// Stores `value` until `now_us + ttl_us`, keeping the ledgers (and what they need kept).
+    fn put_plain(&mut self, value: Value, now_us: u64, ttl_us: u64) {
+        let mut expires = now_us.saturating_add(ttl_us);
+        match &mut self.value {
+            Value::Ledgered(l) => {
+                l.value = value;
+                expires = expires.max(l.ledgers.iter().map(|g| g.until).max().unwrap_or(0));
+            }
+            v => *v = value,
+        }
+        self.expires_at_us = expires;
+    }
+
     /// A GCRA's theoretical arrival time, if one is stored.
     pub(crate) fn tat(&self) -> Result<Option<u64>, Error> {
-        match self.value {
+        match *self.plain() {
             Value::Empty => Ok(None),
             Value::Tat(t) => Ok(Some(t)),
             _ => Err(wrong_type()),
@@ -92,13 +123,12 @@ impl MemoryState {
     }
 
     pub(crate) fn put_tat(&mut self, tat: u64, now_us: u64, ttl_us: u64) {
-        self.value = Value::Tat(tat);
-        self.expire_after(now_us, ttl_us);
+        self.put_plain(Value::Tat(tat), now_us, ttl_us);
     }
 
     /// A token bucket, if one is stored.
     pub(crate) fn bucket(&self) -> Result<Option<Bucket>, Error> {
-        match self.value {
+        match *self.plain() {
             Value::Empty => Ok(None),
             Value::Bucket(b) => Ok(Some(b)),
             _ => Err(wrong_type()),
@@ -106,13 +136,12 @@ impl MemoryState {
     }
 
     pub(crate) fn put_bucket(&mut self, bucket: Bucket, now_us: u64, ttl_us: u64) {
-        self.value = Value::Bucket(bucket);
-        self.expire_after(now_us, ttl_us);
+        self.put_plain(Value::Bucket(bucket), now_us, ttl_us);
     }
 
     /// Several GCRAs' arrival times, if `n` of them are stored.
     pub(crate) fn tats(&self, n: usize) -> Result<Option<&[Option<u64>]>, Error> {
-        match &self.value {
+        match self.plain() {
             Value::Empty => Ok(None),
             Value::Tats(t) if t.len() == n => Ok(Some(t)),
             Value::Tats(_) => Ok(None), // the limits were reconfigured: start afresh
@@ -121,11 +150,56 @@ impl MemoryState {
     }
 
     pub(crate) fn put_tats(&mut self, tats: &[Option<u64>], now_us: u64, ttl_us: u64) {
-        match &mut self.value {
-            Value::Tats(t) if t.len() == tats.len() => t.copy_from_slice(tats),
-            _ => self.value = Value::Tats(tats.into()),
+        let slot = match &mut self.value {
+            Value::Ledgered(l) => &mut l.value,
+            v => v,
+        };
+        let value = match std::mem::take(slot) {
+            Value::Tats(mut t) if t.len() == tats.len() => {
+                t.copy_from_slice(tats);
+                Value::Tats(t)
+            }
+            _ => Value::Tats(tats.into()),
+        };
+        self.put_plain(value, now_us, ttl_us);
+    }
+
+    /// Takes the ledgers of this key's refunds out, `n` of them (one per limit): empty ones if
+    /// the key has none (or another number), and in place of those that may be forgotten by
+    /// `now_us`. Give them back with [`put_ledgers`](Self::put_ledgers).
+    pub(crate) fn take_ledgers(&mut self, n: usize, now_us: u64) -> Vec<Ledger> {
+        let ledgers = match std::mem::take(&mut self.value) {
+            Value::Ledgered(l) => {
+                self.value = l.value;
+                l.ledgers
+            }
+            v => {
+                self.value = v;
+                Vec::new()
+            }
+        };
+        if ledgers.len() != n {
+            return vec![Ledger::default(); n];
         }
-        self.expire_after(now_us, ttl_us);
+        let mut ledgers = ledgers;
+        for ledger in &mut ledgers {
+            if ledger.until <= now_us {
+                *ledger = Ledger::default();
+            }
+        }
+        ledgers
+    }
+
+    /// Keeps `ledgers` with the stored value (and the key until they may be forgotten), unless
+    /// they may already be at `now_us`.
+    pub(crate) fn put_ledgers(&mut self, ledgers: Vec<Ledger>, now_us: u64) {
+        let until = ledgers.iter().map(|g| g.until).max().unwrap_or(0);
+        if until <= now_us {
+            return;
+        }
+        let value = std::mem::take(&mut self.value);
+        self.value = Value::Ledgered(Box::new(Ledgered { value, ledgers }));
+        self.expires_at_us = self.expires_at_us.max(until);
     }
 
     /// The sliding-window log, created empty if the key holds nothing.

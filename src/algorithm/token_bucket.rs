@@ -4,11 +4,12 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use super::{
     bucket::BucketQuota,
+    held::{self, GivenBack, Ledger, Placed},
     rate::BucketRate,
     state::{Bucket, MemoryState},
     Algorithm, Rule,
 };
-use crate::{Charge, ConfigError, Error, Outcome, Quota};
+use crate::{decision::Position, Charge, ConfigError, Error, Outcome, Quota};
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
 /// `quota.period()`; each request takes `cost` tokens. A key that was never seen, or rested long
@@ -105,7 +106,9 @@ pub(crate) fn decide(
     }
     b.tokens -= cost;
     let full_in = b.wait_for(rate, now, burst);
-    let o = Outcome::single(true, b.tokens, Some(0), full_in);
+    let mut o = Outcome::single(true, b.tokens, Some(0), full_in);
+    // The bucket is full again at now + full_in: its GCRA time.
+    o.position = Position::Placed(Placed::new(now, &[now + full_in]));
     let bucket = Bucket {
         tokens: b.tokens,
         ts: b.ts,
@@ -113,31 +116,40 @@ pub(crate) fn decide(
     (o, Some((bucket, full_in)))
 }
 
-/// In-memory twin of `lua/token_bucket_refund.lua`: `cost` tokens back into the bucket
-/// credited up to `now`, never above the burst. `None` when there is nothing to give back (a
-/// missing key is a full bucket); otherwise the bucket to write with its time to live, or
-/// `Some(None)` when it is full again (the key goes away).
+/// In-memory twin of `lua/token_bucket_refund.lua`: gives back what a charge of `cost`
+/// admitted at `at` that left the bucket full again at `end` still holds (see `held.rs`),
+/// on the bucket's equivalent of GCRA's time (when it would be full again), as GCRA's refund
+/// does: the tokens of the time given back, and the credit time moved with it. `None` when
+/// there is nothing to give back (a missing key or a full bucket); otherwise the bucket to
+/// write with its time to live, `None` when it is full again (the key goes away), and what
+/// the ledger was told.
 pub(crate) fn refund(
     rate: BucketRate,
     stored: Option<Bucket>,
+    ledger: &mut Ledger,
     now: u64,
     cost: u64,
-) -> Option<Option<(Bucket, u64)>> {
+    (at, end): (u64, u64),
+) -> Option<(Option<(Bucket, u64)>, GivenBack)> {
     stored?;
-    let mut b = Credited::new(rate, stored, now);
-    if b.tokens >= rate.burst {
+    let BucketRate { emission_us, burst } = rate;
+    let b = Credited::new(rate, stored, now);
+    if b.tokens >= burst {
         return None;
     }
-    b.tokens += cost;
-    if b.tokens >= rate.burst {
-        return Some(None);
-    }
-    let full_in = b.wait_for(rate, now, rate.burst);
-    let bucket = Bucket {
-        tokens: b.tokens,
-        ts: b.ts,
-    };
-    Some(Some((bucket, full_in)))
+    // Measured from `t_eff`: now, or the stored time if the clock went backwards.
+    let full_at = b.ts + (burst - b.tokens) * emission_us;
+    let span = cost.min(burst) * emission_us;
+    let given = held::give_back(full_at, ledger, b.t_eff, at, end, span);
+    let bucket = given.tat.map(|full_at| {
+        let missing = (full_at - b.t_eff).div_ceil(emission_us);
+        let bucket = Bucket {
+            tokens: burst - missing,
+            ts: full_at - missing * emission_us,
+        };
+        (bucket, full_at - now)
+    });
+    Some((bucket, given))
 }
 
 impl Algorithm for TokenBucket {
@@ -166,18 +178,23 @@ impl Algorithm for TokenBucket {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let given = refund(
-            self.0.rate,
-            state.bucket()?,
-            now_us,
-            u64::from(charge.cost()),
-        );
+        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
+            return Ok(false); // not placed on this key's time: nothing it provably holds
+        };
+        let placed = (at, end);
+        let stored = state.bucket()?;
+        let mut ledgers = state.take_ledgers(1, now_us);
+        let cost = u64::from(charge.cost());
+        let given = refund(self.0.rate, stored, &mut ledgers[0], now_us, cost, placed);
         match given {
-            None => return Ok(false),
-            Some(None) => state.clear(),
-            Some(Some((bucket, ttl))) => state.put_bucket(bucket, now_us, ttl),
+            Some((None, _)) => state.clear(),
+            Some((Some((bucket, ttl)), GivenBack { given: true, .. })) => {
+                state.put_bucket(bucket, now_us, ttl)
+            }
+            _ => {}
         }
-        Ok(true)
+        state.put_ledgers(ledgers, now_us);
+        Ok(given.is_some_and(|(_, g)| g.given))
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

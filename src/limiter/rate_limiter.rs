@@ -131,13 +131,17 @@ impl<A: Algorithm> RateLimiter<A> {
             .await
     }
 
-    /// Gives back what an allowed check of `key` took, as if that check had never happened
-    /// (its [`Decision::charge`]): for a request that turned out not to count, e.g. a log-in
-    /// that succeeded when only failures should spend the quota. Atomic in the store, like a
-    /// check: GCRA and the token bucket give the units back, never above the burst; a sliding
-    /// window removes the request's own log entry. Limits stay exact under concurrency: units
-    /// are taken before the work and given back after, so the requests that keep their units
-    /// never exceed the limit.
+    /// Gives back what an allowed check of `key` took and still holds (its
+    /// [`Decision::charge`]): for a request that turned out not to count, e.g. a log-in that
+    /// succeeded when only failures should spend the quota. Atomic in the store, like a
+    /// check: GCRA and the token bucket give back the part of the charge that has not drained
+    /// yet (a charge drains as the key refills, so a request in flight longer than that gives
+    /// back less, or nothing: its units may already be other requests'), never above the
+    /// burst; a sliding window removes the request's own log entry (one deep inside a long log,
+    /// with more than 64 entries on both sides, gives its units back later, when the entry 64
+    /// places older leaves the window). Limits stay exact under
+    /// concurrency: units are taken before the work and given back after, so the requests
+    /// that keep their units never exceed the limit.
     ///
     /// `Ok(true)` when units were given back; `Ok(false)` when there was nothing to give back
     /// (a denied decision, one already refunded, or state that expired meanwhile). A refund

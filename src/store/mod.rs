@@ -86,9 +86,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Gives back what an allowed check took (`charge`, from its
-    /// [`Decision`](crate::Decision)) on `key`, atomically, as if that check had never
-    /// happened: the algorithm's refund (see [`Algorithm::refund`]). `Ok(true)` when units
-    /// were given back, `Ok(false)` when there was nothing left to give (the state expired).
+    /// [`Decision`](crate::Decision)) on `key` and still holds, atomically: the algorithm's
+    /// refund (see [`Algorithm::refund`]). `Ok(true)` when units were given back, `Ok(false)`
+    /// when there was nothing left to give (the state expired, or the charge drained).
     ///
     /// The default returns [`Error::Unsupported`].
     fn refund<'a>(

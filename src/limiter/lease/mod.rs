@@ -7,8 +7,9 @@
 //! of a hot key's units in one call (as many as the key has, up to the block's size, at least
 //! the check's cost) and hands them out itself; when the block is used up it reserves the
 //! next one, and when the lease's lifetime ends, what it did not hand out goes back to the
-//! store (a refund: GCRA moves the key's time back, never before now; the token bucket adds
-//! the tokens back, never above the burst).
+//! store (a refund of what those units still hold of the key's time: the reservation's units
+//! lie on it in the order they are handed out, so the unused ones are the last; units whose
+//! share has drained meanwhile give nothing back).
 //!
 //! - **Exact in count, shifted in time**: the store counts every unit of a block when it
 //!   grants it, so the fleet never admits more than the algorithm grants. A unit is handed

@@ -9,8 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::table::{Step, Table};
+use super::table::{before_the_last, Rest, Step, Table};
 use crate::{
+    decision::Position,
     store::{BoxFuture, KeyBuf, Namespaces, Reserved},
     Algorithm, Charge, Error, Key, Outcome, Rule, Store, StoreKey,
 };
@@ -44,13 +45,17 @@ impl LeasedStore {
         max_keys: usize,
         cap: u32,
     ) -> Self {
+        let emission_us = match algorithm.rule() {
+            Rule::Gcra(r) | Rule::TokenBucket(r) => r.emission_us(),
+            _ => 0, // not leased (see `leases`)
+        };
         Self {
             inner,
             algorithm,
             namespace: namespace.into(),
             max_key_len,
             timeout,
-            table: Arc::new(Table::new(max_keys, lifetime, u64::from(cap))),
+            table: Arc::new(Table::new(max_keys, lifetime, u64::from(cap), emission_us)),
             unsupported: AtomicBool::new(false),
         }
     }
@@ -85,7 +90,7 @@ impl LeasedStore {
                 }
                 Step::Untracked => return self.inner.check(algorithm, key, cost, None).await,
                 Step::Exact { give_back } => {
-                    if give_back > 0 {
+                    if give_back.units > 0 {
                         self.give_back(self.owned(key), give_back);
                     }
                     return self.inner.check(algorithm, key, cost, None).await;
@@ -93,7 +98,7 @@ impl LeasedStore {
                 Step::Reserve { up_to, give_back } => (up_to, give_back),
             };
             let owned = self.owned(key);
-            if give_back > 0 {
+            if give_back.units > 0 {
                 self.give_back(owned.clone(), give_back);
             }
             return self.reserve(algorithm, key, owned, id, cost, up_to).await;
@@ -144,8 +149,12 @@ impl LeasedStore {
         let extra = u64::from(granted - cost.min(granted));
         let generation = self.table.install(id, sent, extra, &outcome);
         // As a check answered from the lease would say: what Redis has left and what the
-        // lease holds.
+        // lease holds; its charge is the reservation's first units.
         outcome.remaining = outcome.remaining.saturating_add(extra);
+        let placed = outcome.position.placed().copied();
+        if let Some(placed) = before_the_last(placed, extra, self.table.emission_us()) {
+            outcome.position = Position::Placed(placed);
+        }
         if extra > 0 {
             let until = sent + self.table.lifetime();
             self.return_at(until, owned, id.into(), generation);
@@ -170,16 +179,17 @@ impl LeasedStore {
         let table = Arc::clone(&self.table);
         tokio::spawn(async move {
             tokio::time::sleep_until(until.into()).await;
-            let left = table.expire(&id, generation);
-            if left > 0 {
-                owned.refund(left).await;
+            let rest = table.expire(&id, generation);
+            if rest.units > 0 {
+                owned.refund(rest).await;
             }
         });
     }
 
-    /// Gives `units` back to the store, in a task of its own (the check does not wait).
-    fn give_back(&self, owned: Owned, units: u64) {
-        tokio::spawn(async move { owned.refund(units).await });
+    /// Gives the rest of a lease back to the store, in a task of its own (the check does not
+    /// wait).
+    fn give_back(&self, owned: Owned, rest: Rest) {
+        tokio::spawn(async move { owned.refund(rest).await });
     }
 }
 
@@ -195,15 +205,18 @@ struct Owned {
 }
 
 impl Owned {
-    /// The store's refund of `units` (a charge of that cost): GCRA moves the key's time back,
-    /// never before now; the token bucket adds the tokens, never above the burst. A failed
-    /// return leaves the units spent: fewer admitted, never more.
-    async fn refund(&self, units: u64) {
+    /// The store's refund of the rest of a lease (a charge of that many units, the last of
+    /// the reservation): what they still hold of the key's time goes back (GCRA moves the
+    /// key's time back, never before now; the token bucket adds the tokens, never above the
+    /// burst); units whose share of the time has drained give nothing back. A failed return
+    /// leaves the units spent: fewer admitted, never more.
+    async fn refund(&self, rest: Rest) {
+        let units = rest.units;
         let charge = Charge {
             cost: u32::try_from(units).unwrap_or(u32::MAX),
             quota: None,
             local: false,
-            entry: None,
+            position: rest.placed.map_or(Position::Unknown, Position::Placed),
         };
         let key = StoreKey::bounded(&self.namespace, self.key.as_ref(), self.max_key_len);
         let call = self.inner.refund(&*self.algorithm, key, &charge, None);

@@ -14,7 +14,7 @@ use std::{
 
 use tokio::sync::{futures::OwnedNotified, Notify};
 
-use crate::Outcome;
+use crate::{algorithm::Placed, decision::Position, Outcome};
 
 const SHARDS: usize = 16;
 
@@ -43,6 +43,8 @@ pub(crate) struct Table {
     lifetime: Duration,
     /// The most units one lease holds.
     cap: u64,
+    /// The key's emission interval: a leased unit's share of the key's time.
+    emission_us: u64,
     /// The last lease's number, across keys: a key forgotten and tracked again never reuses
     /// the number of a lease whose return is still pending.
     generations: AtomicU64,
@@ -75,6 +77,42 @@ struct Lease {
     /// What the store said was left besides this lease, at the reservation.
     remaining: u64,
     reset_after_us: u64,
+    /// Where the reservation's units lie on the key's time: handed out in order, so those
+    /// left are the last of them.
+    placed: Option<Placed>,
+}
+
+/// Units of a lease that go back to the store, and where they lie on the key's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rest {
+    pub(crate) units: u64,
+    pub(crate) placed: Option<Placed>,
+}
+
+impl Lease {
+    /// The rest of this lease, taken out of it.
+    fn take_rest(&mut self) -> Rest {
+        Rest {
+            units: std::mem::take(&mut self.left),
+            placed: self.placed,
+        }
+    }
+}
+
+/// `placed` (a reservation's units) with `left` of its last units not counted: where the
+/// units handed out before them lie.
+pub(crate) fn before_the_last(
+    placed: Option<Placed>,
+    left: u64,
+    emission_us: u64,
+) -> Option<Placed> {
+    placed.map(|p| {
+        let end = p.ends().first().copied().unwrap_or(0);
+        Placed::new(
+            p.at_us,
+            &[end.saturating_sub(left.saturating_mul(emission_us))],
+        )
+    })
 }
 
 /// What a check does, as the table says.
@@ -84,24 +122,25 @@ pub(crate) enum Step {
     /// A reservation of this key is in flight: wait for it, then try the lease once more.
     /// (Registered under the table's lock, so the reservation cannot land unseen.)
     Wait(OwnedNotified),
-    /// Send a reservation of up to `up_to` units (at least the cost); first give `give_back`
-    /// units of the previous lease back to the store.
-    Reserve { up_to: u64, give_back: u64 },
+    /// Send a reservation of up to `up_to` units (at least the cost); first give the rest of
+    /// the previous lease back to the store.
+    Reserve { up_to: u64, give_back: Rest },
     /// Not tracked (the table is full): check in the store, as without leases.
     Untracked,
     /// A cold key (or a cost no lease would add to): check in the store, exactly as without
-    /// leases, after giving `give_back` units of the previous lease back.
-    Exact { give_back: u64 },
+    /// leases, after giving the rest of the previous lease back.
+    Exact { give_back: Rest },
 }
 
 impl Table {
-    pub(crate) fn new(max_keys: usize, lifetime: Duration, cap: u64) -> Self {
+    pub(crate) fn new(max_keys: usize, lifetime: Duration, cap: u64, emission_us: u64) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: Default::default(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             lifetime,
             cap: cap.max(1),
+            emission_us,
             generations: AtomicU64::new(0),
         }
     }
@@ -118,7 +157,7 @@ impl Table {
         let slot = shard.slots.get_mut(key)?;
         slot.demand += u64::from(cost);
         slot.saw(now);
-        slot.take(cost, now)
+        slot.take(cost, now, self.emission_us)
     }
 
     /// The next step of a check of `key` that found no units in hand ([`take`](Self::take)).
@@ -160,6 +199,7 @@ impl Table {
                     until: now,
                     remaining: 0,
                     reset_after_us: 0,
+                    placed: None,
                 },
                 in_flight: None,
                 since: now.checked_sub(self.lifetime).unwrap_or(now),
@@ -175,7 +215,7 @@ impl Table {
         let Some(slot) = shard.slots.get_mut(key) else {
             return Step::Untracked;
         };
-        if let Some(outcome) = slot.take(cost, now) {
+        if let Some(outcome) = slot.take(cost, now, self.emission_us) {
             return Step::Taken(outcome);
         }
         if let Some(notify) = &slot.in_flight {
@@ -193,7 +233,7 @@ impl Table {
             slot.per_lifetime = 0;
             slot.since = now;
             slot.demand = 0;
-            let give_back = std::mem::take(&mut slot.lease.left);
+            let give_back = slot.lease.take_rest();
             return Step::Exact { give_back };
         }
         // The demand since the last reservation, per lifetime, averaged with the past.
@@ -211,7 +251,7 @@ impl Table {
         let up_to = u64::from(cost)
             .saturating_add(extra)
             .min(self.cap.max(u64::from(cost)));
-        let give_back = std::mem::take(&mut slot.lease.left);
+        let give_back = slot.lease.take_rest();
         if up_to <= u64::from(cost) {
             return Step::Exact { give_back };
         }
@@ -233,6 +273,7 @@ impl Table {
             until: sent + self.lifetime,
             remaining: outcome.remaining,
             reset_after_us: outcome.reset_after_us,
+            placed: outcome.position.placed().copied(),
         };
         if let Some(notify) = slot.in_flight.take() {
             notify.notify_waiters();
@@ -256,13 +297,21 @@ impl Table {
     }
 
     /// Ends lease `generation` of `key` (its lifetime is over): the units it still held, to
-    /// give back. 0 when that lease is gone or used up.
-    pub(crate) fn expire(&self, key: &[u8], generation: u64) -> u64 {
+    /// give back (none when that lease is gone or used up).
+    pub(crate) fn expire(&self, key: &[u8], generation: u64) -> Rest {
         let mut shard = self.shard(key);
         match shard.slots.get_mut(key) {
-            Some(slot) if slot.generation == generation => std::mem::take(&mut slot.lease.left),
-            _ => 0,
+            Some(slot) if slot.generation == generation => slot.lease.take_rest(),
+            _ => Rest {
+                units: 0,
+                placed: None,
+            },
         }
+    }
+
+    /// The key's emission interval.
+    pub(crate) fn emission_us(&self) -> u64 {
+        self.emission_us
     }
 
     /// How long a lease's units may be handed out after its reservation was sent.
@@ -293,20 +342,25 @@ impl Slot {
         self.seen[self.next_seen].is_some_and(|at| now.saturating_duration_since(at) < lifetime)
     }
 
-    /// `cost` units from the lease, if it is live and holds them.
-    fn take(&mut self, cost: u32, now: Instant) -> Option<Outcome> {
+    /// `cost` units from the lease, if it is live and holds them: the next units of the
+    /// reservation, in order.
+    fn take(&mut self, cost: u32, now: Instant, emission_us: u64) -> Option<Outcome> {
         let l = &mut self.lease;
         let cost = u64::from(cost);
         if l.left < cost || now >= l.until {
             return None;
         }
         l.left -= cost;
-        Some(Outcome::single(
+        let mut outcome = Outcome::single(
             true,
             l.remaining.saturating_add(l.left),
             Some(0),
             l.reset_after_us,
-        ))
+        );
+        if let Some(placed) = before_the_last(l.placed, l.left, emission_us) {
+            outcome.position = Position::Placed(placed);
+        }
+        Some(outcome)
     }
 
     /// Cold (seen fewer than `HOT` times in the last lifetime), nothing in hand, nothing in
@@ -331,14 +385,14 @@ mod tests {
 
     fn reserve(step: Step) -> (u64, u64) {
         match step {
-            Step::Reserve { up_to, give_back } => (up_to, give_back),
+            Step::Reserve { up_to, give_back } => (up_to, give_back.units),
             _ => panic!("expected a reservation"),
         }
     }
 
     fn exact(step: Step) -> u64 {
         match step {
-            Step::Exact { give_back } => give_back,
+            Step::Exact { give_back } => give_back.units,
             _ => panic!("expected an exact check"),
         }
     }
@@ -358,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_cold_key_is_checked_exactly() {
-        let t = Table::new(100, L, 1_000);
+        let t = Table::new(100, L, 1_000, 1_000);
         let mut now = Instant::now();
         for _ in 0..5 {
             t.take(b"k", 1, now);
@@ -374,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_key_that_rested_is_cold_again() {
-        let t = Table::new(100, L, 1_000);
+        let t = Table::new(100, L, 1_000, 1_000);
         let now = Instant::now();
         heat(&t, b"k", now, 200);
         assert!(reserve(t.step(b"k", 1, now + Duration::from_millis(1), false)).0 > 1);
@@ -386,7 +440,7 @@ mod tests {
 
     #[test]
     fn a_hot_key_gets_leases_sized_to_its_rate_and_capped() {
-        let t = Table::new(100, L, 1_000);
+        let t = Table::new(100, L, 1_000, 1_000);
         let now = Instant::now();
         // 200 checks in the next millisecond.
         heat(&t, b"k", now, 201);
@@ -398,13 +452,13 @@ mod tests {
         assert_eq!((o.allowed, o.remaining), (true, 5 + 998));
         // Nothing handed out once the lifetime is over; the rest goes back once.
         assert!(t.take(b"k", 1, at + L).is_none());
-        assert_eq!(t.expire(b"k", g), 998);
-        assert_eq!(t.expire(b"k", g), 0);
+        assert_eq!(t.expire(b"k", g).units, 998);
+        assert_eq!(t.expire(b"k", g).units, 0);
     }
 
     #[test]
     fn a_denied_key_turns_cold() {
-        let t = Table::new(100, L, 1_000);
+        let t = Table::new(100, L, 1_000, 1_000);
         let now = Instant::now();
         heat(&t, b"k", now, 201);
         assert!(reserve(t.step(b"k", 1, now, false)).0 > 1);
@@ -415,7 +469,7 @@ mod tests {
 
     #[test]
     fn checks_wait_for_the_reservation_in_flight_once() {
-        let t = Table::new(100, L, 1_000);
+        let t = Table::new(100, L, 1_000, 1_000);
         let now = Instant::now();
         heat(&t, b"k", now, 10);
         reserve(t.step(b"k", 1, now, false));
@@ -425,7 +479,7 @@ mod tests {
 
     #[test]
     fn the_table_is_bounded_and_forgets_idle_keys() {
-        let t = Table::new(16, L, 1_000);
+        let t = Table::new(16, L, 1_000, 1_000);
         let now = Instant::now();
         let mut untracked = 0;
         for i in 0..1_000u32 {
@@ -449,7 +503,7 @@ mod tests {
 
     #[test]
     fn a_return_pending_for_a_forgotten_key_finds_nothing_of_its_next_lease() {
-        let t = Table::new(16, L, 1_000);
+        let t = Table::new(16, L, 1_000, 1_000);
         let now = Instant::now();
         heat(&t, b"k", now, 5);
         reserve(t.step(b"k", 1, now, false));
@@ -464,13 +518,13 @@ mod tests {
         reserve(t.step(b"k", 1, later, false));
         let new = t.install(b"k", later, 10, &Outcome::single(true, 5, Some(0), 10));
         // The old lease's return, late, takes nothing of the new one.
-        assert_eq!(t.expire(b"k", old), 0);
-        assert_eq!(t.expire(b"k", new), 10);
+        assert_eq!(t.expire(b"k", old).units, 0);
+        assert_eq!(t.expire(b"k", new).units, 10);
     }
 
     #[test]
     fn cold_keys_make_room_for_new_ones_hot_keys_stay() {
-        let t = Table::new(16, L, 1_000);
+        let t = Table::new(16, L, 1_000, 1_000);
         let now = Instant::now();
         // A spray of keys checked once: cold, each taking the place of another.
         for i in 0..1_000u32 {

@@ -1,12 +1,22 @@
 //! The Redis store: checks run as atomic Lua scripts, on one server, a pool or a cluster.
 
-/// A script of `lua/` with the shared prelude before it, built (and hashed) once:
+/// A script of `lua/` with the shared prelude before it (and a library of `lua/` after the
+/// prelude, when named), built (and hashed) once:
 /// `static S: LazyLock<Script> = prelude_script!("file.lua");`.
 macro_rules! prelude_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
                 include_str!("../../../lua/prelude.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+    ($file:literal, after $library:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/prelude.lua"),
+                include_str!(concat!("../../../lua/", $library)),
                 include_str!(concat!("../../../lua/", $file))
             ))
         })

@@ -12,7 +12,8 @@ use redis::Script;
 use super::backend::evalsha_sized;
 
 use crate::{
-    decision::{LogEntry, PartInfo},
+    algorithm::Placed,
+    decision::{LogEntry, PartInfo, Position},
     extract::Out,
     lua::batch_form,
     store::KeyBuf,
@@ -53,8 +54,10 @@ static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
 
 /// The refund scripts (one call each, never batched).
-static GCRA_REFUND: LazyLock<Script> = prelude_script!("gcra_refund.lua");
-static TOKEN_BUCKET_REFUND: LazyLock<Script> = prelude_script!("token_bucket_refund.lua");
+static GCRA_REFUND: LazyLock<Script> =
+    prelude_script!("gcra_refund.lua", after "refund_ledger.lua");
+static TOKEN_BUCKET_REFUND: LazyLock<Script> =
+    prelude_script!("token_bucket_refund.lua", after "refund_ledger.lua");
 static SLIDING_WINDOW_REFUND: LazyLock<Script> = prelude_script!("sliding_window_refund.lua");
 
 /// How one check of an algorithm goes to Redis.
@@ -75,6 +78,8 @@ enum Keys<'a> {
     Suffixes(&'static [&'static str]),
     /// `:q:NAME` per limit.
     Parts(&'a [PartInfo]),
+    /// `:q:NAME` per limit, then `:qr:NAME` (its refund ledger) per limit.
+    PartsAndLedgers(&'a [PartInfo]),
     Custom(Vec<String>),
 }
 
@@ -127,7 +132,8 @@ impl<'a> Wire<'a> {
     }
 
     /// How a refund of `charge` on `key` under `algorithm` goes to Redis: `Ok(None)` when
-    /// there is nothing to give back (a sliding-window charge without its log entry), an
+    /// there is nothing to give back (a sliding-window charge without its log entry, a GCRA,
+    /// token-bucket or multi-limit charge not placed on the key's time), an
     /// [`Error::Unsupported`] for a custom script.
     ///
     /// `resendable`: the connection may send the call again after it ran (the cluster client
@@ -140,42 +146,60 @@ impl<'a> Wire<'a> {
         resendable: bool,
     ) -> Result<Option<Self>, Error> {
         let c = u64::from(charge.cost());
-        let marker = resendable.then(unique_id::next);
-        let alone = |script: &'static Script, keys: Keys<'a>, args: Args| {
+        let alone = |script: &'static Script, keys: Keys<'a>, args: Vec<u64>| {
             Ok(Some(Wire {
                 script,
                 batch: None,
                 keys,
-                args,
-                marker: marker.clone(),
+                args: Args::List(args),
+                marker: resendable.then(unique_id::next),
             }))
         };
+        // Where the charge lies on each limit's time: when admitted, and the time it left.
+        let placed = |limits: usize| {
+            charge
+                .position
+                .placed()
+                .filter(|p| p.ends().len() == limits)
+        };
         match algorithm.rule() {
-            Rule::Gcra(r) => alone(
-                &GCRA_REFUND,
-                Keys::Suffixes(&[":g"]),
-                Args::Three([c, r.emission_us(), r.burst()]),
-            ),
-            Rule::TokenBucket(r) => alone(
-                &TOKEN_BUCKET_REFUND,
-                Keys::Suffixes(&[":b"]),
-                Args::Three([r.emission_us(), r.burst(), c]),
-            ),
-            Rule::SlidingWindow(w) => match charge.entry {
-                Some(e) => Ok(Some(Wire {
+            Rule::Gcra(r) => match placed(1) {
+                Some(p) => alone(
+                    &GCRA_REFUND,
+                    Keys::Suffixes(&[":g", ":gr"]),
+                    vec![c, p.at_us, r.emission_us(), r.burst(), p.ends()[0]],
+                ),
+                None => Ok(None),
+            },
+            Rule::TokenBucket(r) => match placed(1) {
+                Some(p) => alone(
+                    &TOKEN_BUCKET_REFUND,
+                    Keys::Suffixes(&[":b", ":br"]),
+                    vec![r.emission_us(), r.burst(), c, p.at_us, p.ends()[0]],
+                ),
+                None => Ok(None),
+            },
+            Rule::SlidingWindow(w) => match charge.position {
+                Position::Logged(e) => Ok(Some(Wire {
                     script: &SLIDING_WINDOW_REFUND,
                     batch: None,
                     keys: Keys::Suffixes(&[":l2", ":m2"]),
                     args: Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
                     marker: None,
                 })),
+                _ => Ok(None),
+            },
+            Rule::Multi(rates) => match placed(rates.len()) {
+                Some(p) => {
+                    let mut args = Vec::with_capacity(2 + 3 * rates.len());
+                    args.extend([c, p.at_us]);
+                    for (r, end) in rates.iter().zip(p.ends()) {
+                        args.extend([r.emission_us(), r.burst(), *end]);
+                    }
+                    alone(&GCRA_REFUND, Keys::PartsAndLedgers(algorithm.parts()), args)
+                }
                 None => Ok(None),
             },
-            Rule::Multi(rates) => alone(
-                &GCRA_REFUND,
-                Keys::Parts(algorithm.parts()),
-                multi_args(c, rates),
-            ),
             Rule::Script(_) => Err(Error::Unsupported("a custom script cannot give units back")),
         }
     }
@@ -203,6 +227,7 @@ impl<'a> Wire<'a> {
         let state = match &self.keys {
             Keys::Suffixes(s) => s.len(),
             Keys::Parts(p) => p.len(),
+            Keys::PartsAndLedgers(p) => 2 * p.len(),
             Keys::Custom(k) => k.len(),
         };
         state + usize::from(self.marker.is_some())
@@ -225,6 +250,16 @@ impl<'a> Wire<'a> {
                     key.write_base_with(b":q:", &mut buf);
                     buf.put(p.name.as_bytes());
                     f(buf.as_bytes());
+                }
+            }
+            Keys::PartsAndLedgers(parts) => {
+                for infix in [&b":q:"[..], b":qr:"] {
+                    for p in *parts {
+                        buf.clear();
+                        key.write_base_with(infix, &mut buf);
+                        buf.put(p.name.as_bytes());
+                        f(buf.as_bytes());
+                    }
                 }
             }
             Keys::Custom(keys) => keys.iter().for_each(|k| f(k.as_bytes())),
@@ -263,23 +298,75 @@ pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Ou
     match algorithm.rule() {
         Rule::Script(s) => s.parse_reply(reply),
         Rule::SlidingWindow(_) => parse_logged(reply),
-        _ => match four_ints(&reply) {
-            Some(outcome) => outcome,
-            None => Outcome::from_redis(reply),
-        },
+        Rule::Multi(_) => parse_multi(reply),
+        Rule::Gcra(_) | Rule::TokenBucket(_) => parse_placed(reply),
     }
 }
 
-/// The shared reply shape when the reply is exactly four integers (a single limit), read
-/// without collecting them into a `Vec` first.
-fn four_ints(reply: &redis::Value) -> Option<Result<Outcome, Error>> {
-    use redis::Value::Int;
-    match reply {
-        redis::Value::Array(items) => match items.as_slice() {
-            [Int(a), Int(b), Int(c), Int(d)] => Some(Outcome::from_ints(&[*a, *b, *c, *d])),
-            _ => None,
-        },
-        _ => None,
+/// A reply's integers, read without collecting them into a `Vec` when they are up to `N`
+/// plain integers (GCRA's and the token bucket's, the most common).
+fn small_ints<const N: usize>(reply: redis::Value) -> Result<([i64; N], usize), Error> {
+    use redis::Value::{Array, Int};
+    let mut ints = [0; N];
+    if let Array(items) = &reply {
+        if items.len() <= N && items.iter().all(|v| matches!(v, Int(_))) {
+            for (slot, item) in ints.iter_mut().zip(items) {
+                if let Int(i) = item {
+                    *slot = *i;
+                }
+            }
+            return Ok((ints, items.len()));
+        }
+    }
+    let items: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| Error::InvalidReply(format!("expected integers: {e}")))?;
+    match ints.get_mut(..items.len()) {
+        Some(head) => {
+            head.copy_from_slice(&items);
+            Ok((ints, items.len()))
+        }
+        None => Err(Error::InvalidReply(format!(
+            "expected at most {N} integers, got {items:?}"
+        ))),
+    }
+}
+
+/// GCRA's and the token bucket's reply: the shared 4 integers, then, when admitted, the time
+/// the script admitted it at (a refund needs it). Anything else, such as an admission without
+/// its time, is an [`Error::InvalidReply`].
+fn parse_placed(reply: redis::Value) -> Result<Outcome, Error> {
+    match small_ints::<5>(reply)? {
+        ([allowed @ 0, remaining, retry, reset, _], 4) => {
+            Outcome::from_ints(&[allowed, remaining, retry, reset])
+        }
+        ([allowed @ 1, remaining, retry, reset, now], 5) => {
+            let mut o = Outcome::from_ints(&[allowed, remaining, retry, reset])?;
+            o.position = Position::Placed(Placed::read(now, std::iter::once(o.reset_after_us))?);
+            Ok(o)
+        }
+        (ints, n) => Err(Error::InvalidReply(format!(
+            "expected 4 integers when denied, 5 when admitted: {:?}",
+            &ints[..n]
+        ))),
+    }
+}
+
+/// The multi-limit's reply: the shared shape with its parts, then, when admitted, the time the
+/// script admitted it at.
+fn parse_multi(reply: redis::Value) -> Result<Outcome, Error> {
+    let items: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| Error::InvalidReply(format!("expected integers: {e}")))?;
+    match items.split_last() {
+        Some((&now, rest)) if items.first() == Some(&1) => {
+            let mut o = Outcome::from_ints(rest)?;
+            if o.parts.is_empty() {
+                return Err(Error::InvalidReply(format!("no limits in {items:?}")));
+            }
+            o.position =
+                Position::Placed(Placed::read(now, o.parts.iter().map(|p| p.reset_after_us))?);
+            Ok(o)
+        }
+        _ => Outcome::from_ints(&items),
     }
 }
 
@@ -296,7 +383,7 @@ fn parse_logged(reply: redis::Value) -> Result<Outcome, Error> {
                 )));
             };
             let mut o = Outcome::from_ints(&[allowed, remaining, retry, reset])?;
-            o.entry = Some(LogEntry { at_us, seq });
+            o.position = Position::Logged(LogEntry { at_us, seq });
             Ok(o)
         }
         [_, _, _, _] => Outcome::from_ints(&items),
@@ -322,29 +409,63 @@ mod tests {
     use super::*;
     use redis::Value::{self, Int};
 
+    fn ints(items: &[i64]) -> Value {
+        Value::Array(items.iter().map(|&i| Int(i)).collect())
+    }
+
     #[test]
-    fn four_integers_read_as_the_general_parser_reads_them() {
-        for ints in [
-            [1, 4, 0, 900],
-            [0, 0, 250, 900],
-            [0, 4, -1, 900],
-            [0, 4, -2, 900],
-            [1, -1, 0, 0],
-            [2, 0, 0, 0],
+    fn an_admission_names_when_it_was_admitted() {
+        let o = parse_placed(ints(&[1, 4, 0, 900, 5_000])).unwrap();
+        assert_eq!((o.allowed, o.remaining, o.reset_after_us), (true, 4, 900));
+        let p = *o.position.placed().unwrap();
+        assert_eq!((p.at_us, p.ends()), (5_000, &[5_900][..]));
+        let denied = parse_placed(ints(&[0, 0, 250, 900])).unwrap();
+        assert_eq!(
+            (denied.allowed, denied.position),
+            (false, Position::Unknown)
+        );
+        // Bulk-string integers read the same.
+        let bulk = Value::Array(
+            ["1", "4", "0", "900", "5000"]
+                .iter()
+                .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                .collect(),
+        );
+        assert_eq!(parse_placed(bulk).unwrap(), o);
+        let multi = parse_multi(ints(&[1, 3, 0, 10, 1, 5, 0, 20, 3, 0, 10, 7_000])).unwrap();
+        assert_eq!(multi.position.placed().unwrap().ends(), &[7_020, 7_010]);
+        assert_eq!(multi.binding, 1);
+    }
+
+    #[test]
+    fn broken_replies_are_errors() {
+        for bad in [
+            &[1, 4, 0, 900][..],      // admitted without its time
+            &[0, 4, 250, 900, 1],     // a denial with one
+            &[1, 4, 0, 900, -1],      // a negative time
+            &[1, 4, 0, 900, 1 << 53], // past 2^52
+            &[1, 4, 0, 900, 1, 2],
+            &[1, 4, 0],
+            &[2, 0, 0, 0, 5],
         ] {
-            let reply = Value::Array(ints.iter().map(|&i| Int(i)).collect());
-            let fast = four_ints(&reply).expect("four integers");
-            let general = Outcome::from_redis(reply);
-            assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{ints:?}");
+            assert!(
+                matches!(parse_placed(ints(bad)), Err(Error::InvalidReply(_))),
+                "{bad:?}"
+            );
         }
-        // Anything else goes to the general parser.
-        for other in [
-            Value::Array(vec![Int(1), Int(4), Int(0)]),
-            Value::Array(vec![Int(1), Int(4), Int(0), Value::Nil]),
-            Value::Array((0..11).map(Int).collect()),
-            Int(1),
+        for bad in [
+            &[1, 3, 0, 10, 1, 5, 0, 20, 3, 0, 10][..], // admitted without its time
+            &[1, 3, 0, 10, 7_000],                     // no limits
+            &[0, 0, 50, 60, 1, 3, 0, 10, 0, 50, 60, 7_000],
         ] {
-            assert!(four_ints(&other).is_none(), "{other:?}");
+            assert!(
+                matches!(parse_multi(ints(bad)), Err(Error::InvalidReply(_))),
+                "{bad:?}"
+            );
+        }
+        for other in [Value::Nil, Int(1), Value::Array(vec![Value::Nil; 5])] {
+            assert!(parse_placed(other.clone()).is_err(), "{other:?}");
+            assert!(parse_multi(other).is_err());
         }
     }
 }
