@@ -106,14 +106,14 @@ async fn main() -> Result<(), BoxError> {
         .layer(
             ThrottleLayer::new(interactive, user)
                 .cost(cost)
-                .max_wait(Duration::from_secs(2)),
+                .max_wait(Duration::from_secs(2))?,
         )
         .service(http.clone());
     let backfill_client = ServiceBuilder::new()
         .layer(
             ThrottleLayer::new(backfill, user)
                 .cost(cost)
-                .max_wait(Duration::from_secs(5)),
+                .max_wait(Duration::from_secs(5))?,
         )
         .service(http);
 

@@ -389,7 +389,7 @@ fn concurrency_limiter(
     let lease = args.lease.unwrap_or(DEFAULT_LEASE);
     ConcurrencyLimiter::builder(store, n)
         .prefix(&args.prefix)
-        .lease(lease)
+        .permit_ttl(lease)
         .store_timeout(args.timeout)
         .on_store_error(args.on_error)
         .local_share(args.local_share)
@@ -479,7 +479,7 @@ async fn serve(
             println!(
                 "concurrency: at most {} requests per key in flight (lease {} ms)",
                 limiter.max_in_flight(),
-                limiter.lease().as_millis()
+                limiter.permit_ttl().as_millis()
             );
             // Outermost: a request refused for concurrency spends no rate-limit units.
             app.layer(ConcurrencyLimitLayer::new(limiter, key_extractor(&args)?))

@@ -150,7 +150,7 @@ fn client<S: Store + Upstreams + Clone>(args: &Args, store: S) -> Result<Throttl
         .build()?;
     let key = args.key.clone();
     let mut layer = ThrottleLayer::new(limiter, move |_: &http::request::Parts| Some(key.clone()))
-        .max_wait(args.max_wait);
+        .max_wait(args.max_wait)?;
     if args.adaptive {
         layer = layer.adaptive(store);
     }

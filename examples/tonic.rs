@@ -154,7 +154,7 @@ pub async fn say_hello(
 #[allow(dead_code)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3 calls per minute per API key.
-    let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(3))?);
+    let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(3))?)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
     println!("listening on http://{addr}");

@@ -39,14 +39,14 @@
 
 mod algorithm;
 pub mod concurrency;
+mod core;
 mod decision;
 mod error;
 mod extract;
-mod limiter;
+mod http;
 mod lua;
 mod quota;
 mod rate_limit;
-mod semaphore;
 mod store;
 pub mod telemetry;
 pub mod throttle;
@@ -56,24 +56,23 @@ pub use algorithm::{
     Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
     WindowRate,
 };
-pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer};
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit,
+};
+pub use core::{CircuitBreaker, FailurePolicy, LimiterStats, UnitLease};
 pub use decision::{Charge, Decision, LimitState, Outcome, PartInfo, PartOutcome};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
-    key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
+    key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, MissingKey, Or, PeerIp,
+    ProxyHeader,
 };
-pub use limiter::{
-    CircuitBreaker, FailurePolicy, LimiterStats, RateLimiter, RateLimiterBuilder, UnitLease,
-    DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
-};
+pub use http::{BoxError, HeaderStyle, ResponseBody};
 pub use lua::{batch_script, Scripted};
 pub use quota::Quota;
 pub use rate_limit::{
-    headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
-    RateLimitLayer, ResponseBody, ResponseFuture, StatusSet,
+    headers, Class, PolicyId, RateLimit, RateLimitLayer, RateLimiter, RateLimiterBuilder,
+    ResponseFuture, StatusSet,
 };
-pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
     Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
     Namespaces, RedisStore, RedisStoreBuilder, Reserved, SlotTerms, Store, StoreKey, Upstreams,
@@ -84,5 +83,5 @@ pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 // The crates whose types appear in this API, so users can name matching versions.
 pub use bb8;
 pub use bb8_redis;
-pub use http;
+
 pub use redis;

@@ -114,6 +114,17 @@ pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
     }
 }
 
+/// A concurrency limit's acquire: a permit given (`admitted`) or refused.
+pub(crate) fn acquired(policy: &str, admitted: bool) {
+    tracing::debug!(policy, admitted, "concurrency limit: decided");
+    #[cfg(feature = "metrics")]
+    {
+        let decision = if admitted { "allowed" } else { "denied" };
+        metrics::counter!(DECISIONS, "policy" => policy.to_owned(), "decision" => decision)
+            .increment(1);
+    }
+}
+
 pub(crate) fn degraded(d: &Decision) {
     #[cfg(feature = "metrics")]
     metrics::counter!(DEGRADED, "policy" => d.policy.to_string()).increment(1);

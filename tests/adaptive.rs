@@ -59,7 +59,8 @@ async fn instance(
     let mut layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| {
         Some("upstream".to_owned())
     })
-    .max_wait(Duration::from_secs(10));
+    .max_wait(Duration::from_secs(10))
+    .unwrap();
     if adaptive {
         layer = layer.adaptive(store);
     }
@@ -258,7 +259,9 @@ async fn hostile_headers_are_ignored_or_capped() {
     let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
         .adaptive(store)
         .max_pause(Duration::from_millis(300))
-        .max_wait(Duration::from_secs(5));
+        .unwrap()
+        .max_wait(Duration::from_secs(5))
+        .unwrap();
     let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
     let started = Instant::now();
     let mut statuses = Vec::new();
@@ -398,6 +401,7 @@ async fn a_rate_limited_get_is_sent_again_after_the_pause() {
     let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
         .adaptive(store)
         .max_wait(Duration::from_secs(5))
+        .unwrap()
         .retry_rate_limited();
     let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
     up.until_next_window().await;
@@ -501,7 +505,8 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
                 ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
                     .adaptive(Arc::clone(&store))
                     // A call that would have to wait fails at once.
-                    .max_wait(Duration::ZERO);
+                    .max_wait(Duration::ZERO)
+                    .unwrap();
             let svc = ServiceBuilder::new().layer(layer).service(http());
 
             let req = Request::get(up.url()).body(Empty::new()).unwrap();
@@ -701,7 +706,9 @@ mod review {
         let layer = ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
             .adaptive(store)
             .max_pause(max_pause)
+            .unwrap()
             .max_wait(Duration::from_secs(5))
+            .unwrap()
             .retry_rate_limited();
         let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
         (
@@ -744,18 +751,17 @@ mod review {
         assert_eq!(up.calls(), 1);
     }
 
-    /// `max_pause(Duration::MAX)` and a `Retry-After` of 19 digits: no panic, and the state
-    /// in Redis stays readable (before the fix: an overflow panic, and a key the scripts
-    /// called corrupted for 142 years).
+    /// The largest `max_pause` (a day) and a `Retry-After` of 19 digits: no panic, and the
+    /// state in Redis stays readable; a `max_pause` beyond a day is refused when set.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_huge_pause_under_a_huge_cap_neither_panics_nor_corrupts() {
+    async fn a_huge_pause_under_the_largest_cap_neither_panics_nor_corrupts() {
         let redis = RedisServer::start();
         let up = Fixed::start(
             StatusCode::TOO_MANY_REQUESTS,
             &[("retry-after", "9999999999999999999")],
         )
         .await;
-        let (svc, layer) = retrying(redis.store().await, "huge", Duration::MAX);
+        let (svc, layer) = retrying(redis.store().await, "huge", Duration::from_secs(86_400));
         for _ in 0..2 {
             let req = Request::get(up.url()).body(Empty::new()).unwrap();
             let _ = svc.clone().oneshot(req).await;

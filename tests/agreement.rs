@@ -150,8 +150,8 @@ fn gcra_matches_token_bucket() {
     runner
         .run(&cases(), |case| {
             let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
-            let g = RateLimiter::new(MemoryStore::new(), Gcra::new(q).unwrap());
-            let tb = RateLimiter::new(MemoryStore::new(), TokenBucket::new(q).unwrap());
+            let g = RateLimiter::new(MemoryStore::new(), Gcra::new(q).unwrap()).unwrap();
+            let tb = RateLimiter::new(MemoryStore::new(), TokenBucket::new(q).unwrap()).unwrap();
             rt.block_on(async {
                 let mut now = T0;
                 for &(step, cost) in &case.steps {

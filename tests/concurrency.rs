@@ -40,7 +40,7 @@ fn limiter(store: impl Leases, n: u32, prefix: &str) -> ConcurrencyLimiter {
 fn short_lease(store: impl Leases, n: u32, prefix: &str, lease: Duration) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
-        .lease(lease)
+        .permit_ttl(lease)
         .store_timeout(lease / 4)
         .build()
         .unwrap()
@@ -576,6 +576,121 @@ async fn refusals_follow_the_rate_limits_conventions() {
     assert_eq!(res.headers()["ratelimit"], r#""reports";r=0"#);
 }
 
+/// A custom rejection answers refused requests (not gRPC ones) with its own body and status,
+/// and gets the concurrency headers it did not set itself.
+#[tokio::test]
+async fn a_custom_rejection_answers_refused_requests() {
+    let l = ConcurrencyLimiter::builder(MemoryStore::new(), 1)
+        .policy_name("exports")
+        .build()
+        .unwrap();
+    let held = l.acquire("global").await.unwrap().unwrap();
+    let layer = ConcurrencyLimitLayer::new(l.clone(), GlobalKey).on_limited(|busy| {
+        let body = format!(
+            "{{\"policy\":\"{}\",\"max_in_flight\":{}}}",
+            busy.policy, busy.max_in_flight
+        );
+        Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("content-type", "application/json")
+            .header("ratelimit", "\"mine\";r=7")
+            .body(Body::from(body))
+            .unwrap()
+    });
+    let ok = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("ok")))
+    });
+    let svc = layer.layer(ok);
+    let res = svc
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        r#""exports";q=1;qu="concurrent-requests""#
+    );
+    let own: Vec<_> = res.headers().get_all("ratelimit").iter().collect();
+    assert_eq!(own, [r#""mine";r=7"#], "the rejection's own field wins");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, r#"{"policy":"exports","max_in_flight":1}"#);
+
+    // gRPC requests keep the trailers-only RESOURCE_EXHAUSTED.
+    let grpc = Request::post("/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = svc.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "8");
+
+    drop(held);
+    let res = svc
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// The limiter counts every acquire once: admitted, refused (through the layer or directly),
+/// and refused or admitted at the local share while Redis is away.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_concurrency_limit_counts_its_decisions() {
+    let l = ConcurrencyLimiter::builder(MemoryStore::new(), 2)
+        .build()
+        .unwrap();
+    let a = l.acquire("k").await.unwrap().unwrap();
+    let svc =
+        ConcurrencyLimitLayer::new(l.clone(), HeaderKey::new("x-k").unwrap()).layer(service_fn(
+            |_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::from("ok"))) },
+        ));
+    let req = || {
+        Request::get("/")
+            .header("x-k", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let res = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(res);
+    let b = l.acquire("k").await.unwrap();
+    assert!(
+        b.is_some(),
+        "the layer's permit was given back with its body"
+    );
+    let res = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(l.acquire("k").await.unwrap().is_none());
+    let stats = l.stats();
+    assert_eq!((stats.allowed, stats.denied), (3, 2), "{stats:?}");
+    assert_eq!(stats.store_errors, 0);
+    drop((a, b));
+
+    // Redis away: the local share decides, and each acquire is counted once, degraded.
+    let local =
+        ConcurrencyLimiter::builder(RedisStore::connect_lazy(&dead_redis_url()).unwrap(), 2)
+            .on_store_error(FailurePolicy::Local)
+            .local_share(2)
+            .store_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+    let held = local
+        .acquire("k")
+        .await
+        .unwrap()
+        .expect("one at the local share");
+    assert!(held.is_degraded());
+    assert!(
+        local.acquire("k").await.unwrap().is_none(),
+        "the share is 1"
+    );
+    let stats = local.stats();
+    assert_eq!((stats.allowed, stats.denied), (1, 1), "{stats:?}");
+    assert_eq!(stats.degraded, 2, "{stats:?}");
+    assert!(stats.store_errors >= 2, "{stats:?}");
+}
+
 #[tokio::test]
 async fn failure_policies_with_redis_down() {
     let store = || RedisStore::connect_lazy(&dead_redis_url()).unwrap();
@@ -642,19 +757,19 @@ fn bad_configuration_is_an_error_naming_the_field() {
     assert_eq!(field(b(0).build()), "max_in_flight");
     assert_eq!(field(b(2_000_000).build()), "max_in_flight");
     assert_eq!(
-        field(b(1).lease(Duration::from_millis(50)).build()),
-        "lease"
+        field(b(1).permit_ttl(Duration::from_millis(50)).build()),
+        "permit_ttl"
     );
     assert_eq!(
-        field(b(1).lease(Duration::from_secs(7200)).build()),
-        "lease"
+        field(b(1).permit_ttl(Duration::from_secs(7200)).build()),
+        "permit_ttl"
     );
     // Under three store timeouts (100 ms by default).
     assert_eq!(
-        field(b(1).lease(Duration::from_millis(250)).build()),
-        "lease"
+        field(b(1).permit_ttl(Duration::from_millis(250)).build()),
+        "permit_ttl"
     );
-    assert!(b(1).lease(Duration::from_millis(300)).build().is_ok());
+    assert!(b(1).permit_ttl(Duration::from_millis(300)).build().is_ok());
     assert_eq!(
         field(b(1).store_timeout(Duration::ZERO).build()),
         "store_timeout"
@@ -853,7 +968,7 @@ mod review {
         let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
         let limiter =
             ConcurrencyLimiter::builder(RedisStore::connect(&proxy.url()).await.unwrap(), 1)
-                .lease(Duration::from_secs(60))
+                .permit_ttl(Duration::from_secs(60))
                 .store_timeout(Duration::from_secs(2))
                 .on_store_error(FailurePolicy::Closed)
                 .build()
@@ -1004,7 +1119,7 @@ async fn a_release_that_fails_while_redis_stalls_is_sent_again_until_it_succeeds
     let redis = RedisServer::start();
     let limiter = ConcurrencyLimiter::builder(redis.store().await, 1)
         .prefix("stalled-release")
-        .lease(Duration::from_secs(60))
+        .permit_ttl(Duration::from_secs(60))
         .store_timeout(Duration::from_millis(200))
         .on_store_error(FailurePolicy::Closed)
         .build()
@@ -1055,10 +1170,8 @@ async fn keep_sending<S>(
     period: Duration,
     tasks: &mut Vec<tokio::task::JoinHandle<StatusCode>>,
 ) where
-    S: Service<
-            Request<Body>,
-            Response = Response<tower_redis_ratelimit::concurrency::ResponseBody<Body>>,
-        > + Clone
+    S: Service<Request<Body>, Response = Response<tower_redis_ratelimit::ResponseBody<Body>>>
+        + Clone
         + Send
         + 'static,
     S::Error: std::fmt::Debug,
@@ -1094,7 +1207,7 @@ async fn repeated_redis_restarts_never_let_more_than_the_limit_run() {
     for _ in 0..2 {
         let limiter = ConcurrencyLimiter::builder(redis.store().await, n)
             .prefix("restarts")
-            .lease(lease)
+            .permit_ttl(lease)
             .store_timeout(Duration::from_millis(300))
             .on_store_error(FailurePolicy::Closed)
             .build()
@@ -1144,7 +1257,7 @@ async fn after_a_loss_a_new_instance_may_admit_until_one_that_knew_the_old_epoch
     let build = |store: RedisStore| {
         ConcurrencyLimiter::builder(store, 2)
             .prefix("new-instance")
-            .lease(lease)
+            .permit_ttl(lease)
             .store_timeout(Duration::from_millis(200))
             .build()
             .unwrap()
@@ -1208,7 +1321,7 @@ async fn a_flushed_cluster_pauses_the_slots_admissions_until_running_requests_co
     let lease = Duration::from_millis(3_000);
     let limiter = ConcurrencyLimiter::builder(cluster.store().await, 2)
         .prefix("cluster-loss")
-        .lease(lease)
+        .permit_ttl(lease)
         .store_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
@@ -1354,7 +1467,7 @@ fn a_runtime_shut_down_with_releases_kept_does_not_panic() {
     let late = rt.block_on(async {
         let limiter = ConcurrencyLimiter::builder(redis.store().await, 2)
             .prefix("shutdown")
-            .lease(Duration::from_secs(60))
+            .permit_ttl(Duration::from_secs(60))
             .store_timeout(Duration::from_millis(100))
             .build()
             .unwrap();

@@ -372,7 +372,7 @@ async fn counting_needs_an_algorithm_that_can_give_back() {
         .unwrap_err();
     assert_eq!(err.field(), "count_if");
 
-    let gcra = RateLimiter::new(store.clone(), Gcra::new(Quota::per_hour(1)).unwrap());
+    let gcra = RateLimiter::new(store.clone(), Gcra::new(Quota::per_hour(1)).unwrap()).unwrap();
     let custom = RateLimiter::builder(store, Fixed)
         .policy_name("custom2")
         .build()
@@ -387,7 +387,8 @@ async fn counting_needs_an_algorithm_that_can_give_back() {
 /// finding: `StatusSet::new().with_class(6)` was accepted and turned the limit off.)
 #[test]
 fn counting_nothing_is_a_config_error() {
-    let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1)).unwrap());
+    let limiter =
+        RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1)).unwrap()).unwrap();
     let err = RateLimitLayer::new(limiter, HeaderKey::new("x-account").unwrap())
         .count_only(tower_redis_ratelimit::StatusSet::new().with_class(6))
         .unwrap_err();

@@ -170,7 +170,8 @@ async fn tight_loops_of_instant_answers_do_not_starve_the_runtime() {
     let memory = RateLimiter::new(
         tower_redis_ratelimit::MemoryStore::new(),
         Gcra::new(Quota::per_hour(1)).unwrap(),
-    );
+    )
+    .unwrap();
     for (name, spin) in [("deny cache", cached), ("memory store", memory)] {
         // Through the limiter, then through the layer (which decides such checks in `call`).
         let mut svc = tower::ServiceBuilder::new()

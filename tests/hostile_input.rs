@@ -37,7 +37,7 @@ fn parts_with(headers: &[(&str, Vec<u8>)], peer: Option<SocketAddr>) -> Parts {
 }
 
 fn limiter() -> RateLimiter<Gcra> {
-    RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5)).unwrap())
+    RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5)).unwrap()).unwrap()
 }
 
 /// `{rl:default:` + at most 128 bytes or `#` + 40 hex digits + `}`.

@@ -789,7 +789,8 @@ async fn the_ready_inner_service_is_called_and_cloned_only_to_wait() {
     let memory = RateLimiter::new(
         tower_redis_ratelimit::MemoryStore::new(),
         Gcra::new(Quota::per_minute(3)).unwrap(),
-    );
+    )
+    .unwrap();
     let remote = limiter(redis.store().await, "strict", Quota::per_minute(3));
     // Redis decides the first four; the deny cache answers the fifth in `call`.
     for (store, limiter, expected_clones) in [("memory", memory, 0), ("redis", remote, 4)] {

@@ -14,7 +14,7 @@ use tower_redis_ratelimit::{
 
 /// The app under test: 3 requests a minute per API key.
 fn app(store: MemoryStore) -> Router {
-    let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(3)).unwrap());
+    let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(3)).unwrap()).unwrap();
     Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(

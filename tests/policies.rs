@@ -50,7 +50,8 @@ async fn the_same_namespace_with_another_quota_is_a_config_error() {
     let redis = RedisServer::start();
     let stores: [Arc<dyn Store>; 2] = [Arc::new(redis.store().await), Arc::new(MemoryStore::new())];
     for store in stores {
-        let _general = RateLimiter::new(store.clone(), Gcra::new(Quota::per_minute(100)).unwrap());
+        let _general =
+            RateLimiter::new(store.clone(), Gcra::new(Quota::per_minute(100)).unwrap()).unwrap();
         let err = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(4)).unwrap())
             .build()
             .unwrap_err();
@@ -85,8 +86,8 @@ async fn the_same_namespace_with_another_quota_is_a_config_error() {
 #[tokio::test]
 async fn instances_share_their_policy_through_the_store() {
     let redis = RedisServer::start();
-    let a = RateLimiter::new(redis.store().await, Gcra::new(Quota::per_hour(3)).unwrap());
-    let b = RateLimiter::new(redis.store().await, Gcra::new(Quota::per_hour(3)).unwrap());
+    let a = RateLimiter::new(redis.store().await, Gcra::new(Quota::per_hour(3)).unwrap()).unwrap();
+    let b = RateLimiter::new(redis.store().await, Gcra::new(Quota::per_hour(3)).unwrap()).unwrap();
     assert!(a.check("k", 2).await.unwrap().allowed);
     assert_eq!(b.check("k", 1).await.unwrap().remaining, 0);
 }
@@ -213,9 +214,12 @@ async fn invalid_combinations_are_config_errors() {
     let custom = RateLimiter::builder(store, Unsplittable).build().unwrap();
     assert!(custom.check("k", 1).await.unwrap().allowed);
 
-    let mut layer = RateLimitLayer::new(RateLimiter::new(MemoryStore::new(), gcra()), GlobalKey);
+    let mut layer = RateLimitLayer::new(
+        RateLimiter::new(MemoryStore::new(), gcra()).unwrap(),
+        GlobalKey,
+    );
     let err = layer
-        .add_policy(RateLimiter::new(MemoryStore::new(), gcra()))
+        .add_policy(RateLimiter::new(MemoryStore::new(), gcra()).unwrap())
         .unwrap_err();
     assert_eq!(err.field(), "policy_name");
 }

@@ -192,7 +192,7 @@ async fn the_layer_applies_a_quota_per_request() {
         Arc::new(redis.store().await) as Arc<dyn Store>,
         Arc::new(MemoryStore::new()),
     ] {
-        let l = RateLimiter::new(store, Gcra::new(Quota::per_hour(2)).unwrap());
+        let l = RateLimiter::new(store, Gcra::new(Quota::per_hour(2)).unwrap()).unwrap();
         let svc = ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(l, HeaderKey::new("x-api-key").unwrap()).quota_fn(|parts| {

@@ -278,8 +278,8 @@ async fn refunds_in_a_log_of_members_sharing_a_score_keep_the_log_exact() {
     let window = Duration::from_secs(60);
     let limit = 2008;
     let algorithm = SlidingWindow::new(Quota::new(limit, window)).unwrap();
-    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
-    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
+    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone()).unwrap();
+    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm).unwrap();
     let (t1, t2) = (T0 + 1_000, T0 + 2_000);
     let mut kept = Vec::new();
     for (t, n, cost) in [(T0, 1001, 1), (t1, 1, 5), (t2, 1002, 1)] {
@@ -332,7 +332,7 @@ async fn refunds_in_a_log_of_members_sharing_a_score_keep_the_log_exact() {
 async fn a_decision_is_given_back_once() {
     let redis = RedisServer::start();
     for (name, algorithm) in common::each_algorithm(Quota::per_minute(3)) {
-        let limiter = RateLimiter::new(redis.store().await, algorithm);
+        let limiter = RateLimiter::new(redis.store().await, algorithm).unwrap();
         let key = format!("once-{name}");
         let mut first = limiter.check_at(key.as_str(), 1, T0).await.unwrap();
         assert!(limiter.check_at(key.as_str(), 1, T0).await.unwrap().allowed);
@@ -660,7 +660,8 @@ fn refunds_never_let_counted_admissions_exceed_the_algorithm_in_memory() {
         .run(&traffic((1..13).collect(), 1), |t| {
             let mut traces = Vec::new();
             for (name, algorithm) in timed_algorithms(&t) {
-                let fresh = || RateLimiter::new(MemoryStore::new(), Arc::clone(&algorithm));
+                let fresh =
+                    || RateLimiter::new(MemoryStore::new(), Arc::clone(&algorithm)).unwrap();
                 let played = rt.block_on(play(&fresh(), &t));
                 rt.block_on(counted_within_the_algorithm(&played, fresh, &t, name));
                 traces.push(played.trace);
@@ -941,8 +942,8 @@ async fn a_sliding_window_refund_does_bounded_work_whatever_the_log_size() {
     let redis = RedisServer::start();
     let window = Duration::from_secs(120);
     let algorithm = SlidingWindow::new(Quota::new(100_000, window)).unwrap();
-    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone());
-    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm);
+    let on_redis = RateLimiter::new(redis.store().await, algorithm.clone()).unwrap();
+    let in_memory = RateLimiter::new(MemoryStore::new(), algorithm).unwrap();
     // 20,000 counted requests, 100 parked ones (uncounted, in flight), 20,000 more: the
     // filler goes to the same script the limiter runs, pipelined.
     let script = Script::new(&format!(
@@ -1029,7 +1030,8 @@ async fn a_corrupted_refund_ledger_is_an_error() {
     let limiter = RateLimiter::new(
         redis.store().await,
         Gcra::new(Quota::per_minute(3)).unwrap(),
-    );
+    )
+    .unwrap();
     let first = limiter.check("k", 1).await.unwrap();
     assert!(limiter.check("k", 1).await.unwrap().allowed);
     for junk in ["x", "1 2 3", "-5 0", "99999999999999999 0 1 2 3 4"] {

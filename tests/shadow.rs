@@ -232,7 +232,8 @@ async fn a_throttle_in_shadow_mode_never_waits() {
                 limiter.clone(),
                 HeaderKey::new("x-key").unwrap(),
             )
-            .max_wait(Duration::from_millis(1)),
+            .max_wait(Duration::from_millis(1))
+            .unwrap(),
         )
         .service(counting(calls.clone()));
     for _ in 0..3 {

@@ -34,7 +34,8 @@ async fn waits_for_quota_then_gives_up_beyond_max_wait() {
         .layer(
             ThrottleLayer::new(l, |_: &http::request::Parts| Some("api".to_owned()))
                 .cost(|parts| if parts.uri.path() == "/big" { 2 } else { 1 })
-                .max_wait(Duration::from_millis(500)),
+                .max_wait(Duration::from_millis(500))
+                .unwrap(),
         )
         .service(echo());
     let started = Instant::now();

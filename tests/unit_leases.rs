@@ -292,7 +292,7 @@ async fn a_lease_on_a_memory_store_changes_nothing() {
         .lease(UnitLease::up_to(Duration::from_millis(50)))
         .build()
         .unwrap();
-    let plain = RateLimiter::new(MemoryStore::new(), gcra);
+    let plain = RateLimiter::new(MemoryStore::new(), gcra).unwrap();
     for _ in 0..8 {
         let (a, b) = (
             leased.check("k", 1).await.unwrap(),

@@ -2,14 +2,15 @@
 
 use std::{fmt, sync::Arc};
 
-use crate::{rate_limit::response::Responder, ConcurrencyLimiter, MissingKey};
+use super::{limiter::ConcurrencyLimiter, Busy};
+use crate::{extract::MissingKey, http::Responder};
 
 /// Everything a layer and its services share.
 pub(crate) struct Config<K> {
     pub(crate) limiter: ConcurrencyLimiter,
     pub(crate) key: Arc<K>,
     pub(crate) missing_key: MissingKey,
-    pub(crate) responder: Arc<Responder>,
+    pub(crate) responder: Arc<Responder<Busy>>,
 }
 
 impl<K> Clone for Config<K> {

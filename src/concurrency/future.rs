@@ -1,4 +1,4 @@
-//! The response future: take a slot, then call the inner service only if one was free.
+//! The response future: take a permit, then call the inner service only if one was free.
 
 use std::{
     future::Future,
@@ -11,22 +11,24 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::{limiter::ConcurrencyLimiter, permit::Permit, Busy};
 use crate::{
-    rate_limit::{headers::render_concurrency, response::Responder},
-    BoxFuture, ConcurrencyLimiter, Error, FailurePolicy, Permit,
+    core::FailurePolicy,
+    error::Error,
+    http::{headers::render_concurrency, Responder, ResponseBody},
+    store::BoxFuture,
 };
 
 /// How to answer one request.
 pub(crate) struct Answer {
-    pub(crate) responder: Arc<Responder>,
+    pub(crate) responder: Arc<Responder<Busy>>,
     pub(crate) limiter: ConcurrencyLimiter,
     pub(crate) grpc: bool,
 }
 
 pin_project! {
-    /// Response future of [`ConcurrencyLimit`](crate::ConcurrencyLimit). Dropping it gives
-    /// back the slot it holds (or is taking).
+    /// Response future of [`ConcurrencyLimit`](super::ConcurrencyLimit). Dropping it gives
+    /// back the permit it holds (or is taking).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
@@ -109,12 +111,14 @@ where
                     let permit = match result {
                         Ok(Some(permit)) => Some(permit),
                         Ok(None) => {
+                            let busy = Busy::new(limiter);
                             let res = answer.responder.busy(
+                                &busy,
                                 limiter.policy_name(),
                                 limiter.max_in_flight(),
                                 answer.grpc,
                             );
-                            return Poll::Ready(Ok(res.map(ResponseBody::unheld)));
+                            return Poll::Ready(Ok(res.map(ResponseBody::written)));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, policy = ?limiter.failure_policy(), "concurrency limit: store failed");
@@ -122,7 +126,7 @@ where
                             // refuse rather than let it through unlimited.
                             if limiter.failure_policy() != FailurePolicy::Open {
                                 let res = answer.responder.unavailable(answer.grpc);
-                                return Poll::Ready(Ok(res.map(ResponseBody::unheld)));
+                                return Poll::Ready(Ok(res.map(ResponseBody::written)));
                             }
                             None
                         }
@@ -131,7 +135,7 @@ where
                     this.state.set(State::Calling { future, permit });
                 }
                 StateProj::Calling { future, permit } => {
-                    // An error drops the permit with this future: the slot is given back.
+                    // An error drops the permit with this future: it is given back.
                     let mut res = ready!(future.poll(cx))?;
                     let permit = permit.take();
                     if let Some(p) = &permit {
@@ -144,7 +148,7 @@ where
                             res.headers_mut(),
                         );
                     }
-                    return Poll::Ready(Ok(res.map(|body| ResponseBody::held(body, permit))));
+                    return Poll::Ready(Ok(res.map(|body| ResponseBody::guarded(body, permit))));
                 }
             }
         }

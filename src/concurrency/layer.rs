@@ -2,44 +2,48 @@
 
 use std::{fmt, sync::Arc};
 
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
 use tower_layer::Layer;
 
-use super::{config::Config, service::ConcurrencyLimit};
+use super::{config::Config, limiter::ConcurrencyLimiter, service::ConcurrencyLimit, Busy};
 use crate::{
-    rate_limit::response::Responder, ConcurrencyLimiter, HeaderStyle, KeyExtractor, MissingKey,
+    extract::{KeyExtractor, MissingKey},
+    http::{box_body, BoxError, HeaderStyle, Responder},
 };
 
 /// Lets at most [`max_in_flight`](ConcurrencyLimiter::max_in_flight) requests of one key be
 /// in flight at once, across every instance sharing the limiter's store.
 ///
-/// An admitted request goes to the inner service, holding one of its key's slots until its
-/// response body ends (or fails, or is dropped); the slot is also given back when the response
+/// An admitted request goes to the inner service, holding one of its key's permits until its
+/// response body ends (or fails, or is dropped); the permit is also given back when the response
 /// future is dropped or the inner service returns an error. Its response gets the key's
 /// concurrency headers (with [`HeaderStyle::Ietf`]: `RateLimit-Policy:
-/// "concurrency";q=4;qu="concurrent-requests"` and `RateLimit: "concurrency";r=1`, the slots
+/// "concurrency";q=4;qu="concurrent-requests"` and `RateLimit: "concurrency";r=1`, the permits
 /// left when it was admitted).
 ///
 /// With a [`RedisStore`](crate::RedisStore), the release is sent when the body ends, so it
 /// reaches Redis about one round trip after the client may have read the end of the response:
 /// a client that sends its next request the instant the previous one ends, with all of its
-/// key's slots in use, may find its slot still taken for that round trip. (A
-/// [`MemoryStore`](crate::MemoryStore) gives the slot back before the body reports its end.)
+/// key's permits in use, may find its permit still taken for that round trip. (A
+/// [`MemoryStore`](crate::MemoryStore) gives the permit back before the body reports its end.)
 /// A release that fails (Redis stalled or failing over, a connection cut) is sent again, at
-/// least once a second, until it succeeds or its lease would have ended by itself.
+/// least once a second, until it succeeds or it would have expired by itself.
 ///
-/// After Redis loses the slots (a restart without persistence, `FLUSHALL`), running requests
+/// After Redis loses the permits (a restart without persistence, `FLUSHALL`), running requests
 /// are counted again at their next renewal, and once an instance that used that Redis before
-/// notices, the limiter admits no new request for a third of the lease plus two store
+/// notices, the limiter admits no new request for a third of the time to live plus two store
 /// timeouts (`429`s meanwhile), so the limit holds after any number of restarts; see
-/// [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder#when-redis-loses-the-slots)
+/// [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder#when-redis-loses-the-permits)
 /// for the exact bound.
 ///
 /// A request over the limit never reaches the inner service: `429 Too Many Requests`
 /// (gRPC requests: HTTP 200 with `grpc-status: 8`, RESOURCE_EXHAUSTED) with the same headers
 /// (`r=0`) and a plain-text or, with [`problem_details`](Self::problem_details), an RFC 9457
-/// body, as [`RateLimitLayer`](crate::RateLimitLayer) answers. No `Retry-After`: a slot frees
+/// body, as [`RateLimitLayer`](crate::RateLimitLayer) answers. No `Retry-After`: a permit frees
 /// when a request of the key ends, which nothing can predict (a crashed holder's within one
-/// lease, a live one's whenever it finishes).
+/// time to live, a live one's whenever it finishes).
 ///
 /// When the store fails, the limiter's [`FailurePolicy`](crate::FailurePolicy) decides:
 /// `Open` lets the request through unlimited and without headers, `Closed` answers `503` with
@@ -87,7 +91,7 @@ impl<K> fmt::Debug for ConcurrencyLimitLayer<K> {
 impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// Limits the requests in flight under the key `key` gives each, with `limiter`'s limit,
     /// store and failure policy. Defaults: IETF headers, [`MissingKey::Shared`] (keyless
-    /// requests share one set of slots).
+    /// requests share one set of permits).
     pub fn new(limiter: ConcurrencyLimiter, key: K) -> Self {
         Self {
             config: Config {
@@ -118,6 +122,34 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// What to do with requests that have no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
         self.config.missing_key = missing;
+        self
+    }
+
+    /// Builds the response for refused (non-gRPC) requests instead of the default plain-text
+    /// 429, with any body, from what refused them (see [`Busy`]). The concurrency headers are
+    /// added unless already present.
+    ///
+    /// ```
+    /// use axum::{http::StatusCode, response::IntoResponse};
+    /// use tower_redis_ratelimit::{concurrency::ConcurrencyLimitLayer, ConcurrencyLimiter, GlobalKey, MemoryStore};
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 2).build()?;
+    /// let layer = ConcurrencyLimitLayer::new(limiter, GlobalKey).on_limited(|busy| {
+    ///     let body = format!(r#"{{"error":"busy","max_in_flight":{}}}"#, busy.max_in_flight);
+    ///     (StatusCode::TOO_MANY_REQUESTS, [("content-type", "application/json")], body)
+    ///         .into_response()
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn on_limited<F, B>(mut self, reject: F) -> Self
+    where
+        F: Fn(&Busy) -> Response<B> + Send + Sync + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Arc::make_mut(&mut self.config.responder).reject =
+            Some(Arc::new(move |busy: &Busy| reject(busy).map(box_body)));
         self
     }
 

@@ -2,7 +2,7 @@
 //! lets at most N requests of that key be in flight at once, across every instance sharing
 //! the store; a request over the limit gets a `429` (gRPC: `RESOURCE_EXHAUSTED`).
 //!
-//! A request holds its slot from the moment it is admitted until its response body ends or
+//! A request holds its permit from the moment it is admitted until its response body ends or
 //! is dropped; also given back when the response future is dropped (the client went away)
 //! or the inner service fails. tower's `ConcurrencyLimit` bounds one service in one process;
 //! this bounds each key across the fleet.
@@ -18,9 +18,9 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-//! let rate = RateLimiter::new(store.clone(), Gcra::new(Quota::per_minute(100))?);
+//! let rate = RateLimiter::new(store.clone(), Gcra::new(Quota::per_minute(100))?)?;
 //! let in_flight = ConcurrencyLimiter::builder(store, 4)
-//!     .lease(Duration::from_secs(30))
+//!     .permit_ttl(Duration::from_secs(30))
 //!     .build()?;
 //! let app = Router::new().route("/", get(|| async { "ok" })).layer(
 //!     ServiceBuilder::new()
@@ -33,15 +33,46 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `config` holds what the layer and its services share, so that neither imports the other.
+//! `semaphore` is the engine (the store calls, the local share), `holder` one admitted
+//! request's renewals and release, `releases` the failed releases sent again, `permit` what
+//! the request holds; `config` what the layer and its services share, so that neither
+//! imports the other.
 
-mod body;
+mod builder;
 mod config;
 mod future;
+mod holder;
 mod layer;
+mod limiter;
+mod permit;
+mod releases;
+mod semaphore;
 mod service;
 
 pub use self::{
-    body::ResponseBody, future::ResponseFuture, layer::ConcurrencyLimitLayer,
-    service::ConcurrencyLimit,
+    builder::ConcurrencyLimiterBuilder, future::ResponseFuture, layer::ConcurrencyLimitLayer,
+    limiter::ConcurrencyLimiter, permit::Permit, service::ConcurrencyLimit,
 };
+
+use std::sync::Arc;
+
+/// What a concurrency limit tells a custom rejection
+/// ([`ConcurrencyLimitLayer::on_limited`]) about a refused request: every permit of its key
+/// was held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Busy {
+    /// The limit's policy name.
+    pub policy: Arc<str>,
+    /// Requests of one key allowed in flight at once.
+    pub max_in_flight: u32,
+}
+
+impl Busy {
+    fn new(limiter: &ConcurrencyLimiter) -> Self {
+        Self {
+            policy: Arc::clone(&limiter.semaphore.core.policy),
+            max_in_flight: limiter.max_in_flight(),
+        }
+    }
+}

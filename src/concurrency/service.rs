@@ -2,10 +2,7 @@
 
 use std::{
     fmt,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicBool, Arc},
     task::{Context, Poll},
 };
 
@@ -13,15 +10,17 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::{
-    body::ResponseBody,
     config::Config,
     future::{Answer, ResponseFuture},
 };
-use crate::{rate_limit::response::is_grpc, Key, KeyExtractor, MissingKey};
+use crate::{
+    extract::{Key, KeyExtractor},
+    http::{is_grpc, key_of, Keyed, ResponseBody},
+};
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
-/// The service made by [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
+/// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
 pub struct ConcurrencyLimit<S, K> {
     inner: S,
     config: Arc<Config<K>>,
@@ -83,23 +82,26 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = &*self.config;
         let (parts, body) = req.into_parts();
-        let key = config.key.extract(&parts).map(Key::into_owned);
+        let keyed = key_of(
+            &*config.key,
+            config.missing_key,
+            &parts,
+            &WARNED_UNKEYED,
+            "concurrency limit",
+        );
+        let key = match keyed {
+            Keyed::Limited(key) => Ok(key.map(Key::into_owned)),
+            Keyed::Unlimited => Err(()),
+        };
         let answer = Answer {
             responder: Arc::clone(&config.responder),
             limiter: config.limiter.clone(),
             grpc: is_grpc(&parts.headers),
         };
         let req = Request::from_parts(parts, body);
-        if key.is_none() {
-            if config.missing_key == MissingKey::Allow {
-                return ResponseFuture::unchecked(req, inner, answer);
-            }
-            if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "concurrency limit: a request had no key; keyless requests share one set of slots"
-                );
-            }
-        }
+        let Ok(key) = key else {
+            return ResponseFuture::unchecked(req, inner, answer);
+        };
         let acquire = config.limiter.acquire_owned(key);
         ResponseFuture::acquiring(acquire, req, inner, answer)
     }

@@ -42,7 +42,7 @@ impl<F> std::fmt::Debug for KeyFn<F> {
 /// ```
 /// use tower_redis_ratelimit::{key_fn, Gcra, MemoryStore, Quota, RateLimitLayer, RateLimiter};
 ///
-/// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60)).unwrap());
+/// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60)).unwrap()).unwrap();
 /// #[derive(Clone)]
 /// struct UserId(u64); // put there by your authentication layer
 /// let layer = RateLimitLayer::new(

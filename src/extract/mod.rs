@@ -34,6 +34,7 @@ mod cost;
 mod global;
 mod header;
 mod key;
+mod missing;
 mod peer_ip;
 
 pub use self::{
@@ -42,6 +43,7 @@ pub use self::{
     global::GlobalKey,
     header::HeaderKey,
     key::Key,
+    missing::MissingKey,
     peer_ip::PeerIp,
 };
 pub(crate) use self::{

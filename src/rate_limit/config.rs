@@ -11,22 +11,13 @@ use std::{
 
 use http::request::Parts;
 
-use super::{counting::CountFn, response::Responder, stamp::PolicyField};
-use crate::{extract::CostFn, limiter::Engine, Quota};
-
-/// What the layer does with a request whose [`KeyExtractor`](crate::KeyExtractor) found no
-/// key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// All keyless requests share one quota (a key no client can produce). The default: a
-    /// misconfigured extractor (e.g. [`PeerIp`](crate::PeerIp) without connection info)
-    /// still limits, and the first such request logs a warning.
-    #[default]
-    Shared,
-    /// Keyless requests are not limited and get no rate-limit headers.
-    Allow,
-}
+use super::{counting::CountFn, engine::RateEngine};
+use crate::{
+    decision::Decision,
+    extract::{CostFn, MissingKey},
+    http::{PolicyField, Responder},
+    quota::Quota,
+};
 
 /// A policy of one layer, as [`RateLimitLayer::add_policy`](super::RateLimitLayer::add_policy)
 /// returns it, for [`Class::Policy`]. A handle, not a name: a typo cannot silently select the
@@ -75,16 +66,16 @@ pub(crate) fn next_layer_id() -> u64 {
 /// One policy of a layer: its limiter, and its `RateLimit-Policy` member rendered once.
 #[derive(Clone)]
 pub(crate) struct Policy {
-    pub(crate) engine: Arc<Engine>,
+    pub(crate) engine: Arc<RateEngine>,
     pub(crate) field: PolicyField,
 }
 
 impl Policy {
-    pub(crate) fn new(engine: &Arc<Engine>) -> Self {
+    pub(crate) fn new(engine: &Arc<RateEngine>) -> Self {
         let algorithm = &engine.algorithm;
         Self {
             engine: Arc::clone(engine),
-            field: PolicyField::new(&engine.policy, algorithm.quota(), algorithm.window()),
+            field: PolicyField::new(engine.policy(), algorithm.quota(), algorithm.window()),
         }
     }
 }
@@ -102,7 +93,7 @@ pub(crate) struct Config<K> {
     pub(crate) count: Option<Arc<CountFn>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
-    pub(crate) responder: Arc<Responder>,
+    pub(crate) responder: Arc<Responder<Decision>>,
 }
 
 impl<K> Clone for Config<K> {
@@ -127,7 +118,7 @@ impl<K> fmt::Debug for Config<K> {
         let policies: Vec<(&str, _)> = self
             .policies
             .iter()
-            .map(|p| (&*p.engine.policy, p.engine.failure))
+            .map(|p| (&**p.engine.policy(), p.engine.core.failure))
             .collect();
         f.debug_struct("RateLimitLayer")
             .field("policies", &policies)

@@ -13,13 +13,15 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{
-    body::ResponseBody,
-    counting::CountFn,
-    response::Responder,
-    stamp::{PolicyField, Stamp},
+use super::{counting::CountFn, engine::RateEngine};
+use crate::{
+    core::FailurePolicy,
+    decision::Decision,
+    error::Error,
+    extract::Key,
+    http::{PolicyField, Responder, ResponseBody, Stamp},
+    store::BoxFuture,
 };
-use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy, Key};
 
 pin_project! {
     /// Response future of [`RateLimit`](crate::RateLimit).
@@ -37,7 +39,7 @@ pub(crate) struct Answer {
     /// The policy's policy on store errors.
     pub(crate) failure: FailurePolicy,
     /// The policy's shadow mode: a denial goes on to the inner service.
-    pub(crate) shadow: Option<Arc<Engine>>,
+    pub(crate) shadow: Option<Arc<RateEngine>>,
     pub(crate) grpc: bool,
     /// The IETF `pk` parameter, when the layer writes one.
     pub(crate) partition_key: Option<String>,
@@ -47,7 +49,7 @@ pub(crate) struct Answer {
 
 /// What giving back an uncounted response's units takes.
 pub(crate) struct Refund {
-    pub(crate) policy: Arc<Engine>,
+    pub(crate) policy: Arc<RateEngine>,
     pub(crate) key: Option<Key<'static>>,
     pub(crate) count: Arc<CountFn>,
 }
@@ -67,7 +69,7 @@ enum Then {
 /// A decision kept until the inner service answers.
 struct Decided {
     decision: Decision,
-    responder: Arc<Responder>,
+    responder: Arc<Responder<Decision>>,
     partition_key: Option<String>,
     refund: Option<Refund>,
 }
@@ -86,7 +88,7 @@ struct Pending<S, B> {
     check: BoxFuture<'static, Result<Decision, Error>>,
     request: Request<B>,
     service: S,
-    responder: Arc<Responder>,
+    responder: Arc<Responder<Decision>>,
     answer: Answer,
     field: PolicyField,
 }
@@ -125,7 +127,7 @@ pin_project! {
 fn conclude(
     result: Result<Decision, Error>,
     answer: Answer,
-    responder: &Arc<Responder>,
+    responder: &Arc<Responder<Decision>>,
     field: &PolicyField,
 ) -> Next {
     let d = match result {
@@ -175,7 +177,7 @@ where
         result: Result<Decision, Error>,
         request: Request<B>,
         service: &mut S,
-        responder: &Arc<Responder>,
+        responder: &Arc<Responder<Decision>>,
         answer: Answer,
         field: &PolicyField,
     ) -> Self {
@@ -196,7 +198,7 @@ where
         check: BoxFuture<'static, Result<Decision, Error>>,
         request: Request<B>,
         service: S,
-        responder: Arc<Responder>,
+        responder: Arc<Responder<Decision>>,
         answer: Answer,
         field: PolicyField,
     ) -> Self {

@@ -8,14 +8,20 @@ use http_body::Body;
 use tower_layer::Layer;
 
 use super::{
-    body::{box_body, BoxError},
-    config::{next_layer_id, Class, Config, MissingKey, Policy, PolicyId},
+    config::{next_layer_id, Class, Config, Policy, PolicyId},
     counting::StatusSet,
-    headers::HeaderStyle,
-    response::Responder,
+    engine::RateEngine,
+    limiter::RateLimiter,
     service::RateLimit,
 };
-use crate::{limiter::Engine, Algorithm, ConfigError, Decision, KeyExtractor, Quota, RateLimiter};
+use crate::{
+    algorithm::Algorithm,
+    decision::Decision,
+    error::ConfigError,
+    extract::{KeyExtractor, MissingKey},
+    http::{box_body, BoxError, HeaderStyle, Responder},
+    quota::Quota,
+};
 
 /// Rate-limits the requests of a wrapped service, one key per request.
 ///
@@ -35,7 +41,7 @@ use crate::{limiter::Engine, Algorithm, ConfigError, Decision, KeyExtractor, Quo
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-/// let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(100).burst(20))?);
+/// let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(100).burst(20))?)?;
 /// let app = Router::new()
 ///     .route("/", get(|| async { "ok" }))
 ///     .layer(RateLimitLayer::new(limiter, PeerIp));
@@ -120,12 +126,12 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         &mut self,
         limiter: RateLimiter<B>,
     ) -> Result<PolicyId, ConfigError> {
-        let name = &limiter.engine.policy;
+        let name = limiter.engine.policy();
         if self
             .config
             .policies
             .iter()
-            .any(|p| p.engine.policy == *name)
+            .any(|p| p.engine.policy() == name)
         {
             return Err(ConfigError::new(
                 "policy_name",
@@ -169,7 +175,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///
     /// ```
     /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
-    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap());
+    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap()).unwrap();
     /// let layer = RateLimitLayer::new(limiter, GlobalKey).cost(|parts| match parts.uri.path() {
     ///     "/health" => 0,
     ///     p if p.starts_with("/send") => 5,
@@ -202,7 +208,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// struct Plan { per_minute: u32 } // put in the extensions by your auth layer
     ///
     /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60))?);
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60))?)?;
     /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
     ///     .quota_fn(|parts| {
     ///         let plan = parts.extensions.get::<Plan>()?;
@@ -248,7 +254,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// # use tower_redis_ratelimit::*;
     /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
     /// // 5 failed log-ins per account a minute; successful ones are free.
-    /// let limiter = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(5))?);
+    /// let limiter = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(5))?)?;
     /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-account")?)
     ///     .count_if(|status, _headers| status.is_client_error() || status.is_server_error())?;
     /// # Ok(()) }
@@ -270,7 +276,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// ```
     /// # use tower_redis_ratelimit::*;
     /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?);
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
     /// let layer = RateLimitLayer::new(limiter, PeerIp).count_only("401,403,5xx".parse()?)?;
     /// # Ok(()) }
     /// ```
@@ -296,7 +302,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
     /// use axum::{http::StatusCode, response::IntoResponse};
     ///
-    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap());
+    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap()).unwrap();
     /// let layer = RateLimitLayer::new(limiter, GlobalKey).on_limited(|d| {
     ///     let body = format!(r#"{{"error":"slow down","remaining":{}}}"#, d.remaining);
     ///     (StatusCode::TOO_MANY_REQUESTS, [("content-type", "application/json")], body)
@@ -343,7 +349,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
 }
 
 /// A [`ConfigError`] naming `count_if` when `policy` cannot give units back.
-fn cannot_refund(policy: &Engine) -> Result<(), ConfigError> {
+fn cannot_refund(policy: &RateEngine) -> Result<(), ConfigError> {
     if policy.refundable() {
         return Ok(());
     }
@@ -351,7 +357,7 @@ fn cannot_refund(policy: &Engine) -> Result<(), ConfigError> {
         "count_if",
         format!(
             "policy {:?} uses {}, which cannot give units back; counting by response needs a built-in algorithm",
-            policy.policy,
+            policy.policy(),
             policy.algorithm.name()
         ),
     ))

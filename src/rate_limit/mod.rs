@@ -1,25 +1,38 @@
-//! The server middleware: [`RateLimitLayer`] takes a key from each request, asks its policy's
-//! limiter, and calls the inner service only when the request is allowed; the response gets
-//! the rate-limit headers, a denied request a `429` (gRPC: `RESOURCE_EXHAUSTED`).
+//! The rate limit: [`RateLimiter`] decides a key and a cost against an algorithm in a store
+//! (usable without HTTP), and [`RateLimitLayer`] takes a key from each request, asks its
+//! policy's limiter, and calls the inner service only when the request is allowed; the
+//! response gets the rate-limit headers, a denied request a `429` (gRPC: `RESOURCE_EXHAUSTED`).
 //!
-//! `config` holds what the layer and its services share, so that neither imports the other.
+//! A request goes through it in one pass: the layer's service ([`RateLimit`]) picks the
+//! request's policy and extracts its key; the policy's engine decides (from its deny cache,
+//! a unit lease or a store that answers at once, else through the store in the response
+//! future); the HTTP shell answers a denial or adds the headers to the inner service's
+//! response.
 
-mod body;
+mod builder;
 mod config;
 mod counting;
+mod engine;
 mod future;
-pub mod headers;
 mod layer;
-pub mod response;
+mod limiter;
 mod service;
-mod stamp;
+
+/// The rate-limit header fields, and how this crate renders them.
+pub mod headers {
+    pub use crate::http::headers::{
+        render, retry_after_secs, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
+        X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    };
+    pub use crate::http::QUOTA_EXCEEDED;
+}
 
 pub use self::{
-    body::{BoxError, ResponseBody},
-    config::{Class, MissingKey, PolicyId},
+    builder::RateLimiterBuilder,
+    config::{Class, PolicyId},
     counting::StatusSet,
     future::ResponseFuture,
-    headers::HeaderStyle,
     layer::RateLimitLayer,
+    limiter::RateLimiter,
     service::RateLimit,
 };

@@ -3,10 +3,7 @@
 use std::{
     fmt,
     marker::PhantomData,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicBool, Arc},
     task::{Context, Poll},
 };
 
@@ -14,13 +11,16 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::{
-    body::ResponseBody,
-    config::{Config, MissingKey, Selected},
+    config::{Config, Selected},
     future::{Answer, Refund, ResponseFuture},
-    headers::partition_key,
-    response::is_grpc,
 };
-use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key, KeyExtractor};
+use crate::{
+    core::FailurePolicy,
+    error::Error,
+    extract::{Key, KeyExtractor},
+    http::{headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
+    store::{BoxFuture, KeyBuf},
+};
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 
@@ -124,18 +124,19 @@ where
         let policy = &policy.engine;
         // The key borrows from the request head: decide what can be decided at once before
         // the head goes back into the request.
-        let key = config.key.extract(&parts);
-        if key.is_none() {
-            if config.missing_key == MissingKey::Allow {
+        let key = match key_of(
+            &*config.key,
+            config.missing_key,
+            &parts,
+            &WARNED_UNKEYED,
+            "rate limit",
+        ) {
+            Keyed::Limited(key) => key,
+            Keyed::Unlimited => {
                 let req = Request::from_parts(parts, body);
                 return ResponseFuture::unchecked(req, inner);
             }
-            if !WARNED_UNKEYED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "rate limit: a request had no key; keyless requests share one quota"
-                );
-            }
-        }
+        };
         let pk = config.partition_secret.as_ref().map(|secret| {
             let mut compact = KeyBuf::new();
             policy
@@ -149,7 +150,7 @@ where
                 .quoted(quota)
                 .inspect_err(|e| {
                     tracing::warn!(
-                        policy = %policy.policy,
+                        policy = %policy.policy(),
                         %quota,
                         error = %e,
                         "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
@@ -163,14 +164,14 @@ where
             count: Arc::clone(count),
         });
         let answer = |grpc| Answer {
-            failure: policy.failure,
+            failure: policy.core.failure,
             shadow: policy.shadow.then(|| Arc::clone(policy)),
             grpc,
             partition_key: pk,
             refund,
         };
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        if let Some(result) = policy.decide_now(key.as_ref(), cost, quoted.as_ref()) {
+        if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_ref()) {
             drop(key);
             // Only an answer the limiter writes itself depends on the protocol.
             let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
@@ -186,11 +187,8 @@ where
         let clone = inner.clone();
         let inner = std::mem::replace(inner, clone);
         let policy = Arc::clone(policy);
-        let check: BoxFuture<'static, _> = Box::pin(async move {
-            policy
-                .check(key.as_ref(), cost, quoted.as_ref(), None)
-                .await
-        });
+        let check: BoxFuture<'static, _> =
+            Box::pin(async move { policy.check(key.as_ref(), cost, quoted.as_ref()).await });
         let responder = Arc::clone(responder);
         ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }

@@ -19,10 +19,10 @@ pub struct StoreKey<'a> {
 
 impl<'a> StoreKey<'a> {
     /// `key` in `namespace`, with keys longer than the default bound
-    /// ([`DEFAULT_MAX_KEY_LEN`](crate::DEFAULT_MAX_KEY_LEN)) hashed; e.g. to call a
+    /// ([`DEFAULT_MAX_KEY_LEN`](crate::core::DEFAULT_MAX_KEY_LEN)) hashed; e.g. to call a
     /// [`Store`](crate::Store) directly. Limiters make their own.
     pub fn new(namespace: &'a str, key: Option<&'a Key<'a>>) -> Self {
-        Self::bounded(namespace, key, crate::DEFAULT_MAX_KEY_LEN)
+        Self::bounded(namespace, key, crate::core::DEFAULT_MAX_KEY_LEN)
     }
 
     pub(crate) fn bounded(namespace: &'a str, key: Option<&'a Key<'a>>, max_len: usize) -> Self {
@@ -47,7 +47,7 @@ impl<'a> StoreKey<'a> {
     ///
     /// ```
     /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap());
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap()).unwrap();
     /// assert_eq!(limiter.storage_key("k-123"), "{rl:default:k-123}");
     /// ```
     pub fn base(&self) -> String {

@@ -37,7 +37,7 @@ const SHARDS: usize = 16;
 /// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(2))?);
+/// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(2))?)?;
 /// assert!(limiter.check("job-42", 1).await?.allowed);
 /// assert!(limiter.check("job-42", 1).await?.allowed);
 /// assert!(!limiter.check("job-42", 1).await?.allowed);

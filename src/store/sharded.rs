@@ -41,6 +41,9 @@ pub(crate) struct Shard<V> {
     pub(crate) evicted: u64,
     /// What the owner counts besides entries (e.g. log entries), kept up to date by it.
     pub(crate) weight: usize,
+    /// When the owner last swept this shard itself (for owners whose values are not
+    /// [`Expiring`]).
+    pub(crate) swept_at: Option<std::time::Instant>,
 }
 
 /// A key's hash and the shard it lives in.
@@ -63,6 +66,7 @@ impl<V> Sharded<V> {
                         max: max_per_shard,
                         evicted: 0,
                         weight: 0,
+                        swept_at: None,
                     }))
                 })
                 .collect(),
@@ -122,8 +126,39 @@ impl<V> Shard<V> {
         &mut entry.into_mut().2
     }
 
+    /// The most entries this shard holds.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    pub(crate) fn contains(&self, slot: Slot, key: &[u8]) -> bool {
+        self.table
+            .find(slot.hash, |e| e.1.as_bytes() == key)
+            .is_some()
+    }
+
+    /// Forgets the first entry, among the first `scan` in the table's order, for which
+    /// `forget` holds; true when one was forgotten.
+    pub(crate) fn forget_one(&mut self, scan: usize, mut forget: impl FnMut(&V) -> bool) -> bool {
+        let Some(hash) = self
+            .table
+            .iter()
+            .take(scan)
+            .find(|e| forget(&e.2))
+            .map(|e| e.0)
+        else {
+            return false;
+        };
+        match self.table.find_entry(hash, |e| forget(&e.2)) {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Keeps the entries for which `keep` holds.
-    #[cfg(test)]
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
         self.table.retain(|e| keep(&mut e.2));
         self.swept_len = self.table.len();

@@ -10,7 +10,10 @@ use super::{
     config::{NoRetry, RetryIdempotent, Settings},
     service::Throttle,
 };
-use crate::{store::Upstreams, Algorithm, KeyExtractor, RateLimiter};
+use crate::{
+    algorithm::Algorithm, error::ConfigError, extract::KeyExtractor, rate_limit::RateLimiter,
+    store::Upstreams,
+};
 
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
 ///
@@ -88,11 +91,19 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     }
 
     /// The longest a request waits for its quota before failing with
-    /// [`ThrottleError::WouldExceedMaxWait`](crate::ThrottleError::WouldExceedMaxWait). A request that would have to wait longer fails at
-    /// once, without waiting in vain.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+    /// [`ThrottleError::WouldExceedMaxWait`](crate::ThrottleError::WouldExceedMaxWait) (default
+    /// 10 s). A request that would have to wait longer fails at once, without waiting in vain.
+    /// Zero (never wait: fail when the quota is not there) up to one day; beyond, a
+    /// [`ConfigError`] naming `max_wait`.
+    pub fn max_wait(mut self, max_wait: Duration) -> Result<Self, ConfigError> {
+        if max_wait > MAX_WAIT_CAP {
+            return Err(ConfigError::new(
+                "max_wait",
+                format!("{max_wait:?}: must be at most one day"),
+            ));
+        }
         self.settings.max_wait = max_wait;
-        self
+        Ok(self)
     }
 
     /// Learns the upstream's limits from its answers and shares what it learned through
@@ -118,12 +129,30 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
         self
     }
 
-    /// The longest pause or reset an upstream's header may impose (default 60 s, at most one
-    /// day: a longer value is taken as a day): a header saying to wait an hour, or a reset in
-    /// a year, is cut to it (and counted).
-    pub fn max_pause(mut self, max_pause: Duration) -> Self {
-        self.settings.max_pause = max_pause.min(MAX_PAUSE_CAP);
-        self
+    /// The longest pause or reset an upstream's header may impose (default 60 s): a header
+    /// saying to wait an hour, or a reset in a year, is cut to it (and counted). More than
+    /// zero and at most one day; otherwise a [`ConfigError`] naming `max_pause`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimiter, ThrottleLayer};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5))?)?;
+    /// let layer = ThrottleLayer::new(limiter, GlobalKey).max_pause(Duration::from_secs(30))?;
+    /// let too_long = layer.clone().max_pause(Duration::from_secs(2 * 86_400));
+    /// assert_eq!(too_long.unwrap_err().field(), "max_pause");
+    /// assert_eq!(layer.max_wait(Duration::MAX).unwrap_err().field(), "max_wait");
+    /// # Ok(()) }
+    /// ```
+    pub fn max_pause(mut self, max_pause: Duration) -> Result<Self, ConfigError> {
+        if max_pause.is_zero() || max_pause > MAX_PAUSE_CAP {
+            return Err(ConfigError::new(
+                "max_pause",
+                format!("{max_pause:?}: must be more than zero and at most one day"),
+            ));
+        }
+        self.settings.max_pause = max_pause;
+        Ok(self)
     }
 
     /// What the adaptive throttle learned so far (`None` unless [`adaptive`](Self::adaptive)).
@@ -138,6 +167,8 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
 
 /// The largest `max_pause`.
 const MAX_PAUSE_CAP: Duration = Duration::from_secs(86_400);
+/// The largest `max_wait`.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(86_400);
 
 impl<S, K, A, R> Layer<S> for ThrottleLayer<K, A, R> {
     type Service = Throttle<S, K, A, R>;

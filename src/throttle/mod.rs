@@ -15,10 +15,10 @@
 //! #       S::Future: Send, S::Error: Into<tower::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 //! // Google Calendar allows 600 a minute; use half, shared by every worker.
-//! let limiter = RateLimiter::new(store, SlidingWindow::new(Quota::per_minute(300))?);
+//! let limiter = RateLimiter::new(store, SlidingWindow::new(Quota::per_minute(300))?)?;
 //! let client = ServiceBuilder::new()
 //!     .layer(ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("calendar".to_owned()))
-//!         .max_wait(Duration::from_secs(30)))
+//!         .max_wait(Duration::from_secs(30))?)
 //!     .service(http_client);
 //! # Ok(()) }
 //! ```

@@ -18,7 +18,7 @@ use super::{
     learn::{at_least_a_moment, read_limits},
 };
 use crate::{
-    store::{within, Blind, Learned},
+    store::{Blind, Learned},
     Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter,
 };
 
@@ -113,9 +113,9 @@ async fn upstream_gate<A: Algorithm>(
         if !fits(gate.wait, deadline) {
             return Err(ThrottleError::UpstreamPaused { wait: gate.wait });
         }
-        tracing::debug!(policy = %engine.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
+        tracing::debug!(policy = %engine.core.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
         #[cfg(feature = "metrics")]
-        metrics::counter!(crate::telemetry::UPSTREAM_WAITS, "policy" => engine.policy.to_string())
+        metrics::counter!(crate::telemetry::UPSTREAM_WAITS, "policy" => engine.core.policy.to_string())
             .increment(1);
         tokio::time::sleep(gate.wait).await;
     }
@@ -131,13 +131,13 @@ async fn bounded<A: Algorithm, T>(
     call: BoxFuture<'_, Result<T, crate::Error>>,
 ) -> Option<T> {
     let engine = &limiter.engine;
-    let error = match within(engine.timeout, call).await {
+    let error = match engine.core.call(move || call).await {
         Ok(value) => return Some(value),
         Err(e) => e,
     };
     Counters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
-        policy = %engine.policy,
+        policy = %engine.core.policy,
         %error,
         "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
     );
@@ -159,7 +159,7 @@ fn observe<A: Algorithm, B>(
     Counters::add(&counters.capped, u64::from(reading.capped));
     if reading.ignored > 0 || reading.capped > 0 {
         tracing::info!(
-            policy = %engine.policy,
+            policy = %engine.core.policy,
             ignored = reading.ignored,
             capped = reading.capped,
             "rate limit: the upstream sent rate-limit headers that were malformed or beyond the cap"
@@ -177,7 +177,7 @@ fn observe<A: Algorithm, B>(
     if !reading.learned.is_empty() {
         Counters::add(&counters.learned, 1);
         tracing::debug!(
-            policy = %engine.policy,
+            policy = %engine.core.policy,
             remaining = reading.learned.remaining,
             reset = ?reading.learned.reset,
             pause = ?reading.learned.pause,
@@ -191,7 +191,7 @@ fn observe<A: Algorithm, B>(
                 .pause_from
                 .or(reading.window_from)
                 .map_or("none", |s| s.as_str());
-            metrics::counter!(crate::telemetry::UPSTREAM_LEARNED, "policy" => engine.policy.to_string(), "source" => source)
+            metrics::counter!(crate::telemetry::UPSTREAM_LEARNED, "policy" => engine.core.policy.to_string(), "source" => source)
                 .increment(1);
         }
     }
@@ -312,7 +312,7 @@ where
         match copy {
             Some(copy) if rate_limited && fits(pause, deadline) => {
                 Counters::add(&adaptive.counters.retried, 1);
-                tracing::debug!(policy = %limiter.engine.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
+                tracing::debug!(policy = %limiter.engine.core.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
                 if learned.pause.is_none_or(|p| p.is_zero()) {
                     tokio::time::sleep(pause).await;
                 }

@@ -1,5 +1,5 @@
-//! One holder's lease on one slot: renewed in the background while held, released when given
-//! up (and the release sent again until it succeeds, see [`releases`](super::releases)).
+//! One holder of a permit: renewed in the background while held, released when given up
+//! (and the release sent again until it succeeds, see [`releases`](super::releases)).
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -10,17 +10,18 @@ use tokio::{runtime::Handle, time::Instant};
 
 use super::{
     releases::{self, Kept},
-    slots::Slots,
+    semaphore::Semaphore,
 };
-use crate::{store::within, Error, Key};
+use crate::{error::Error, extract::Key};
 
-/// A holder of (maybe) one slot: what a [`Permit`](super::Permit), its renewal task and its
-/// release share.
-pub(crate) struct Lease {
-    pub(crate) slots: Arc<Slots>,
+/// A holder of (maybe) one permit: what a [`Permit`](super::Permit), its renewal task and
+/// its release share.
+pub(crate) struct Holder {
+    pub(crate) semaphore: Arc<Semaphore>,
     pub(crate) key: Option<Key<'static>>,
-    pub(crate) holder: String,
-    /// Set when a renewal found the slot gone (and put it back).
+    /// Unique across instances: the holder's member in the store.
+    pub(crate) id: String,
+    /// Set when a renewal found the permit gone (and put it back).
     pub(crate) lost: AtomicBool,
     /// Set when the holder is given up: from then on no renewal is sent.
     given_up: AtomicBool,
@@ -29,17 +30,17 @@ pub(crate) struct Lease {
     /// Set for good when a renewal got no answer: it may still reach the store, even after
     /// the release.
     unanswered: AtomicBool,
-    /// When the store last extended the lease, or may have: the lease ends by itself at most
-    /// one lease (and one store timeout) after.
+    /// When the store last extended the permit, or may have: it expires by itself at most
+    /// one time to live (and one store timeout) after.
     extended_at: Mutex<Instant>,
 }
 
-impl Lease {
-    pub(crate) fn new(slots: Arc<Slots>, key: Option<Key<'static>>, holder: String) -> Self {
+impl Holder {
+    pub(crate) fn new(semaphore: Arc<Semaphore>, key: Option<Key<'static>>, id: String) -> Self {
         Self {
-            slots,
+            semaphore,
             key,
-            holder,
+            id,
             lost: AtomicBool::new(false),
             given_up: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
@@ -48,7 +49,7 @@ impl Lease {
         }
     }
 
-    /// Records that the store extended the lease, or may have, just now.
+    /// Records that the store extended the permit, or may have, just now.
     pub(crate) fn extended(&self) {
         *self.extended_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -63,13 +64,13 @@ impl Lease {
         self.renewing.load(Ordering::SeqCst) || self.unanswered.load(Ordering::SeqCst)
     }
 
-    /// Gives the slot back and waits for the store (within the store timeout). On a failure,
+    /// Gives the permit back and waits for the store (within the store timeout). On a failure,
     /// the release is also kept and sent again in the background.
     pub(crate) async fn release(self: &Arc<Self>) -> Result<(), Error> {
         let late_renewal = self.give_up();
         let result = self
-            .slots
-            .release(self.key.as_ref(), &self.holder, late_renewal)
+            .semaphore
+            .release(self.key.as_ref(), &self.id, late_renewal)
             .await;
         if let Err(e) = &result {
             self.keep_trying(late_renewal, e);
@@ -77,29 +78,29 @@ impl Lease {
         result
     }
 
-    /// Gives the slot back without waiting: at once when the store can (in memory), else on
+    /// Gives the permit back without waiting: at once when the store can (in memory), else on
     /// the current Tokio runtime, else on `runtime`; a release that fails is sent again until
-    /// it succeeds or the lease has ended. Without a runtime, the slot comes back when its
-    /// lease ends. Never panics.
+    /// it succeeds or the permit has expired. Without a runtime, the permit comes back when its
+    /// time to live ends. Never panics.
     pub(crate) fn release_in_background(self: Arc<Self>, runtime: Option<&Handle>) {
         let late_renewal = self.give_up();
-        let slots = &self.slots;
-        let key = slots.store_key(self.key.as_ref());
-        if let Some(result) = slots.store.release_now(key, &self.holder) {
+        let semaphore = &self.semaphore;
+        let key = semaphore.store_key(self.key.as_ref());
+        if let Some(result) = semaphore.permits.release_now(key, &self.id) {
             if let Err(e) = result {
-                tracing::warn!(error = %e, "concurrency limit: release failed; the slot comes back when its lease ends");
+                tracing::warn!(error = %e, "concurrency limit: release failed; the permit comes back when it expires");
             }
             return;
         }
         let Some(runtime) = Handle::try_current().ok().or_else(|| runtime.cloned()) else {
-            tracing::debug!("concurrency limit: no Tokio runtime to release on; the slot comes back when its lease ends");
+            tracing::debug!("concurrency limit: no Tokio runtime to release on; the permit comes back when it expires");
             return;
         };
-        // A runtime that is shutting down drops the task: the lease then ends by itself.
+        // A runtime that is shutting down drops the task: the permit then expires by itself.
         runtime.spawn(async move {
             let result = self
-                .slots
-                .release(self.key.as_ref(), &self.holder, late_renewal)
+                .semaphore
+                .release(self.key.as_ref(), &self.id, late_renewal)
                 .await;
             if let Err(e) = result {
                 self.keep_trying(late_renewal, &e);
@@ -110,20 +111,22 @@ impl Lease {
     /// Keeps this release, which failed with `error`, to send it again until the lease would
     /// have ended by itself.
     fn keep_trying(&self, late_renewal: bool, error: &Error) {
-        tracing::warn!(error = %error, policy = %self.slots.policy, "concurrency limit: release failed; sending it again until it succeeds or its lease ends");
+        let semaphore = &self.semaphore;
+        tracing::warn!(error = %error, policy = %semaphore.core.policy, "concurrency limit: release failed; sending it again until it succeeds or its permit expires");
         let extended_at = *self.extended_at.lock().unwrap_or_else(|e| e.into_inner());
-        let until = extended_at + self.slots.lease() + self.slots.timeout;
-        let kept = Kept::new(self.key.clone(), self.holder.clone(), late_renewal, until);
-        releases::keep(&self.slots, kept, error);
+        let until = extended_at + semaphore.ttl() + semaphore.core.timeout;
+        let kept = Kept::new(self.key.clone(), self.id.clone(), late_renewal, until);
+        releases::keep(semaphore, kept, error);
     }
 
-    /// Renews the lease every third of its length until the holder is given up. A renewal
-    /// that finds the slot gone puts it back (and marks the lease lost); a failed one (store
+    /// Renews the permit every third of its time to live until the holder is given up. A
+    /// renewal that finds the permit gone puts it back (and marks it lost); a failed one (store
     /// away, timeout) is logged and tried again at the next tick: two can fail before the
-    /// lease ends.
+    /// permit expires.
     pub(crate) async fn keep_renewed(self: Arc<Self>) {
-        let slots = &self.slots;
-        let every = slots.lease() / 3;
+        let semaphore = &self.semaphore;
+        let core = &semaphore.core;
+        let every = semaphore.ttl() / 3;
         loop {
             tokio::time::sleep(every).await;
             // Paired with `give_up`.
@@ -131,18 +134,18 @@ impl Lease {
             if self.given_up.load(Ordering::SeqCst) {
                 return;
             }
-            let key = slots.store_key(self.key.as_ref());
-            let call = slots.store.renew(key, &self.holder, &slots.terms);
-            let result = within(slots.timeout, call).await;
+            let key = semaphore.store_key(self.key.as_ref());
+            let call = semaphore.permits.renew(key, &self.id, &semaphore.terms);
+            let result = core.call_always(call).await;
             self.extended();
             match result {
                 Ok(held) => {
                     self.renewing.store(false, Ordering::SeqCst);
                     if !held && !self.lost.swap(true, Ordering::AcqRel) {
                         tracing::warn!(
-                            policy = %slots.policy,
-                            lease = ?slots.lease(),
-                            "concurrency limit: a request's slot was gone (it outlived its lease unrenewed, or the store lost its state); it is counted again, and new requests wait until the key is under its limit"
+                            policy = %core.policy,
+                            permit_ttl = ?semaphore.ttl(),
+                            "concurrency limit: a request's permit was gone (it outlived its time to live unrenewed, or the store lost its state); it is counted again, and new requests wait until the key is under its limit"
                         );
                     }
                 }
@@ -156,6 +159,6 @@ impl Lease {
     }
 }
 
-fn renewal_failed(lease: &Lease, e: &Error) {
-    tracing::warn!(error = %e, policy = %lease.slots.policy, "concurrency limit: renewing a lease failed; trying again in a third of the lease");
+fn renewal_failed(holder: &Holder, e: &Error) {
+    tracing::warn!(error = %e, policy = %holder.semaphore.core.policy, "concurrency limit: renewing a permit failed; trying again in a third of its time to live");
 }

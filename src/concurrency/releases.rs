@@ -1,7 +1,7 @@
 //! Releases that failed (Redis stalled or failing over, a connection cut), kept and sent again
 //! until one succeeds or the holder's lease would have ended anyway: a release tried only once
-//! would leave its slot taken for the rest of the lease (up to an hour) whenever Redis missed
-//! one moment. A release is idempotent (giving back a slot not held does nothing), so sending
+//! would leave its permit taken for the rest of its time to live (up to an hour) whenever Redis missed
+//! one moment. A release is idempotent (giving back a permit not held does nothing), so sending
 //! it again is safe whatever reached Redis the first time.
 //!
 //! One worker task per limiter sends them, and only while some are kept: every second at
@@ -17,10 +17,13 @@ use std::{
 use futures_util::StreamExt;
 use tokio::{runtime::Handle, time::Instant};
 
-use super::slots::Slots;
-use crate::{Error, ErrorScope, Key};
+use super::semaphore::Semaphore;
+use crate::{
+    error::{Error, ErrorScope},
+    extract::Key,
+};
 
-/// The most releases one limiter keeps; beyond, a failed release's slot comes back when its
+/// The most releases one limiter keeps; beyond, a failed release's permit comes back when its
 /// lease ends.
 pub(crate) const MAX_KEPT: usize = 10_000;
 /// The wait before the first new try; it doubles with each failed try, up to
@@ -60,7 +63,7 @@ pub(crate) struct Kept {
 
 impl Kept {
     /// `holder`'s release of `key`, worth sending until `until`; `late_renewal` as in
-    /// [`Slots::release`].
+    /// [`Permits::release`].
     pub(crate) fn new(
         key: Option<Key<'static>>,
         holder: String,
@@ -102,17 +105,17 @@ impl Releases {
 
 /// Keeps `release`, which failed with `error`, to send it again on the current Tokio runtime.
 /// A release the store refused as invalid is not sent again; without a runtime, or with
-/// [`MAX_KEPT`] kept already, the slot comes back when its lease ends. Never panics.
-pub(crate) fn keep(slots: &Arc<Slots>, release: Kept, error: &Error) {
+/// [`MAX_KEPT`] kept already, the permit comes back when it expires. Never panics.
+pub(crate) fn keep(semaphore: &Arc<Semaphore>, release: Kept, error: &Error) {
     if error.scope() == ErrorScope::Check {
-        tracing::warn!(error = %error, policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
+        tracing::warn!(error = %error, policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
         return;
     }
     let start = {
-        let mut state = slots.releases.lock();
+        let mut state = semaphore.releases.lock();
         if state.kept.len() >= MAX_KEPT {
             if !std::mem::replace(&mut state.full, true) {
-                tracing::warn!(error = %error, policy = %slots.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's slot comes back when its lease ends");
+                tracing::warn!(error = %error, policy = %semaphore.core.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's permit comes back when it expires");
             }
             return;
         }
@@ -125,7 +128,7 @@ pub(crate) fn keep(slots: &Arc<Slots>, release: Kept, error: &Error) {
     // Made before the task, so that a task dropped unpolled (a runtime shutting down) still
     // lets the next release start a worker.
     let worker = Worker {
-        slots: Arc::clone(slots),
+        semaphore: Arc::clone(semaphore),
         done: false,
     };
     match Handle::try_current() {
@@ -139,14 +142,14 @@ pub(crate) fn keep(slots: &Arc<Slots>, release: Kept, error: &Error) {
 /// The task sending kept releases; marks the limiter as without one when it ends, also when
 /// its runtime drops it.
 struct Worker {
-    slots: Arc<Slots>,
+    semaphore: Arc<Semaphore>,
     done: bool,
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         if !self.done {
-            self.slots.releases.lock().worker = false;
+            self.semaphore.releases.lock().worker = false;
         }
     }
 }
@@ -167,14 +170,14 @@ impl Worker {
                     (first, due)
                 }
             };
-            let slots = &*self.slots;
-            match slots
+            let semaphore = &*self.semaphore;
+            match semaphore
                 .release(first.key.as_ref(), &first.holder, first.late_renewal)
                 .await
             {
                 Err(e) if e.is_unavailable() => {
                     // Still away: the others wait for the next round.
-                    let mut state = slots.releases.lock();
+                    let mut state = semaphore.releases.lock();
                     state.kept.push(first.failed());
                     state.kept.extend(rest.into_iter().map(Kept::failed));
                     continue;
@@ -183,7 +186,7 @@ impl Worker {
             }
             futures_util::stream::iter(rest)
                 .for_each_concurrent(AT_ONCE, |kept| async {
-                    let result = slots
+                    let result = semaphore
                         .release(kept.key.as_ref(), &kept.holder, kept.late_renewal)
                         .await;
                     self.settle(kept, result);
@@ -196,12 +199,12 @@ impl Worker {
     /// is kept any more. Drops the releases whose lease has ended meanwhile.
     fn due(&mut self) -> Option<Due> {
         let now = Instant::now();
-        let mut state = self.slots.releases.lock();
+        let mut state = self.semaphore.releases.lock();
         let before = state.kept.len();
         state.kept.retain(|k| k.until > now);
         let expired = before - state.kept.len();
         if expired > 0 {
-            tracing::warn!(policy = %self.slots.policy, releases = expired, "concurrency limit: releases never reached the store; their slots came back when their leases ended");
+            tracing::warn!(policy = %self.semaphore.core.policy, releases = expired, "concurrency limit: releases never reached the store; their permits came back when they expired");
         }
         if state.kept.len() < MAX_KEPT {
             state.full = false;
@@ -224,15 +227,15 @@ impl Worker {
     /// Forgets `kept` when `result` is a success (or a refusal no try will change), keeps it
     /// for the next round otherwise.
     fn settle(&self, kept: Kept, result: Result<(), Error>) {
-        let slots = &self.slots;
+        let semaphore = &self.semaphore;
         match result {
             Ok(()) => {
-                tracing::debug!(policy = %slots.policy, tries = kept.tries + 1, "concurrency limit: a failed release went through");
+                tracing::debug!(policy = %semaphore.core.policy, tries = kept.tries + 1, "concurrency limit: a failed release went through");
             }
             Err(e) if e.scope() == ErrorScope::Check => {
-                tracing::warn!(error = %e, policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
+                tracing::warn!(error = %e, policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
             }
-            Err(_) => slots.releases.lock().kept.push(kept.failed()),
+            Err(_) => semaphore.releases.lock().kept.push(kept.failed()),
         }
     }
 }
@@ -313,7 +316,7 @@ mod tests {
 
     fn limiter(store: Flaky, lease: Duration) -> ConcurrencyLimiter {
         ConcurrencyLimiter::builder(store, 1)
-            .lease(lease)
+            .permit_ttl(lease)
             .build()
             .unwrap()
     }
@@ -325,7 +328,7 @@ mod tests {
         store.down.store(true, Ordering::SeqCst);
         let permit = limiter.acquire("k").await.unwrap().unwrap();
         assert!(permit.release().await.is_err());
-        assert_eq!(limiter.slots.releases.len(), 1);
+        assert_eq!(limiter.semaphore.releases.len(), 1);
         // Down for 10 s: about one try a second, one call each (not one per kept release).
         tokio::time::sleep(Duration::from_secs(10)).await;
         let tries = store.releases.load(Ordering::SeqCst);
@@ -333,11 +336,11 @@ mod tests {
         assert!(limiter.acquire("k").await.unwrap().is_none(), "still held");
         store.down.store(false, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(limiter.slots.releases.len(), 0);
+        assert_eq!(limiter.semaphore.releases.len(), 0);
         assert!(limiter.acquire("k").await.unwrap().is_some(), "given back");
         // The worker is gone, and a new failure starts another.
         tokio::task::yield_now().await;
-        assert!(!limiter.slots.releases.lock().worker);
+        assert!(!limiter.semaphore.releases.lock().worker);
     }
 
     #[tokio::test(start_paused = true)]
@@ -345,7 +348,7 @@ mod tests {
         let store = Flaky::default();
         let lease = Duration::from_secs(30);
         let limiter = ConcurrencyLimiter::builder(store.clone(), 100)
-            .lease(lease)
+            .permit_ttl(lease)
             .build()
             .unwrap();
         let permits: Vec<_> =
@@ -357,41 +360,45 @@ mod tests {
         store.down.store(true, Ordering::SeqCst);
         drop(permits);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(limiter.slots.releases.len(), 50);
+        assert_eq!(limiter.semaphore.releases.len(), 50);
         let first_tries = store.releases.load(Ordering::SeqCst);
         assert_eq!(first_tries, 50);
         tokio::time::sleep(Duration::from_secs(10)).await;
         let tries = store.releases.load(Ordering::SeqCst) - first_tries;
         assert!(tries <= 16, "{tries} tries in 10 s for 50 kept releases");
-        // Past the lease, nothing is kept, and the slots came back by themselves.
+        // Past the lease, nothing is kept, and the permits came back by themselves.
         tokio::time::sleep(lease).await;
-        assert_eq!(limiter.slots.releases.len(), 0);
-        assert!(!limiter.slots.releases.lock().worker);
+        assert_eq!(limiter.semaphore.releases.len(), 0);
+        assert!(!limiter.semaphore.releases.lock().worker);
     }
 
     #[tokio::test(start_paused = true)]
     async fn at_most_max_kept_releases_are_kept() {
         let store = Flaky::default();
         let limiter = ConcurrencyLimiter::builder(store.clone(), 1)
-            .lease(Duration::from_secs(60))
+            .permit_ttl(Duration::from_secs(60))
             .build()
             .unwrap();
-        let slots = &limiter.slots;
+        let semaphore = &limiter.semaphore;
         let error = Error::Timeout(Duration::from_millis(100));
         let until = Instant::now() + Duration::from_secs(60);
         for i in 0..MAX_KEPT + 10 {
             keep(
-                slots,
+                semaphore,
                 Kept::new(None, format!("h{i}"), false, until),
                 &error,
             );
         }
-        assert_eq!(slots.releases.len(), MAX_KEPT);
+        assert_eq!(semaphore.releases.len(), MAX_KEPT);
         // A release the store refuses as invalid is not kept.
         let invalid = Error::InvalidInput("no");
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(slots.releases.len(), 0, "sent once the store answers");
-        keep(slots, Kept::new(None, "x".into(), false, until), &invalid);
-        assert_eq!(slots.releases.len(), 0);
+        assert_eq!(semaphore.releases.len(), 0, "sent once the store answers");
+        keep(
+            semaphore,
+            Kept::new(None, "x".into(), false, until),
+            &invalid,
+        );
+        assert_eq!(semaphore.releases.len(), 0);
     }
 }

@@ -2,23 +2,28 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{acquire::acquire, permit::Permit, slots::Slots};
-use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key};
+use super::{permit::Permit, semaphore::Semaphore};
+use crate::{
+    core::{FailurePolicy, LimiterStats},
+    error::Error,
+    extract::Key,
+    store::{BoxFuture, KeyBuf},
+};
 
 /// At most N requests of one key in flight at once, across every instance sharing a store: a
-/// distributed counting semaphore whose slots are held under leases.
+/// distributed counting semaphore whose permits are held under a time to live.
 ///
-/// [`acquire`](Self::acquire) takes one of the key's slots if one is free and returns a
-/// [`Permit`] that holds it; dropping the permit gives it back. While held, the lease is renewed
+/// [`acquire`](Self::acquire) takes one of the key's permits if one is free and returns a
+/// [`Permit`] that holds it; dropping the permit gives it back. While held, the permit is renewed
 /// in the background, so requests may run for as long as they need; an instance that crashes
-/// stops renewing, and its slots come back by themselves within one
-/// [lease](crate::ConcurrencyLimiterBuilder::lease). Usable on its own (a job runner allowing two
+/// stops renewing, and its permits come back by themselves within one
+/// [time to live](crate::ConcurrencyLimiterBuilder::permit_ttl). Usable on its own (a job runner allowing two
 /// exports per customer at once) and the engine of
 /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
 ///
 /// In Redis a key's holders are a sorted set under `{prefix:policy:key}:c`, the same hash tag
 /// as a [`RateLimiter`](crate::RateLimiter)'s keys for that key: on a cluster, both limits of a
-/// key live on one slot. Each acquire, renewal and release is one script call; times come from
+/// key live on one permit. Each acquire, renewal and release is one script call; times come from
 /// the Redis server's clock.
 ///
 /// Cloning is cheap and shares everything.
@@ -32,12 +37,12 @@ use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key};
 /// // At most 2 exports per customer at once, over every worker.
 /// let exports = ConcurrencyLimiter::builder(store, 2)
 ///     .policy_name("exports")
-///     .lease(Duration::from_secs(30))
+///     .permit_ttl(Duration::from_secs(30))
 ///     .on_store_error(FailurePolicy::Closed)
 ///     .build()?;
 /// match exports.acquire("customer-42").await? {
 ///     Some(permit) => {
-///         // ... run the export; the slot is given back when `permit` is dropped.
+///         // ... run the export; the permit is given back when `permit` is dropped.
 ///         permit.release().await?;
 ///     }
 ///     None => println!("two exports of this customer are already running"),
@@ -46,47 +51,48 @@ use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key};
 /// ```
 #[derive(Clone)]
 pub struct ConcurrencyLimiter {
-    pub(crate) slots: Arc<Slots>,
+    pub(crate) semaphore: Arc<Semaphore>,
 }
 
 impl fmt::Debug for ConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &*self.slots;
+        let s = &*self.semaphore;
         f.debug_struct("ConcurrencyLimiter")
-            .field("namespace", &s.namespace)
+            .field("namespace", &s.core.namespace)
             .field("max_in_flight", &s.limit())
-            .field("lease", &s.lease())
-            .field("timeout", &s.timeout)
-            .field("on_store_error", &s.failure)
+            .field("permit_ttl", &s.ttl())
+            .field("timeout", &s.core.timeout)
+            .field("on_store_error", &s.core.failure)
             .finish()
     }
 }
 
 impl ConcurrencyLimiter {
-    /// Takes one of `key`'s slots if one is free: `Ok(None)` when `max_in_flight` requests of
+    /// Takes one of `key`'s permits if one is free: `Ok(None)` when `max_in_flight` requests of
     /// `key` already hold one.
     ///
     /// When the store fails or does not answer within the store timeout: under
-    /// [`FailurePolicy::Local`], a slot of this process's local share (a
+    /// [`FailurePolicy::Local`], a permit of this process's local share (a
     /// [degraded](Permit::is_degraded) permit, or `None`); otherwise the error. An acquire
     /// that timed out, or whose future was dropped, after the store may have admitted it
-    /// gives that slot back in the background.
+    /// gives that permit back in the background.
     ///
     /// `key` is text (`&str`, `String`), an IP address, a number or a [`Key`].
     pub async fn acquire<'k>(&self, key: impl Into<Key<'k>>) -> Result<Option<Permit>, Error> {
         tokio::task::coop::consume_budget().await;
-        acquire(Arc::clone(&self.slots), Some(key.into().into_owned())).await
+        let key = Some(key.into().into_owned());
+        Arc::clone(&self.semaphore).acquire(key).await
     }
 
-    /// [`acquire`](Self::acquire), for the layer (`None`: the slots keyless requests share).
+    /// [`acquire`](Self::acquire), for the layer (`None`: the permits keyless requests share).
     pub(crate) fn acquire_owned(
         &self,
         key: Option<Key<'static>>,
     ) -> BoxFuture<'static, Result<Option<Permit>, Error>> {
-        Box::pin(acquire(Arc::clone(&self.slots), key))
+        Box::pin(Arc::clone(&self.semaphore).acquire(key))
     }
 
-    /// The Redis key holding `key`'s slots: `{prefix:policy:key}:c` (see
+    /// The Redis key holding `key`'s permits: `{prefix:policy:key}:c` (see
     /// [`RateLimiter::storage_key`](crate::RateLimiter::storage_key) for how keys are written).
     ///
     /// ```
@@ -97,7 +103,7 @@ impl ConcurrencyLimiter {
     pub fn storage_key<'k>(&self, key: impl Into<Key<'k>>) -> String {
         let key = key.into();
         let mut buf = KeyBuf::new();
-        self.slots
+        self.semaphore
             .store_key(Some(&key))
             .write_base_with(b":c", &mut buf);
         String::from_utf8_lossy(buf.as_bytes()).into_owned()
@@ -105,26 +111,43 @@ impl ConcurrencyLimiter {
 
     /// Requests of one key allowed in flight at once.
     pub fn max_in_flight(&self) -> u32 {
-        self.slots.limit()
+        self.semaphore.limit()
     }
 
-    /// How long a slot is held without a renewal.
-    pub fn lease(&self) -> Duration {
-        self.slots.lease()
+    /// How long a permit stays held without a renewal.
+    pub fn permit_ttl(&self) -> Duration {
+        self.semaphore.ttl()
     }
 
     /// The policy name used in the headers.
     pub fn policy_name(&self) -> &str {
-        &self.slots.policy
+        &self.semaphore.core.policy
     }
 
     /// The bound on one store call.
     pub fn store_timeout(&self) -> Duration {
-        self.slots.timeout
+        self.semaphore.core.timeout
     }
 
     /// What an acquire gets when the store fails.
     pub fn failure_policy(&self) -> FailurePolicy {
-        self.slots.failure
+        self.semaphore.core.failure
+    }
+
+    /// Counters: requests admitted and refused, store errors, acquires refused by the
+    /// circuit breaker, degraded permits.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;
+    /// let held = limiter.acquire("k").await?;
+    /// assert!(limiter.acquire("k").await?.is_none());
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.allowed, stats.denied), (1, 1));
+    /// # drop(held); Ok(()) }
+    /// ```
+    pub fn stats(&self) -> LimiterStats {
+        self.semaphore.core.stats()
     }
 }

@@ -7,30 +7,30 @@ use std::{
 
 use tokio::{runtime::Handle, task::AbortHandle};
 
-use super::lease::Lease;
-use crate::Error;
+use super::holder::Holder;
+use crate::error::Error;
 
-/// One of a key's slots, held until the permit is dropped or [released](Self::release).
+/// One of a key's `max_in_flight` permits, held until dropped or [released](Self::release).
 ///
-/// While it is held, a background task on the Tokio runtime renews its lease every third of
-/// the lease, so a request may run for as long as it needs. Dropping it gives the slot back:
+/// While it is held, a background task on the Tokio runtime renews it every third of its time
+/// to live, so a request may run for as long as it needs. Dropping it gives the permit back:
 /// at once for a [`MemoryStore`](crate::MemoryStore), otherwise with a release spawned on the
 /// Tokio runtime (the one current at the drop, else the one it was acquired on). A release
 /// that fails (Redis stalled or failing over, a connection cut) is sent again, at least once a
-/// second, until it succeeds or the lease would have ended by itself, so the slot is free
+/// second, until it succeeds or the permit would have expired by itself, so the permit is free
 /// within about a second of Redis answering again. Dropping it never blocks and never panics,
-/// also outside a runtime; when no runtime is left to send the release, the slot comes back
-/// when its lease ends.
+/// also outside a runtime; when no runtime is left to send the release, the permit comes back
+/// when it expires.
 ///
-/// A permit leaked with [`std::mem::forget`] keeps renewing its lease, and so keeps its slot,
-/// for as long as its runtime runs. A process that dies (or a runtime that is shut down)
-/// stops renewing: its slots come back within one lease.
+/// A permit leaked with [`std::mem::forget`] keeps renewing, and so stays held, for as long as
+/// its runtime runs. A process that dies (or a runtime that is shut down)
+/// stops renewing: its permits come back within one time to live.
 ///
 /// When the store cannot be reached, renewals fail and are tried again every third of the
-/// lease; if none succeeds before the lease ends, the slot may be given to another request
-/// while this one still runs. When a renewal finds the slot gone (its lease ran out
+/// time to live; if none succeeds before the permit expires, it may be given to another
+/// request while this one still runs. When a renewal finds the permit gone (its time to live ran out
 /// unrenewed, or the store lost its state), [`is_lost`](Self::is_lost) turns true and the
-/// renewal puts the slot back: the request counts again, even if its key is then over the
+/// renewal puts the permit back: the request counts again, even if its key is then over the
 /// limit (new requests of the key are refused until enough end). The request is never
 /// interrupted. See [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder) for what
 /// this bounds after Redis loses its state.
@@ -40,15 +40,15 @@ use crate::Error;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;
-/// let permit = limiter.acquire("report-42").await?.expect("a free slot");
+/// let permit = limiter.acquire("report-42").await?.expect("a free permit");
 /// assert_eq!((permit.in_flight(), permit.max_in_flight()), (1, 1));
-/// assert!(limiter.acquire("report-42").await?.is_none(), "the only slot is held");
+/// assert!(limiter.acquire("report-42").await?.is_none(), "the only permit is held");
 /// drop(permit);
 /// assert!(limiter.acquire("report-42").await?.is_some());
 /// # Ok(()) }
 /// ```
 pub struct Permit {
-    lease: Arc<Lease>,
+    holder: Arc<Holder>,
     in_flight: u64,
     degraded: bool,
     renewal: Option<AbortHandle>,
@@ -58,14 +58,14 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// A held slot; starts renewing its lease when a Tokio runtime is at hand.
-    pub(crate) fn new(lease: Arc<Lease>, in_flight: u64, degraded: bool) -> Self {
+    /// A held permit; starts renewing it when a Tokio runtime is at hand.
+    pub(crate) fn new(holder: Arc<Holder>, in_flight: u64, degraded: bool) -> Self {
         let runtime = Handle::try_current().ok();
         let renewal = runtime
             .as_ref()
-            .map(|rt| rt.spawn(Arc::clone(&lease).keep_renewed()).abort_handle());
+            .map(|rt| rt.spawn(Arc::clone(&holder).keep_renewed()).abort_handle());
         Self {
-            lease,
+            holder,
             in_flight,
             degraded,
             renewal,
@@ -81,35 +81,35 @@ impl Permit {
 
     /// The limit it was admitted under (the local share's when [degraded](Self::is_degraded)).
     pub fn max_in_flight(&self) -> u32 {
-        self.lease.slots.limit()
+        self.holder.semaphore.limit()
     }
 
     /// The policy name of the limiter that admitted it.
     pub fn policy_name(&self) -> &str {
-        &self.lease.slots.policy
+        &self.holder.semaphore.core.policy
     }
 
-    /// True when the store was unavailable and the slot is one of this process's local share
+    /// True when the store was unavailable and the permit is one of this process's local share
     /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
     pub fn is_degraded(&self) -> bool {
         self.degraded
     }
 
-    /// True when a renewal found the slot gone: the request outlived its lease without a
+    /// True when a renewal found the permit gone: the request outlived its time to live without a
     /// successful renewal (the store was away, or the process stalled), or the store lost its
     /// state (a restart, `FLUSHDB`). That renewal put it back, but another request may have
     /// taken its place meanwhile (the key is then over its limit until enough requests end).
     pub fn is_lost(&self) -> bool {
-        self.lease.lost.load(Ordering::Acquire)
+        self.holder.lost.load(Ordering::Acquire)
     }
 
-    /// Gives the slot back now and waits for the store to confirm (within the store timeout).
+    /// Gives the permit back now and waits for the store to confirm (within the store timeout).
     /// On an error, the release is also sent again in the background until it succeeds or the
-    /// lease would have ended by itself.
+    /// permit would have expired by itself.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop_renewing();
         self.released = true;
-        self.lease.release().await
+        self.holder.release().await
     }
 
     fn stop_renewing(&mut self) {
@@ -123,7 +123,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         self.stop_renewing();
         if !self.released {
-            Arc::clone(&self.lease).release_in_background(self.runtime.as_ref());
+            Arc::clone(&self.holder).release_in_background(self.runtime.as_ref());
         }
     }
 }
@@ -131,10 +131,10 @@ impl Drop for Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("policy", &self.lease.slots.policy)
-            .field("holder", &self.lease.holder)
+            .field("policy", &self.holder.semaphore.core.policy)
+            .field("holder", &self.holder.id)
             .field("in_flight", &self.in_flight)
-            .field("max_in_flight", &self.lease.slots.limit())
+            .field("max_in_flight", &self.holder.semaphore.limit())
             .field("degraded", &self.degraded)
             .field("lost", &self.is_lost())
             .finish()

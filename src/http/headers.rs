@@ -192,7 +192,7 @@ pub(crate) fn value(bytes: &[u8]) -> HeaderValue {
 /// legacy fields and `Retry-After` replace earlier values.
 ///
 /// ```
-/// use tower_redis_ratelimit::{headers::{render, HeaderStyle}, Gcra, MemoryStore, Quota, RateLimiter};
+/// use tower_redis_ratelimit::{headers::render, Gcra, HeaderStyle, MemoryStore, Quota, RateLimiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(100))?)

@@ -1,4 +1,5 @@
-//! The response body: the inner service's, or one the limiter (or a custom rejection) wrote.
+//! The response body of every middleware of this crate: the inner service's, or one the
+//! limiter (or a custom rejection) wrote, with a guard held until the body ends.
 
 use std::{
     pin::Pin,
@@ -13,13 +14,26 @@ use pin_project_lite::pin_project;
 /// The error type of [`ResponseBody`]: the inner body's error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A boxed body, as custom rejections give them.
+pub(crate) type BoxBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What a body holds until it ends: a concurrency permit, given back when the response is
+/// over (its last frame read, an error, or the body dropped).
+pub(crate) trait Guard: Send + Sync {}
+
+impl<T: Send + Sync> Guard for T {}
+
 pin_project! {
-    /// Body of responses passing through [`RateLimit`](crate::RateLimit): the inner service's
-    /// body, the body of a rejection written by the limiter, or the body of a custom rejection
-    /// ([`RateLimitLayer::on_limited`](crate::RateLimitLayer::on_limited)).
+    /// Body of responses passing through this crate's middleware
+    /// ([`RateLimit`](crate::RateLimit), [`ConcurrencyLimit`](crate::ConcurrencyLimit)): the
+    /// inner service's body, the body of a rejection written by the limiter, or the body of
+    /// a custom rejection ([`RateLimitLayer::on_limited`](crate::RateLimitLayer::on_limited)).
+    /// Behind a concurrency limit, the inner service's body holds the request's permit until
+    /// its last frame (or an error) has been read, or it is dropped.
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        guard: Option<Box<dyn Guard>>,
     }
 }
 
@@ -39,7 +53,10 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
             Kind::Full { .. } => "limiter",
             Kind::Boxed { .. } => "custom",
         };
-        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .field("guarded", &self.guard.is_some())
+            .finish()
     }
 }
 
@@ -47,6 +64,15 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            guard: None,
+        }
+    }
+
+    /// The inner service's body, holding `guard` until it ends.
+    pub(crate) fn guarded(body: B, guard: Option<impl Guard + 'static>) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+            guard: guard.map(|g| Box::new(g) as Box<dyn Guard>),
         }
     }
 
@@ -55,12 +81,14 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            guard: None,
         }
     }
 
-    pub(crate) fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+    pub(crate) fn boxed(body: BoxBody) -> Self {
         Self {
             kind: Kind::Boxed { body },
+            guard: None,
         }
     }
 }
@@ -74,12 +102,15 @@ impl ResponseBody<std::convert::Infallible> {
             Kind::Full { data } => Kind::Full { data },
             Kind::Boxed { body } => Kind::Boxed { body },
         };
-        ResponseBody { kind }
+        ResponseBody {
+            kind,
+            guard: self.guard,
+        }
     }
 }
 
 /// Boxes any body whose data is `Bytes` (an axum `Body`, `String`, `Full<Bytes>`...).
-pub(crate) fn box_body<T>(body: T) -> UnsyncBoxBody<Bytes, BoxError>
+pub(crate) fn box_body<T>(body: T) -> BoxBody
 where
     T: Body<Data = Bytes> + Send + 'static,
     T::Error: Into<BoxError>,
@@ -107,15 +138,39 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let mut kind = this.kind;
+        let frame = match kind.as_mut().project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Boxed { body } => body.poll_frame(cx),
+        };
+        if this.guard.is_some() {
+            let done = match &frame {
+                Poll::Ready(None | Some(Err(_))) => true,
+                Poll::Ready(Some(Ok(_))) => kind.is_end_stream(),
+                Poll::Pending => false,
+            };
+            if done {
+                // The response is over: let go of the guard now, not when the body is dropped.
+                drop(this.guard.take());
+            }
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
+        self.kind.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.kind.size_hint()
+    }
+}
+
+impl<B: Body> Kind<B> {
+    fn is_end_stream(&self) -> bool {
+        match self {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
             Kind::Boxed { body } => body.is_end_stream(),
@@ -123,7 +178,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
+        match self {
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))

@@ -98,7 +98,7 @@ pub(crate) struct BreakerState {
 /// Permission to call the store; a probe resets the half-open state if it is dropped
 /// unfinished (e.g. the caller went away).
 #[derive(Debug)]
-pub(crate) struct Permit<'a> {
+pub(crate) struct Attempt<'a> {
     state: &'a BreakerState,
     probe: bool,
     done: bool,
@@ -121,10 +121,10 @@ impl BreakerState {
     }
 
     /// `None` when the breaker is open and this check must not call the store.
-    pub(crate) fn permit(&self) -> Option<Permit<'_>> {
+    pub(crate) fn attempt(&self) -> Option<Attempt<'_>> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Some(Permit {
+            return Some(Attempt {
                 state: self,
                 probe: false,
                 done: false,
@@ -133,7 +133,7 @@ impl BreakerState {
         if monotonic_us() < until || self.probing.swap(true, Ordering::AcqRel) {
             return None;
         }
-        Some(Permit {
+        Some(Attempt {
             state: self,
             probe: true,
             done: false,
@@ -151,7 +151,7 @@ impl BreakerState {
     }
 }
 
-impl Permit<'_> {
+impl Attempt<'_> {
     /// Records the store's answer: `true` if it was reachable.
     pub(crate) fn finish(mut self, reachable: bool) {
         self.done = true;
@@ -181,7 +181,7 @@ impl Permit<'_> {
     }
 }
 
-impl Drop for Permit<'_> {
+impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if self.probe && !self.done {
             // The probe never finished: let the next check probe.
@@ -198,22 +198,22 @@ mod tests {
     fn opens_after_failures_then_probes_once_and_closes() {
         let s = BreakerState::new(CircuitBreaker::new(3, Duration::from_millis(30)));
         for _ in 0..2 {
-            s.permit().unwrap().finish(false);
+            s.attempt().unwrap().finish(false);
         }
-        assert!(s.permit().is_some(), "opened too early");
-        s.permit().unwrap().finish(false);
-        assert!(s.permit().is_none(), "did not open after 3 failures");
+        assert!(s.attempt().is_some(), "opened too early");
+        s.attempt().unwrap().finish(false);
+        assert!(s.attempt().is_none(), "did not open after 3 failures");
         assert_eq!(s.times_opened(), 1);
         std::thread::sleep(Duration::from_millis(40));
-        let probe = s.permit().expect("no probe after the cool-down");
-        assert!(s.permit().is_none(), "a second probe at the same time");
+        let probe = s.attempt().expect("no probe after the cool-down");
+        assert!(s.attempt().is_none(), "a second probe at the same time");
         probe.finish(false);
-        assert!(s.permit().is_none(), "a failed probe must re-open");
+        assert!(s.attempt().is_none(), "a failed probe must re-open");
         assert_eq!(s.times_opened(), 2);
         std::thread::sleep(Duration::from_millis(40));
-        s.permit().unwrap().finish(true);
+        s.attempt().unwrap().finish(true);
         assert!(
-            s.permit().is_some() && s.permit().is_some(),
+            s.attempt().is_some() && s.attempt().is_some(),
             "did not close"
         );
     }
@@ -221,24 +221,24 @@ mod tests {
     #[test]
     fn an_abandoned_probe_does_not_wedge_the_breaker() {
         let s = BreakerState::new(CircuitBreaker::new(1, Duration::from_millis(10)));
-        s.permit().unwrap().finish(false);
+        s.attempt().unwrap().finish(false);
         std::thread::sleep(Duration::from_millis(20));
-        drop(s.permit().unwrap());
-        assert!(s.permit().is_some());
+        drop(s.attempt().unwrap());
+        assert!(s.attempt().is_some());
     }
 
     #[test]
     fn success_resets_the_count_and_disabled_never_opens() {
         let s = BreakerState::new(CircuitBreaker::new(2, Duration::from_secs(60)));
-        s.permit().unwrap().finish(false);
-        s.permit().unwrap().finish(true);
-        s.permit().unwrap().finish(false);
-        assert!(s.permit().is_some());
+        s.attempt().unwrap().finish(false);
+        s.attempt().unwrap().finish(true);
+        s.attempt().unwrap().finish(false);
+        assert!(s.attempt().is_some());
         let off = BreakerState::new(CircuitBreaker::disabled());
         for _ in 0..100 {
-            off.permit().unwrap().finish(false);
+            off.attempt().unwrap().finish(false);
         }
-        assert!(off.permit().is_some());
+        assert!(off.attempt().is_some());
         assert_eq!(
             CircuitBreaker::new(1, Duration::ZERO)
                 .validate()

@@ -3,18 +3,20 @@
 //! each holding at most its share of the keys; idle keys make room for new ones.
 
 use std::{
-    collections::HashMap,
-    hash::BuildHasher,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     time::{Duration, Instant},
 };
 
 use tokio::sync::{futures::OwnedNotified, Notify};
 
-use crate::{algorithm::Placed, decision::Position, Outcome};
+use crate::{
+    algorithm::Placed,
+    decision::{Outcome, Position},
+    store::Sharded,
+};
 
 const SHARDS: usize = 16;
 
@@ -23,23 +25,14 @@ const SHARDS: usize = 16;
 /// give back.
 const HOT: usize = 4;
 
-/// Slots a new key looks at, in a full shard, for a cold one to take the place of.
+/// Keys a new key looks at, in a full shard, for a cold one to take the place of.
 const EVICTION_SCAN: usize = 32;
 
-/// One lock shard: keys (compact bytes) to their slots, and when idle ones were last swept.
-#[derive(Default)]
-struct Shard {
-    slots: HashMap<Box<[u8]>, Slot>,
-    /// A full shard of keys that are all busy is swept at most once per lifetime, so a new
-    /// key does not pay a sweep each time.
-    swept: Option<Instant>,
-}
-
-/// The leases of one limiter.
+/// The leases of one limiter: keys (compact bytes) to their state, on the crate's sharded
+/// map. A full shard of keys that are all busy is swept at most once per lifetime, so a new
+/// key does not pay a sweep each time.
 pub(crate) struct Table {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: std::collections::hash_map::RandomState,
-    max_per_shard: usize,
+    keys: Sharded<Tracked>,
     lifetime: Duration,
     /// The most units one lease holds.
     cap: u64,
@@ -51,7 +44,7 @@ pub(crate) struct Table {
 }
 
 /// One key's state.
-struct Slot {
+struct Tracked {
     lease: Lease,
     /// Woken when the reservation in flight lands (or fails, or is dropped).
     in_flight: Option<Arc<Notify>>,
@@ -135,9 +128,7 @@ pub(crate) enum Step {
 impl Table {
     pub(crate) fn new(max_keys: usize, lifetime: Duration, cap: u64, emission_us: u64) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: Default::default(),
-            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            keys: Sharded::new(SHARDS, max_keys),
             lifetime,
             cap: cap.max(1),
             emission_us,
@@ -145,55 +136,41 @@ impl Table {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> std::sync::MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
-        // A panic elsewhere cannot leave a slot half-updated: each update is a few plain stores.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Units of `key`'s live lease, if it holds `cost` of them now; counts the demand either way.
     pub(crate) fn take(&self, key: &[u8], cost: u32, now: Instant) -> Option<Outcome> {
-        let mut shard = self.shard(key);
-        let slot = shard.slots.get_mut(key)?;
-        slot.demand += u64::from(cost);
-        slot.saw(now);
-        slot.take(cost, now, self.emission_us)
+        let at = self.keys.slot(key);
+        let mut shard = self.keys.lock(at);
+        let tracked = shard.get_mut(at, key)?;
+        tracked.demand += u64::from(cost);
+        tracked.saw(now);
+        tracked.take(cost, now, self.emission_us)
     }
 
     /// The next step of a check of `key` that found no units in hand ([`take`](Self::take)).
     /// `waited`: this check already waited for a reservation, and does not start one.
     pub(crate) fn step(&self, key: &[u8], cost: u32, now: Instant, waited: bool) -> Step {
-        let mut guard = self.shard(key);
+        let at = self.keys.slot(key);
+        let mut guard = self.keys.lock(at);
         let shard = &mut *guard;
-        if !shard.slots.contains_key(key) {
-            if shard.slots.len() >= self.max_per_shard {
-                // Room for a new key: a cold slot that holds nothing (a few looked at, so a new
+        if !shard.contains(at, key) {
+            let lifetime = self.lifetime;
+            if shard.len() >= shard.max() {
+                // Room for a new key: a cold one that holds nothing (a few looked at, so a new
                 // key never pays for a whole shard); hot keys keep theirs.
-                let lifetime = self.lifetime;
-                let victim = shard
-                    .slots
-                    .iter()
-                    .take(EVICTION_SCAN)
-                    .find(|(_, s)| s.evictable(now, lifetime))
-                    .map(|(k, _)| k.clone());
-                if let Some(victim) = victim {
-                    shard.slots.remove(&victim);
-                }
+                shard.forget_one(EVICTION_SCAN, |s| s.evictable(now, lifetime));
             }
             let due = shard
-                .swept
-                .is_none_or(|at| now.saturating_duration_since(at) >= self.lifetime);
-            if shard.slots.len() >= self.max_per_shard && due {
-                shard
-                    .slots
-                    .retain(|_, s| !s.idle(now, self.lifetime) && !s.evictable(now, self.lifetime));
-                shard.swept = Some(now);
+                .swept_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= lifetime);
+            if shard.len() >= shard.max() && due {
+                shard.retain(|s| !s.idle(now, lifetime) && !s.evictable(now, lifetime));
+                shard.swept_at = Some(now);
             }
-            if shard.slots.len() >= self.max_per_shard {
+            if shard.len() >= shard.max() {
                 return Step::Untracked;
             }
             // As if the last reservation were a lifetime ago: a first check reads as cold.
-            let mut slot = Slot {
+            let mut tracked = Tracked {
                 lease: Lease {
                     left: 0,
                     until: now,
@@ -209,16 +186,16 @@ impl Table {
                 seen: [None; HOT],
                 next_seen: 0,
             };
-            slot.saw(now);
-            shard.slots.insert(key.into(), slot);
+            tracked.saw(now);
+            shard.insert(at, key, tracked);
         }
-        let Some(slot) = shard.slots.get_mut(key) else {
+        let Some(tracked) = shard.get_mut(at, key) else {
             return Step::Untracked;
         };
-        if let Some(outcome) = slot.take(cost, now, self.emission_us) {
+        if let Some(outcome) = tracked.take(cost, now, self.emission_us) {
             return Step::Taken(outcome);
         }
-        if let Some(notify) = &slot.in_flight {
+        if let Some(notify) = &tracked.in_flight {
             return match waited {
                 false => Step::Wait(Arc::clone(notify).notified_owned()),
                 true => Step::Untracked,
@@ -229,33 +206,38 @@ impl Table {
         }
         // Seen fewer than HOT times in the last lifetime (a new key, a key that rested): cold,
         // and what it did before it rested says nothing about its next lifetime.
-        if !slot.hot(now, self.lifetime) {
-            slot.per_lifetime = 0;
-            slot.since = now;
-            slot.demand = 0;
-            let give_back = slot.lease.take_rest();
+        if !tracked.hot(now, self.lifetime) {
+            tracked.per_lifetime = 0;
+            tracked.since = now;
+            tracked.demand = 0;
+            let give_back = tracked.lease.take_rest();
             return Step::Exact { give_back };
         }
         // The demand since the last reservation, per lifetime, averaged with the past.
-        let elapsed = now.saturating_duration_since(slot.since).as_micros().max(1);
-        let sample = u128::from(slot.demand) * self.lifetime.as_micros() / elapsed;
+        let elapsed = now
+            .saturating_duration_since(tracked.since)
+            .as_micros()
+            .max(1);
+        let sample = u128::from(tracked.demand) * self.lifetime.as_micros() / elapsed;
         let sample = u64::try_from(sample).unwrap_or(u64::MAX).min(self.cap * 4);
-        slot.per_lifetime = match slot.per_lifetime {
+        tracked.per_lifetime = match tracked.per_lifetime {
             0 => sample,
             past => past / 2 + sample / 2,
         };
-        slot.since = now;
-        slot.demand = 0;
+        tracked.since = now;
+        tracked.demand = 0;
         // A quarter more than the expected use, so a lease usually lasts its lifetime.
-        let extra = slot.per_lifetime.saturating_add(slot.per_lifetime / 4);
+        let extra = tracked
+            .per_lifetime
+            .saturating_add(tracked.per_lifetime / 4);
         let up_to = u64::from(cost)
             .saturating_add(extra)
             .min(self.cap.max(u64::from(cost)));
-        let give_back = slot.lease.take_rest();
+        let give_back = tracked.lease.take_rest();
         if up_to <= u64::from(cost) {
             return Step::Exact { give_back };
         }
-        slot.in_flight = Some(Arc::new(Notify::new()));
+        tracked.in_flight = Some(Arc::new(Notify::new()));
         Step::Reserve { up_to, give_back }
     }
 
@@ -263,35 +245,37 @@ impl Table {
     /// cost: they are handed out until `sent` + the lifetime. The lease's generation, for
     /// [`expire`](Self::expire); waiters are woken.
     pub(crate) fn install(&self, key: &[u8], sent: Instant, extra: u64, outcome: &Outcome) -> u64 {
-        let mut shard = self.shard(key);
-        let Some(slot) = shard.slots.get_mut(key) else {
+        let at = self.keys.slot(key);
+        let mut shard = self.keys.lock(at);
+        let Some(tracked) = shard.get_mut(at, key) else {
             return 0;
         };
-        slot.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        slot.lease = Lease {
+        tracked.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        tracked.lease = Lease {
             left: extra,
             until: sent + self.lifetime,
             remaining: outcome.remaining,
             reset_after_us: outcome.reset_after_us,
             placed: outcome.position.placed().copied(),
         };
-        if let Some(notify) = slot.in_flight.take() {
+        if let Some(notify) = tracked.in_flight.take() {
             notify.notify_waiters();
         }
-        slot.generation
+        tracked.generation
     }
 
     /// A reservation of `key` ended without a lease (denied, failed, or dropped): waiters go
     /// to the store. A denied key turns cold, so it is checked exactly until it is hot again.
     pub(crate) fn abandon(&self, key: &[u8], denied: bool) {
-        let mut shard = self.shard(key);
-        let Some(slot) = shard.slots.get_mut(key) else {
+        let at = self.keys.slot(key);
+        let mut shard = self.keys.lock(at);
+        let Some(tracked) = shard.get_mut(at, key) else {
             return;
         };
         if denied {
-            slot.per_lifetime = 0;
+            tracked.per_lifetime = 0;
         }
-        if let Some(notify) = slot.in_flight.take() {
+        if let Some(notify) = tracked.in_flight.take() {
             notify.notify_waiters();
         }
     }
@@ -299,9 +283,10 @@ impl Table {
     /// Ends lease `generation` of `key` (its lifetime is over): the units it still held, to
     /// give back (none when that lease is gone or used up).
     pub(crate) fn expire(&self, key: &[u8], generation: u64) -> Rest {
-        let mut shard = self.shard(key);
-        match shard.slots.get_mut(key) {
-            Some(slot) if slot.generation == generation => slot.lease.take_rest(),
+        let at = self.keys.slot(key);
+        let mut shard = self.keys.lock(at);
+        match shard.get_mut(at, key) {
+            Some(tracked) if tracked.generation == generation => tracked.lease.take_rest(),
             _ => Rest {
                 units: 0,
                 placed: None,
@@ -322,14 +307,11 @@ impl Table {
     /// Keys tracked.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap().slots.len())
-            .sum()
+        self.keys.each().map(|s| s.len()).sum()
     }
 }
 
-impl Slot {
+impl Tracked {
     /// A check of this key came at `now`.
     fn saw(&mut self, now: Instant) {
         self.seen[self.next_seen] = Some(now);

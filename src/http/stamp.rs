@@ -127,7 +127,7 @@ impl Stamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limit::headers::render_with;
+    use crate::http::headers::render_with;
     use proptest::prelude::*;
 
     fn decision(name: &str, limit: u64, remaining: u64, reset_us: u64, window_us: u64) -> Decision {

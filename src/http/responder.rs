@@ -8,18 +8,16 @@ use http::{
     HeaderMap, HeaderValue, Response, StatusCode,
 };
 
-use http_body_util::combinators::UnsyncBoxBody;
-
 use super::{
-    body::{BoxError, ResponseBody},
+    body::{BoxBody, ResponseBody},
     headers::{ceil_secs, render_concurrency, render_with, HeaderStyle},
 };
-use crate::Decision;
+use crate::decision::Decision;
 
-/// A user-supplied rejection: builds the response for a denied request. The limiter adds the
-/// rate-limit headers and `Retry-After` unless the response already has them.
-pub(crate) type RejectFn =
-    dyn Fn(&Decision) -> Response<UnsyncBoxBody<Bytes, BoxError>> + Send + Sync;
+/// A user-supplied rejection: builds the response for a refused request from what refused it
+/// (`T`: a rate limit's [`Decision`], a concurrency limit's refusal). The limiter adds its
+/// headers unless the response already has them.
+pub(crate) type RejectFn<T> = dyn Fn(&T) -> Response<BoxBody> + Send + Sync;
 
 /// gRPC status code RESOURCE_EXHAUSTED.
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
@@ -29,12 +27,31 @@ const GRPC_UNAVAILABLE: &str = "14";
 /// The RFC 9457 problem type for a request over its quota (draft-ietf-httpapi-ratelimit-headers).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// How the limiter answers: header style and rejection.
-#[derive(Clone, Default)]
-pub(crate) struct Responder {
+/// How a layer answers: header style and rejection of what `T` describes.
+pub(crate) struct Responder<T: ?Sized> {
     pub(crate) style: HeaderStyle,
-    pub(crate) reject: Option<Arc<RejectFn>>,
+    pub(crate) reject: Option<Arc<RejectFn<T>>>,
     pub(crate) problem_details: bool,
+}
+
+impl<T: ?Sized> Clone for Responder<T> {
+    fn clone(&self) -> Self {
+        Self {
+            style: self.style,
+            reject: self.reject.clone(),
+            problem_details: self.problem_details,
+        }
+    }
+}
+
+impl<T: ?Sized> Default for Responder<T> {
+    fn default() -> Self {
+        Self {
+            style: HeaderStyle::default(),
+            reject: None,
+            problem_details: false,
+        }
+    }
 }
 
 /// A JSON string literal (quotes, backslashes and control characters escaped).
@@ -94,7 +111,7 @@ fn problem_json<B>(detail: &str, violated: &[String]) -> Response<ResponseBody<B
     res
 }
 
-impl fmt::Debug for Responder {
+impl<T: ?Sized> fmt::Debug for Responder<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Responder")
             .field("style", &self.style)
@@ -131,7 +148,40 @@ fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>
     res
 }
 
-impl Responder {
+impl<T: ?Sized> Responder<T> {
+    /// The response when the store failed and the policy is closed.
+    pub(crate) fn unavailable<B>(&self, grpc: bool) -> Response<ResponseBody<B>> {
+        let mut res = if grpc {
+            grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
+        } else {
+            text_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Bytes::from_static(b"rate limiter unavailable\n"),
+            )
+        };
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        res
+    }
+
+    /// Adds `headers` to a custom rejection, except those it set itself.
+    fn merge_headers<B>(headers: HeaderMap, mut res: Response<B>) -> Response<B> {
+        // Each header the rejection did not set itself, with all its values (several limits
+        // give several `RateLimit` list members).
+        let mut current = None;
+        for (name, value) in headers {
+            if let Some(name) = name {
+                current = (!res.headers().contains_key(&name)).then_some(name);
+            }
+            if let Some(name) = &current {
+                res.headers_mut().append(name.clone(), value);
+            }
+        }
+        res
+    }
+}
+
+impl Responder<Decision> {
     /// Adds the rate-limit headers of an allowed decision to the inner service's response.
     /// A denial here is one let through in shadow mode: its headers say what would have
     /// happened, but no `Retry-After` is added (one the inner service set stays).
@@ -166,7 +216,9 @@ impl Responder {
             };
             grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
         } else if let Some(reject) = &self.reject {
-            return self.merge_headers(d, pk, reject(d).map(ResponseBody::boxed));
+            let mut headers = HeaderMap::new();
+            render_with(self.style, d, pk, &mut headers);
+            return Self::merge_headers(headers, reject(d).map(ResponseBody::boxed));
         } else if self.problem_details {
             problem_response(d)
         } else if d.is_never() {
@@ -186,40 +238,25 @@ impl Responder {
         render_with(self.style, d, pk, res.headers_mut());
         res
     }
+}
 
-    /// Adds the rate-limit headers to a custom rejection, except those it set itself.
-    fn merge_headers<B>(
-        &self,
-        d: &Decision,
-        pk: Option<&str>,
-        mut res: Response<B>,
-    ) -> Response<B> {
-        let mut headers = HeaderMap::new();
-        render_with(self.style, d, pk, &mut headers);
-        // Each header the rejection did not set itself, with all its values (several limits
-        // give several `RateLimit` list members).
-        let mut current = None;
-        for (name, value) in headers {
-            if let Some(name) = name {
-                current = (!res.headers().contains_key(&name)).then_some(name);
-            }
-            if let Some(name) = &current {
-                res.headers_mut().append(name.clone(), value);
-            }
-        }
-        res
-    }
-
-    /// The response to a request refused by a concurrency limit: `429` (gRPC:
-    /// `RESOURCE_EXHAUSTED`) in the style of [`denied`](Self::denied), with the concurrency
-    /// headers (no slot free) and no `Retry-After`: when a slot frees depends on the requests
-    /// in flight.
+impl<T: ?Sized> Responder<T> {
+    /// The response to a request refused by a concurrency limit (`refusal`, what a custom
+    /// rejection is given): `429` (gRPC: `RESOURCE_EXHAUSTED`) in the style of a rate limit's
+    /// denial, with the concurrency headers (no permit free) and no `Retry-After`: when a
+    /// permit frees depends on the requests in flight.
     pub(crate) fn busy<B>(
         &self,
+        refusal: &T,
         policy: &str,
         limit: u32,
         grpc: bool,
     ) -> Response<ResponseBody<B>> {
+        if let (Some(reject), false) = (&self.reject, grpc) {
+            let mut headers = HeaderMap::new();
+            render_concurrency(self.style, policy, limit, 0, &mut headers);
+            return Self::merge_headers(headers, reject(refusal).map(ResponseBody::boxed));
+        }
         let mut res = if grpc {
             grpc_response(GRPC_RESOURCE_EXHAUSTED, "concurrency limit exceeded")
         } else if self.problem_details {
@@ -234,21 +271,6 @@ impl Responder {
             )
         };
         render_concurrency(self.style, policy, limit, 0, res.headers_mut());
-        res
-    }
-
-    /// The response when the store failed and the policy is closed.
-    pub(crate) fn unavailable<B>(&self, grpc: bool) -> Response<ResponseBody<B>> {
-        let mut res = if grpc {
-            grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
-        } else {
-            text_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Bytes::from_static(b"rate limiter unavailable\n"),
-            )
-        };
-        res.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         res
     }
 }
@@ -273,7 +295,7 @@ mod tests {
             limits: Vec::new(),
             charge: None,
         };
-        let r = Responder {
+        let r: Responder<Decision> = Responder {
             problem_details: true,
             ..Responder::default()
         };

@@ -1,9 +1,16 @@
-//! The limiter's typed handle.
+//! The rate limiter's typed handle.
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{engine::Engine, failure::FailurePolicy, stats::LimiterStats};
-use crate::{Algorithm, Decision, Error, Key, Quota};
+use super::engine::RateEngine;
+use crate::{
+    algorithm::Algorithm,
+    core::{FailurePolicy, LimiterStats},
+    decision::Decision,
+    error::Error,
+    extract::Key,
+    quota::Quota,
+};
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
 /// throttling its calls to a third-party API) and the engine of
@@ -30,7 +37,7 @@ use crate::{Algorithm, Decision, Error, Key, Quota};
 /// # Ok(()) }
 /// ```
 pub struct RateLimiter<A> {
-    pub(crate) engine: Arc<Engine>,
+    pub(crate) engine: Arc<RateEngine>,
     pub(crate) algorithm: Arc<A>,
 }
 
@@ -48,10 +55,10 @@ impl<A> fmt::Debug for RateLimiter<A> {
         let e = &*self.engine;
         f.debug_struct("RateLimiter")
             .field("algorithm", &e.algorithm.name())
-            .field("namespace", &e.namespace)
-            .field("policy", &e.policy)
-            .field("timeout", &e.timeout)
-            .field("on_store_error", &e.failure)
+            .field("namespace", &e.core.namespace)
+            .field("policy", &e.core.policy)
+            .field("timeout", &e.core.timeout)
+            .field("on_store_error", &e.core.failure)
             .field("shadow", &e.shadow)
             .finish()
     }
@@ -71,10 +78,10 @@ impl<A: Algorithm> RateLimiter<A> {
         // tight loop of checks still lets the runtime run other tasks and timers.
         tokio::task::coop::consume_budget().await;
         let key = key.into();
-        let engine = &*self.engine;
-        match engine.decide_now(Some(&key), cost, None) {
+        let engine = &self.engine;
+        match engine.decide(Some(&key), cost, None) {
             Some(result) => result,
-            None => engine.check(Some(&key), cost, None, None).await,
+            None => engine.check(Some(&key), cost, None).await,
         }
     }
 
@@ -90,7 +97,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     /// # use tower_redis_ratelimit::*;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?);
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
     /// let pro = Quota::per_minute(1_000);
     /// let d = limiter.check_with_quota("customer-42", 1, pro).await?;
     /// assert_eq!((d.allowed, d.limit), (true, 1_000));
@@ -105,11 +112,11 @@ impl<A: Algorithm> RateLimiter<A> {
     ) -> Result<Decision, Error> {
         tokio::task::coop::consume_budget().await;
         let key = key.into();
-        let engine = &*self.engine;
+        let engine = &self.engine;
         let quoted = engine.quoted(quota)?;
-        match engine.decide_now(Some(&key), cost, Some(&quoted)) {
+        match engine.decide(Some(&key), cost, Some(&quoted)) {
             Some(result) => result,
-            None => engine.check(Some(&key), cost, Some(&quoted), None).await,
+            None => engine.check(Some(&key), cost, Some(&quoted)).await,
         }
     }
 
@@ -126,9 +133,7 @@ impl<A: Algorithm> RateLimiter<A> {
     ) -> Result<Decision, Error> {
         tokio::task::coop::consume_budget().await;
         let key = key.into();
-        self.engine
-            .check(Some(&key), cost, None, Some(now_us))
-            .await
+        self.engine.check_at(Some(&key), cost, now_us).await
     }
 
     /// Gives back what an allowed check of `key` took and still holds (its
@@ -157,7 +162,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// # use tower_redis_ratelimit::*;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // At most 3 failed log-ins a minute per account.
-    /// let failures = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(3))?);
+    /// let failures = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(3))?)?;
     /// for _ in 0..10 {
     ///     let mut d = failures.check("alice", 1).await?;
     ///     assert!(d.allowed);
@@ -205,7 +210,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     /// # use std::net::IpAddr;
     /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap());
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap()).unwrap();
     /// assert_eq!(limiter.storage_key("k-123"), "{rl:default:k-123}");
     /// let ip: IpAddr = "10.0.0.1".parse().unwrap();
     /// assert_eq!(limiter.storage_key(ip), "{rl:default:#ip:10.0.0.1}");
@@ -221,8 +226,7 @@ impl<A: Algorithm> RateLimiter<A> {
 
     /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.
     pub fn stats(&self) -> LimiterStats {
-        let e = &*self.engine;
-        e.counters.snapshot(e.breaker.times_opened())
+        self.engine.core.stats()
     }
 
     /// The algorithm.
@@ -232,17 +236,17 @@ impl<A: Algorithm> RateLimiter<A> {
 
     /// The policy name used in the headers.
     pub fn policy_name(&self) -> &str {
-        &self.engine.policy
+        &self.engine.core.policy
     }
 
     /// The bound on one store call.
     pub fn store_timeout(&self) -> Duration {
-        self.engine.timeout
+        self.engine.core.timeout
     }
 
     /// What a check gets when the store fails.
     pub fn failure_policy(&self) -> FailurePolicy {
-        self.engine.failure
+        self.engine.core.failure
     }
 
     /// Whether the limiter is in shadow mode (see

@@ -1,36 +1,31 @@
 //! Building a [`RateLimiter`]: every option validated at once, with an error naming the field.
 
-use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc};
 
-use super::{
-    breaker::{BreakerState, CircuitBreaker},
-    deny_cache::DenyCache,
-    engine::Engine,
-    failure::FailurePolicy,
-    lease::{LeasedStore, UnitLease},
-    names,
-    rate_limiter::RateLimiter,
-    stats::Counters,
-    DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
+use super::{engine::RateEngine, limiter::RateLimiter};
+use crate::{
+    algorithm::{Algorithm, Rule},
+    core::{common_options, Core, DenyCache, FailurePolicy, Leasing, Options, UnitLease},
+    error::ConfigError,
+    store::{MemoryStore, Store},
 };
-use crate::{Algorithm, ConfigError, MemoryStore, Store};
 
 impl<A: Algorithm> RateLimiter<A> {
+    /// The policy name of a limiter not given one.
+    pub const DEFAULT_POLICY_NAME: &'static str = "default";
+
+    /// The number of live denials the deny cache of a limiter not told otherwise holds.
+    pub const DEFAULT_DENY_CACHE_KEYS: usize = 100_000;
+
     /// A limiter with the default prefix (`rl`), policy name (`default`), store timeout
     /// (100 ms), key length bound (128 bytes) and failure policy ([`FailurePolicy::Open`]).
     ///
-    /// # Panics
-    ///
-    /// When another limiter on the same store already counts under the default namespace
-    /// (`rl:default`) with another algorithm or quota: use [`builder`](Self::builder) and give
-    /// each its own [`policy_name`](RateLimiterBuilder::policy_name) (`build` returns that
-    /// as an error instead).
-    pub fn new(store: impl Store, algorithm: A) -> Self {
-        match Self::builder(store, algorithm).build() {
-            Ok(limiter) => limiter,
-            Err(e) => panic!("RateLimiter::new: {e}"),
-        }
+    /// Fails, naming `policy_name`, when another limiter on the same store already counts
+    /// under the default namespace (`rl:default`) with another algorithm or quota: give each
+    /// its own [`policy_name`](RateLimiterBuilder::policy_name) with
+    /// [`builder`](Self::builder).
+    pub fn new(store: impl Store, algorithm: A) -> Result<Self, ConfigError> {
+        Self::builder(store, algorithm).build()
     }
 
     /// A builder for the other options.
@@ -38,14 +33,8 @@ impl<A: Algorithm> RateLimiter<A> {
         RateLimiterBuilder {
             store: Arc::new(store),
             algorithm,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            policy: DEFAULT_POLICY_NAME.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            max_key_len: DEFAULT_MAX_KEY_LEN,
-            breaker: CircuitBreaker::default(),
-            deny_cache: DEFAULT_DENY_CACHE_KEYS,
-            failure: FailurePolicy::default(),
-            local_share: 1,
+            options: Options::new(Self::DEFAULT_POLICY_NAME),
+            deny_cache: Self::DEFAULT_DENY_CACHE_KEYS,
             share_counters: false,
             shadow: false,
             lease: None,
@@ -57,14 +46,8 @@ impl<A: Algorithm> RateLimiter<A> {
 pub struct RateLimiterBuilder<A> {
     store: Arc<dyn Store>,
     algorithm: A,
-    prefix: String,
-    policy: String,
-    timeout: Duration,
-    max_key_len: usize,
-    breaker: CircuitBreaker,
+    options: Options,
     deny_cache: usize,
-    failure: FailurePolicy,
-    local_share: u32,
     share_counters: bool,
     shadow: bool,
     lease: Option<UnitLease>,
@@ -74,31 +57,14 @@ impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiterBuilder")
             .field("algorithm", &self.algorithm.name())
-            .field("prefix", &self.prefix)
-            .field("policy", &self.policy)
+            .field("prefix", &self.options.prefix)
+            .field("policy", &self.options.policy)
             .finish_non_exhaustive()
     }
 }
 
 impl<A: Algorithm> RateLimiterBuilder<A> {
-    /// The first part of this limiter's namespace (default `rl`); keys are
-    /// `{prefix:policy:key}`. 1 to 64 visible ASCII characters, without `{`, `}`. Handy to
-    /// keep apps or environments sharing one Redis apart.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The policy name (default `default`): the second part of this limiter's namespace, and
-    /// the name in the `RateLimit` headers. 1 to 64 characters from `A-Z a-z 0-9 - _ . :`.
-    ///
-    /// Each policy counts under its own name. Two limiters on one store with the same prefix
-    /// and name but another algorithm or quota would spend each other's counters, so building
-    /// the second fails, unless both [`share_counters`](Self::share_counters).
-    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
-        self.policy = name.into();
-        self
-    }
+    common_options!();
 
     /// Shares this limiter's counters with other limiters of the same namespace (prefix and
     /// policy name) that decide with another algorithm or quota, on purpose: e.g. a back-fill
@@ -106,24 +72,6 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// bulk work only uses what interactive calls leave. Every limiter sharing must call it.
     pub fn share_counters(mut self) -> Self {
         self.share_counters = true;
-        self
-    }
-
-    /// Bound on one store call, including waiting for a pooled connection (default 100 ms).
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Keys longer than this many bytes are stored as a hash (default 128, at least 16).
-    pub fn max_key_len(mut self, len: usize) -> Self {
-        self.max_key_len = len;
-        self
-    }
-
-    /// When to stop calling a failing store (default: after 5 failures in a row, for 1 s).
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.breaker = breaker;
         self
     }
 
@@ -137,38 +85,6 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// (a restart, `FLUSHDB`) is noticed within a second.
     pub fn deny_cache(mut self, max_keys: usize) -> Self {
         self.deny_cache = max_keys;
-        self
-    }
-
-    /// What a check gets when the store fails or times out (default
-    /// [`FailurePolicy::Open`]). With [`FailurePolicy::Local`], also set
-    /// [`local_share`](Self::local_share).
-    ///
-    /// ```
-    /// # use tower_redis_ratelimit::*;
-    /// // Log-in: never unlimited, even when Redis is away.
-    /// let login = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)
-    ///     .policy_name("login")
-    ///     .on_store_error(FailurePolicy::Closed)
-    ///     .build()?;
-    /// // Four gateways: while Redis is away, each admits 150 a minute per key.
-    /// let general = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(600))?)
-    ///     .on_store_error(FailurePolicy::Local)
-    ///     .local_share(4)
-    ///     .build()?;
-    /// # Ok::<(), ConfigError>(())
-    /// ```
-    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
-    /// The number of instances that share the quota, for [`FailurePolicy::Local`]: while the
-    /// store is unavailable, each instance decides alone with the quota (limit and burst)
-    /// divided by `instances`, rounded down but at least one unit (default 1: the whole quota
-    /// per instance). At least 1.
-    pub fn local_share(mut self, instances: u32) -> Self {
-        self.local_share = instances;
         self
     }
 
@@ -237,26 +153,20 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
 
     /// Validates the options; the error names the field.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
-        self.breaker.validate()?;
-        names::check(&self.prefix, &self.policy)?;
-        if self.timeout.is_zero() {
-            return Err(ConfigError::new("store_timeout", "must be more than zero"));
-        }
-        if self.max_key_len < 16 {
-            return Err(ConfigError::new("max_key_len", "must be at least 16"));
-        }
-        let Some(instances) = NonZeroU32::new(self.local_share) else {
-            return Err(ConfigError::new("local_share", "must be at least 1"));
-        };
         let cap = match &self.lease {
             Some(lease) => Some(lease.validate(self.algorithm.rule())?),
             None => None,
         };
         let algorithm = Arc::new(self.algorithm);
-        let namespace = format!("{}:{}", self.prefix, self.policy);
-        let local = match self.failure {
+        let manual_clock = self.store.manual_clock();
+        let namespace = self.options.namespace();
+        let rule = fingerprint(&*algorithm);
+        let core = self
+            .options
+            .build(self.store, algorithm.name(), rule, self.share_counters)?;
+        let local = match core.failure {
             FailurePolicy::Local => {
-                let Some(shared) = algorithm.local_share(instances) else {
+                let Some(shared) = algorithm.local_share(core.share) else {
                     return Err(ConfigError::new(
                         "on_store_error",
                         format!(
@@ -266,55 +176,38 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                         ),
                     ));
                 };
-                Some(Arc::new(local_engine(
-                    shared,
-                    &namespace,
-                    &self.policy,
-                    self.max_key_len,
-                )))
+                Some(Arc::new(RateEngine {
+                    core: Core::local(Arc::new(MemoryStore::new()), &namespace, &core.policy),
+                    algorithm: shared,
+                    deny_cache: None,
+                    leasing: None,
+                    shadow: false,
+                    local: None,
+                }))
             }
             _ => None,
         };
-        let claim = match self.store.namespaces() {
-            Some(namespaces) => {
-                let rule = fingerprint(&*algorithm);
-                let share = self.share_counters;
-                Some(namespaces.claim(&namespace, algorithm.name(), rule, share)?)
-            }
-            None => None,
-        };
         let dyn_algorithm: Arc<dyn Algorithm> = algorithm.clone();
         // A store on a manual clock decides on its own time; the cache's is real.
-        let deny_cache = (self.deny_cache > 0 && !self.store.manual_clock())
-            .then(|| DenyCache::new(self.deny_cache));
-        let store = match (self.lease, cap) {
-            (Some(lease), Some(cap)) => Arc::new(LeasedStore::new(
-                self.store,
-                Arc::clone(&dyn_algorithm),
-                &namespace,
-                self.max_key_len,
-                self.timeout,
-                lease.lifetime(),
-                lease.tracked_keys(),
-                cap,
-            )),
-            _ => self.store,
+        let deny_cache =
+            (self.deny_cache > 0 && !manual_clock).then(|| DenyCache::new(self.deny_cache));
+        let leasing = match (&self.lease, cap) {
+            (Some(lease), Some(cap)) => {
+                let emission_us = match dyn_algorithm.rule() {
+                    Rule::Gcra(r) | Rule::TokenBucket(r) => r.emission_us(),
+                    _ => 0, // refused by `UnitLease::validate`
+                };
+                Some(Leasing::new(lease, cap, emission_us))
+            }
+            _ => None,
         };
-        let engine = Engine {
-            store,
+        let engine = RateEngine {
+            core,
             algorithm: dyn_algorithm,
-            namespace,
-            policy: self.policy.into(),
-            timeout: self.timeout,
-            max_key_len: self.max_key_len,
-            breaker: BreakerState::new(self.breaker),
             deny_cache,
-            failure: self.failure,
-            share: instances,
+            leasing,
             shadow: self.shadow,
             local,
-            counters: Counters::default(),
-            _claim: claim,
         };
         Ok(RateLimiter {
             engine: Arc::new(engine),
@@ -332,35 +225,11 @@ fn fingerprint(algorithm: &dyn Algorithm) -> String {
     }
 }
 
-/// The in-memory limiter deciding at the local share while the store is unavailable.
-fn local_engine(
-    algorithm: Arc<dyn Algorithm>,
-    namespace: &str,
-    policy: &str,
-    max_key_len: usize,
-) -> Engine {
-    Engine {
-        store: Arc::new(MemoryStore::new()),
-        algorithm,
-        namespace: namespace.to_owned(),
-        policy: policy.into(),
-        timeout: DEFAULT_TIMEOUT,
-        max_key_len,
-        breaker: BreakerState::new(CircuitBreaker::disabled()),
-        deny_cache: None,
-        failure: FailurePolicy::Closed,
-        share: NonZeroU32::MIN,
-        shadow: false,
-        local: None,
-        counters: Counters::default(),
-        _claim: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Error, Gcra, Quota};
+    use std::time::Duration;
 
     fn builder() -> RateLimiterBuilder<Gcra> {
         RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap())

@@ -1,0 +1,132 @@
+//! The policy core under every limit of this crate: the store handle and the namespace the
+//! limit claims in it, the circuit breaker and the timeout around each store call, the
+//! failure policy with its local share, and the counters and telemetry.
+//!
+//! [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) and
+//! the throttle each hold one [`Core`] and add what is theirs (an algorithm with its deny cache
+//! and unit leases; a limit of requests in flight). Their builders share [`Options`]: the
+//! options every limit has, validated in one place.
+
+mod breaker;
+mod deny_cache;
+mod failure;
+mod lease;
+mod names;
+mod options;
+mod stats;
+
+pub use self::{
+    breaker::CircuitBreaker, failure::FailurePolicy, lease::UnitLease, stats::LimiterStats,
+};
+pub(crate) use self::{
+    deny_cache::DenyCache,
+    lease::{Leasing, Return},
+    options::{common_options, Options},
+    stats::Counters,
+};
+
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
+
+use self::breaker::BreakerState;
+use crate::{
+    error::Error,
+    extract::Key,
+    store::{within, BoxFuture, Claim, Store, StoreKey},
+    telemetry,
+};
+
+/// Default bound on one store call.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default key prefix.
+pub(crate) const DEFAULT_PREFIX: &str = "rl";
+/// Default bound on a key's length; longer keys are replaced by a hash.
+pub(crate) const DEFAULT_MAX_KEY_LEN: usize = 128;
+
+/// What every limit holds: where its state lives and how calls to it are guarded.
+pub(crate) struct Core {
+    pub(crate) store: Arc<dyn Store>,
+    /// `prefix:policy`: every key of this limit is stored under `{namespace:key}`.
+    pub(crate) namespace: Box<str>,
+    /// The policy name: the limit's name in the headers, the logs and the metrics.
+    pub(crate) policy: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) max_key_len: usize,
+    breaker: BreakerState,
+    pub(crate) failure: FailurePolicy,
+    /// The number of instances a limit is divided among under [`FailurePolicy::Local`].
+    pub(crate) share: NonZeroU32,
+    pub(crate) counters: Counters,
+    /// This limit's hold on its namespace in the store (released when dropped).
+    _claim: Option<Arc<Claim>>,
+}
+
+impl Core {
+    /// A core for a limit decided in this process at the local share (a `MemoryStore`): no
+    /// breaker, no claim, and errors are final.
+    pub(crate) fn local(store: Arc<dyn Store>, namespace: &str, policy: &Arc<str>) -> Self {
+        Self {
+            store,
+            namespace: namespace.into(),
+            policy: Arc::clone(policy),
+            timeout: DEFAULT_TIMEOUT,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            breaker: BreakerState::new(CircuitBreaker::disabled()),
+            failure: FailurePolicy::Closed,
+            share: NonZeroU32::MIN,
+            counters: Counters::default(),
+            _claim: None,
+        }
+    }
+
+    /// The store key of `key` (`None`: the limit keyless requests share).
+    pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
+        StoreKey::bounded(&self.namespace, key, self.max_key_len)
+    }
+
+    /// One store call through the circuit breaker and within the store timeout. Refused at
+    /// once with [`Error::CircuitOpen`] while the breaker is open; every failure is counted
+    /// and reported, and the store-wide ones count towards opening the breaker.
+    pub(crate) async fn call<'a, T>(
+        &self,
+        call: impl FnOnce() -> BoxFuture<'a, Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let Some(attempt) = self.breaker.attempt() else {
+            self.counters.short_circuited.increment();
+            telemetry::store_failed(&self.policy, &Error::CircuitOpen);
+            return Err(Error::CircuitOpen);
+        };
+        let result = within(self.timeout, call()).await;
+        attempt.finish(!matches!(&result, Err(e) if e.is_unavailable()));
+        if let Err(e) = &result {
+            self.store_failed(e);
+        }
+        result
+    }
+
+    /// One store call within the store timeout, sent whatever the circuit breaker says and
+    /// not counted by it: renewals and releases of what a request already holds, which must
+    /// go out even while new checks are refused.
+    pub(crate) async fn call_always<T>(
+        &self,
+        call: BoxFuture<'_, Result<T, Error>>,
+    ) -> Result<T, Error> {
+        within(self.timeout, call).await
+    }
+
+    /// A store failure: counted and reported.
+    pub(crate) fn store_failed(&self, e: &Error) {
+        self.counters.store_errors.increment();
+        telemetry::store_failed(&self.policy, e);
+    }
+
+    /// Whether a check that failed with `e` is decided at the local share instead: under
+    /// [`FailurePolicy::Local`], when the store as a whole is unavailable.
+    pub(crate) fn decides_locally(&self, e: &Error) -> bool {
+        self.failure == FailurePolicy::Local && e.is_unavailable()
+    }
+
+    /// The counters, as a snapshot.
+    pub(crate) fn stats(&self) -> LimiterStats {
+        self.counters.snapshot(self.breaker.times_opened())
+    }
+}

@@ -1,0 +1,406 @@
+//! The engine behind every [`RateLimiter`](super::RateLimiter), whatever its algorithm's type:
+//! a check decided in one pass. `decide` answers what can be answered without waiting (the
+//! deny cache, a unit lease, a store that decides at once); `check` asks the store through the
+//! core (breaker, timeout) and falls back to the local share; both end in `conclude`, which
+//! counts, reports and feeds the deny cache.
+
+use std::{num::NonZeroU32, sync::Arc, time::Instant};
+
+use crate::{
+    algorithm::{Algorithm, Rule},
+    core::{Core, DenyCache, Leasing, Return},
+    decision::{Charge, Decision, Outcome},
+    error::{ConfigError, Error},
+    extract::{Key, Out},
+    quota::{Quota, MAX_EXACT},
+    store::{KeyBuf, StoreKey},
+    telemetry,
+};
+
+/// A rate limit without its algorithm's type: what a layer's policies hold.
+pub(crate) struct RateEngine {
+    pub(crate) core: Core,
+    pub(crate) algorithm: Arc<dyn Algorithm>,
+    pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) leasing: Option<Leasing>,
+    /// Shadow mode: a layer never rejects under this policy.
+    pub(crate) shadow: bool,
+    /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local): the same algorithm at the
+    /// local share, in memory.
+    pub(crate) local: Option<Arc<RateEngine>>,
+}
+
+impl RateEngine {
+    /// The store key of `key` (`None`: the quota keyless requests share).
+    pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
+        self.core.store_key(key)
+    }
+
+    /// The policy name.
+    pub(crate) fn policy(&self) -> &Arc<str> {
+        &self.core.policy
+    }
+
+    /// Whether this limit's algorithm can give units back ([`RateEngine::refund`]): every
+    /// built-in one; a custom script cannot.
+    pub(crate) fn refundable(&self) -> bool {
+        !matches!(self.algorithm.rule(), Rule::Script(_))
+    }
+
+    /// A denial a layer let through because this policy is in shadow mode.
+    pub(crate) fn shadow_denied(&self, d: &Decision) {
+        self.core.counters.shadow_denials.increment();
+        telemetry::shadow_denied(d);
+    }
+
+    /// `quota` for one check: this limit's algorithm with it (validated), and the tag that
+    /// keeps its deny-cache entries apart from other quotas' (see
+    /// [`Algorithm::with_quota`]).
+    pub(crate) fn quoted(&self, quota: Quota) -> Result<Quoted, ConfigError> {
+        let algorithm = self.algorithm.with_quota(quota)?;
+        let mut tag = [0u8; 24];
+        tag[..8].copy_from_slice(&u64::from(quota.limit()).to_le_bytes());
+        let period = u64::try_from(quota.period().as_micros()).unwrap_or(u64::MAX);
+        tag[8..16].copy_from_slice(&period.to_le_bytes());
+        tag[16..].copy_from_slice(&u64::from(quota.burst_size()).to_le_bytes());
+        Ok(Quoted {
+            algorithm,
+            tag,
+            quota,
+        })
+    }
+
+    /// The algorithm a check runs: the one given for it, else the limit's.
+    fn algorithm<'a>(&'a self, quoted: Option<&'a Quoted>) -> &'a dyn Algorithm {
+        match quoted {
+            Some(q) => &*q.algorithm,
+            None => &*self.algorithm,
+        }
+    }
+
+    /// Decides what can be decided without waiting: a cost of zero (an error), a denial the
+    /// deny cache holds, units of a live unit lease, or the answer of a store that decides at
+    /// once (a `MemoryStore`). `None` when the store must be asked with
+    /// [`check`](Self::check).
+    pub(crate) fn decide(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Result<Decision, Error>> {
+        if cost == 0 {
+            return Some(Err(Error::InvalidInput("cost must be at least 1")));
+        }
+        let key = self.store_key(key);
+        if let Some(d) = self.cached_denial(key, cost, quoted) {
+            return Some(Ok(d));
+        }
+        let result = match self.store_now(key, cost, quoted) {
+            Some(result) => result,
+            None => Ok(self.leasing(quoted)?.take(key, cost)?),
+        };
+        let result = self.conclude(key, cost, quoted, None, None, result);
+        Some(match result {
+            Err(e) => self.fall_back(key, cost, quoted, e),
+            ok => ok,
+        })
+    }
+
+    /// A store that decides at once (in memory).
+    fn store_now(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Result<Outcome, Error>> {
+        let algorithm = self.algorithm(quoted);
+        self.core.store.check_now(algorithm, key, cost, None)
+    }
+
+    /// The unit leases a check may be answered from: the limit's own quota, on the store's
+    /// clock, in a store that reserves.
+    fn leasing(&self, quoted: Option<&Quoted>) -> Option<&Leasing> {
+        self.leasing
+            .as_ref()
+            .filter(|l| quoted.is_none() && l.active())
+    }
+
+    /// Decides `key` in the store, after [`decide`](Self::decide) found no answer at hand:
+    /// through the core's circuit breaker and within the store timeout (from a unit lease's
+    /// reservation when the limit leases), or at the local share when the store is
+    /// unavailable and the failure policy says so.
+    pub(crate) async fn check(
+        self: &Arc<Self>,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Result<Decision, Error> {
+        let key = self.store_key(key);
+        let algorithm = self.algorithm(quoted);
+        let core = &self.core;
+        let started = Instant::now();
+        let outcome = match self.leasing(quoted) {
+            Some(leasing) => {
+                let returns = |r: Return| {
+                    let engine = Arc::clone(self);
+                    tokio::spawn(async move { r.send(&engine.core, &*engine.algorithm).await });
+                };
+                leasing.check(core, algorithm, key, cost, returns).await
+            }
+            None => {
+                core.call(|| core.store.check(algorithm, key, cost, None))
+                    .await
+            }
+        };
+        match self.conclude(key, cost, quoted, None, Some(started), outcome) {
+            Err(e) => self.fall_back(key, cost, quoted, e),
+            ok => ok,
+        }
+    }
+
+    /// Decides `key` at an explicit time (µs since the Unix epoch), in the store only: no
+    /// deny cache, no lease, no local share. For tests and simulations.
+    pub(crate) async fn check_at(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        now_us: u64,
+    ) -> Result<Decision, Error> {
+        if cost == 0 {
+            return Err(Error::InvalidInput("cost must be at least 1"));
+        }
+        if now_us > MAX_EXACT {
+            return Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ));
+        }
+        let key = self.store_key(key);
+        let core = &self.core;
+        let algorithm = &*self.algorithm;
+        let started = Instant::now();
+        let outcome = core
+            .call(|| core.store.check(algorithm, key, cost, Some(now_us)))
+            .await;
+        self.conclude(key, cost, None, Some(now_us), Some(started), outcome)
+    }
+
+    /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local) and a store-wide failure:
+    /// the local share's decision, marked degraded. Otherwise the error.
+    fn fall_back(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+        e: Error,
+    ) -> Result<Decision, Error> {
+        let Some(local) = self
+            .local
+            .as_ref()
+            .filter(|_| self.core.decides_locally(&e))
+        else {
+            return Err(e);
+        };
+        // A quota given for this check is divided like the configured one.
+        let local_quoted = match quoted.map(|q| q.divided(self.core.share)) {
+            Some(None) => return Err(e),
+            divided => divided.flatten(),
+        };
+        let mut d = match local.decide(key.key(), cost, local_quoted.as_ref()) {
+            Some(result) => result?,
+            None => return Err(e), // a local share always decides at once (a MemoryStore)
+        };
+        d.degraded = true;
+        if let Some(charge) = &mut d.charge {
+            charge.local = true;
+        }
+        let counters = &self.core.counters;
+        counters.degraded.increment();
+        match d.allowed {
+            true => counters.allowed.increment(),
+            false => counters.denied.increment(),
+        }
+        telemetry::degraded(&d);
+        tracing::debug!(error = %e, allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
+        Ok(d)
+    }
+
+    /// Gives back what an allowed check of `key` took (`charge`): in the store that decided
+    /// it (the local share for a degraded decision), under the quota it was taken under,
+    /// through the circuit breaker and within the store timeout. A cached denial of the key
+    /// is forgotten, since units are free again.
+    pub(crate) async fn refund(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Result<bool, Error> {
+        let result = self.give_back(key, charge, now_us).await;
+        let counters = &self.core.counters;
+        match &result {
+            Ok(true) => counters.refunds.increment(),
+            Ok(false) => {}
+            Err(_) => counters.refund_errors.increment(),
+        }
+        telemetry::refunded(&self.core.policy, charge.cost, &result);
+        result
+    }
+
+    async fn give_back(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Result<bool, Error> {
+        if now_us.is_some_and(|t| t > MAX_EXACT) {
+            return Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ));
+        }
+        let store_key = self.store_key(key);
+        let quoted = charge.quota.map(|q| self.quoted(q)).transpose()?;
+        if charge.local {
+            let Some(local) = &self.local else {
+                return Ok(false);
+            };
+            let local_quoted = match quoted.as_ref().map(|q| q.divided(self.core.share)) {
+                Some(None) => return Ok(false),
+                divided => divided.flatten(),
+            };
+            let algorithm = local.algorithm(local_quoted.as_ref());
+            let result = local
+                .core
+                .store
+                .refund_now(algorithm, store_key, charge, now_us);
+            return result.unwrap_or(Ok(false));
+        }
+        let algorithm = self.algorithm(quoted.as_ref());
+        let core = &self.core;
+        let result = match core.store.refund_now(algorithm, store_key, charge, now_us) {
+            Some(result) => result,
+            None => {
+                core.call(|| core.store.refund(algorithm, store_key, charge, now_us))
+                    .await
+            }
+        };
+        if let (Ok(true), Some(cache)) = (&result, &self.deny_cache) {
+            let mut compact = KeyBuf::new();
+            cache_key(store_key, quoted.as_ref(), &mut compact);
+            cache.remove(compact.as_bytes());
+        }
+        result
+    }
+
+    /// A denial answered by the deny cache (see
+    /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
+    fn cached_denial(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Decision> {
+        let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
+        // No key to build while no denial is held (the common case).
+        let now = cache.live(Instant::now)?;
+        let mut compact = KeyBuf::new();
+        cache_key(key, quoted, &mut compact);
+        let hit = cache.get(compact.as_bytes(), || now)?;
+        let counters = &self.core.counters;
+        counters.deny_cache_hits.increment();
+        counters.denied.increment();
+        let algorithm = self.algorithm(quoted);
+        Some(Decision::cached_denial(
+            algorithm.quota(),
+            algorithm.window(),
+            Arc::clone(&self.core.policy),
+            hit.retry_after,
+            hit.reset_after,
+        ))
+    }
+
+    /// Turns the store's answer into a decision: counters, telemetry, and the deny cache.
+    /// `started`: when the store was asked; `None` when it answered without waiting.
+    fn conclude(
+        &self,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+        now_us: Option<u64>,
+        started: Option<Instant>,
+        result: Result<Outcome, Error>,
+    ) -> Result<Decision, Error> {
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                if started.is_none() {
+                    // A store that answers at once failed: the core did not see it.
+                    self.core.store_failed(&e);
+                }
+                return Err(e);
+            }
+        };
+        let algorithm = self.algorithm(quoted);
+        let mut d = Decision::from_outcome(
+            outcome,
+            algorithm.quota(),
+            algorithm.window(),
+            cost,
+            Arc::clone(&self.core.policy),
+            algorithm.parts(),
+        );
+        if let (Some(charge), Some(q)) = (&mut d.charge, quoted) {
+            charge.quota = Some(q.quota);
+        }
+        let counters = &self.core.counters;
+        if d.allowed {
+            counters.allowed.increment();
+        } else {
+            counters.denied.increment();
+        }
+        telemetry::decided(&d, started);
+        // Only what cannot change before its deadline: a cost-1 denial with nothing left,
+        // on the store's clock (never for explicit test times), for single-limit algorithms.
+        if let (Some(cache), None, Some(retry)) = (&self.deny_cache, now_us, d.retry_after) {
+            if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
+                let sent = started.unwrap_or_else(Instant::now);
+                let mut compact = KeyBuf::new();
+                cache_key(key, quoted, &mut compact);
+                cache.insert(compact.as_bytes(), sent, retry, d.reset_after);
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// The deny cache's key for `key` (and the quota given for the check, if any): a marker
+/// byte, then the quota's fixed-length tag when there is one, then the key. The marker goes
+/// first so that no key's bytes can spell another key with a quota.
+fn cache_key(key: StoreKey<'_>, quoted: Option<&Quoted>, out: &mut KeyBuf) {
+    match quoted {
+        Some(q) => {
+            out.put(b"q");
+            out.put(&q.tag);
+        }
+        None => out.put(b"-"),
+    }
+    key.write_key_compact(out);
+}
+
+/// A quota given for one check: the limit's algorithm with it, and a tag (limit, period,
+/// burst) that keeps its cached denials apart from other quotas' for the same key.
+pub(crate) struct Quoted {
+    algorithm: Box<dyn Algorithm>,
+    tag: [u8; 24],
+    quota: Quota,
+}
+
+impl Quoted {
+    /// The same quota divided among `instances`, for the local share (same tag and quota:
+    /// it stands for the quota given); `None` when the algorithm cannot be divided.
+    fn divided(&self, instances: NonZeroU32) -> Option<Quoted> {
+        Some(Quoted {
+            algorithm: Box::new(self.algorithm.local_share(instances)?),
+            tag: self.tag,
+            quota: self.quota,
+        })
+    }
+}
