@@ -184,7 +184,7 @@ async fn main() {
             SlidingWindow::new(Quota::new(n + 1_000, window)).unwrap(),
         )
         .prefix(&prefix)
-        .share_counters()
+        .common_counters()
         .build()
         .unwrap();
         let full = RateLimiter::builder(
@@ -192,7 +192,7 @@ async fn main() {
             SlidingWindow::new(Quota::new(n, window)).unwrap(),
         )
         .prefix(&prefix)
-        .share_counters()
+        .common_counters()
         .deny_cache(0)
         .build()
         .unwrap();

@@ -94,11 +94,11 @@ async fn main() -> Result<(), BoxError> {
     let interactive =
         RateLimiter::builder(store.clone(), SlidingWindow::new(Quota::new(30, window))?)
             .policy_name("gmail")
-            .share_counters()
+            .common_counters()
             .build()?;
     let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::new(10, window))?)
         .policy_name("gmail")
-        .share_counters()
+        .common_counters()
         .build()?;
 
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();

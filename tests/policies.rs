@@ -65,12 +65,12 @@ async fn the_same_namespace_with_another_quota_is_a_config_error() {
         let window = |n| SlidingWindow::new(Quota::per_minute(n)).unwrap();
         let _interactive = RateLimiter::builder(store.clone(), window(300))
             .policy_name("calendar")
-            .share_counters()
+            .common_counters()
             .build()
             .unwrap();
         let backfill = RateLimiter::builder(store.clone(), window(150))
             .policy_name("calendar")
-            .share_counters()
+            .common_counters()
             .build()
             .unwrap();
         drop(backfill);

@@ -76,7 +76,7 @@ impl Semaphore {
         key: Option<Key<'static>>,
     ) -> Result<Option<Permit>, Error> {
         let holder = Arc::new(Holder::new(Arc::clone(&self), key, unique_id::next()));
-        let mut pending = Pending(Some(Arc::clone(&holder)));
+        let mut pending = Unanswered(Some(Arc::clone(&holder)));
         let core = &self.core;
         let store_key = self.store_key(holder.key.as_ref());
         let result = core
@@ -140,9 +140,9 @@ impl Semaphore {
 /// Releases a permit that may have been taken by an acquire whose answer never came: its
 /// future was dropped while the call was on its way, or the call failed (timed out, lost its
 /// connection) after the script may have run.
-struct Pending(Option<Arc<Holder>>);
+struct Unanswered(Option<Arc<Holder>>);
 
-impl Drop for Pending {
+impl Drop for Unanswered {
     fn drop(&mut self) {
         if let Some(holder) = self.0.take() {
             holder.release_in_background(None);

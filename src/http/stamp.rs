@@ -17,6 +17,7 @@ use crate::Decision;
 /// `RateLimit` member (`"name";r=`).
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyField {
+    name: Arc<str>,
     limit: u64,
     window: Duration,
     value: HeaderValue,
@@ -27,16 +28,22 @@ pub(crate) struct PolicyField {
 const STATE_LEN: usize = 96;
 
 impl PolicyField {
-    pub(crate) fn new(name: &str, limit: u64, window: Duration) -> Self {
+    pub(crate) fn new(name: &Arc<str>, limit: u64, window: Duration) -> Self {
         let mut state = Vec::new();
         push_sf_string(&mut state, name);
         state.extend_from_slice(b";r=");
         Self {
+            name: Arc::clone(name),
             limit,
             window,
             value: policy_item(name, limit, window, None),
             state: state.into(),
         }
+    }
+
+    /// The policy's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The `RateLimit` member of a decision of this policy, without a partition key: the
@@ -171,7 +178,7 @@ mod tests {
 
     #[test]
     fn the_policy_field_is_used_for_its_own_quota_only() {
-        let f = PolicyField::new("api", 100, Duration::from_secs(60));
+        let f = PolicyField::new(&Arc::from("api"), 100, Duration::from_secs(60));
         let d = decision("api", 100, 42, 17_500_000, 60_000_000);
         let h = stamped(HeaderStyle::Ietf, &d, None, Some(&f));
         assert_eq!(h["ratelimit-policy"], r#""api";q=100;w=60"#);
@@ -212,9 +219,9 @@ mod tests {
         ) {
             let d = decision(&name, limit, remaining, reset_us, window_us);
             let field = if own_field {
-                PolicyField::new(&name, limit, d.window)
+                PolicyField::new(&Arc::from(name.as_str()), limit, d.window)
             } else {
-                PolicyField::new("other", limit.wrapping_add(1), d.window)
+                PolicyField::new(&Arc::from("other"), limit.wrapping_add(1), d.window)
             };
             let expected = rendered(style, &d, pk.as_deref());
             prop_assert_eq!(&stamped(style, &d, pk.as_deref(), Some(&field)), &expected);

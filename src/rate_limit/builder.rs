@@ -35,7 +35,7 @@ impl<A: Algorithm> RateLimiter<A> {
             algorithm,
             options: Options::new(Self::DEFAULT_POLICY_NAME),
             deny_cache: Self::DEFAULT_DENY_CACHE_KEYS,
-            share_counters: false,
+            common_counters: false,
             shadow: false,
             lease: None,
         }
@@ -48,7 +48,7 @@ pub struct RateLimiterBuilder<A> {
     algorithm: A,
     options: Options,
     deny_cache: usize,
-    share_counters: bool,
+    common_counters: bool,
     shadow: bool,
     lease: Option<UnitLease>,
 }
@@ -66,12 +66,13 @@ impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
 impl<A: Algorithm> RateLimiterBuilder<A> {
     common_options!();
 
-    /// Shares this limiter's counters with other limiters of the same namespace (prefix and
-    /// policy name) that decide with another algorithm or quota, on purpose: e.g. a back-fill
-    /// job with a lower threshold on the same sliding-window log as interactive calls, so that
-    /// bulk work only uses what interactive calls leave. Every limiter sharing must call it.
-    pub fn share_counters(mut self) -> Self {
-        self.share_counters = true;
+    /// Counts in common with other limiters of the same namespace (prefix and policy name)
+    /// that decide with another algorithm or quota, on purpose: e.g. a back-fill job with a
+    /// lower threshold on the same sliding-window log as interactive calls, so that bulk work
+    /// only uses what interactive calls leave. Every limiter counting in common must call it;
+    /// otherwise building the second one is a [`ConfigError`] naming `policy_name`.
+    pub fn common_counters(mut self) -> Self {
+        self.common_counters = true;
         self
     }
 
@@ -163,7 +164,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         let rule = fingerprint(&*algorithm);
         let core = self
             .options
-            .build(self.store, algorithm.name(), rule, self.share_counters)?;
+            .build(self.store, algorithm.name(), rule, self.common_counters)?;
         let local = match core.failure {
             FailurePolicy::Local => {
                 let Some(shared) = algorithm.local_share(core.share) else {

@@ -36,7 +36,7 @@ pin_project! {
 
 /// How to answer one request, besides the decision.
 pub(crate) struct Answer {
-    /// The policy's policy on store errors.
+    /// What the policy does when the store fails.
     pub(crate) failure: FailurePolicy,
     /// The policy's shadow mode: a denial goes on to the inner service.
     pub(crate) shadow: Option<Arc<RateEngine>>,
@@ -84,7 +84,7 @@ enum Next {
 
 /// A decision on its way from a store that must be waited for, with everything needed once
 /// it comes.
-struct Pending<S, B> {
+struct Waiting<S, B> {
     check: BoxFuture<'static, Result<Decision, Error>>,
     request: Request<B>,
     service: S,
@@ -106,7 +106,7 @@ pin_project! {
         /// Boxed: a store that must be waited for takes far longer than the allocation, and
         /// the future of the answers at hand stays small.
         Checking {
-            pending: Option<Box<Pending<S, B>>>,
+            pending: Option<Box<Waiting<S, B>>>,
         },
         Calling {
             #[pin]
@@ -144,7 +144,7 @@ fn conclude(
             }
         },
         Err(e) => {
-            tracing::warn!(error = %e, policy = ?answer.failure, "rate limit: store failed");
+            tracing::warn!(error = %e, policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
             if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {
@@ -202,7 +202,7 @@ where
         answer: Answer,
         field: PolicyField,
     ) -> Self {
-        let pending = Box::new(Pending {
+        let pending = Box::new(Waiting {
             check,
             request,
             service,
@@ -250,7 +250,7 @@ where
                 StateProj::Checking { pending } => {
                     let result = ready!(pending.as_mut().expect(DONE).check.as_mut().poll(cx));
                     let p = *pending.take().expect(DONE);
-                    let Pending {
+                    let Waiting {
                         request,
                         mut service,
                         responder,

@@ -16,7 +16,7 @@ use crate::ConfigError;
 /// limiters on one store with the same namespace and algorithm but another quota would spend
 /// each other's counters (a log-in limit spent by browsing): building the second is a
 /// [`ConfigError`] unless both ask to share
-/// ([`RateLimiterBuilder::share_counters`](crate::RateLimiterBuilder::share_counters)).
+/// ([`RateLimiterBuilder::common_counters`](crate::RateLimiterBuilder::common_counters)).
 /// Limiters with the same algorithm and quota are the same policy and share freely, and so do
 /// instances of the app in other processes (that is the point of a shared store).
 ///
@@ -68,7 +68,7 @@ impl Namespaces {
                     format!(
                         "another {kind} limiter on this store already counts under \
                          {namespace:?} with {}; this one would spend its counters with {rule}. \
-                         Give it its own policy name (or prefix), or call share_counters() on \
+                         Give it its own policy name (or prefix), or call common_counters() on \
                          both to share one set of counters on purpose",
                         other.rule
                     ),

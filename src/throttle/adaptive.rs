@@ -35,7 +35,7 @@ pub struct AdaptiveStats {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub(crate) struct AdaptiveCounters {
     pub(crate) learned: AtomicU64,
     pub(crate) ignored: AtomicU64,
     pub(crate) capped: AtomicU64,
@@ -46,7 +46,7 @@ pub(crate) struct Counters {
     pub(crate) store_errors: AtomicU64,
 }
 
-impl Counters {
+impl AdaptiveCounters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
@@ -70,7 +70,7 @@ impl Counters {
 #[derive(Clone)]
 pub(crate) struct Adaptive {
     pub(crate) store: Arc<dyn Upstreams>,
-    pub(crate) counters: Arc<Counters>,
+    pub(crate) counters: Arc<AdaptiveCounters>,
 }
 
 /// The default cap on a pause or a reset an upstream's header may impose.

@@ -6,7 +6,7 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::{
-    adaptive::{Adaptive, AdaptiveStats, Counters, DEFAULT_MAX_PAUSE},
+    adaptive::{Adaptive, AdaptiveCounters, AdaptiveStats, DEFAULT_MAX_PAUSE},
     config::{NoRetry, RetryIdempotent, Settings},
     service::Throttle,
 };
@@ -161,7 +161,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
         self.settings
             .adaptive
             .as_ref()
-            .map(|a| Counters::snapshot(&a.counters))
+            .map(|a| AdaptiveCounters::snapshot(&a.counters))
     }
 }
 

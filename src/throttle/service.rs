@@ -12,7 +12,7 @@ use http::{Method, Request, Response};
 use tower_service::Service;
 
 use super::{
-    adaptive::{Adaptive, Counters},
+    adaptive::{Adaptive, AdaptiveCounters},
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
     learn::{at_least_a_moment, read_limits},
@@ -135,7 +135,7 @@ async fn bounded<A: Algorithm, T>(
         Ok(value) => return Some(value),
         Err(e) => e,
     };
-    Counters::add(&adaptive.counters.store_errors, 1);
+    AdaptiveCounters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
         policy = %engine.core.policy,
         %error,
@@ -155,8 +155,8 @@ fn observe<A: Algorithm, B>(
     let engine = &limiter.engine;
     let counters = &adaptive.counters;
     let reading = read_limits(res.status(), res.headers(), SystemTime::now(), max_pause);
-    Counters::add(&counters.ignored, u64::from(reading.ignored));
-    Counters::add(&counters.capped, u64::from(reading.capped));
+    AdaptiveCounters::add(&counters.ignored, u64::from(reading.ignored));
+    AdaptiveCounters::add(&counters.capped, u64::from(reading.capped));
     if reading.ignored > 0 || reading.capped > 0 {
         tracing::info!(
             policy = %engine.core.policy,
@@ -167,15 +167,15 @@ fn observe<A: Algorithm, B>(
     }
     let rate_limited = res.status() == http::StatusCode::TOO_MANY_REQUESTS;
     if rate_limited {
-        Counters::add(&counters.rate_limited, 1);
+        AdaptiveCounters::add(&counters.rate_limited, 1);
     }
     if reading.learned.pause.is_some() {
-        Counters::add(&counters.paused, 1);
+        AdaptiveCounters::add(&counters.paused, 1);
     } else if reading.learned.remaining == Some(0) {
-        Counters::add(&counters.exhausted, 1);
+        AdaptiveCounters::add(&counters.exhausted, 1);
     }
     if !reading.learned.is_empty() {
-        Counters::add(&counters.learned, 1);
+        AdaptiveCounters::add(&counters.learned, 1);
         tracing::debug!(
             policy = %engine.core.policy,
             remaining = reading.learned.remaining,
@@ -311,7 +311,7 @@ where
         let pause = at_least_a_moment(learned.pause.unwrap_or_default());
         match copy {
             Some(copy) if rate_limited && fits(pause, deadline) => {
-                Counters::add(&adaptive.counters.retried, 1);
+                AdaptiveCounters::add(&adaptive.counters.retried, 1);
                 tracing::debug!(policy = %limiter.engine.core.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
                 if learned.pause.is_none_or(|p| p.is_zero()) {
                     tokio::time::sleep(pause).await;

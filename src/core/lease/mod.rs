@@ -225,7 +225,7 @@ impl Leasing {
     ) -> Result<Outcome, Error> {
         // Dropped before the reply (the store timeout): waiters go to the store, and the
         // units the reservation may have taken are lost (fewer admitted, never more).
-        let mut pending = Pending {
+        let mut pending = InFlight {
             table: &self.table,
             id,
             denied: false,
@@ -294,14 +294,14 @@ impl Leasing {
 }
 
 /// A reservation in flight; when it ends without a lease, the key's waiters are woken.
-struct Pending<'a> {
+struct InFlight<'a> {
     table: &'a Table,
     id: &'a [u8],
     denied: bool,
     armed: bool,
 }
 
-impl Drop for Pending<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.table.abandon(self.id, self.denied);
