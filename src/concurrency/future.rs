@@ -117,7 +117,7 @@ where
                             return Poll::Ready(Ok(res.map(ResponseBody::unheld)));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, policy = ?limiter.failure_policy(), "concurrency limit: store failed");
+                            tracing::warn!(error = %crate::error::Chain(&e), policy = ?limiter.failure_policy(), "concurrency limit: store failed");
                             // Under `Local`, an error reaching here was not about availability:
                             // refuse rather than let it through unlimited.
                             if limiter.failure_policy() != FailurePolicy::Open {

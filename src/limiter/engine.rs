@@ -155,7 +155,7 @@ impl Engine {
         }
         self.counters.degraded.fetch_add(1, Ordering::Relaxed);
         telemetry::degraded(&d);
-        tracing::debug!(error = %e, allowed = d.allowed, "rate limit: decided locally (degraded)");
+        tracing::debug!(error = %crate::error::Chain(&e), allowed = d.allowed, "rate limit: decided locally (degraded)");
         Ok(d)
     }
 

@@ -142,7 +142,7 @@ fn conclude(
             }
         },
         Err(e) => {
-            tracing::warn!(error = %e, policy = ?answer.failure, "rate limit: store failed");
+            tracing::warn!(error = %crate::error::Chain(&e), policy = ?answer.failure, "rate limit: store failed");
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
             if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {

@@ -46,7 +46,7 @@ pub(crate) async fn acquire(
             let Some(local) = slots.local.as_ref().filter(|_| e.is_unavailable()) else {
                 return Err(e);
             };
-            tracing::debug!(error = %e, policy = %slots.policy, "concurrency limit: deciding locally (degraded)");
+            tracing::debug!(error = %crate::error::Chain(&e), policy = %slots.policy, "concurrency limit: deciding locally (degraded)");
             acquire_local(local, lease.key.clone())
         }
     }

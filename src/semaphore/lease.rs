@@ -87,7 +87,7 @@ impl Lease {
         let key = slots.store_key(self.key.as_ref());
         if let Some(result) = slots.store.release_now(key, &self.holder) {
             if let Err(e) = result {
-                tracing::warn!(error = %e, "concurrency limit: release failed; the slot comes back when its lease ends");
+                tracing::warn!(error = %crate::error::Chain(&e), "concurrency limit: release failed; the slot comes back when its lease ends");
             }
             return;
         }
@@ -110,7 +110,7 @@ impl Lease {
     /// Keeps this release, which failed with `error`, to send it again until the lease would
     /// have ended by itself.
     fn keep_trying(&self, late_renewal: bool, error: &Error) {
-        tracing::warn!(error = %error, policy = %self.slots.policy, "concurrency limit: release failed; sending it again until it succeeds or its lease ends");
+        tracing::warn!(error = %crate::error::Chain(&error), policy = %self.slots.policy, "concurrency limit: release failed; sending it again until it succeeds or its lease ends");
         let extended_at = *self.extended_at.lock().unwrap_or_else(|e| e.into_inner());
         let until = extended_at + self.slots.lease() + self.slots.timeout;
         let kept = Kept::new(self.key.clone(), self.holder.clone(), late_renewal, until);
@@ -157,5 +157,5 @@ impl Lease {
 }
 
 fn renewal_failed(lease: &Lease, e: &Error) {
-    tracing::warn!(error = %e, policy = %lease.slots.policy, "concurrency limit: renewing a lease failed; trying again in a third of the lease");
+    tracing::warn!(error = %crate::error::Chain(&e), policy = %lease.slots.policy, "concurrency limit: renewing a lease failed; trying again in a third of the lease");
 }

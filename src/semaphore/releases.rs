@@ -105,14 +105,14 @@ impl Releases {
 /// [`MAX_KEPT`] kept already, the slot comes back when its lease ends. Never panics.
 pub(crate) fn keep(slots: &Arc<Slots>, release: Kept, error: &Error) {
     if error.scope() == ErrorScope::Check {
-        tracing::warn!(error = %error, policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
+        tracing::warn!(error = %crate::error::Chain(&error), policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
         return;
     }
     let start = {
         let mut state = slots.releases.lock();
         if state.kept.len() >= MAX_KEPT {
             if !std::mem::replace(&mut state.full, true) {
-                tracing::warn!(error = %error, policy = %slots.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's slot comes back when its lease ends");
+                tracing::warn!(error = %crate::error::Chain(&error), policy = %slots.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's slot comes back when its lease ends");
             }
             return;
         }
@@ -230,7 +230,7 @@ impl Worker {
                 tracing::debug!(policy = %slots.policy, tries = kept.tries + 1, "concurrency limit: a failed release went through");
             }
             Err(e) if e.scope() == ErrorScope::Check => {
-                tracing::warn!(error = %e, policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
+                tracing::warn!(error = %crate::error::Chain(&e), policy = %slots.policy, "concurrency limit: the store refused a release; the slot comes back when its lease ends");
             }
             Err(_) => slots.releases.lock().kept.push(kept.failed()),
         }

@@ -60,7 +60,7 @@ impl Slots {
         let result = within(self.timeout, call).await;
         permit.finish(!matches!(&result, Err(e) if e.is_unavailable()));
         if let Err(e) = &result {
-            tracing::warn!(error = %e, policy = %self.policy, "concurrency limit: store failed");
+            tracing::warn!(error = %crate::error::Chain(&e), policy = %self.policy, "concurrency limit: store failed");
         }
         result
     }

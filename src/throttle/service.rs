@@ -68,7 +68,7 @@ async fn acquire<A: Algorithm>(
         let d = match limiter.check(key, cost).await {
             Ok(d) => d,
             Err(e) if shadow => {
-                tracing::warn!(error = %e, "rate limit: store failed (shadow mode: not waiting)");
+                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: store failed (shadow mode: not waiting)");
                 return Ok(());
             }
             Err(e) => return Err(ThrottleError::Store(e)),
@@ -138,7 +138,7 @@ async fn bounded<A: Algorithm, T>(
     Counters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
         policy = %engine.policy,
-        %error,
+        error = %crate::error::Chain(&error),
         "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
     );
     None

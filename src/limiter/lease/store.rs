@@ -222,7 +222,9 @@ impl Owned {
         let call = self.inner.refund(&*self.algorithm, key, &charge, None);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, units, "rate limit: lease not returned"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::error::Chain(&e), units, "rate limit: lease not returned")
+            }
             Err(_) => tracing::debug!(units, "rate limit: lease not returned (timed out)"),
         }
     }

@@ -151,6 +151,6 @@ pub(crate) fn evalsha_sized(
 fn pool_error(e: bb8::RunError<redis::RedisError>) -> Error {
     match e {
         bb8::RunError::User(e) => Error::Redis(e),
-        bb8::RunError::TimedOut => Error::Pool("timed out waiting for a connection".to_owned()),
+        timed_out @ bb8::RunError::TimedOut => Error::Pool(Arc::new(timed_out)),
     }
 }

@@ -175,11 +175,23 @@ impl Batcher {
             now,
             reply,
         };
-        let stopped = || Error::Pool("the batching task has stopped".to_owned());
+        let stopped = || Error::Pool(Arc::new(Stopped));
         self.queue.send(job).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
+
+/// Why a batched check found no task to send it.
+#[derive(Debug)]
+struct Stopped;
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the batching task has stopped (its Tokio runtime shut down)")
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
