@@ -56,8 +56,8 @@ use axum::{
 };
 use tower_redis_ratelimit::{
     Algorithm, Batching, ClientIp, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra,
-    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, Leases, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, StatusSet, TokenBucket, UnitLease,
+    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, MemoryStore, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, SlidingWindow, StatusSet, Store, TokenBucket, UnitLease,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -399,7 +399,7 @@ fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
 fn concurrency_limiter(
     args: &Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
 ) -> Result<Option<ConcurrencyLimiter>, String> {
     let Some(n) = args.concurrency else {
         return Ok(None);
@@ -420,7 +420,7 @@ fn concurrency_limiter(
 /// on the real store.
 fn rate_limiter(
     args: &Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<RateLimiter<Arc<dyn Algorithm>>, String> {
     let mut builder = RateLimiter::builder(store, algorithm)
@@ -444,7 +444,7 @@ fn rate_limiter(
 
 async fn serve(
     args: Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
@@ -636,7 +636,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     } else {
         ""
     };
-    let store: Arc<dyn Leases> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
+    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
         (_, Some(nodes), _) => {
             let store = builder
                 .connect_cluster(nodes)

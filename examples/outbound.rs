@@ -36,7 +36,7 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer, Upstreams,
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer,
 };
 
 const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \
@@ -154,7 +154,7 @@ fn parse_args() -> Result<Args, String> {
 type Throttled = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
 
 /// The HTTP client, throttled as the flags say.
-fn client<S: Store + Upstreams + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
+fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
     let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     if args.limit.is_none() && !args.adaptive {
         let plain = http.map_response(|r| r.status()).map_err(BoxError::from);

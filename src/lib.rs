@@ -43,7 +43,6 @@ mod decision;
 mod error;
 mod extract;
 mod limiter;
-mod lua;
 mod quota;
 mod rate_limit;
 mod semaphore;
@@ -53,11 +52,11 @@ pub mod throttle;
 mod unique_id;
 
 pub use algorithm::{
-    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
-    WindowRate,
+    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Outcome, PartInfo, PartOutcome, Rule,
+    Scripted, SlidingWindow, TokenBucket, WindowRate,
 };
 pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer};
-pub use decision::{Charge, Decision, LimitState, Outcome, PartInfo, PartOutcome};
+pub use decision::{Charge, Decision, LimitState};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
     key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, Or, PeerIp, ProxyHeader,
@@ -67,7 +66,6 @@ pub use limiter::{
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_MAX_KEY_LEN, DEFAULT_POLICY_NAME, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };
-pub use lua::{batch_script, Scripted};
 pub use quota::Quota;
 pub use rate_limit::{
     headers, response, BoxError, Class, HeaderStyle, MissingKey, PolicyId, RateLimit,
@@ -75,9 +73,8 @@ pub use rate_limit::{
 };
 pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
-    Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
-    Namespaces, RedisStore, RedisStoreBuilder, Reserved, SlotTerms, Store, StoreKey, Upstreams,
-    DEFAULT_CONNECT_TIMEOUT,
+    redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+    Learned, ManualClock, MemoryStore, Store,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

@@ -23,13 +23,13 @@ use http_body_util::BodyExt;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
     redis, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra, GlobalKey, HeaderKey,
-    Leases, ManualClock, MemoryStore, Permit, Quota, RateLimitLayer, RateLimiter, RedisStore,
+    ManualClock, MemoryStore, Permit, Quota, RateLimitLayer, RateLimiter, RedisStore, Store,
 };
 
 /// Generous: a bound that catches a hang or a leaked slot, not a benchmark.
 const EVENTUALLY: Duration = Duration::from_secs(5);
 
-fn limiter(store: impl Leases, n: u32, prefix: &str) -> ConcurrencyLimiter {
+fn limiter(store: impl Store, n: u32, prefix: &str) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
         .store_timeout(Duration::from_secs(2))
@@ -37,7 +37,7 @@ fn limiter(store: impl Leases, n: u32, prefix: &str) -> ConcurrencyLimiter {
         .unwrap()
 }
 
-fn short_lease(store: impl Leases, n: u32, prefix: &str, lease: Duration) -> ConcurrencyLimiter {
+fn short_lease(store: impl Store, n: u32, prefix: &str, lease: Duration) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
         .lease(lease)

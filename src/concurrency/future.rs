@@ -14,7 +14,8 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use crate::{
     rate_limit::{headers::render_concurrency, response::Responder},
-    BoxFuture, ConcurrencyLimiter, Error, FailurePolicy, Permit,
+    store::BoxFuture,
+    ConcurrencyLimiter, Error, FailurePolicy, Permit,
 };
 
 /// How to answer one request.

@@ -14,9 +14,8 @@ use super::{
 use crate::{
     extract::Out,
     quota::MAX_EXACT,
-    store::{within, Claim, KeyBuf},
+    store::{within, Backend, Claim, KeyBuf, StoreKey},
     telemetry, Algorithm, Charge, ConfigError, Decision, Error, Key, Outcome, Quota, Rule, Store,
-    StoreKey,
 };
 
 /// A limiter without its algorithm's type: what the layer's policies hold.

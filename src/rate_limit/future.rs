@@ -19,7 +19,7 @@ use super::{
     response::Responder,
     stamp::{PolicyField, Stamp},
 };
-use crate::{limiter::Engine, BoxFuture, Decision, Error, FailurePolicy, Key};
+use crate::{limiter::Engine, store::BoxFuture, Decision, Error, FailurePolicy, Key};
 
 pin_project! {
     /// Response future of [`RateLimit`](crate::RateLimit).

@@ -20,7 +20,10 @@ use super::{
     headers::partition_key,
     response::is_grpc,
 };
-use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key, KeyExtractor};
+use crate::{
+    store::{BoxFuture, KeyBuf},
+    Error, FailurePolicy, Key, KeyExtractor,
+};
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
 

@@ -6,8 +6,9 @@ use std::{fmt, sync::Arc, time::Duration};
 use super::{limiter::ConcurrencyLimiter, releases::Releases, slots::Slots};
 use crate::{
     limiter::{check_names, BreakerState},
-    CircuitBreaker, ConfigError, FailurePolicy, Leases, MemoryStore, SlotTerms,
-    DEFAULT_MAX_KEY_LEN, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    store::SlotTerms,
+    CircuitBreaker, ConfigError, FailurePolicy, MemoryStore, Store, DEFAULT_MAX_KEY_LEN,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
 /// The most requests of one key a limiter may allow in flight.
@@ -29,7 +30,7 @@ impl ConcurrencyLimiter {
     /// (`rl`), policy name ([`DEFAULT_POLICY_NAME`](Self::DEFAULT_POLICY_NAME)), lease
     /// ([`DEFAULT_LEASE`](Self::DEFAULT_LEASE)), store timeout (100 ms) and failure policy
     /// ([`FailurePolicy::Open`]).
-    pub fn builder(store: impl Leases, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
+    pub fn builder(store: impl Store, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
         ConcurrencyLimiterBuilder::new(Arc::new(store), max_in_flight)
     }
 }
@@ -65,7 +66,7 @@ impl ConcurrencyLimiter {
 ///
 /// A [`MemoryStore`] never loses its slots.
 pub struct ConcurrencyLimiterBuilder {
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     limit: u32,
     lease: Duration,
     prefix: String,
@@ -89,7 +90,7 @@ impl fmt::Debug for ConcurrencyLimiterBuilder {
 }
 
 impl ConcurrencyLimiterBuilder {
-    fn new(store: Arc<dyn Leases>, limit: u32) -> Self {
+    fn new(store: Arc<dyn Store>, limit: u32) -> Self {
         Self {
             store,
             limit,

@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{acquire::acquire, permit::Permit, slots::Slots};
-use crate::{store::KeyBuf, BoxFuture, Error, FailurePolicy, Key};
+use crate::{store::BoxFuture, Error, FailurePolicy, Key};
 
 /// At most N requests of one key in flight at once, across every instance sharing a store: a
 /// distributed counting semaphore whose slots are held under leases.
@@ -96,11 +96,7 @@ impl ConcurrencyLimiter {
     /// ```
     pub fn storage_key<'k>(&self, key: impl Into<Key<'k>>) -> String {
         let key = key.into();
-        let mut buf = KeyBuf::new();
-        self.slots
-            .store_key(Some(&key))
-            .write_base_with(b":c", &mut buf);
-        String::from_utf8_lossy(buf.as_bytes()).into_owned()
+        self.slots.store_key(Some(&key)).redis_holders_key()
     }
 
     /// Requests of one key allowed in flight at once.

@@ -248,8 +248,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        store::{BoxFuture, Leases, SlotTerms},
-        Acquired, ConcurrencyLimiter, MemoryStore, Namespaces, Store, StoreKey,
+        store::{Acquired, Backend, BoxFuture, Namespaces, SlotTerms, StoreKey},
+        ConcurrencyLimiter, MemoryStore, Store,
     };
 
     /// An in-memory store whose releases fail (as an unavailable store) while `down`.
@@ -260,7 +260,9 @@ mod tests {
         releases: Arc<AtomicUsize>,
     }
 
-    impl Store for Flaky {
+    impl Store for Flaky {}
+
+    impl Backend for Flaky {
         fn check<'a>(
             &'a self,
             algorithm: &'a dyn crate::Algorithm,
@@ -274,9 +276,7 @@ mod tests {
         fn namespaces(&self) -> Option<&Namespaces> {
             None
         }
-    }
 
-    impl Leases for Flaky {
         fn acquire<'a>(
             &'a self,
             key: StoreKey<'a>,

@@ -6,13 +6,13 @@ use std::{sync::Arc, time::Duration};
 use super::releases::Releases;
 use crate::{
     limiter::BreakerState,
-    store::{within, Claim, Leases, SlotTerms},
-    Acquired, Error, FailurePolicy, Key, StoreKey,
+    store::{within, Acquired, Backend, Claim, SlotTerms, StoreKey},
+    Error, FailurePolicy, Key, Store,
 };
 
 /// A concurrency limiter without its handle: what the layer holds.
 pub(crate) struct Slots {
-    pub(crate) store: Arc<dyn Leases>,
+    pub(crate) store: Arc<dyn Store>,
     /// `prefix:policy`: a key's holders are under `{namespace:key}:c`.
     pub(crate) namespace: String,
     pub(crate) policy: Arc<str>,
@@ -66,7 +66,7 @@ impl Slots {
     }
 
     /// Gives `holder`'s slot of `key` back, within the store timeout (at once in memory).
-    /// `late_renewal`: a renewal of it may still reach the store (see [`Leases::release`]).
+    /// `late_renewal`: a renewal of it may still reach the store (see [`Backend::release`]).
     pub(crate) async fn release(
         &self,
         key: Option<&Key<'_>>,

@@ -5,8 +5,15 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey};
-use crate::{algorithm::MemoryState, Algorithm, Charge, Error, Outcome};
+use super::{
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, ManualClock, Namespaces, Sharded,
+    SlotTerms, Store, StoreKey,
+};
+use crate::{
+    algorithm::{Algorithm, MemoryState, Outcome},
+    decision::Charge,
+    error::Error,
+};
 
 mod leases;
 mod upstream;
@@ -50,9 +57,9 @@ pub struct MemoryStore {
 
 struct Inner {
     states: Sharded<Entry>,
-    /// The holders of concurrency slots, per key (see [`Leases`](super::Leases)).
+    /// The holders of concurrency slots, per key (see [`Backend::acquire`]).
     leases: Sharded<leases::Holders>,
-    /// What upstreams said, per key (see [`Upstreams`](super::Upstreams)).
+    /// What upstreams said, per key (see [`Backend::take`]).
     upstreams: Sharded<upstream::Said>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
@@ -265,7 +272,9 @@ pub(crate) fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-impl Store for MemoryStore {
+impl Store for MemoryStore {}
+
+impl Backend for MemoryStore {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
@@ -315,6 +324,57 @@ impl Store for MemoryStore {
     fn manual_clock(&self) -> bool {
         self.inner.clock.is_some()
     }
+
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        let acquired = self.acquire_now(key, holder, terms.limit(), terms.lease());
+        Box::pin(std::future::ready(Ok(acquired)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let renewed = self.renew_now(key, holder, terms.lease());
+        Box::pin(std::future::ready(Ok(renewed)))
+    }
+
+    /// A renewal here never arrives after its holder's release (calls are not reordered in
+    /// memory), so `late_renewal` needs no guard.
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        _late_renewal: Option<std::time::Duration>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.release_holder(key, holder);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+        self.release_holder(key, holder);
+        Some(Ok(()))
+    }
+
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        Box::pin(std::future::ready(Ok(self.take_units(key, cost))))
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.learn_said(key, learned, how);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 #[cfg(test)]
@@ -332,7 +392,12 @@ mod tests {
             now: u64,
         ) -> Result<Outcome, Error> {
             let key = Key::from(key);
-            self.decide(algorithm, StoreKey::new("t", Some(&key)), cost, now)
+            self.decide(
+                algorithm,
+                StoreKey::bounded("t", Some(&key), 128),
+                cost,
+                now,
+            )
         }
     }
 

@@ -10,7 +10,7 @@ use super::{
     config::{NoRetry, RetryIdempotent, Settings},
     service::Throttle,
 };
-use crate::{store::Upstreams, Algorithm, KeyExtractor, RateLimiter};
+use crate::{Algorithm, KeyExtractor, RateLimiter, Store};
 
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
 ///
@@ -110,7 +110,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     ///
     /// Costs one more store call before each request, and one after each answer that says
     /// something.
-    pub fn adaptive(mut self, store: impl Upstreams) -> Self {
+    pub fn adaptive(mut self, store: impl Store) -> Self {
         self.settings.adaptive = Some(Adaptive {
             store: Arc::new(store),
             counters: Arc::default(),

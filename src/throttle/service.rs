@@ -18,8 +18,8 @@ use super::{
     learn::{at_least_a_moment, read_limits},
 };
 use crate::{
-    store::{within, Blind, Learned},
-    Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter,
+    store::{within, Backend, Blind, BoxFuture, Learned},
+    Algorithm, Key, KeyExtractor, RateLimiter,
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).

@@ -11,9 +11,9 @@ use std::{
 
 use super::table::{before_the_last, Rest, Step, Table};
 use crate::{
-    decision::Position,
-    store::{BoxFuture, KeyBuf, Namespaces, Reserved},
-    Algorithm, Charge, Error, Key, Outcome, Rule, Store, StoreKey,
+    algorithm::Position,
+    store::{Backend, BoxFuture, KeyBuf, Namespaces, Reserved, StoreKey},
+    Algorithm, Charge, Error, Key, Outcome, Rule, Store,
 };
 
 /// A store that leases units of its keys: [`check_now`](Store::check_now) answers from a live
@@ -246,7 +246,9 @@ impl Drop for Pending<'_> {
     }
 }
 
-impl Store for LeasedStore {
+impl Store for LeasedStore {}
+
+impl Backend for LeasedStore {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,

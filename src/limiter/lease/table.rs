@@ -14,7 +14,10 @@ use std::{
 
 use tokio::sync::{futures::OwnedNotified, Notify};
 
-use crate::{algorithm::Placed, decision::Position, Outcome};
+use crate::{
+    algorithm::{Placed, Position},
+    Outcome,
+};
 
 const SHARDS: usize = 16;
 

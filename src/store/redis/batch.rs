@@ -17,10 +17,11 @@ use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{
-    backend::{evalsha_sized, Backend},
+    keys::slot,
+    link::{evalsha_sized, Link},
     packed::{Args, Keys},
 };
-use crate::{ConfigError, Error};
+use crate::error::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
 /// [`RedisStore::with_batching`](crate::RedisStore::with_batching).
@@ -125,6 +126,15 @@ impl Batching {
     }
 }
 
+/// `KEYS` and `ARGV` become locals that the driver points at each check's slice in turn; code
+/// in `shared` (defined once) and in `body` (run once per check) both see the current check's.
+pub(crate) fn batch_form(shared: &str, body: &str) -> Script {
+    Script::new(&format!(
+        "local KEYS, ARGV = KEYS, ARGV\n{shared}\nlocal function decide()\n{body}\nend\n{}",
+        include_str!("../../../lua/batch.lua")
+    ))
+}
+
 /// One queued check.
 pub(crate) struct Job {
     pub(crate) script: &'static Script,
@@ -143,7 +153,7 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// Starts the batching task on the current Tokio runtime.
-    pub(crate) fn start(backend: Backend, config: Batching) -> Result<Self, ConfigError> {
+    pub(crate) fn start(link: Link, config: Batching) -> Result<Self, ConfigError> {
         config.validate()?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("batching", "must be set up inside a Tokio runtime"))?;
@@ -151,7 +161,7 @@ impl Batcher {
         // instead of growing the queue without end.
         let capacity = (config.max_batch * config.max_in_flight * 64).min(1 << 16);
         let (queue, rx) = mpsc::channel(capacity);
-        runtime.spawn(run(rx, backend, config));
+        runtime.spawn(run(rx, link, config));
         Ok(Self { queue, config })
     }
 
@@ -193,9 +203,9 @@ impl std::fmt::Display for Stopped {
 
 impl std::error::Error for Stopped {}
 
-async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
+async fn run(mut rx: mpsc::Receiver<Job>, link: Link, config: Batching) {
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
-    let cluster = backend.is_cluster();
+    let cluster = link.is_cluster();
     let mut jobs = Vec::with_capacity(config.max_batch);
     loop {
         // One server: wait for a free slot before taking what is queued, so checks gather
@@ -224,10 +234,10 @@ async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
                     Err(_) => return,
                 },
             };
-            let backend = backend.clone();
+            let link = link.clone();
             let timeout = config.call_timeout;
             tokio::spawn(async move {
-                send(batch, &backend, timeout).await;
+                send(batch, &link, timeout).await;
                 drop(permit);
             });
         }
@@ -253,24 +263,7 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
     batches.into_iter().map(|(_, b)| b).collect()
 }
 
-/// The cluster slot of a check, from its first key (all of a check's keys share its hash
-/// tag).
-pub(super) fn slot(key: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16_384
-}
-
-/// The hash tag of `key`.
-fn hash_tag(key: &[u8]) -> &[u8] {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return key;
-    };
-    match key[open + 1..].iter().position(|&b| b == b'}') {
-        Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-        _ => key,
-    }
-}
-
-async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
+async fn send(batch: Vec<Job>, link: &Link, timeout: Duration) {
     let script = batch[0].script;
     let key_count = batch.iter().map(|job| job.keys.len()).sum();
     let keys = |cmd: &mut redis::Cmd| {
@@ -292,7 +285,7 @@ async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
             cmd.arg(*arg);
         }
     }
-    let reply = tokio::time::timeout(timeout, backend.eval(script, &cmd))
+    let reply = tokio::time::timeout(timeout, link.eval(script, &cmd))
         .await
         .unwrap_or(Err(Error::Timeout(timeout)));
     match reply {
@@ -347,26 +340,6 @@ mod tests {
         assert!(!check_error(b"ERR tower-redis-ratelimit: corrupted TAT").is_unavailable());
         assert!(check_error(b"LOADING Redis is loading the dataset").is_unavailable());
         assert!(matches!(check_error(b"x\r\ny"), Error::Redis(_)));
-    }
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        // CLUSTER KEYSLOT values from a real Redis 7.0.
-        let k = str::as_bytes;
-        assert_eq!(slot(k("foo")), 12182);
-        assert_eq!(slot(k("{user1000}.following")), 3443);
-        assert_eq!(slot(k("{user1000}.followers")), 3443);
-        assert_eq!(slot(k("{rl:a}:g")), slot(k("{rl:a}:l")));
-    }
-
-    #[test]
-    fn hash_tags() {
-        let k = str::as_bytes;
-        assert_eq!(hash_tag(k("{rl:a}:l")), b"rl:a");
-        assert_eq!(hash_tag(k("x{rl:a}")), b"rl:a");
-        assert_eq!(hash_tag(k("{}x")), b"{}x");
-        assert_eq!(hash_tag(k("plain")), b"plain");
-        assert_eq!(hash_tag(b""), b"");
     }
 
     #[test]
