@@ -24,26 +24,23 @@ use super::{
 use crate::error::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
-/// [`RedisStore::with_batching`](crate::RedisStore::with_batching).
+/// [`RedisStore::with_batching`](crate::RedisStore::with_batching), which checks the
+/// settings (a value out of range is a [`ConfigError`] naming the field).
 ///
 /// ```
+/// use std::time::Duration;
 /// use tower_redis_ratelimit::Batching;
 ///
 /// let batching = Batching::new().max_batch(128).max_in_flight(4);
-/// assert_eq!(batching.max_batch, 128);
+/// assert_eq!(batching.checks_per_call(), 128);
+/// assert_eq!(batching.calls_in_flight(), 4);
+/// assert_eq!(batching.time_per_call(), Duration::from_secs(1));
 /// ```
-///
-/// The fields are public to read; set them with the methods of the same name (the struct
-/// may grow, so it cannot be built as a literal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Batching {
-    /// Checks decided by one script call, at most; see [`Batching::max_batch`].
-    pub max_batch: usize,
-    /// Calls sent and not yet answered, at most; see [`Batching::max_in_flight`].
-    pub max_in_flight: usize,
-    /// How long one call may take; see [`Batching::call_timeout`].
-    pub call_timeout: Duration,
+    max_batch: usize,
+    max_in_flight: usize,
+    call_timeout: Duration,
 }
 
 impl Default for Batching {
@@ -85,21 +82,19 @@ impl Batching {
         self
     }
 
-    /// The configured `max_batch`.
-    #[deprecated(since = "0.2.0", note = "read the `max_batch` field")]
-    pub const fn get_max_batch(&self) -> usize {
+    /// Checks decided by one script call, at most (set with [`max_batch`](Self::max_batch)).
+    pub const fn checks_per_call(&self) -> usize {
         self.max_batch
     }
 
-    /// The configured `max_in_flight`.
-    #[deprecated(since = "0.2.0", note = "read the `max_in_flight` field")]
-    pub const fn get_max_in_flight(&self) -> usize {
+    /// Calls sent and not yet answered, at most (set with
+    /// [`max_in_flight`](Self::max_in_flight)).
+    pub const fn calls_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
-    /// The configured `call_timeout`.
-    #[deprecated(since = "0.2.0", note = "read the `call_timeout` field")]
-    pub const fn get_call_timeout(&self) -> Duration {
+    /// How long one call may take (set with [`call_timeout`](Self::call_timeout)).
+    pub const fn time_per_call(&self) -> Duration {
         self.call_timeout
     }
 
