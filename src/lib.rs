@@ -74,7 +74,7 @@ pub use rate_limit::{
 pub use semaphore::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit};
 pub use store::{
     redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
-    Learned, ManualClock, MemoryStore, Store,
+    Learned, ManualClock, MemoryStore, MemoryStoreBuilder, Store,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

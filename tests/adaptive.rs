@@ -486,7 +486,12 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
             let store: Arc<dyn Store> = if on_redis {
                 Arc::new(redis.store().await)
             } else {
-                Arc::new(MemoryStore::with_clock(ManualClock::new()))
+                Arc::new(
+                    MemoryStore::builder()
+                        .clock(ManualClock::new())
+                        .build()
+                        .unwrap(),
+                )
             };
             let prefix = format!("zero{form}-{}", u8::from(on_redis));
             let limiter = RateLimiter::builder(

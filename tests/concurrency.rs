@@ -301,7 +301,7 @@ async fn a_crashed_instances_slots_come_back_within_the_lease_on_redis() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crashed_instances_slots_come_back_at_the_lease_on_a_manual_clock() {
     let clock = ManualClock::new();
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let lease = Duration::from_secs(30);
     let crashed = store.clone();
     crash_holding(
@@ -928,9 +928,10 @@ mod review {
     /// is refused instead. Before the fix the victim's count was reset and it admitted 2.
     #[tokio::test]
     async fn the_memory_key_cap_never_evicts_live_holders() {
-        let limiter = ConcurrencyLimiter::builder(MemoryStore::with_max_keys(16), 1)
-            .build()
-            .unwrap();
+        let limiter =
+            ConcurrencyLimiter::builder(MemoryStore::builder().max_keys(16).build().unwrap(), 1)
+                .build()
+                .unwrap();
         let victim = limiter.acquire("victim").await.unwrap().expect("free");
         let mut flood = Vec::new();
         for i in 0..200 {

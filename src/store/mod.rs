@@ -27,7 +27,11 @@ pub(crate) use self::{
     sharded::{Expiring, Sharded},
     upstream::{Blind, Gate},
 };
-pub use self::{clock::ManualClock, memory::MemoryStore, upstream::Learned};
+pub use self::{
+    clock::ManualClock,
+    memory::{MemoryStore, MemoryStoreBuilder},
+    upstream::Learned,
+};
 
 use crate::error::Error;
 

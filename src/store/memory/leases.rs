@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn admits_up_to_the_limit_expires_renews_and_releases() {
         let clock = ManualClock::starting_at(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let k = Key::from("k");
         let key = StoreKey::bounded("t", Some(&k), 128);
         let lease = Duration::from_secs(10);

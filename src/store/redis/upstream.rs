@@ -242,7 +242,7 @@ mod agreement {
     #[tokio::test]
     async fn the_in_memory_state_expires_like_the_redis_key() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let k = Key::from("expiry");
         let key = StoreKey::bounded("rv", Some(&k), 128);
         let w = Learned::new().window(0, Duration::from_secs(1));
