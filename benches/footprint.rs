@@ -52,7 +52,10 @@ static ALLOCATOR: Counting = Counting;
 async fn memory_store_bytes<A: Algorithm>(algorithm: A, keys: u32, checks: u32) -> f64 {
     let before = HEAP.load(Ordering::Relaxed);
     // No cap in the way of the measurement.
-    let store = MemoryStore::new().max_log_entries(usize::MAX / 2);
+    let store = MemoryStore::builder()
+        .max_log_entries(usize::MAX / 2)
+        .build()
+        .unwrap();
     let l = RateLimiter::builder(store.clone(), algorithm)
         .deny_cache(0)
         .build()

@@ -31,8 +31,8 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, BoxFuture, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit,
-    Quota, RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket, UnitLease,
+    redis, Algorithm, Batching, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit, Quota,
+    RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket, UnitLease,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -58,6 +58,8 @@ enum Workload {
     /// One key far below its limit (its own contenders).
     HotAllowed,
 }
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// One check: allowed or not.
 type CheckFn = Arc<dyn Fn(String) -> BoxFuture<'static, bool> + Send + Sync>;

@@ -56,8 +56,8 @@ use axum::{
 };
 use tower_redis_ratelimit::{
     Algorithm, Batching, ClientIp, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra,
-    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, Leases, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, StatusSet, TokenBucket, UnitLease,
+    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, MemoryStore, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, SlidingWindow, StatusSet, Store, TokenBucket, UnitLease,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -364,6 +364,24 @@ fn parse_args() -> Result<Args, String> {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// An error and its causes on one line, `error: cause: cause`, each cause once (an error that
+/// prints its cause in its own message, as redis-rs' does, is not followed by it again).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !last.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        source = cause.source();
+    }
+    out
+}
+
 fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     Ok(match args.key.as_str() {
         "global" => Arc::new(GlobalKey),
@@ -381,7 +399,7 @@ fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
 fn concurrency_limiter(
     args: &Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
 ) -> Result<Option<ConcurrencyLimiter>, String> {
     let Some(n) = args.concurrency else {
         return Ok(None);
@@ -402,7 +420,7 @@ fn concurrency_limiter(
 /// on the real store.
 fn rate_limiter(
     args: &Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<RateLimiter<Arc<dyn Algorithm>>, String> {
     let mut builder = RateLimiter::builder(store, algorithm)
@@ -426,7 +444,7 @@ fn rate_limiter(
 
 async fn serve(
     args: Args,
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
@@ -611,19 +629,19 @@ async fn run(args: Args) -> Result<(), BoxError> {
         println!("batching: concurrent checks share one script call (exact)");
         store
             .with_batching(Batching::new())
-            .map_err(|e| format!("--batch: {e}"))
+            .map_err(|e| format!("--batch: {}", chain(&e)))
     };
     let lazy = if args.lazy_connect {
         " (lazy: connects on the first check)"
     } else {
         ""
     };
-    let store: Arc<dyn Leases> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
+    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
         (_, Some(nodes), _) => {
             let store = builder
                 .connect_cluster(nodes)
                 .await
-                .map_err(|e| format!("--redis-cluster {}: {e}", shown(nodes)))?;
+                .map_err(|e| format!("--redis-cluster {}: {}", shown(nodes), chain(&e)))?;
             println!(
                 "store: redis cluster via {} (shared by every instance pointing at it)",
                 shown(nodes)
@@ -635,7 +653,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect_sentinel(sentinels, master)
                 .await
-                .map_err(|e| format!("--redis-sentinel {}: {e}", shown(sentinels)))?;
+                .map_err(|e| format!("--redis-sentinel {}: {}", shown(sentinels), chain(&e)))?;
             println!(
                 "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
                 shown(sentinels)
@@ -647,7 +665,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect(url)
                 .await
-                .map_err(|e| format!("--redis {shown}: {e}"))?;
+                .map_err(|e| format!("--redis {shown}: {}", chain(&e)))?;
             println!("store: redis at {shown}{lazy} (shared by every instance pointing at it)");
             Arc::new(batching(store)?)
         }
@@ -693,7 +711,7 @@ async fn main() -> ExitCode {
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -36,13 +36,31 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer, Upstreams,
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer,
 };
 
 const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \
 [--key NAME] [--limit N --per P] [--adaptive] [--max-wait-ms N]";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error and its causes on one line, `error: cause: cause`, each cause once (an error that
+/// prints its cause in its own message, as redis-rs' does, is not followed by it again).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !last.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        source = cause.source();
+    }
+    out
+}
 
 /// How long a call may take beyond `--max-wait-ms` (its wait for quota) before it is failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -136,7 +154,7 @@ fn parse_args() -> Result<Args, String> {
 type Throttled = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
 
 /// The HTTP client, throttled as the flags say.
-fn client<S: Store + Upstreams + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
+fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
     let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     if args.limit.is_none() && !args.adaptive {
         let plain = http.map_response(|r| r.status()).map_err(BoxError::from);
@@ -237,7 +255,7 @@ async fn main() -> std::process::ExitCode {
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", chain(&*e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,6 +1,13 @@
 //! Errors: a configuration that cannot work, and why a check could not be decided.
+//!
+//! Each error's `Display` says what happened at its own level and `source()` returns the
+//! cause, so an error reporter prints every cause once; the crate's own logs print the whole
+//! chain with [`Chain`].
 
-use std::{error::Error as StdError, fmt, time::Duration};
+use std::{error::Error as StdError, fmt, sync::Arc, time::Duration};
+
+/// A cause kept as an error's source: shared, so the error stays `Clone`.
+pub(crate) type Cause = Arc<dyn StdError + Send + Sync>;
 
 /// A configuration value that cannot work, found when a limiter or layer is built.
 ///
@@ -54,23 +61,28 @@ impl StdError for ConfigError {}
 pub enum Error {
     /// The store did not answer within the configured timeout.
     Timeout(Duration),
-    /// Redis answered with an error or the connection failed.
+    /// Redis answered with an error or the connection failed; the source is redis-rs' error.
     Redis(redis::RedisError),
-    /// No pooled connection could be had.
-    Pool(String),
+    /// No connection could be had to send the call on: a pool that timed out, or the task
+    /// that sends batched checks has stopped. The source says which.
+    Pool(Cause),
     /// The store answered, but not in the shape the algorithm expects
     /// (foreign data under the limiter's keys, or a script from another version).
     InvalidReply(String),
+    /// The key holds another algorithm's state in a [`MemoryStore`](crate::MemoryStore)
+    /// (two algorithms sharing a key), as Redis answers `WRONGTYPE`.
+    WrongType,
     /// The request itself is invalid, e.g. a cost of zero.
     InvalidInput(&'static str),
     /// The store does not support this algorithm.
     Unsupported(&'static str),
     /// The circuit breaker is open after repeated store failures; the store was not called.
     CircuitOpen,
-    /// Connecting to the store failed; [`ConnectError::kind`] says how.
+    /// Connecting to the store failed; [`ConnectError::kind`] says how. Displays as the
+    /// [`ConnectError`] it holds.
     Connect(ConnectError),
     /// The store's configuration cannot work (a certificate file that holds no certificate,
-    /// say); found when the store is built.
+    /// say); found when the store is built. Displays as the [`ConfigError`] it holds.
     Config(ConfigError),
 }
 
@@ -99,7 +111,8 @@ pub enum ConnectErrorKind {
     Other,
 }
 
-/// Why connecting to Redis failed, with a message naming the address and the cause.
+/// Why connecting to Redis failed: how (its [kind](Self::kind)), a message naming the address
+/// and the step, and the cause as its [`source`](StdError::source) when there is one.
 ///
 /// ```
 /// use tower_redis_ratelimit::{ConnectErrorKind, Error, RedisStore};
@@ -116,14 +129,30 @@ pub enum ConnectErrorKind {
 pub struct ConnectError {
     kind: ConnectErrorKind,
     message: String,
+    source: Option<Cause>,
 }
 
 impl ConnectError {
+    /// `message` names the address and the step; the cause, if any, goes in
+    /// [`caused_by`](Self::caused_by).
     pub(crate) fn new(kind: ConnectErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same error, with `cause` as its source.
+    pub(crate) fn caused_by(mut self, cause: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(cause));
+        self
+    }
+
+    /// The same error, its message followed by `more` (a hint about the cause).
+    pub(crate) fn explained(mut self, more: &str) -> Self {
+        self.message.push_str(more);
+        self
     }
 
     /// How connecting failed.
@@ -131,7 +160,8 @@ impl ConnectError {
         self.kind
     }
 
-    /// What happened, naming the address.
+    /// What happened, naming the address (the cause is the error's
+    /// [`source`](StdError::source)).
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -152,7 +182,13 @@ impl fmt::Display for ConnectError {
     }
 }
 
-impl StdError for ConnectError {}
+impl StdError for ConnectError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
 
 /// What an [`Error`] says about the next check: is the whole store refusing work, or only
 /// this key, or only this check?
@@ -209,7 +245,7 @@ impl Error {
                 ErrorScope::Store
             }
             Error::Config(_) => ErrorScope::Check,
-            Error::InvalidReply(_) => ErrorScope::Key,
+            Error::InvalidReply(_) | Error::WrongType => ErrorScope::Key,
             Error::InvalidInput(_) | Error::Unsupported(_) => ErrorScope::Check,
             Error::Redis(e) => match (e.kind(), e.code()) {
                 (_, Some(code)) => server_error_scope(code, e.detail().unwrap_or("")),
@@ -232,9 +268,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Timeout(d) => write!(f, "rate-limit store timed out after {d:?}"),
-            Error::Redis(e) => write!(f, "redis error: {e}"),
-            Error::Pool(e) => write!(f, "redis pool error: {e}"),
+            Error::Redis(_) => f.write_str("redis error"),
+            Error::Pool(_) => f.write_str("no redis connection to send on"),
             Error::InvalidReply(e) => write!(f, "unexpected reply from the rate-limit store: {e}"),
+            Error::WrongType => f.write_str("the key holds another algorithm's state"),
             Error::InvalidInput(e) => write!(f, "invalid rate-limit check: {e}"),
             Error::Unsupported(e) => write!(f, "unsupported: {e}"),
             Error::CircuitOpen => write!(f, "circuit breaker open: the store is failing"),
@@ -248,8 +285,10 @@ impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::Redis(e) => Some(e),
-            Error::Connect(e) => Some(e),
-            Error::Config(e) => Some(e),
+            Error::Pool(e) => Some(&**e),
+            // Transparent: they display as the error they hold, so its cause is theirs.
+            Error::Connect(e) => e.source(),
+            Error::Config(e) => e.source(),
             _ => None,
         }
     }
@@ -264,6 +303,34 @@ impl From<ConfigError> for Error {
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         Error::Redis(e)
+    }
+}
+
+/// An error and its causes on one line, `error: cause: cause`, each cause once: for logs and
+/// messages that stand alone (`tracing::warn!(error = %Chain(&e), ...)`). A cause whose text
+/// its error already printed (redis-rs prints its source in its own message) is skipped.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn StdError + 'a));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !text.is_empty() && !last.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -324,5 +391,27 @@ mod tests {
         ] {
             assert_eq!(e.scope(), ErrorScope::Store, "{e}");
         }
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        // redis-rs prints its I/O error and also returns it as the source.
+        let e = Error::Redis(refused().into());
+        assert_eq!(e.to_string(), "redis error");
+        assert_eq!(Chain(&e).to_string(), format!("redis error: {}", refused()));
+        let c =
+            ConnectError::new(ConnectErrorKind::Unreachable, "127.0.0.1:1").caused_by(refused());
+        let e = Error::Connect(c.clone());
+        assert_eq!(e.to_string(), c.to_string(), "transparent");
+        assert_eq!(
+            e.to_string(),
+            "cannot connect to redis (unreachable): 127.0.0.1:1"
+        );
+        assert_eq!(Chain(&e).to_string(), format!("{e}: {}", refused()));
+        let config = Error::Config(ConfigError::new("url", "not a URL"));
+        assert_eq!(Chain(&config).to_string(), "invalid url: not a URL");
+        assert!(config.source().is_none());
+        assert_eq!(Error::WrongType.scope(), ErrorScope::Key);
     }
 }

@@ -44,7 +44,6 @@ mod decision;
 mod error;
 mod extract;
 mod http;
-mod lua;
 mod quota;
 mod rate_limit;
 mod store;
@@ -53,30 +52,28 @@ pub mod throttle;
 mod unique_id;
 
 pub use algorithm::{
-    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Rule, SlidingWindow, TokenBucket,
-    WindowRate,
+    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Outcome, PartInfo, PartOutcome, Rule,
+    Scripted, SlidingWindow, TokenBucket, WindowRate,
 };
 pub use concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit,
 };
 pub use core::{CircuitBreaker, FailurePolicy, LimiterStats, UnitLease};
-pub use decision::{Charge, Decision, LimitState, Outcome, PartInfo, PartOutcome};
+pub use decision::{Charge, Decision, LimitState};
 pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
 pub use extract::{
     key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, MissingKey, Or, PeerIp,
     ProxyHeader,
 };
 pub use http::{BoxError, HeaderStyle, ResponseBody};
-pub use lua::{batch_script, Scripted};
 pub use quota::Quota;
 pub use rate_limit::{
     headers, Class, PolicyId, RateLimit, RateLimitLayer, RateLimiter, RateLimiterBuilder,
     ResponseFuture, StatusSet,
 };
 pub use store::{
-    Acquired, Batching, Blind, BoxFuture, Gate, Learned, Leases, ManualClock, MemoryStore,
-    Namespaces, RedisStore, RedisStoreBuilder, Reserved, SlotTerms, Store, StoreKey, Upstreams,
-    DEFAULT_CONNECT_TIMEOUT,
+    redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+    Learned, ManualClock, MemoryStore, MemoryStoreBuilder, Store,
 };
 pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
 

@@ -8,43 +8,49 @@
 mod common;
 
 use std::{
+    future::Future,
+    pin::Pin,
     task::Poll,
     time::{Duration, Instant},
 };
 
 use common::{dead_redis_url, RedisCluster, RedisServer};
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, Error, Gcra, Key, MultiLimit, Outcome, Quota, RedisStore,
-    SlidingWindow, Store, StoreKey, TokenBucket,
+    redis, Algorithm, Batching, CircuitBreaker, Decision, Error, Gcra, MultiLimit, Quota,
+    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
-/// `store.check` on the base key `{namespace:key}`.
-fn check_at_base<'a>(
-    store: &'a RedisStore,
-    algorithm: &'a dyn Algorithm,
-    base: &'a str,
+/// A limiter of `algorithm` on `store` under `prefix` (its keys are `{prefix:default:KEY}`),
+/// that asks the store every time: no deny cache, no circuit breaker, a generous timeout.
+fn limiter<A: Algorithm>(store: &RedisStore, algorithm: A, prefix: &str) -> RateLimiter<A> {
+    RateLimiter::builder(store.clone(), algorithm)
+        .prefix(prefix)
+        .store_timeout(Duration::from_secs(5))
+        .deny_cache(0)
+        .circuit_breaker(CircuitBreaker::disabled())
+        .build()
+        .unwrap()
+}
+
+/// A check of `key` for `cost`, at `now` when given (else on the store's clock).
+fn check<'a, A: Algorithm>(
+    limiter: &'a RateLimiter<A>,
+    key: &'a str,
     cost: u32,
     now: Option<u64>,
 ) -> Check<'a> {
-    Box::pin(async move {
-        let (namespace, key) = base
-            .trim_start_matches('{')
-            .trim_end_matches('}')
-            .split_once(':')
-            .expect("{namespace:key}");
-        let key = Key::from(key);
-        store
-            .check(algorithm, StoreKey::new(namespace, Some(&key)), cost, now)
-            .await
-    })
+    match now {
+        Some(now) => Box::pin(limiter.check_at(key, cost, now)),
+        None => Box::pin(limiter.check(key, cost)),
+    }
 }
 
-type Check<'a> = tower_redis_ratelimit::BoxFuture<'a, Result<Outcome, Error>>;
+type Check<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a>>;
 
 /// Runs `checks` concurrently, polling each for the first time in index order, so their jobs
 /// reach the batching queue in that order (the test runtime has one thread).
-async fn in_order(mut checks: Vec<Check<'_>>) -> Vec<Result<Outcome, Error>> {
-    let mut out: Vec<Option<Result<Outcome, Error>>> = checks.iter().map(|_| None).collect();
+async fn in_order(mut checks: Vec<Check<'_>>) -> Vec<Result<Decision, Error>> {
+    let mut out: Vec<Option<Result<Decision, Error>>> = checks.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
         for (i, check) in checks.iter_mut().enumerate() {
@@ -92,13 +98,18 @@ const T0: u64 = 1_800_000_000_000_000;
 /// arrival order; on a cluster (calls are not held back there), batches big enough for a wave.
 async fn same_as_one_call_each<A: Algorithm>(
     name: &str,
-    algorithm: A,
+    algorithm: impl Fn() -> A,
     batched: RedisStore,
     single: RedisStore,
     conns: &mut [redis::Connection],
     (batching, max_calls_per_check): (Batching, f64),
 ) {
-    let batched = batched.with_batching(batching).unwrap();
+    let batched = limiter(
+        &batched.with_batching(batching).unwrap(),
+        algorithm(),
+        &format!("b-{name}"),
+    );
+    let single = limiter(&single, algorithm(), &format!("s-{name}"));
     let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ name.len() as u64);
     let (mut now, mut checks, mut calls, mut allowed, mut denied) = (T0, 0, 0, 0, 0);
     for _wave in 0..40 {
@@ -106,30 +117,17 @@ async fn same_as_one_call_each<A: Algorithm>(
         let wave: Vec<(String, u32)> = (0..1 + rng.below(24))
             .map(|_| (format!("k{}", rng.below(4)), 1 + rng.below(6) as u32))
             .collect();
-        let keys_b: Vec<String> = wave
-            .iter()
-            .map(|(k, _)| format!("{{b-{name}:{k}}}"))
-            .collect();
         let before = script_calls(conns);
         let got = in_order(
             wave.iter()
-                .zip(&keys_b)
-                .map(|((_, cost), key)| check_at_base(&batched, &algorithm, key, *cost, Some(now)))
+                .map(|(key, cost)| check(&batched, key, *cost, Some(now)))
                 .collect(),
         )
         .await;
         calls += script_calls(conns) - before;
         checks += wave.len() as u64;
         for ((key, cost), got) in wave.iter().zip(got) {
-            let want = check_at_base(
-                &single,
-                &algorithm,
-                &format!("{{s-{name}:{key}}}"),
-                *cost,
-                Some(now),
-            )
-            .await
-            .unwrap();
+            let want = single.check_at(key.as_str(), *cost, now).await.unwrap();
             assert_eq!(
                 got.unwrap(),
                 want,
@@ -164,34 +162,13 @@ async fn every_algorithm(
     setup: (Batching, f64),
 ) {
     let q = Quota::per_second(10).burst(5);
-    same_as_one_call_each(
-        "gcra",
-        Gcra::new(q).unwrap(),
-        batched(),
-        batched(),
-        conns,
-        setup,
-    )
-    .await;
-    same_as_one_call_each(
-        "tb",
-        TokenBucket::new(q).unwrap(),
-        batched(),
-        batched(),
-        conns,
-        setup,
-    )
-    .await;
-    same_as_one_call_each(
-        "sw",
-        SlidingWindow::new(Quota::new(5, Duration::from_secs(1))).unwrap(),
-        batched(),
-        batched(),
-        conns,
-        setup,
-    )
-    .await;
-    let multi = MultiLimit::new([("s", q), ("m", Quota::per_minute(30))]).unwrap();
+    let gcra = || Gcra::new(q).unwrap();
+    same_as_one_call_each("gcra", gcra, batched(), batched(), conns, setup).await;
+    let bucket = || TokenBucket::new(q).unwrap();
+    same_as_one_call_each("tb", bucket, batched(), batched(), conns, setup).await;
+    let window = || SlidingWindow::new(Quota::new(5, Duration::from_secs(1))).unwrap();
+    same_as_one_call_each("sw", window, batched(), batched(), conns, setup).await;
+    let multi = || MultiLimit::new([("s", q), ("m", Quota::per_minute(30))]).unwrap();
     same_as_one_call_each("multi", multi, batched(), batched(), conns, setup).await;
 }
 
@@ -219,7 +196,7 @@ async fn batched_decisions_equal_one_call_each_on_redis_cluster() {
 async fn a_bad_key_fails_alone_within_its_batch() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
-    for key in ["{be:wrongtype}:g", "{be:wrongtype-big}:g"] {
+    for key in ["{be:default:wrongtype}:g", "{be:default:wrongtype-big}:g"] {
         let _: () = redis::cmd("HSET")
             .arg(key)
             .arg("x")
@@ -228,32 +205,31 @@ async fn a_bad_key_fails_alone_within_its_batch() {
             .unwrap();
     }
     let _: () = redis::cmd("SET")
-        .arg("{be:corrupt}:g")
+        .arg("{be:default:corrupt}:g")
         .arg("not a number")
         .query(&mut conn)
         .unwrap();
-    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
-    let single = redis.store().await;
+    let gcra = || Gcra::new(Quota::per_minute(5)).unwrap();
+    let single = limiter(&redis.store().await, gcra(), "be");
     let batched = redis.store().await.with_batching(Batching::new()).unwrap();
+    let batched = limiter(&batched, gcra(), "be");
     let checks = [
-        ("{be:a}", 1),
-        ("{be:wrongtype}", 1),
-        ("{be:b}", 1),
-        ("{be:corrupt}", 1),
-        ("{be:wrongtype-big}", 6),
-        ("{be:c}", 1),
-        ("{be:wrongtype}", 2),
-        ("{be:corrupt}", 1),
+        ("a", 1),
+        ("wrongtype", 1),
+        ("b", 1),
+        ("corrupt", 1),
+        ("wrongtype-big", 6),
+        ("c", 1),
+        ("wrongtype", 2),
+        ("corrupt", 1),
     ];
     // Loads the script, so that the call below is counted once.
-    assert!(check_at_base(&batched, &gcra, "{be:warm}", 1, None)
-        .await
-        .is_ok());
+    assert!(batched.check("warm", 1).await.is_ok());
     let before = script_calls(&mut [redis.conn()]);
     let got = in_order(
         checks
             .iter()
-            .map(|(k, cost)| check_at_base(&batched, &gcra, k, *cost, None))
+            .map(|(k, cost)| check(&batched, k, *cost, None))
             .collect(),
     )
     .await;
@@ -265,9 +241,7 @@ async fn a_bad_key_fails_alone_within_its_batch() {
                 assert!(o.allowed && o.remaining == 4, "{key}: {o:?}");
             }
             Err(e) => {
-                let alone = check_at_base(&single, &gcra, key, *cost, None)
-                    .await
-                    .unwrap_err();
+                let alone = single.check(*key, *cost).await.unwrap_err();
                 eprintln!("{key}: {e}\n  alone: {alone}");
                 let (Error::Redis(batched), Error::Redis(alone)) = (&e, &alone) else {
                     panic!("{key}: {e:?} / {alone:?}");
@@ -283,12 +257,12 @@ async fn a_bad_key_fails_alone_within_its_batch() {
         }
     }
     // Nothing was written over the foreign data.
-    for key in ["{be:wrongtype}:g", "{be:wrongtype-big}:g"] {
+    for key in ["{be:default:wrongtype}:g", "{be:default:wrongtype-big}:g"] {
         let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).unwrap();
         assert_eq!(kind, "hash", "{key}");
     }
     let corrupt: String = redis::cmd("GET")
-        .arg("{be:corrupt}:g")
+        .arg("{be:default:corrupt}:g")
         .query(&mut conn)
         .unwrap();
     assert_eq!(corrupt, "not a number");
@@ -304,38 +278,30 @@ async fn a_check_abandoned_in_the_queue_is_not_sent() {
         .await
         .with_batching(Batching::new().max_in_flight(1))
         .unwrap();
-    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    let l = limiter(&store, Gcra::new(Quota::per_minute(5)).unwrap(), "ab");
     redis.signal("-STOP");
     let in_flight = {
-        let (store, gcra) = (store.clone(), gcra.clone());
-        tokio::spawn(async move { check_at_base(&store, &gcra, "{ab:first}", 1, None).await })
+        let l = l.clone();
+        tokio::spawn(async move { l.check("first", 1).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let gave_up = tokio::time::timeout(
-        Duration::from_millis(50),
-        check_at_base(&store, &gcra, "{ab:late}", 1, None),
-    )
-    .await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), l.check("late", 1)).await;
     assert!(
         gave_up.is_err(),
         "Redis is stopped: the check cannot finish"
     );
     redis.signal("-CONT");
     assert!(in_flight.await.unwrap().unwrap().allowed);
-    assert!(
-        check_at_base(&store, &gcra, "{ab:next}", 1, None)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(l.check("next", 1).await.unwrap().allowed);
     let mut conn = redis.conn();
     let exists = |k: &str, c: &mut redis::Connection| -> i64 {
-        redis::cmd("EXISTS").arg(format!("{k}:g")).query(c).unwrap()
+        let key = format!("{}:g", l.storage_key(k));
+        redis::cmd("EXISTS").arg(key).query(c).unwrap()
     };
-    assert_eq!(exists("{ab:first}", &mut conn), 1);
-    assert_eq!(exists("{ab:next}", &mut conn), 1);
+    assert_eq!(exists("first", &mut conn), 1);
+    assert_eq!(exists("next", &mut conn), 1);
     assert_eq!(
-        exists("{ab:late}", &mut conn),
+        exists("late", &mut conn),
         0,
         "an abandoned check took quota"
     );
@@ -374,14 +340,9 @@ async fn batched_checks_against_a_dead_redis_are_unavailable() {
         .unwrap()
         .with_batching(Batching::new())
         .unwrap();
-    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
+    let l = limiter(&store, Gcra::new(Quota::per_minute(5)).unwrap(), "dead");
     let started = Instant::now();
-    let results = in_order(
-        (0..10)
-            .map(|_| check_at_base(&store, &gcra, "{dead:k}", 1, None))
-            .collect(),
-    )
-    .await;
+    let results = in_order((0..10).map(|_| check(&l, "k", 1, None)).collect()).await;
     for r in results {
         let e = r.unwrap_err();
         assert!(e.is_unavailable(), "{e}");
@@ -400,16 +361,12 @@ async fn a_stalled_call_times_out_and_frees_its_slot() {
         .await
         .with_batching(Batching::new().max_in_flight(1).call_timeout(timeout))
         .unwrap();
-    let gcra = Gcra::new(Quota::per_minute(5)).unwrap();
-    assert!(check_at_base(&store, &gcra, "{st:warm}", 1, None)
-        .await
-        .is_ok());
+    let l = limiter(&store, Gcra::new(Quota::per_minute(5)).unwrap(), "st");
+    assert!(l.check("warm", 1).await.is_ok());
     redis.signal("-STOP");
-    for key in ["{st:a}", "{st:b}"] {
+    for key in ["a", "b"] {
         let started = Instant::now();
-        let e = check_at_base(&store, &gcra, key, 1, None)
-            .await
-            .unwrap_err();
+        let e = l.check(key, 1).await.unwrap_err();
         assert!(
             matches!(e, Error::Timeout(t) if t == timeout),
             "{key}: {e:?}"
@@ -418,44 +375,85 @@ async fn a_stalled_call_times_out_and_frees_its_slot() {
         eprintln!("{key}: timed out after {:?}", started.elapsed());
     }
     redis.signal("-CONT");
-    assert!(
-        check_at_base(&store, &gcra, "{st:c}", 1, None)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(l.check("c", 1).await.unwrap().allowed);
 }
 
-/// The batch form of a custom script: a check whose script returns something other than an
-/// array (nil, a string) gets an error of its own; the others get their replies.
+/// A batchable custom algorithm: a check whose script returns something other than an array
+/// (nil, a string) fails alone with an error of its own; the others in the same script call
+/// get their replies.
 #[tokio::test]
-async fn custom_batch_scripts_answer_every_check() {
-    use tower_redis_ratelimit::batch_script;
+async fn custom_scripts_batch_and_a_bad_reply_fails_alone() {
+    use tower_redis_ratelimit::{Outcome, Rule, Scripted};
+
+    /// Counts its key's checks; costs 2 and 3 stand for a script that answers nil and a
+    /// string.
+    struct Counter;
+    impl Scripted for Counter {
+        fn source(&self) -> &'static str {
+            "if ARGV[2] == '2' then return nil end \
+             if ARGV[2] == '3' then return 'x' end \
+             local n = redis.call('INCR', KEYS[1]) \
+             redis.call('PEXPIRE', KEYS[1], 60000) \
+             return { n }"
+        }
+        fn key_suffixes(&self) -> &[&'static str] {
+            &[":n"]
+        }
+        fn args(&self, cost: u32) -> Vec<u64> {
+            vec![u64::from(cost)]
+        }
+        fn batchable(&self) -> bool {
+            true
+        }
+        fn parse_reply(&self, reply: &[i64]) -> Result<Outcome, Error> {
+            match *reply {
+                [n] if n > 0 => Ok(Outcome::single(true, n as u64, Some(0), 0)),
+                _ => Outcome::from_ints(reply),
+            }
+        }
+    }
+    impl Algorithm for Counter {
+        fn name(&self) -> &'static str {
+            "counter"
+        }
+        fn quota(&self) -> u64 {
+            1_000
+        }
+        fn window(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        fn rule(&self) -> Rule<'_> {
+            Rule::Script(self)
+        }
+    }
+
     let redis = RedisServer::start();
-    let script = batch_script(
-        "if ARGV[2] == 'nil' then return nil end \
-         if ARGV[2] == 'str' then return 'x' end \
-         return { tonumber(redis.call('INCR', KEYS[1])) }",
-    );
-    let mut inv = script.prepare_invoke();
-    for k in ["{c}:1", "{c}:2", "{c}:3", "{c}:4"] {
-        inv.key(k);
+    let store = redis.store().await.with_batching(Batching::new()).unwrap();
+    let l = limiter(&store, Counter, "custom");
+    // Loads the script, so that the call below is counted once.
+    assert_eq!(l.check("warm", 1).await.unwrap().remaining, 1);
+    let before = script_calls(&mut [redis.conn()]);
+    let got = in_order(
+        [("a", 1), ("b", 2), ("c", 3), ("a", 1), ("d", 1)]
+            .iter()
+            .map(|(k, cost)| check(&l, k, *cost, None))
+            .collect(),
+    )
+    .await;
+    assert_eq!(script_calls(&mut [redis.conn()]) - before, 1, "one call");
+    let remaining: Vec<_> = got
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .map(|d| d.remaining)
+                .map_err(|e| common::chain(e))
+        })
+        .collect();
+    assert_eq!(remaining[0], Ok(1));
+    assert_eq!(remaining[3], Ok(2), "the same key, counted in order");
+    assert_eq!(remaining[4], Ok(1));
+    for (bad, what) in [(1, "nil"), (2, "string")] {
+        let e = remaining[bad].as_ref().unwrap_err();
+        assert!(e.contains("not an array") && e.contains(what), "{e}");
     }
-    inv.arg("").arg(4);
-    for a in ["ok", "nil", "str", "ok"] {
-        inv.arg(1).arg(1).arg(a);
-    }
-    let reply: Vec<redis::Value> = inv.invoke(&mut redis.conn()).unwrap();
-    assert_eq!(reply.len(), 4, "{reply:?}");
-    assert_eq!(reply[0], redis::Value::Array(vec![redis::Value::Int(1)]));
-    for bad in &reply[1..3] {
-        let redis::Value::BulkString(msg) = bad else {
-            panic!("{reply:?}");
-        };
-        assert!(
-            String::from_utf8_lossy(msg).contains("not an array"),
-            "{reply:?}"
-        );
-    }
-    assert_eq!(reply[3], redis::Value::Array(vec![redis::Value::Int(1)]));
 }

@@ -19,8 +19,8 @@ use common::{dead_redis_url, each_algorithm, each_backend};
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, util::BoxCloneService, ServiceExt};
 use tower_redis_ratelimit::{
-    redis::Script, Algorithm, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, ResponseBody, Rule, Scripted, Store,
+    Algorithm, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
+    RedisStore, ResponseBody, Rule, Scripted, Store,
 };
 
 /// The app under the layer: `401` for requests marked `x-fail`, `200` otherwise, after a
@@ -335,14 +335,12 @@ async fn a_quota_given_per_request_is_the_one_refunded() {
 #[tokio::test]
 async fn counting_needs_an_algorithm_that_can_give_back() {
     struct Fixed;
-    static SCRIPT: std::sync::LazyLock<Script> =
-        std::sync::LazyLock::new(|| Script::new("return {1, 0, 0, 0}"));
     impl Scripted for Fixed {
-        fn script(&self) -> &Script {
-            &SCRIPT
+        fn source(&self) -> &'static str {
+            "return {1, 0, 0, 0}"
         }
-        fn keys(&self, base: &str) -> Vec<String> {
-            vec![base.to_owned()]
+        fn key_suffixes(&self) -> &[&'static str] {
+            &[""]
         }
         fn args(&self, _cost: u32) -> Vec<u64> {
             Vec::new()

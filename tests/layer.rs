@@ -680,40 +680,48 @@ async fn multi_limit_headers_and_problem_details() {
     );
 }
 
-/// A store that decides at once (`Store::check_now`) but is down: under `FailurePolicy::Local`
-/// the layer asks it once per request, then decides with its local share, marked degraded.
+/// Script calls Redis took in, run or refused (`INFO commandstats`: `calls`, and
+/// `rejected_calls` for those refused before running).
+fn script_calls_taken(redis: &RedisServer) -> u64 {
+    let info: String = tower_redis_ratelimit::redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .flat_map(|l| l.split([':', ',']))
+        .filter_map(|field| {
+            let (name, n) = field.split_once('=')?;
+            matches!(name, "calls" | "rejected_calls").then(|| n.parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+/// A store that refuses every check (Redis out of memory): under `FailurePolicy::Local` the
+/// layer asks it once per request, then decides with its local share, marked degraded.
 #[tokio::test]
-async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
-    use tower_redis_ratelimit::{
-        Algorithm, BoxFuture, Error, FailurePolicy, Outcome, Store, StoreKey,
-    };
+async fn a_down_store_is_asked_once_then_the_local_share_decides() {
+    use tower_redis_ratelimit::{redis, FailurePolicy};
 
-    struct Down(Arc<AtomicUsize>);
-    impl Store for Down {
-        fn check<'a>(
-            &'a self,
-            _: &'a dyn Algorithm,
-            _: StoreKey<'a>,
-            _: u32,
-            _: Option<u64>,
-        ) -> BoxFuture<'a, Result<Outcome, Error>> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async { Err(Error::Timeout(Duration::from_millis(1))) })
-        }
-        fn check_now(
-            &self,
-            _: &dyn Algorithm,
-            _: StoreKey<'_>,
-            _: u32,
-            _: Option<u64>,
-        ) -> Option<Result<Outcome, Error>> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Some(Err(Error::Timeout(Duration::from_millis(1))))
-        }
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    // The script is loaded (a first call of a lost script is sent twice: NOSCRIPT, then again).
+    limiter(store.clone(), "warm", Quota::per_hour(4))
+        .check("k", 1)
+        .await
+        .unwrap();
+    let mut conn = redis.conn();
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut conn)
+            .unwrap();
     }
-
-    let asked = Arc::new(AtomicUsize::new(0));
-    let limiter = RateLimiter::builder(Down(asked.clone()), Gcra::new(Quota::per_hour(4)).unwrap())
+    let limiter = RateLimiter::builder(store, Gcra::new(Quota::per_hour(4)).unwrap())
+        .prefix("down")
+        .store_timeout(Duration::from_secs(5))
         .on_store_error(FailurePolicy::Local)
         .local_share(2)
         .build()
@@ -722,6 +730,7 @@ async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
     let svc = ServiceBuilder::new()
         .layer(RateLimitLayer::new(limiter.clone(), GlobalKey))
         .service(counting(calls.clone()));
+    let before = script_calls_taken(&redis);
     let mut statuses = Vec::new();
     for _ in 0..4 {
         let res = svc
@@ -734,13 +743,120 @@ async fn a_down_synchronous_store_is_asked_once_then_the_local_share_decides() {
     // A share of 4 / 2 instances: 2 allowed, then denied, all decided locally.
     assert_eq!(statuses, [200, 200, 429, 429]);
     assert_eq!(
-        asked.load(Ordering::SeqCst),
+        script_calls_taken(&redis) - before,
         4,
-        "the store was asked more than once per request"
+        "the store was asked more or less than once per request"
     );
     assert_eq!(limiter.stats().degraded, 4);
     assert_eq!(limiter.stats().store_errors, 4);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A store that decides at once (in memory) and fails a key (it holds another algorithm's
+/// state): the layer asks it once per request and, the error being about the key rather
+/// than the store's health, refuses the request under `FailurePolicy::Local` without
+/// deciding locally.
+#[tokio::test]
+async fn a_store_deciding_at_once_is_asked_once_per_request() {
+    use tower_redis_ratelimit::{
+        Algorithm, Decision, Error, ErrorScope, FailurePolicy, MemoryState, MemoryStore, Outcome,
+        Rule,
+    };
+
+    /// GCRA, counting the store's decisions (its in-memory twin runs once per ask).
+    struct Counted(Gcra, Arc<AtomicUsize>);
+    impl Algorithm for Counted {
+        fn name(&self) -> &'static str {
+            "shared-name"
+        }
+        fn quota(&self) -> u64 {
+            self.0.quota()
+        }
+        fn window(&self) -> Duration {
+            self.0.window()
+        }
+        fn rule(&self) -> Rule<'_> {
+            self.0.rule()
+        }
+        fn decide(
+            &self,
+            state: &mut MemoryState,
+            now_us: u64,
+            cost: u32,
+        ) -> Result<Outcome, Error> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.decide(state, now_us, cost)
+        }
+        fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+            self.0.local_share(instances)
+        }
+    }
+
+    /// Another algorithm keeping state of its own type under the same name and key.
+    struct Foreign(Gcra);
+    impl Algorithm for Foreign {
+        fn name(&self) -> &'static str {
+            "shared-name"
+        }
+        fn quota(&self) -> u64 {
+            1
+        }
+        fn window(&self) -> Duration {
+            Duration::from_secs(3_600)
+        }
+        fn rule(&self) -> Rule<'_> {
+            self.0.rule()
+        }
+        fn decide(&self, state: &mut MemoryState, now_us: u64, _: u32) -> Result<Outcome, Error> {
+            state.put(String::from("foreign"), now_us, 3_600_000_000);
+            Ok(Outcome::single(true, 0, Some(0), 3_600_000_000))
+        }
+    }
+
+    let store = MemoryStore::new();
+    let foreign = RateLimiter::builder(
+        store.clone(),
+        Foreign(Gcra::new(Quota::per_hour(1)).unwrap()),
+    )
+    .common_counters()
+    .build()
+    .unwrap();
+    let d: Decision = foreign.check("k", 1).await.unwrap();
+    assert!(d.allowed);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let gcra = Gcra::new(Quota::per_hour(4)).unwrap();
+    let limiter = RateLimiter::builder(store, Counted(gcra, asked.clone()))
+        .common_counters()
+        .on_store_error(FailurePolicy::Local)
+        .local_share(2)
+        .build()
+        .unwrap();
+    let e = limiter.check("k", 1).await.unwrap_err();
+    assert!(matches!(e, Error::WrongType), "{e:?}");
+    assert_eq!(e.scope(), ErrorScope::Key);
+    assert_eq!(asked.swap(0, Ordering::SeqCst), 1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter.clone(),
+            HeaderKey::new("x-key").unwrap(),
+        ))
+        .service(counting(calls.clone()));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let req = Request::get("/").header("x-key", "k").body(Body::empty());
+        let res = svc.clone().oneshot(req.unwrap()).await.unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [503, 503, 503]);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        3,
+        "the store was asked more or less than once per request"
+    );
+    assert_eq!(limiter.stats().degraded, 0);
+    assert_eq!(limiter.stats().store_errors, 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
 /// An inner service that must be driven to readiness before each call, and counts its clones

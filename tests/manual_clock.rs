@@ -34,7 +34,7 @@ async fn status(app: &Router, key: &str) -> StatusCode {
 #[tokio::test]
 async fn a_limit_is_tested_without_sleeping() {
     let clock = ManualClock::new();
-    let app = app(MemoryStore::with_clock(clock.clone()));
+    let app = app(MemoryStore::builder().clock(clock.clone()).build().unwrap());
 
     for _ in 0..3 {
         assert_eq!(status(&app, "alice").await, StatusCode::OK);
@@ -58,7 +58,7 @@ async fn a_limit_is_tested_without_sleeping() {
 #[tokio::test]
 async fn headers_follow_the_manual_clock() {
     let clock = ManualClock::new();
-    let app = app(MemoryStore::with_clock(clock.clone()));
+    let app = app(MemoryStore::builder().clock(clock.clone()).build().unwrap());
     for _ in 0..3 {
         status(&app, "bob").await;
     }
@@ -82,7 +82,7 @@ async fn headers_follow_the_manual_clock() {
 #[tokio::test]
 async fn every_algorithm_follows_the_manual_clock() {
     let clock = ManualClock::new();
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let window = RateLimiter::builder(
         store.clone(),
         SlidingWindow::new(Quota::per_minute(2)).unwrap(),

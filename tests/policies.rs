@@ -14,7 +14,7 @@ use common::{counting, RedisServer};
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    redis::Script, Algorithm, Class, FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota,
+    Algorithm, Class, FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota,
     RateLimitLayer, RateLimiter, RedisStore, Rule, Scripted, SlidingWindow, Store,
 };
 
@@ -162,13 +162,11 @@ async fn one_layer_mixes_algorithms_and_failure_policies() {
 struct Unsplittable;
 
 impl Scripted for Unsplittable {
-    fn script(&self) -> &Script {
-        static SCRIPT: std::sync::LazyLock<Script> =
-            std::sync::LazyLock::new(|| Script::new("return { 1, 0, 0, 0 }"));
-        &SCRIPT
+    fn source(&self) -> &'static str {
+        "return { 1, 0, 0, 0 }"
     }
-    fn keys(&self, base: &str) -> Vec<String> {
-        vec![format!("{base}:u")]
+    fn key_suffixes(&self) -> &[&'static str] {
+        &[":unsplittable"]
     }
     fn args(&self, cost: u32) -> Vec<u64> {
         vec![u64::from(cost)]

@@ -22,7 +22,7 @@ use tower_redis_ratelimit::{
 
 fn connect_kind(result: Result<RedisStore, Error>) -> (ConnectErrorKind, String) {
     match result {
-        Err(Error::Connect(e)) => (e.kind(), e.to_string()),
+        Err(Error::Connect(e)) => (e.kind(), common::chain(&e)),
         Err(other) => panic!("expected a connect error, got {other:?}"),
         Ok(_) => panic!("connected, but should have failed"),
     }
@@ -214,7 +214,8 @@ async fn passwords_and_acl_users_are_checked_at_connect() {
     let lazy = RedisStore::connect_lazy(&redis.url()).unwrap();
     let err = limiter(lazy, 1).check("c", 1).await.unwrap_err();
     assert_eq!(err.scope(), ErrorScope::Store, "{err}");
-    assert!(err.to_string().contains("authentication required"), "{err}");
+    let err = common::chain(&err);
+    assert!(err.contains("authentication required"), "{err}");
 }
 
 /// A listener that accepts and never answers: connect fails with `TimedOut` within the

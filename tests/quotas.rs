@@ -107,7 +107,12 @@ async fn a_quota_changed_mid_window_does_what_the_docs_say() {
             ("redis", Arc::new(redis.store().await)),
             (
                 "memory",
-                Arc::new(MemoryStore::with_clock(ManualClock::new())),
+                Arc::new(
+                    MemoryStore::builder()
+                        .clock(ManualClock::new())
+                        .build()
+                        .unwrap(),
+                ),
             ),
         ];
         for (store_name, store) in stores {

@@ -17,10 +17,13 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::{
-    bb8, bb8_redis::RedisConnectionManager, redis, redis::Script, Algorithm, BoxFuture,
-    FailurePolicy, Gcra, HeaderKey, HeaderStyle, MemoryStore, Quota, RateLimitLayer, RateLimiter,
-    RedisStore, Rule, SlidingWindow, Store, TokenBucket,
+    bb8, bb8_redis::RedisConnectionManager, redis, redis::Script, Algorithm, FailurePolicy, Gcra,
+    HeaderKey, HeaderStyle, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, Rule,
+    SlidingWindow, Store, TokenBucket,
 };
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// One check: is this request for this key allowed?
 pub type CheckFn = Arc<dyn Fn(String) -> BoxFuture<'static, bool> + Send + Sync>;

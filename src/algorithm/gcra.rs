@@ -5,10 +5,15 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 use super::{
     bucket::BucketQuota,
     held::{self, GivenBack, Ledger, Placed},
+    outcome::{Outcome, Position},
     rate::BucketRate,
     Algorithm, MemoryState, Rule,
 };
-use crate::{decision::Position, Charge, ConfigError, Error, Outcome, Quota};
+use crate::{
+    decision::Charge,
+    error::{ConfigError, Error},
+    quota::Quota,
+};
 
 /// GCRA (generic cell rate algorithm): a token bucket stored as one integer per key, the
 /// "theoretical arrival time". Capacity `quota.burst_size()`, refilled at `quota.limit()` per

@@ -215,7 +215,7 @@ pub(crate) fn give_back(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::algorithm::held::{give_back, Ledger, Record, RECORDS};
 
     /// A charge whose earlier neighbour was refunded while it was in flight moved back with
     /// the key's time: it drained sooner than its recorded end says, and gives back nothing

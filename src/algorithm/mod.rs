@@ -25,24 +25,35 @@ mod bucket;
 mod gcra;
 mod held;
 mod multi;
+mod outcome;
 mod rate;
+mod scripted;
 mod sliding_window;
 mod state;
 mod token_bucket;
 
-pub(crate) use self::held::Placed;
 pub use self::{
     gcra::Gcra,
     multi::MultiLimit,
+    outcome::{Outcome, PartInfo, PartOutcome},
     rate::{BucketRate, WindowRate},
+    scripted::Scripted,
     sliding_window::SlidingWindow,
     state::MemoryState,
     token_bucket::TokenBucket,
 };
+pub(crate) use self::{
+    held::Placed,
+    outcome::{LogEntry, Position},
+};
 
 use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
 
-use crate::{decision::PartInfo, lua::Scripted, Charge, ConfigError, Error, Outcome, Quota};
+use crate::{
+    decision::Charge,
+    error::{ConfigError, Error},
+    quota::Quota,
+};
 
 /// A rate-limiting algorithm: its parameters (for the headers and for stores) and its
 /// in-memory twin.
@@ -131,7 +142,7 @@ pub enum Rule<'a> {
     SlidingWindow(WindowRate),
     /// [`MultiLimit`]: one GCRA per limit, in the order of [`Algorithm::parts`].
     Multi(&'a [BucketRate]),
-    /// A custom algorithm's Lua implementation.
+    /// A custom algorithm's Lua implementation (see [`Scripted`]).
     Script(&'a dyn Scripted),
 }
 
@@ -142,9 +153,15 @@ impl fmt::Debug for Rule<'_> {
             Rule::TokenBucket(r) => f.debug_tuple("TokenBucket").field(r).finish(),
             Rule::SlidingWindow(r) => f.debug_tuple("SlidingWindow").field(r).finish(),
             Rule::Multi(r) => f.debug_tuple("Multi").field(r).finish(),
+            // The source's digest tells scripts apart (limiters on one namespace with two
+            // scripts are two policies).
             Rule::Script(s) => f
-                .debug_tuple("Script")
-                .field(&s.script().get_hash())
+                .debug_struct("Script")
+                .field(
+                    "sha1",
+                    &sha1_smol::Sha1::from(s.source()).digest().to_string(),
+                )
+                .field("key_suffixes", &s.key_suffixes())
                 .finish(),
         }
     }

@@ -2,10 +2,18 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use super::{bucket::divided, gcra, held::Placed, rate::BucketRate, Algorithm, MemoryState, Rule};
+use super::{
+    bucket::divided,
+    gcra,
+    held::Placed,
+    outcome::{Outcome, PartInfo, PartOutcome, Position},
+    rate::BucketRate,
+    Algorithm, MemoryState, Rule,
+};
 use crate::{
-    decision::{PartInfo, PartOutcome, Position},
-    Charge, ConfigError, Error, Outcome, Quota,
+    decision::Charge,
+    error::{ConfigError, Error},
+    quota::Quota,
 };
 
 /// Several limits on one key at once, e.g. a burst of 10 a second *and* 1,000 a day, decided

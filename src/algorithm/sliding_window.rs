@@ -4,13 +4,15 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use super::{
     bucket::divided,
+    outcome::{LogEntry, Outcome, Position},
     rate::WindowRate,
     state::{Log, MemoryState},
     Algorithm, Rule,
 };
 use crate::{
-    decision::{LogEntry, Position},
-    Charge, ConfigError, Error, Outcome, Quota,
+    decision::Charge,
+    error::{ConfigError, Error},
+    quota::Quota,
 };
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of

@@ -59,18 +59,14 @@ pub(crate) struct Log {
     pub(crate) seq: u64,
 }
 
-fn wrong_type() -> Error {
-    Error::InvalidReply("key holds another algorithm's state".to_owned())
-}
-
 impl MemoryState {
-    /// The stored value, if any; an error if a value of another type is stored under this key
-    /// (two algorithms sharing a key), like Redis' `WRONGTYPE`.
+    /// The stored value, if any; [`Error::WrongType`] if a value of another type is stored
+    /// under this key (two algorithms sharing a key), like Redis' `WRONGTYPE`.
     pub fn get_mut<T: Any + Send>(&mut self) -> Result<Option<&mut T>, Error> {
         match &mut self.value {
             Value::Empty => Ok(None),
-            Value::Any(v) => v.downcast_mut::<T>().map(Some).ok_or_else(wrong_type),
-            _ => Err(wrong_type()),
+            Value::Any(v) => v.downcast_mut::<T>().map(Some).ok_or(Error::WrongType),
+            _ => Err(Error::WrongType),
         }
     }
 
@@ -118,7 +114,7 @@ impl MemoryState {
         match *self.plain() {
             Value::Empty => Ok(None),
             Value::Tat(t) => Ok(Some(t)),
-            _ => Err(wrong_type()),
+            _ => Err(Error::WrongType),
         }
     }
 
@@ -131,7 +127,7 @@ impl MemoryState {
         match *self.plain() {
             Value::Empty => Ok(None),
             Value::Bucket(b) => Ok(Some(b)),
-            _ => Err(wrong_type()),
+            _ => Err(Error::WrongType),
         }
     }
 
@@ -145,7 +141,7 @@ impl MemoryState {
             Value::Empty => Ok(None),
             Value::Tats(t) if t.len() == n => Ok(Some(t)),
             Value::Tats(_) => Ok(None), // the limits were reconfigured: start afresh
-            _ => Err(wrong_type()),
+            _ => Err(Error::WrongType),
         }
     }
 
@@ -209,7 +205,7 @@ impl MemoryState {
         }
         match &mut self.value {
             Value::Log(log) => Ok(log),
-            _ => Err(wrong_type()),
+            _ => Err(Error::WrongType),
         }
     }
 
@@ -245,5 +241,28 @@ impl MemoryState {
     /// Log entries the stored value holds (as allocated).
     pub(crate) fn entries(&self) -> usize {
         self.entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorScope;
+
+    /// Two algorithms storing different types under one key: an error about that key, as
+    /// Redis answers `WRONGTYPE`, never a reply error or a reset state.
+    #[test]
+    fn another_algorithms_state_is_a_wrong_type() {
+        let mut state = MemoryState::default();
+        state.put(7u64, 0, 1_000);
+        assert!(matches!(state.get_mut::<String>(), Err(Error::WrongType)));
+        assert!(matches!(state.tat(), Err(Error::WrongType)));
+        assert!(matches!(state.log(), Err(Error::WrongType)));
+        assert_eq!(Error::WrongType.scope(), ErrorScope::Key);
+        assert_eq!(state.get_mut::<u64>().unwrap(), Some(&mut 7));
+        let mut gcra = MemoryState::default();
+        gcra.put_tat(5, 0, 1_000);
+        assert!(matches!(gcra.bucket(), Err(Error::WrongType)));
+        assert!(matches!(gcra.get_mut::<u64>(), Err(Error::WrongType)));
     }
 }

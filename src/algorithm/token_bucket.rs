@@ -5,11 +5,16 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 use super::{
     bucket::BucketQuota,
     held::{self, GivenBack, Ledger, Placed},
+    outcome::{Outcome, Position},
     rate::BucketRate,
     state::{Bucket, MemoryState},
     Algorithm, Rule,
 };
-use crate::{decision::Position, Charge, ConfigError, Error, Outcome, Quota};
+use crate::{
+    decision::Charge,
+    error::{ConfigError, Error},
+    quota::Quota,
+};
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
 /// `quota.period()`; each request takes `cost` tokens. A key that was never seen, or rested long

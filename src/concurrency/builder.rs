@@ -7,7 +7,7 @@ use super::{limiter::ConcurrencyLimiter, releases::Releases, semaphore::Semaphor
 use crate::{
     core::{common_options, Core, FailurePolicy, Options},
     error::ConfigError,
-    store::{Leases, MemoryStore, SlotTerms, Store},
+    store::{MemoryStore, SlotTerms, Store},
 };
 
 /// The most requests of one key a limiter may allow in flight.
@@ -30,7 +30,7 @@ impl ConcurrencyLimiter {
     /// (`rl`), policy name ([`DEFAULT_POLICY_NAME`](Self::DEFAULT_POLICY_NAME)), permit time
     /// to live ([`DEFAULT_PERMIT_TTL`](Self::DEFAULT_PERMIT_TTL)), store timeout (100 ms) and
     /// failure policy ([`FailurePolicy::Open`]).
-    pub fn builder(store: impl Leases, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
+    pub fn builder(store: impl Store, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
         ConcurrencyLimiterBuilder {
             store: Arc::new(store),
             limit: max_in_flight,
@@ -72,7 +72,7 @@ impl ConcurrencyLimiter {
 ///
 /// A [`MemoryStore`] never loses its permits.
 pub struct ConcurrencyLimiterBuilder {
-    store: Arc<dyn Leases>,
+    store: Arc<dyn Store>,
     limit: u32,
     ttl: Duration,
     options: Options,
@@ -145,18 +145,14 @@ impl ConcurrencyLimiterBuilder {
         }
         let namespace = self.options.namespace();
         let rule = format!("at most {} in flight", self.limit);
-        let permits = self.store;
-        let store: Arc<dyn Store> = permits.clone();
-        let core = self.options.build(store, "concurrency", rule, false)?;
+        let core = self.options.build(self.store, "concurrency", rule, false)?;
         // Every running holder renews within a third of the time to live (plus the call
         // before it and its own), so all are counted again by the end of the pause.
         let pause = self.ttl / 3 + core.timeout.saturating_mul(2);
         let local = (core.failure == FailurePolicy::Local).then(|| {
             let limit = (self.limit / core.share.get()).max(1);
-            let memory = Arc::new(MemoryStore::new());
             Arc::new(Semaphore {
-                core: Core::local(memory.clone(), &namespace, &core.policy),
-                permits: memory,
+                core: Core::local(Arc::new(MemoryStore::new()), &namespace, &core.policy),
                 terms: SlotTerms::new(limit, self.ttl, pause),
                 local: None,
                 releases: Releases::default(),
@@ -165,7 +161,6 @@ impl ConcurrencyLimiterBuilder {
         Ok(ConcurrencyLimiter {
             semaphore: Arc::new(Semaphore {
                 core,
-                permits,
                 terms: SlotTerms::new(self.limit, self.ttl, pause),
                 local,
                 releases: Releases::default(),

@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::{limiter::ConcurrencyLimiter, permit::Permit, Busy};
 use crate::{
     core::FailurePolicy,
+    error::Chain,
     error::Error,
     http::{headers::render_concurrency, Responder, ResponseBody},
     store::BoxFuture,
@@ -121,7 +122,7 @@ where
                             return Poll::Ready(Ok(res.map(ResponseBody::written)));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), "concurrency limit: store failed");
+                            tracing::warn!(error = %Chain(&e), policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), "concurrency limit: store failed");
                             // Under `Local`, an error reaching here was not about availability:
                             // refuse rather than let it through unlimited.
                             if limiter.failure_policy() != FailurePolicy::Open {

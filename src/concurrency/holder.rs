@@ -12,7 +12,7 @@ use super::{
     releases::{self, Kept},
     semaphore::Semaphore,
 };
-use crate::{error::Error, extract::Key};
+use crate::{error::Chain, error::Error, extract::Key};
 
 /// A holder of (maybe) one permit: what a [`Permit`](super::Permit), its renewal task and
 /// its release share.
@@ -86,9 +86,9 @@ impl Holder {
         let late_renewal = self.give_up();
         let semaphore = &self.semaphore;
         let key = semaphore.store_key(self.key.as_ref());
-        if let Some(result) = semaphore.permits.release_now(key, &self.id) {
+        if let Some(result) = semaphore.core.store.release_now(key, &self.id) {
             if let Err(e) = result {
-                tracing::warn!(error = %e, "concurrency limit: release failed; the permit comes back when it expires");
+                tracing::warn!(error = %Chain(&e), "concurrency limit: release failed; the permit comes back when it expires");
             }
             return;
         }
@@ -112,7 +112,7 @@ impl Holder {
     /// have ended by itself.
     fn keep_trying(&self, late_renewal: bool, error: &Error) {
         let semaphore = &self.semaphore;
-        tracing::warn!(error = %error, policy = %semaphore.core.policy, "concurrency limit: release failed; sending it again until it succeeds or its permit expires");
+        tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, "concurrency limit: release failed; sending it again until it succeeds or its permit expires");
         let extended_at = *self.extended_at.lock().unwrap_or_else(|e| e.into_inner());
         let until = extended_at + semaphore.ttl() + semaphore.core.timeout;
         let kept = Kept::new(self.key.clone(), self.id.clone(), late_renewal, until);
@@ -135,7 +135,7 @@ impl Holder {
                 return;
             }
             let key = semaphore.store_key(self.key.as_ref());
-            let call = semaphore.permits.renew(key, &self.id, &semaphore.terms);
+            let call = semaphore.core.store.renew(key, &self.id, &semaphore.terms);
             let result = core.call_always(call).await;
             self.extended();
             match result {
@@ -160,5 +160,5 @@ impl Holder {
 }
 
 fn renewal_failed(holder: &Holder, e: &Error) {
-    tracing::warn!(error = %e, policy = %holder.semaphore.core.policy, "concurrency limit: renewing a permit failed; trying again in a third of its time to live");
+    tracing::warn!(error = %Chain(&e), policy = %holder.semaphore.core.policy, "concurrency limit: renewing a permit failed; trying again in a third of its time to live");
 }

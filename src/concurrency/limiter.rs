@@ -7,7 +7,7 @@ use crate::{
     core::{FailurePolicy, LimiterStats},
     error::Error,
     extract::Key,
-    store::{BoxFuture, KeyBuf},
+    store::BoxFuture,
 };
 
 /// At most N requests of one key in flight at once, across every instance sharing a store: a
@@ -102,11 +102,7 @@ impl ConcurrencyLimiter {
     /// ```
     pub fn storage_key<'k>(&self, key: impl Into<Key<'k>>) -> String {
         let key = key.into();
-        let mut buf = KeyBuf::new();
-        self.semaphore
-            .store_key(Some(&key))
-            .write_base_with(b":c", &mut buf);
-        String::from_utf8_lossy(buf.as_bytes()).into_owned()
+        self.semaphore.store_key(Some(&key)).redis_holders_key()
     }
 
     /// Requests of one key allowed in flight at once.

@@ -19,6 +19,7 @@ use tokio::{runtime::Handle, time::Instant};
 
 use super::semaphore::Semaphore;
 use crate::{
+    error::Chain,
     error::{Error, ErrorScope},
     extract::Key,
 };
@@ -108,14 +109,14 @@ impl Releases {
 /// [`MAX_KEPT`] kept already, the permit comes back when it expires. Never panics.
 pub(crate) fn keep(semaphore: &Arc<Semaphore>, release: Kept, error: &Error) {
     if error.scope() == ErrorScope::Check {
-        tracing::warn!(error = %error, policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
+        tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
         return;
     }
     let start = {
         let mut state = semaphore.releases.lock();
         if state.kept.len() >= MAX_KEPT {
             if !std::mem::replace(&mut state.full, true) {
-                tracing::warn!(error = %error, policy = %semaphore.core.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's permit comes back when it expires");
+                tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's permit comes back when it expires");
             }
             return;
         }
@@ -233,7 +234,7 @@ impl Worker {
                 tracing::debug!(policy = %semaphore.core.policy, tries = kept.tries + 1, "concurrency limit: a failed release went through");
             }
             Err(e) if e.scope() == ErrorScope::Check => {
-                tracing::warn!(error = %e, policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
+                tracing::warn!(error = %Chain(&e), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
             }
             Err(_) => semaphore.releases.lock().kept.push(kept.failed()),
         }
@@ -251,8 +252,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        store::{BoxFuture, Leases, SlotTerms},
-        Acquired, ConcurrencyLimiter, MemoryStore, Namespaces, Store, StoreKey,
+        store::{Acquired, Backend, BoxFuture, Namespaces, SlotTerms, StoreKey},
+        ConcurrencyLimiter, MemoryStore, Store,
     };
 
     /// An in-memory store whose releases fail (as an unavailable store) while `down`.
@@ -263,7 +264,9 @@ mod tests {
         releases: Arc<AtomicUsize>,
     }
 
-    impl Store for Flaky {
+    impl Store for Flaky {}
+
+    impl Backend for Flaky {
         fn check<'a>(
             &'a self,
             algorithm: &'a dyn crate::Algorithm,
@@ -277,9 +280,7 @@ mod tests {
         fn namespaces(&self) -> Option<&Namespaces> {
             None
         }
-    }
 
-    impl Leases for Flaky {
         fn acquire<'a>(
             &'a self,
             key: StoreKey<'a>,

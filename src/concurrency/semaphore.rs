@@ -10,17 +10,16 @@ use futures_util::FutureExt;
 use super::{holder::Holder, permit::Permit, releases::Releases};
 use crate::{
     core::Core,
+    error::Chain,
     error::Error,
     extract::Key,
-    store::{Acquired, Leases, SlotTerms, StoreKey},
+    store::{Acquired, Backend, SlotTerms, StoreKey},
     telemetry, unique_id,
 };
 
 /// A concurrency limit without its handle: what the layer holds.
 pub(crate) struct Semaphore {
     pub(crate) core: Core,
-    /// The store, as the store of permits (the same as the core's).
-    pub(crate) permits: Arc<dyn Leases>,
     /// The limit, the permits' time to live, the pause after a loss, and the store epochs
     /// seen.
     pub(crate) terms: SlotTerms,
@@ -58,7 +57,7 @@ impl Semaphore {
         late_renewal: bool,
     ) -> Result<(), Error> {
         let key = self.store_key(key);
-        let store = &self.permits;
+        let store = &self.core.store;
         if let Some(result) = store.release_now(key, holder) {
             return result;
         }
@@ -80,7 +79,7 @@ impl Semaphore {
         let core = &self.core;
         let store_key = self.store_key(holder.key.as_ref());
         let result = core
-            .call(|| self.permits.acquire(store_key, &holder.id, &self.terms))
+            .call(|| self.core.store.acquire(store_key, &holder.id, &self.terms))
             .await;
         // Any error may come after the script ran (a timeout, a connection cut before the
         // reply, a reply that did not parse): give back what may have been taken. Releasing a
@@ -96,7 +95,7 @@ impl Semaphore {
                 let Some(local) = self.local.as_ref().filter(|_| core.decides_locally(&e)) else {
                     return Err(e);
                 };
-                tracing::debug!(error = %e, policy = %core.policy, "concurrency limit: deciding locally (degraded)");
+                tracing::debug!(error = %Chain(&e), policy = %core.policy, "concurrency limit: deciding locally (degraded)");
                 let permit = local.acquire_now(holder.key.clone())?;
                 let counters = &core.counters;
                 counters.degraded.increment();
@@ -113,7 +112,8 @@ impl Semaphore {
     fn acquire_now(self: &Arc<Self>, key: Option<Key<'static>>) -> Result<Option<Permit>, Error> {
         let holder = Arc::new(Holder::new(Arc::clone(self), key, unique_id::next()));
         let call =
-            self.permits
+            self.core
+                .store
                 .acquire(self.store_key(holder.key.as_ref()), &holder.id, &self.terms);
         match call.now_or_never() {
             Some(Ok(a)) => Ok(self.conclude(holder, a, true)),

@@ -27,8 +27,9 @@ use std::{
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key<'a>(Repr<'a>);
 
+/// What a [`Key`] holds, for a store that writes its own form of it.
 #[derive(Clone, PartialEq, Eq, Hash)]
-enum Repr<'a> {
+pub(crate) enum Repr<'a> {
     Text(Cow<'a, str>),
     /// Bytes that are not UTF-8.
     Bytes(Cow<'a, [u8]>),
@@ -108,30 +109,9 @@ impl<'a> Key<'a> {
         }
     }
 
-    /// Writes the key as it appears in a Redis key (always UTF-8): text as it is, but as `#`
-    /// and its SHA-1 when longer than `max_len` or starting with `#` (so no client key can look
-    /// like the forms below); bytes that are not UTF-8 as `#` and their SHA-1; IP addresses
-    /// and networks as `#ip:ADDR` and `#ip:ADDR/BITS`, numbers as `#n:N`.
-    pub(crate) fn write_stored(&self, max_len: usize, out: &mut impl Out) {
-        match &self.0 {
-            Repr::Text(t) if t.len() <= max_len && !t.starts_with('#') => out.put(t.as_bytes()),
-            Repr::Text(t) => write_sha1(t.as_bytes(), out),
-            Repr::Bytes(b) => write_sha1(b, out),
-            Repr::Ip(ip) => {
-                out.put(b"#ip:");
-                write_ip(*ip, out);
-            }
-            Repr::Net(ip, bits) => {
-                out.put(b"#ip:");
-                write_ip(*ip, out);
-                out.put(b"/");
-                write_u64(u64::from(*bits), out);
-            }
-            Repr::Number(n) => {
-                out.put(b"#n:");
-                write_u64(*n, out);
-            }
-        }
+    /// What the key holds.
+    pub(crate) fn repr(&self) -> &Repr<'a> {
+        &self.0
     }
 
     /// Writes a compact binary form, unique per key (a tag byte and the payload; long text as
@@ -191,44 +171,6 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
     }
-}
-
-/// `#` and the SHA-1 of `bytes` in hex.
-fn write_sha1(bytes: &[u8], out: &mut impl Out) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha1_smol::Sha1::from(bytes).digest().bytes();
-    let mut hex = [0u8; 41];
-    hex[0] = b'#';
-    for (i, b) in digest.iter().enumerate() {
-        hex[1 + 2 * i] = HEX[usize::from(b >> 4)];
-        hex[2 + 2 * i] = HEX[usize::from(b & 15)];
-    }
-    out.put(&hex);
-}
-
-fn write_u64(mut n: u64, out: &mut impl Out) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.put(&digits[i..]);
-}
-
-/// The address in its standard text form, without allocating.
-fn write_ip(ip: IpAddr, out: &mut impl Out) {
-    use std::io::Write;
-    // The longest IPv6 text form is 45 bytes.
-    let mut buf = [0u8; 48];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cursor, "{ip}");
-    let len = cursor.position() as usize;
-    out.put(&buf[..len]);
 }
 
 impl fmt::Display for Key<'_> {
@@ -301,37 +243,6 @@ impl<'a> From<&'a Key<'a>> for Key<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stored(key: Key<'_>) -> String {
-        let mut out = Vec::new();
-        key.write_stored(128, &mut out);
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn stored_forms_never_collide_across_kinds() {
-        let v4: IpAddr = "203.0.113.7".parse().unwrap();
-        assert_eq!(stored(Key::from("203.0.113.7")), "203.0.113.7");
-        assert_eq!(stored(Key::ip(v4)), "#ip:203.0.113.7");
-        assert_eq!(stored(Key::number(42)), "#n:42");
-        assert_eq!(stored(Key::from("42")), "42");
-        let v6: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        assert_eq!(stored(Key::network(v6, 64)), "#ip:2001:db8:1:2::/64");
-        assert_eq!(stored(Key::network(v4, 24)), "#ip:203.0.113.0/24");
-        assert_eq!(stored(Key::network(v4, 32)), "#ip:203.0.113.7");
-        // Text that looks like one of those forms is hashed.
-        let forged = stored(Key::from("#ip:203.0.113.7"));
-        assert!(forged.starts_with('#') && forged.len() == 41, "{forged}");
-        assert_eq!(stored(Key::from("x".repeat(200))).len(), 41);
-        // Mapped addresses are their IPv4 address.
-        let mapped: IpAddr = "::ffff:203.0.113.7".parse().unwrap();
-        assert_eq!(Key::ip(mapped), Key::ip(v4));
-        assert_eq!(Key::bytes(&b"abc"[..]), Key::from("abc"));
-        // Bytes that are not UTF-8: stored as their hash, so every Redis key is UTF-8.
-        let bin = stored(Key::bytes(&[0xff, 0x80][..]));
-        assert!(bin.starts_with('#') && bin.len() == 41, "{bin}");
-        assert_ne!(bin, stored(Key::bytes(&[0xff, 0x81][..])));
-    }
 
     #[test]
     fn compact_forms_are_unique_per_key() {

@@ -48,7 +48,7 @@ pub use self::{
 };
 pub(crate) use self::{
     cost::CostFn,
-    key::{canonical, Out},
+    key::{canonical, Out, Repr},
 };
 
 use http::request::Parts;

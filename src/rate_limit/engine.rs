@@ -7,9 +7,10 @@
 use std::{num::NonZeroU32, sync::Arc, time::Instant};
 
 use crate::{
-    algorithm::{Algorithm, Rule},
+    algorithm::{Algorithm, Outcome, Rule},
     core::{Core, DenyCache, Leasing, Return},
-    decision::{Charge, Decision, Outcome},
+    decision::{Charge, Decision},
+    error::Chain,
     error::{ConfigError, Error},
     extract::{Key, Out},
     quota::{Quota, MAX_EXACT},
@@ -220,7 +221,7 @@ impl RateEngine {
             false => counters.denied.increment(),
         }
         telemetry::degraded(&d);
-        tracing::debug!(error = %e, allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
+        tracing::debug!(error = %Chain(&e), allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
         Ok(d)
     }
 

@@ -17,6 +17,7 @@ use super::{counting::CountFn, engine::RateEngine};
 use crate::{
     core::FailurePolicy,
     decision::Decision,
+    error::Chain,
     error::Error,
     extract::Key,
     http::{PolicyField, Responder, ResponseBody, Stamp},
@@ -144,7 +145,7 @@ fn conclude(
             }
         },
         Err(e) => {
-            tracing::warn!(error = %e, policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
+            tracing::warn!(error = %Chain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
             if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {

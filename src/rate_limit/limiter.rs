@@ -202,7 +202,7 @@ impl<A: Algorithm> RateLimiter<A> {
     }
 
     /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`
-    /// (see [`StoreKey::base`](crate::StoreKey::base)): text longer than the bound (or
+    /// (the Redis key layout is in `src/store/redis/keys.rs`): text longer than the bound (or
     /// starting with `#`) replaced by `#` and its SHA-1, addresses as `#ip:ADDR`, numbers as
     /// `#n:N`. The braces are a Redis Cluster hash tag, so every key of one check lands on
     /// one slot.
@@ -221,7 +221,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     pub fn storage_key<'k>(&self, key: impl Into<Key<'k>>) -> String {
         let key = key.into();
-        self.engine.store_key(Some(&key)).base()
+        self.engine.store_key(Some(&key)).redis_base_key()
     }
 
     /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.

@@ -152,7 +152,7 @@ where
                     tracing::warn!(
                         policy = %policy.policy(),
                         %quota,
-                        error = %e,
+                        error = %crate::error::Chain(&e),
                         "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
                     );
                 })

@@ -11,7 +11,7 @@ use std::{
 use crate::quota::MAX_EXACT;
 
 /// Time for a [`MemoryStore`](crate::MemoryStore) that moves only when you say: test your own
-/// limits without sleeping.
+/// limits without sleeping ([`MemoryStoreBuilder::clock`](crate::MemoryStoreBuilder::clock)).
 ///
 /// It starts at the wall-clock time it was made (so reset times in headers look like real
 /// ones) and then stands still; [`advance`](Self::advance) moves it forward. Clones share one
@@ -26,7 +26,8 @@ use crate::quota::MAX_EXACT;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = ManualClock::new();
-/// let limiter = RateLimiter::new(MemoryStore::with_clock(clock.clone()), Gcra::new(Quota::per_minute(2))?)?;
+/// let store = MemoryStore::builder().clock(clock.clone()).build()?;
+/// let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(2))?);
 /// assert!(limiter.check("k", 1).await?.allowed);
 /// assert!(limiter.check("k", 1).await?.allowed);
 /// assert!(!limiter.check("k", 1).await?.allowed);

@@ -2,29 +2,21 @@
 
 use std::fmt;
 
-use crate::{extract::Out, Key};
+use crate::extract::{Key, Out};
 
 /// The key a store decides one check under: the limiter's namespace (`prefix:policy`) and the
-/// request's [`Key`], or none (the quota that keyless requests share).
-///
-/// A Redis store derives its keys from [`base`](Self::base), `{namespace:key}`: the braces
-/// are a Redis Cluster hash tag, so every key of one check lands on one slot, and keys longer
-/// than the limiter's bound are stored as a SHA-1.
+/// request's [`Key`], or none (the quota that keyless requests share), with the bound above
+/// which the limiter stores keys hashed. Each store writes its own form of it (a Redis store:
+/// see `redis/keys.rs`; in memory: [`write_compact`](Self::write_compact)).
 #[derive(Clone, Copy)]
-pub struct StoreKey<'a> {
+pub(crate) struct StoreKey<'a> {
     namespace: &'a str,
     key: Option<&'a Key<'a>>,
     max_len: usize,
 }
 
 impl<'a> StoreKey<'a> {
-    /// `key` in `namespace`, with keys longer than the default bound
-    /// ([`DEFAULT_MAX_KEY_LEN`](crate::core::DEFAULT_MAX_KEY_LEN)) hashed; e.g. to call a
-    /// [`Store`](crate::Store) directly. Limiters make their own.
-    pub fn new(namespace: &'a str, key: Option<&'a Key<'a>>) -> Self {
-        Self::bounded(namespace, key, crate::core::DEFAULT_MAX_KEY_LEN)
-    }
-
+    /// `key` in `namespace`, with text or bytes longer than `max_len` stored hashed.
     pub(crate) fn bounded(namespace: &'a str, key: Option<&'a Key<'a>>, max_len: usize) -> Self {
         Self {
             namespace,
@@ -34,44 +26,18 @@ impl<'a> StoreKey<'a> {
     }
 
     /// The limiter's namespace, `prefix:policy`.
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &'a str {
         self.namespace
     }
 
     /// The request's key; `None` for the quota keyless requests share.
-    pub fn key(&self) -> Option<&Key<'a>> {
+    pub(crate) fn key(&self) -> Option<&'a Key<'a>> {
         self.key
     }
 
-    /// `{namespace:key}`, the base of this check's Redis keys.
-    ///
-    /// ```
-    /// # use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(1)).unwrap()).unwrap();
-    /// assert_eq!(limiter.storage_key("k-123"), "{rl:default:k-123}");
-    /// ```
-    pub fn base(&self) -> String {
-        let mut out = Vec::new();
-        self.write_base(&mut out);
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    /// Writes [`base`](Self::base) followed by `suffix`.
-    pub(crate) fn write_base_with(&self, suffix: &[u8], out: &mut impl Out) {
-        self.write_base(out);
-        out.put(suffix);
-    }
-
-    fn write_base(&self, out: &mut impl Out) {
-        out.put(b"{");
-        out.put(self.namespace.as_bytes());
-        out.put(b":");
-        match self.key {
-            Some(key) => key.write_stored(self.max_len, out),
-            // No client key maps here: keys starting with `#` are stored hashed.
-            None => out.put(b"#"),
-        }
-        out.put(b"}");
+    /// The length above which text or bytes are stored hashed.
+    pub(crate) fn max_len(&self) -> usize {
+        self.max_len
     }
 
     /// A compact form unique per (namespace, `kind`, key), for in-process maps.
@@ -94,7 +60,10 @@ impl<'a> StoreKey<'a> {
 
 impl fmt::Debug for StoreKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.base())
+        f.debug_struct("StoreKey")
+            .field("namespace", &self.namespace)
+            .field("key", &self.key)
+            .finish()
     }
 }
 

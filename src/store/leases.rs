@@ -1,91 +1,36 @@
-//! What a store offers a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter): per-key slots held
-//! under leases that expire.
+//! What a store keeps for a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter): per-key slots
+//! held under leases that expire (see [`Backend::acquire`](super::Backend::acquire)).
+//!
+//! Deadlines are on the store's clock (Redis `TIME`, a [`MemoryStore`](crate::MemoryStore)'s
+//! clock), so the app servers' clocks do not matter. A lease whose deadline has passed no
+//! longer counts against the limit, until its holder renews it: a renewal puts a holder that
+//! is not held (any more) back, counted even when the key is then over its limit, because the
+//! request it stands for is still running.
+//!
+//! A store that can lose its state (a Redis restart without persistence, `FLUSHALL`) keeps an
+//! epoch, and a limiter remembers the epochs it has seen in its [`SlotTerms`]: a call that
+//! finds the epoch gone or replaced, by a limiter that had seen the old one, knows the holders
+//! were lost, and the store then admits no new holder for [`SlotTerms::pause`] while the
+//! running ones put theirs back at their next renewal.
 
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
-use super::{BoxFuture, Store, StoreKey};
-use crate::Error;
-
-/// A store that keeps, per key, a set of holders with lease deadlines: a counting semaphore
-/// whose slots come back by themselves when a holder stops renewing (its process crashed).
-///
-/// Deadlines are on the store's clock (Redis `TIME`, a [`MemoryStore`](crate::MemoryStore)'s
-/// clock), so the app servers' clocks do not matter. A lease whose deadline has passed no
-/// longer counts against the limit, until its holder renews it: a renewal puts a holder that
-/// is not held (any more) back, counted even when the key is then over its limit, because the
-/// request it stands for is still running.
-///
-/// A store that can lose its state (a Redis restart without persistence, `FLUSHALL`) keeps an
-/// epoch, and a limiter remembers the epochs it has seen in its [`SlotTerms`]: a call that
-/// finds the epoch gone or replaced, by a limiter that had seen the old one, knows the holders
-/// were lost, and the store then admits no new holder for [`SlotTerms::pause`] while the
-/// running ones put theirs back at their next renewal.
-///
-/// [`RedisStore`](crate::RedisStore) and [`MemoryStore`](crate::MemoryStore) implement it. It
-/// builds on [`Store`] for the store's [`Namespaces`](crate::Namespaces), so that a
-/// concurrency policy and a rate policy of the same name are kept apart.
-pub trait Leases: Store {
-    /// Admits `holder` (an id unique across instances) under `key` if fewer than
-    /// [`limit`](SlotTerms::limit) unexpired holders hold it, with a lease of
-    /// [`lease`](SlotTerms::lease); first drops expired holders. Admits no new holder while
-    /// admissions are paused after a loss of the store's state (see the trait docs); a holder
-    /// already held (a call sent again) is admitted again and counted once.
-    fn acquire<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<Acquired, Error>>;
-
-    /// Moves `holder`'s deadline to [`lease`](SlotTerms::lease) from now. `false` when it held
-    /// no slot any more (its lease expired unrenewed, or the store lost its state): it is then
-    /// put back, counted even over the limit; except a holder released after a renewal that
-    /// got no answer (see [`release`](Self::release)), which stays released.
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    /// Gives `holder`'s slot back; releasing a slot not held does nothing, so a release may be
-    /// sent again. `late_renewal`: a renewal of this holder got no answer and may still reach
-    /// the store after this release; for that long, it must not put the holder back.
-    fn release<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        late_renewal: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-
-    /// Gives the slot back at once, without a future, when this store can (an in-memory
-    /// store); `None` (the default) when it must go through [`release`](Self::release). A
-    /// dropped [`Permit`](crate::Permit) tries this first, so that its slot is free before the
-    /// drop returns; otherwise it spawns the release on the Tokio runtime.
-    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
-        let _ = (key, holder);
-        None
-    }
-}
-
-/// A store's answer to [`Leases::acquire`].
+/// A store's answer to [`Backend::acquire`](super::Backend::acquire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Acquired {
+pub(crate) struct Acquired {
     /// Whether the holder got a slot.
-    pub admitted: bool,
+    pub(crate) admitted: bool,
     /// Unexpired holders of the key after the call (including the new one when admitted).
-    pub holders: u64,
+    pub(crate) holders: u64,
 }
 
 impl Acquired {
-    /// An answer, for custom stores.
-    pub const fn new(admitted: bool, holders: u64) -> Self {
+    pub(crate) const fn new(admitted: bool, holders: u64) -> Self {
         Self { admitted, holders }
     }
 }
@@ -93,7 +38,7 @@ impl Acquired {
 /// What a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) brings to each call on a key's
 /// slots besides the key and the holder: its limit, its lease, how long to pause admissions
 /// after the store lost its state, and the store epochs it has seen.
-pub struct SlotTerms {
+pub(crate) struct SlotTerms {
     limit: u32,
     lease: Duration,
     pause: Duration,
@@ -110,7 +55,7 @@ const EPOCH_MEMORY: Duration = Duration::from_secs(12 * 3600);
 impl SlotTerms {
     /// `limit` holders at once under leases of `lease`, admitting no new holder for `pause`
     /// after the store is found to have lost its state; no epoch seen yet.
-    pub fn new(limit: u32, lease: Duration, pause: Duration) -> Self {
+    pub(crate) fn new(limit: u32, lease: Duration, pause: Duration) -> Self {
         Self {
             limit,
             lease,
@@ -120,23 +65,23 @@ impl SlotTerms {
     }
 
     /// Holders allowed at once under one key.
-    pub fn limit(&self) -> u32 {
+    pub(crate) fn limit(&self) -> u32 {
         self.limit
     }
 
     /// How long a holder keeps its slot without a renewal.
-    pub fn lease(&self) -> Duration {
+    pub(crate) fn lease(&self) -> Duration {
         self.lease
     }
 
     /// How long no new holder is admitted after a call finds that the store lost its state:
     /// long enough for every running holder to renew, and so to be counted again.
-    pub fn pause(&self) -> Duration {
+    pub(crate) fn pause(&self) -> Duration {
         self.pause
     }
 
     /// The epoch last seen for `unit` of the store (0: none, or none for many hours).
-    pub fn known_epoch(&self, unit: u16) -> u64 {
+    pub(crate) fn known_epoch(&self, unit: u16) -> u64 {
         let epochs = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
         match epochs.get(&unit) {
             Some(&(epoch, seen)) if seen.elapsed() < EPOCH_MEMORY => epoch,
@@ -145,7 +90,7 @@ impl SlotTerms {
     }
 
     /// Records the epoch the store answered for `unit`; true when it replaces another one.
-    pub fn saw_epoch(&self, unit: u16, epoch: u64) -> bool {
+    pub(crate) fn saw_epoch(&self, unit: u16, epoch: u64) -> bool {
         let mut epochs = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         match epochs.get_mut(&unit) {
@@ -175,39 +120,5 @@ impl fmt::Debug for SlotTerms {
             .field("lease", &self.lease)
             .field("pause", &self.pause)
             .finish_non_exhaustive()
-    }
-}
-
-/// A shared store keeps leases too.
-impl<S: Leases + ?Sized> Leases for Arc<S> {
-    fn acquire<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        (**self).acquire(key, holder, terms)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).renew(key, holder, terms)
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        late_renewal: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).release(key, holder, late_renewal)
-    }
-
-    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
-        (**self).release_now(key, holder)
     }
 }

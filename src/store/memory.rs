@@ -5,8 +5,15 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use super::{BoxFuture, KeyBuf, ManualClock, Namespaces, Sharded, Store, StoreKey};
-use crate::{algorithm::MemoryState, Algorithm, Charge, Error, Outcome};
+use super::{
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, ManualClock, Namespaces, Sharded,
+    SlotTerms, Store, StoreKey,
+};
+use crate::{
+    algorithm::{Algorithm, MemoryState, Outcome},
+    decision::Charge,
+    error::{ConfigError, Error},
+};
 
 mod leases;
 mod upstream;
@@ -31,7 +38,7 @@ const SHARDS: usize = 16;
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
 /// never cut short to make room for itself: it is bounded by its limit. Cloning shares the
-/// counters.
+/// counters. Set the caps, or a [`ManualClock`] for tests, with [`MemoryStore::builder`].
 ///
 /// ```
 /// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
@@ -50,9 +57,9 @@ pub struct MemoryStore {
 
 struct Inner {
     states: Sharded<Entry>,
-    /// The holders of concurrency slots, per key (see [`Leases`](super::Leases)).
+    /// The holders of concurrency slots, per key (see [`Backend::acquire`]).
     leases: Sharded<leases::Holders>,
-    /// What upstreams said, per key (see [`Upstreams`](super::Upstreams)).
+    /// What upstreams said, per key (see [`Backend::take`]).
     upstreams: Sharded<upstream::Said>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
@@ -91,7 +98,7 @@ impl super::Expiring for Entry {
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
+        MemoryStoreBuilder::default().store()
     }
 }
 
@@ -113,34 +120,28 @@ impl MemoryStore {
     /// the cap (24 bytes each, counted as allocated), on top of the keys.
     pub const DEFAULT_MAX_LOG_ENTRIES: usize = 4_000_000;
 
-    /// An empty store with the default caps.
+    /// An empty store with the default caps, on the wall clock.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// An empty store holding at most about `max_keys` keys (rounded up to a multiple of 16,
-    /// the number of lock shards).
-    pub fn with_max_keys(max_keys: usize) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                states: Sharded::new(SHARDS, max_keys),
-                leases: Sharded::new(SHARDS, max_keys),
-                upstreams: Sharded::new(SHARDS, max_keys),
-                max_entries_per_shard: Self::DEFAULT_MAX_LOG_ENTRIES.div_ceil(SHARDS),
-                namespaces: Namespaces::new(),
-                clock: None,
-            }),
-        }
-    }
-
-    /// An empty store with the default caps whose time is `clock`: it moves only when the
-    /// test says (see [`ManualClock`]). Limiters built on it keep no deny cache.
-    pub fn with_clock(clock: ManualClock) -> Self {
-        let mut store = Self::new();
-        if let Some(inner) = Arc::get_mut(&mut store.inner) {
-            inner.clock = Some(clock);
-        }
-        store
+    /// Settings for a store: its caps and its clock (see [`MemoryStoreBuilder`]).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore};
+    ///
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::builder()
+    ///     .max_keys(10_000)
+    ///     .max_log_entries(100_000)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// let err = MemoryStore::builder().max_keys(0).build().unwrap_err();
+    /// assert_eq!(err.field(), "max_keys");
+    /// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+    /// ```
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
     }
 
     /// Microseconds since the Unix epoch on this store's clock.
@@ -149,17 +150,6 @@ impl MemoryStore {
             Some(clock) => clock.now_us(),
             None => now_us(),
         }
-    }
-
-    /// Caps the sliding-window log entries of all keys together at about `entries` (rounded
-    /// up to a multiple of 16, the number of lock shards; default
-    /// [`DEFAULT_MAX_LOG_ENTRIES`](Self::DEFAULT_MAX_LOG_ENTRIES)). Entries are counted as
-    /// allocated: 24 bytes each. Call it before the store is shared.
-    pub fn max_log_entries(mut self, entries: usize) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.max_entries_per_shard = entries.div_ceil(SHARDS).max(1);
-        }
-        self
     }
 
     /// Keys forgotten so far because the store was at a cap.
@@ -231,6 +221,76 @@ impl MemoryStore {
     }
 }
 
+/// Settings for a [`MemoryStore`], from [`MemoryStore::builder`]: how many keys and log entries
+/// it holds at most, and its clock. Each setter takes the value as given; [`build`](Self::build)
+/// checks them all, and a value that cannot work is a [`ConfigError`] naming the field.
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    max_log_entries: usize,
+    clock: Option<ManualClock>,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            max_keys: MemoryStore::DEFAULT_MAX_KEYS,
+            max_log_entries: MemoryStore::DEFAULT_MAX_LOG_ENTRIES,
+            clock: None,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// Holds at most about `keys` keys (rounded up to a multiple of 16, the number of lock
+    /// shards; default [`MemoryStore::DEFAULT_MAX_KEYS`]); at least 1. The same cap applies
+    /// apart to concurrency slots and to what upstreams said.
+    pub fn max_keys(mut self, keys: usize) -> Self {
+        self.max_keys = keys;
+        self
+    }
+
+    /// Holds at most about `entries` sliding-window log entries, all keys together (rounded
+    /// up to a multiple of 16; default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]); at least 1.
+    /// Entries are counted as allocated: 24 bytes each.
+    pub fn max_log_entries(mut self, entries: usize) -> Self {
+        self.max_log_entries = entries;
+        self
+    }
+
+    /// Decides on `clock`, which moves only when a test says (see [`ManualClock`]), instead
+    /// of the wall clock. Limiters built on the store keep no deny cache.
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The store, or a [`ConfigError`] naming the first setting that cannot work.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        if self.max_keys == 0 {
+            return Err(ConfigError::new("max_keys", "must be at least 1"));
+        }
+        if self.max_log_entries == 0 {
+            return Err(ConfigError::new("max_log_entries", "must be at least 1"));
+        }
+        Ok(self.store())
+    }
+
+    /// The store of settings known to be valid.
+    fn store(self) -> MemoryStore {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                states: Sharded::new(SHARDS, self.max_keys),
+                leases: Sharded::new(SHARDS, self.max_keys),
+                upstreams: Sharded::new(SHARDS, self.max_keys),
+                max_entries_per_shard: self.max_log_entries.div_ceil(SHARDS).max(1),
+                namespaces: Namespaces::new(),
+                clock: self.clock,
+            }),
+        }
+    }
+}
+
 impl MemoryStore {
     /// The algorithm's refund twin on `key`'s state, if it holds one.
     fn give_back(
@@ -265,7 +325,9 @@ pub(crate) fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-impl Store for MemoryStore {
+impl Store for MemoryStore {}
+
+impl Backend for MemoryStore {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
@@ -315,6 +377,57 @@ impl Store for MemoryStore {
     fn manual_clock(&self) -> bool {
         self.inner.clock.is_some()
     }
+
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        let acquired = self.acquire_now(key, holder, terms.limit(), terms.lease());
+        Box::pin(std::future::ready(Ok(acquired)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let renewed = self.renew_now(key, holder, terms.lease());
+        Box::pin(std::future::ready(Ok(renewed)))
+    }
+
+    /// A renewal here never arrives after its holder's release (calls are not reordered in
+    /// memory), so `late_renewal` needs no guard.
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        _late_renewal: Option<std::time::Duration>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.release_holder(key, holder);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+        self.release_holder(key, holder);
+        Some(Ok(()))
+    }
+
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        Box::pin(std::future::ready(Ok(self.take_units(key, cost))))
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.learn_said(key, learned, how);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 #[cfg(test)]
@@ -332,13 +445,18 @@ mod tests {
             now: u64,
         ) -> Result<Outcome, Error> {
             let key = Key::from(key);
-            self.decide(algorithm, StoreKey::new("t", Some(&key)), cost, now)
+            self.decide(
+                algorithm,
+                StoreKey::bounded("t", Some(&key), 128),
+                cost,
+                now,
+            )
         }
     }
 
     #[test]
     fn key_churn_stays_under_the_cap_and_evicts_soonest_expiring_first() {
-        let store = MemoryStore::with_max_keys(1_600);
+        let store = MemoryStore::builder().max_keys(1_600).build().unwrap();
         let long = Gcra::new(Quota::per_hour(1)).unwrap();
         let short = Gcra::new(Quota::per_second(1)).unwrap();
         let t0 = 1_700_000_000_000_000;
@@ -399,7 +517,7 @@ mod tests {
     /// are swept as new ones come.
     #[test]
     fn expired_keys_are_swept() {
-        let store = MemoryStore::with_max_keys(160_000);
+        let store = MemoryStore::builder().max_keys(160_000).build().unwrap();
         let g = Gcra::new(Quota::per_second(10)).unwrap();
         let t0 = 1_700_000_000_000_000;
         for i in 0..10_000u64 {
@@ -449,7 +567,11 @@ mod tests {
     #[test]
     fn log_entries_stay_under_the_cap() {
         use crate::SlidingWindow;
-        let store = MemoryStore::with_max_keys(1_000_000).max_log_entries(1_024);
+        let store = MemoryStore::builder()
+            .max_keys(1_000_000)
+            .max_log_entries(1_024)
+            .build()
+            .unwrap();
         let w = SlidingWindow::new(Quota::per_hour(10)).unwrap();
         let t0 = 1_700_000_000_000_000;
         let mut peak = 0;
@@ -471,12 +593,30 @@ mod tests {
     #[test]
     fn a_key_is_never_cut_short_by_its_own_log() {
         use crate::SlidingWindow;
-        let store = MemoryStore::new().max_log_entries(160);
+        let store = MemoryStore::builder().max_log_entries(160).build().unwrap();
         let w = SlidingWindow::new(Quota::per_hour(5_000)).unwrap();
         let t0 = 1_700_000_000_000_000;
         let admitted = (0..6_000u64)
             .filter(|i| store.decide_at(&w, "big", 1, t0 + i).unwrap().allowed)
             .count();
         assert_eq!(admitted, 5_000);
+    }
+
+    /// A setting that cannot work is an error naming it; nothing is clamped or ignored.
+    #[test]
+    fn settings_are_checked_by_name() {
+        let b = MemoryStore::builder;
+        assert_eq!(b().max_keys(0).build().unwrap_err().field(), "max_keys");
+        let e = b().max_log_entries(0).build().unwrap_err();
+        assert_eq!(e.field(), "max_log_entries");
+        // Every setting applies together: a clock with caps.
+        let clock = ManualClock::starting_at(std::time::Duration::from_secs(1_000));
+        let store = b().max_keys(32).max_log_entries(64).clock(clock.clone());
+        let store = store.build().unwrap();
+        assert!(store.manual_clock());
+        assert_eq!(store.now_us(), 1_000_000_000);
+        assert_eq!(store.inner.max_entries_per_shard, 4);
+        clock.advance(std::time::Duration::from_secs(1));
+        assert_eq!(store.now_us(), 1_001_000_000);
     }
 }

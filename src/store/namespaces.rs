@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex, Weak},
 };
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The namespaces of the limiters built on one store, in this process.
 ///
@@ -21,10 +21,9 @@ use crate::ConfigError;
 /// instances of the app in other processes (that is the point of a shared store).
 ///
 /// [`RedisStore`](crate::RedisStore) and [`MemoryStore`](crate::MemoryStore) keep one, shared
-/// by their clones; a custom [`Store`](crate::Store) may hold one and return it from
-/// [`Store::namespaces`](crate::Store::namespaces).
+/// by their clones (see [`Backend::namespaces`](super::Backend::namespaces)).
 #[derive(Default)]
-pub struct Namespaces {
+pub(crate) struct Namespaces {
     held: Mutex<HashMap<String, Vec<Weak<Claim>>>>,
 }
 
@@ -45,7 +44,7 @@ pub(crate) struct Claim {
 
 impl Namespaces {
     /// An empty registry.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 

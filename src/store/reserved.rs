@@ -1,26 +1,20 @@
 //! A store's answer to a reservation: several units taken at once, for a unit lease (see
 //! [`UnitLease`](crate::UnitLease)).
 
-use crate::Outcome;
+use crate::algorithm::{Outcome, Placed, Position};
 
-/// What [`Store::reserve`](super::Store::reserve) took: up to the units asked for, at least
-/// the check's cost, or a denial of that cost.
+/// What [`Backend::reserve`](super::Backend::reserve) took: up to the units asked for, at
+/// least the check's cost, or a denial of that cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Reserved {
+pub(crate) struct Reserved {
     /// The decision for the check that asked (its cost): `remaining`, `reset_after_us` as
     /// after the whole reservation.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
     /// The units taken: 0 when denied, else at least the cost and at most the units asked for.
-    pub granted: u32,
+    pub(crate) granted: u32,
 }
 
 impl Reserved {
-    /// A reservation's answer.
-    pub fn new(outcome: Outcome, granted: u32) -> Self {
-        Self { outcome, granted }
-    }
-
     /// Reads the reply of a reservation script, `{allowed, remaining, retry_after_us,
     /// reset_after_us, granted}` and, when granted, the time it was granted at (where the
     /// units lie on the key's time, for giving back what is not handed out), for a check of
@@ -42,8 +36,8 @@ impl Reserved {
         let fits = match (outcome.allowed, now) {
             (true, Some(now)) => {
                 let resets = std::iter::once(outcome.reset_after_us);
-                let placed = crate::algorithm::Placed::read(now, resets)?;
-                outcome.position = crate::decision::Position::Placed(placed);
+                let placed = Placed::read(now, resets)?;
+                outcome.position = Position::Placed(placed);
                 (cost..=up_to.max(cost)).contains(&granted)
             }
             (false, None) => granted == 0,

@@ -1,10 +1,9 @@
-//! What a store offers an adaptive [`ThrottleLayer`](crate::ThrottleLayer): what an upstream
-//! said about its limits, shared by every instance calling it.
+//! What a store keeps for an adaptive [`ThrottleLayer`](crate::ThrottleLayer): what an upstream
+//! said about its limits, shared by every instance calling it (see
+//! [`Backend::take`](super::Backend::take) and [`Backend::learn`](super::Backend::learn)).
+//! Times are on the store's clock.
 
-use std::{sync::Arc, time::Duration};
-
-use super::{BoxFuture, Store, StoreKey};
-use crate::Error;
+use std::time::Duration;
 
 /// What one answer of an upstream said about its limit, as
 /// [`ThrottleLayer::adaptive`](crate::ThrottleLayer::adaptive) reads it from the response's
@@ -52,21 +51,21 @@ impl Learned {
 
 /// Whether an outbound call may go now, by what the upstream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Gate {
+pub(crate) struct Gate {
     /// The call may go (and its cost was taken from the units the upstream said were left).
-    pub go: bool,
+    pub(crate) go: bool,
     /// When it may not: how long until the pause or the upstream's window ends.
-    pub wait: Duration,
+    pub(crate) wait: Duration,
     /// How the call goes: counted against a known window, blind, or first to learn the next
     /// window. The answer to a blind call is recorded even when it says nothing
-    /// ([`Upstreams::learn`]).
-    pub blind: Blind,
+    /// ([`Backend::learn`](super::Backend::learn)).
+    pub(crate) blind: Blind,
 }
 
 /// How a call that may go goes (see [`Gate::blind`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Blind {
+#[allow(clippy::enum_variant_names)] // `Blind::Blind`: a call sent blind.
+pub(crate) enum Blind {
     /// Counted against the upstream's known window.
     #[default]
     Counted,
@@ -78,8 +77,7 @@ pub enum Blind {
 }
 
 impl Gate {
-    /// An answer, for custom stores.
-    pub const fn new(go: bool, wait: Duration) -> Self {
+    pub(crate) const fn new(go: bool, wait: Duration) -> Self {
         Self {
             go,
             wait,
@@ -88,46 +86,8 @@ impl Gate {
     }
 
     /// The same answer, for a call that goes blind or first (see [`Blind`]).
-    pub const fn blind(mut self, blind: Blind) -> Self {
+    pub(crate) const fn blind(mut self, blind: Blind) -> Self {
         self.blind = blind;
         self
-    }
-}
-
-/// A store that keeps, per upstream key, what the upstream said: a pause until a time, and
-/// the units left in its current window. Every instance sharing the store then slows down
-/// at once. Times are on the store's clock.
-///
-/// [`RedisStore`](crate::RedisStore) and [`MemoryStore`](crate::MemoryStore) implement it.
-pub trait Upstreams: Store {
-    /// Whether a call of `cost` may go now; when it may and the units left are known, they
-    /// are taken.
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>>;
-
-    /// Records what an answer said (see `lua/upstream_learn.lua` for the rules): a pause only
-    /// grows; a new window replaces one that ended; the same window keeps the smaller
-    /// remaining count (answers arrive out of order); a stale one is ignored. `how`: how the
-    /// answered call went ([`Gate::blind`]).
-    fn learn<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        learned: Learned,
-        how: Blind,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-}
-
-/// A shared store keeps what upstreams said too.
-impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        (**self).take(key, cost)
-    }
-
-    fn learn<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        learned: Learned,
-        how: Blind,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).learn(key, learned, how)
     }
 }

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use crate::store::Upstreams;
+use crate::Store;
 
 /// What an adaptive throttle learned (see
 /// [`ThrottleLayer::adaptive_stats`](super::ThrottleLayer::adaptive_stats)).
@@ -69,7 +69,7 @@ impl AdaptiveCounters {
 /// An adaptive throttle's settings.
 #[derive(Clone)]
 pub(crate) struct Adaptive {
-    pub(crate) store: Arc<dyn Upstreams>,
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) counters: Arc<AdaptiveCounters>,
 }
 

@@ -39,7 +39,7 @@ impl fmt::Display for ThrottleError {
                     decision.cost, decision.policy, decision.limit
                 ),
             },
-            ThrottleError::Store(e) => write!(f, "rate limit: {e}"),
+            ThrottleError::Store(_) => f.write_str("rate limit: the store failed"),
             ThrottleError::UpstreamPaused { wait } => write!(
                 f,
                 "rate limit: the upstream's limit frees in {wait:?}, beyond the maximum wait"

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     algorithm::Algorithm, error::ConfigError, extract::KeyExtractor, rate_limit::RateLimiter,
-    store::Upstreams,
+    store::Store,
 };
 
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
@@ -121,7 +121,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     ///
     /// Costs one more store call before each request, and one after each answer that says
     /// something.
-    pub fn adaptive(mut self, store: impl Upstreams) -> Self {
+    pub fn adaptive(mut self, store: impl Store) -> Self {
         self.settings.adaptive = Some(Adaptive {
             store: Arc::new(store),
             counters: Arc::default(),

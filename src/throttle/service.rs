@@ -18,8 +18,9 @@ use super::{
     learn::{at_least_a_moment, read_limits},
 };
 use crate::{
-    store::{Blind, Learned},
-    Algorithm, BoxFuture, Key, KeyExtractor, RateLimiter,
+    error::Chain,
+    store::{Backend, Blind, BoxFuture, Learned},
+    Algorithm, Key, KeyExtractor, RateLimiter,
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -68,7 +69,7 @@ async fn acquire<A: Algorithm>(
         let d = match limiter.check(key, cost).await {
             Ok(d) => d,
             Err(e) if shadow => {
-                tracing::warn!(error = %e, "rate limit: store failed (shadow mode: not waiting)");
+                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: store failed (shadow mode: not waiting)");
                 return Ok(());
             }
             Err(e) => return Err(ThrottleError::Store(e)),
@@ -138,7 +139,7 @@ async fn bounded<A: Algorithm, T>(
     AdaptiveCounters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
         policy = %engine.core.policy,
-        %error,
+        error = %Chain(&error),
         "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
     );
     None

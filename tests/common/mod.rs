@@ -31,6 +31,24 @@ use tower_redis_ratelimit::{
     Store,
 };
 
+/// An error and its causes on one line, `error: cause: cause`, each cause once (redis-rs prints
+/// its source in its own message: it is not repeated).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !last.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        source = cause.source();
+    }
+    out
+}
+
 /// A running `redis-server`, killed (by PID) and reaped on drop.
 pub struct RedisServer {
     child: Child,

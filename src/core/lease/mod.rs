@@ -75,8 +75,9 @@ use std::{
 use self::table::{before_the_last, Rest, Step, Table};
 use super::Core;
 use crate::{
-    algorithm::Algorithm,
-    decision::{Charge, Outcome, Position},
+    algorithm::{Algorithm, Outcome, Position},
+    decision::Charge,
+    error::Chain,
     error::Error,
     extract::Key,
     store::{KeyBuf, Reserved, StoreKey},
@@ -126,7 +127,7 @@ impl Return {
         let key = core.store_key(self.key.as_ref());
         let call = || core.store.refund(algorithm, key, &charge, None);
         if let Err(e) = core.call(call).await {
-            tracing::debug!(error = %e, units = rest.units, policy = %core.policy, "rate limit: lease not returned");
+            tracing::debug!(error = %Chain(&e), units = rest.units, policy = %core.policy, "rate limit: lease not returned");
         }
     }
 }

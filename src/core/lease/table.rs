@@ -13,8 +13,7 @@ use std::{
 use tokio::sync::{futures::OwnedNotified, Notify};
 
 use crate::{
-    algorithm::Placed,
-    decision::{Outcome, Position},
+    algorithm::{Outcome, Placed, Position},
     store::Sharded,
 };
 

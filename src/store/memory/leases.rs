@@ -6,10 +6,7 @@
 use std::time::Duration;
 
 use super::MemoryStore;
-use crate::{
-    store::{micros, BoxFuture, Expiring, KeyBuf, Leases, SlotTerms, StoreKey},
-    Acquired, Error,
-};
+use crate::store::{micros, Acquired, Expiring, KeyBuf, StoreKey};
 
 /// The holders of one key's slots: (holder id, lease deadline in µs).
 #[derive(Default)]
@@ -63,7 +60,7 @@ impl MemoryStore {
         Some(out)
     }
 
-    fn acquire_now(
+    pub(super) fn acquire_now(
         &self,
         key: StoreKey<'_>,
         holder: &str,
@@ -92,7 +89,7 @@ impl MemoryStore {
 
     /// `false` when `holder` held no slot (its lease ran out unrenewed): it is put back, counted
     /// even over the limit, as the renewal script does.
-    fn renew_now(&self, key: StoreKey<'_>, holder: &str, lease: Duration) -> bool {
+    pub(super) fn renew_now(&self, key: StoreKey<'_>, holder: &str, lease: Duration) -> bool {
         let renewed = self.with_holders(key, true, |h, now| {
             // A lease past its deadline no longer counts, even if no acquire swept it yet.
             h.expire(now);
@@ -125,48 +122,10 @@ impl MemoryStore {
     }
 }
 
-impl Leases for MemoryStore {
-    fn acquire<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        Box::pin(std::future::ready(Ok(self.acquire_now(
-            key,
-            holder,
-            terms.limit(),
-            terms.lease(),
-        ))))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(Ok(self.renew_now(
-            key,
-            holder,
-            terms.lease(),
-        ))))
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        holder: &'a str,
-        _late_renewal: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(std::future::ready(
-            self.release_now(key, holder).unwrap_or(Ok(())),
-        ))
-    }
-
-    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+impl MemoryStore {
+    /// Gives `holder`'s slot back (nothing when it holds none).
+    pub(super) fn release_holder(&self, key: StoreKey<'_>, holder: &str) {
         self.with_holders(key, false, |h, _| h.held.retain(|(id, _)| **id != *holder));
-        Some(Ok(()))
     }
 }
 
@@ -178,9 +137,9 @@ mod tests {
     #[test]
     fn admits_up_to_the_limit_expires_renews_and_releases() {
         let clock = ManualClock::starting_at(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let k = Key::from("k");
-        let key = StoreKey::new("t", Some(&k));
+        let key = StoreKey::bounded("t", Some(&k), 128);
         let lease = Duration::from_secs(10);
         assert!(store.acquire_now(key, "a", 2, lease).admitted);
         assert_eq!(
@@ -206,20 +165,20 @@ mod tests {
             store.acquire_now(key, "d", 2, lease),
             Acquired::new(false, 3)
         );
-        store.release_now(key, "a");
+        store.release_holder(key, "a");
         assert_eq!(
             store.acquire_now(key, "d", 2, lease),
             Acquired::new(false, 2)
         );
-        store.release_now(key, "b");
-        store.release_now(key, "nobody");
+        store.release_holder(key, "b");
+        store.release_holder(key, "nobody");
         assert_eq!(store.lease_holders(), 1);
-        store.release_now(key, "c");
+        store.release_holder(key, "c");
         assert_eq!(store.lease_holders(), 0);
         // A renewal of a key with no holder left creates it again.
         assert!(!store.renew_now(key, "e", lease));
         assert_eq!(store.lease_holders(), 1);
-        store.release_now(key, "e");
+        store.release_holder(key, "e");
         assert_eq!(store.lease_holders(), 0);
         assert!(
             store.inner.leases.each().all(|s| s.len() == 0),

@@ -4,13 +4,10 @@
 use std::time::Duration;
 
 use super::MemoryStore;
-use crate::{
-    store::{
-        micros,
-        upstream::{Blind, Gate, Learned, Upstreams},
-        BoxFuture, Expiring, KeyBuf, StoreKey,
-    },
-    Error,
+use crate::store::{
+    micros,
+    upstream::{Blind, Gate, Learned},
+    Expiring, KeyBuf, StoreKey,
 };
 
 /// What one upstream key said (the fields of the script's hash).
@@ -158,19 +155,14 @@ impl MemoryStore {
     }
 }
 
-impl Upstreams for MemoryStore {
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        let gate = self.with_said(key, |s, now| s.take(now, u64::from(cost)));
-        Box::pin(std::future::ready(Ok(gate)))
+impl MemoryStore {
+    /// Whether a call of `cost` may go now (see [`Backend::take`](crate::store::Backend::take)).
+    pub(super) fn take_units(&self, key: StoreKey<'_>, cost: u32) -> Gate {
+        self.with_said(key, |s, now| s.take(now, u64::from(cost)))
     }
 
-    fn learn<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        learned: Learned,
-        how: Blind,
-    ) -> BoxFuture<'a, Result<(), Error>> {
+    /// Records what an answer said (see [`Backend::learn`](crate::store::Backend::learn)).
+    pub(super) fn learn_said(&self, key: StoreKey<'_>, learned: Learned, how: Blind) {
         self.with_said(key, |s, now| s.learn(now, learned, how));
-        Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -17,32 +17,30 @@ use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{
-    backend::{evalsha_sized, Backend},
+    keys::slot,
+    link::{evalsha_sized, Link},
     packed::{Args, Keys},
 };
-use crate::{ConfigError, Error};
+use crate::error::{ConfigError, Error};
 
 /// How a [`RedisStore`](crate::RedisStore) batches concurrent checks; see
-/// [`RedisStore::with_batching`](crate::RedisStore::with_batching).
+/// [`RedisStore::with_batching`](crate::RedisStore::with_batching), which checks the
+/// settings (a value out of range is a [`ConfigError`] naming the field).
 ///
 /// ```
+/// use std::time::Duration;
 /// use tower_redis_ratelimit::Batching;
 ///
 /// let batching = Batching::new().max_batch(128).max_in_flight(4);
-/// assert_eq!(batching.max_batch, 128);
+/// assert_eq!(batching.checks_per_call(), 128);
+/// assert_eq!(batching.calls_in_flight(), 4);
+/// assert_eq!(batching.time_per_call(), Duration::from_secs(1));
 /// ```
-///
-/// The fields are public to read; set them with the methods of the same name (the struct
-/// may grow, so it cannot be built as a literal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Batching {
-    /// Checks decided by one script call, at most; see [`Batching::max_batch`].
-    pub max_batch: usize,
-    /// Calls sent and not yet answered, at most; see [`Batching::max_in_flight`].
-    pub max_in_flight: usize,
-    /// How long one call may take; see [`Batching::call_timeout`].
-    pub call_timeout: Duration,
+    max_batch: usize,
+    max_in_flight: usize,
+    call_timeout: Duration,
 }
 
 impl Default for Batching {
@@ -84,21 +82,19 @@ impl Batching {
         self
     }
 
-    /// The configured `max_batch`.
-    #[deprecated(since = "0.2.0", note = "read the `max_batch` field")]
-    pub const fn get_max_batch(&self) -> usize {
+    /// Checks decided by one script call, at most (set with [`max_batch`](Self::max_batch)).
+    pub const fn checks_per_call(&self) -> usize {
         self.max_batch
     }
 
-    /// The configured `max_in_flight`.
-    #[deprecated(since = "0.2.0", note = "read the `max_in_flight` field")]
-    pub const fn get_max_in_flight(&self) -> usize {
+    /// Calls sent and not yet answered, at most (set with
+    /// [`max_in_flight`](Self::max_in_flight)).
+    pub const fn calls_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
-    /// The configured `call_timeout`.
-    #[deprecated(since = "0.2.0", note = "read the `call_timeout` field")]
-    pub const fn get_call_timeout(&self) -> Duration {
+    /// How long one call may take (set with [`call_timeout`](Self::call_timeout)).
+    pub const fn time_per_call(&self) -> Duration {
         self.call_timeout
     }
 
@@ -125,6 +121,15 @@ impl Batching {
     }
 }
 
+/// `KEYS` and `ARGV` become locals that the driver points at each check's slice in turn; code
+/// in `shared` (defined once) and in `body` (run once per check) both see the current check's.
+pub(crate) fn batch_form(shared: &str, body: &str) -> Script {
+    Script::new(&format!(
+        "local KEYS, ARGV = KEYS, ARGV\n{shared}\nlocal function decide()\n{body}\nend\n{}",
+        include_str!("../../../lua/batch.lua")
+    ))
+}
+
 /// One queued check.
 pub(crate) struct Job {
     pub(crate) script: &'static Script,
@@ -143,7 +148,7 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// Starts the batching task on the current Tokio runtime.
-    pub(crate) fn start(backend: Backend, config: Batching) -> Result<Self, ConfigError> {
+    pub(crate) fn start(link: Link, config: Batching) -> Result<Self, ConfigError> {
         config.validate()?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("batching", "must be set up inside a Tokio runtime"))?;
@@ -151,7 +156,7 @@ impl Batcher {
         // instead of growing the queue without end.
         let capacity = (config.max_batch * config.max_in_flight * 64).min(1 << 16);
         let (queue, rx) = mpsc::channel(capacity);
-        runtime.spawn(run(rx, backend, config));
+        runtime.spawn(run(rx, link, config));
         Ok(Self { queue, config })
     }
 
@@ -175,15 +180,27 @@ impl Batcher {
             now,
             reply,
         };
-        let stopped = || Error::Pool("the batching task has stopped".to_owned());
+        let stopped = || Error::Pool(Arc::new(Stopped));
         self.queue.send(job).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
+/// Why a batched check found no task to send it.
+#[derive(Debug)]
+struct Stopped;
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the batching task has stopped (its Tokio runtime shut down)")
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+async fn run(mut rx: mpsc::Receiver<Job>, link: Link, config: Batching) {
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
-    let cluster = backend.is_cluster();
+    let cluster = link.is_cluster();
     let mut jobs = Vec::with_capacity(config.max_batch);
     loop {
         // One server: wait for a free slot before taking what is queued, so checks gather
@@ -212,10 +229,10 @@ async fn run(mut rx: mpsc::Receiver<Job>, backend: Backend, config: Batching) {
                     Err(_) => return,
                 },
             };
-            let backend = backend.clone();
+            let link = link.clone();
             let timeout = config.call_timeout;
             tokio::spawn(async move {
-                send(batch, &backend, timeout).await;
+                send(batch, &link, timeout).await;
                 drop(permit);
             });
         }
@@ -241,24 +258,7 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
     batches.into_iter().map(|(_, b)| b).collect()
 }
 
-/// The cluster slot of a check, from its first key (all of a check's keys share its hash
-/// tag).
-pub(super) fn slot(key: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16_384
-}
-
-/// The hash tag of `key`.
-fn hash_tag(key: &[u8]) -> &[u8] {
-    let Some(open) = key.iter().position(|&b| b == b'{') else {
-        return key;
-    };
-    match key[open + 1..].iter().position(|&b| b == b'}') {
-        Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-        _ => key,
-    }
-}
-
-async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
+async fn send(batch: Vec<Job>, link: &Link, timeout: Duration) {
     let script = batch[0].script;
     let key_count = batch.iter().map(|job| job.keys.len()).sum();
     let keys = |cmd: &mut redis::Cmd| {
@@ -280,7 +280,7 @@ async fn send(batch: Vec<Job>, backend: &Backend, timeout: Duration) {
             cmd.arg(*arg);
         }
     }
-    let reply = tokio::time::timeout(timeout, backend.eval(script, &cmd))
+    let reply = tokio::time::timeout(timeout, link.eval(script, &cmd))
         .await
         .unwrap_or(Err(Error::Timeout(timeout)));
     match reply {
@@ -335,26 +335,6 @@ mod tests {
         assert!(!check_error(b"ERR tower-redis-ratelimit: corrupted TAT").is_unavailable());
         assert!(check_error(b"LOADING Redis is loading the dataset").is_unavailable());
         assert!(matches!(check_error(b"x\r\ny"), Error::Redis(_)));
-    }
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        // CLUSTER KEYSLOT values from a real Redis 7.0.
-        let k = str::as_bytes;
-        assert_eq!(slot(k("foo")), 12182);
-        assert_eq!(slot(k("{user1000}.following")), 3443);
-        assert_eq!(slot(k("{user1000}.followers")), 3443);
-        assert_eq!(slot(k("{rl:a}:g")), slot(k("{rl:a}:l")));
-    }
-
-    #[test]
-    fn hash_tags() {
-        let k = str::as_bytes;
-        assert_eq!(hash_tag(k("{rl:a}:l")), b"rl:a");
-        assert_eq!(hash_tag(k("x{rl:a}")), b"rl:a");
-        assert_eq!(hash_tag(k("{}x")), b"{}x");
-        assert_eq!(hash_tag(k("plain")), b"plain");
-        assert_eq!(hash_tag(b""), b"");
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::{fmt, time::Duration};
 use redis::{cluster::ClusterClient, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::{
-    backend::Backend,
     connect::{self, Connector, Target},
     connection::Supervised,
+    link::Link,
     redact::redact_url,
     RedisStore,
 };
@@ -222,7 +222,7 @@ impl RedisStoreBuilder {
                     )))
                 }
             };
-        Ok(RedisStore::new(Backend::Cluster(connection)))
+        Ok(RedisStore::new(Link::Cluster(connection)))
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -273,7 +273,7 @@ impl RedisStoreBuilder {
             .into_connection_info()
             .map_err(|e| Error::Config(ConfigError::new("url", e.to_string())))?;
         let connector = self.connector(Target::Direct(info))?;
-        Ok(RedisStore::new(Backend::Multiplexed(Supervised::lazy(
+        Ok(RedisStore::new(Link::Multiplexed(Supervised::lazy(
             connector,
         ))))
     }
@@ -285,6 +285,6 @@ impl RedisStoreBuilder {
         } else {
             Supervised::connect(connector).await?
         };
-        Ok(RedisStore::new(Backend::Multiplexed(conn)))
+        Ok(RedisStore::new(Link::Multiplexed(conn)))
     }
 }

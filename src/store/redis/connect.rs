@@ -27,7 +27,7 @@ use redis::{
 };
 
 use super::redact::redact_url;
-use crate::{ConfigError, ConnectError, ConnectErrorKind, Error};
+use crate::error::{Chain, ConfigError, ConnectError, ConnectErrorKind, Error};
 
 /// Idle time before the first TCP keepalive probe.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
@@ -234,7 +234,9 @@ impl Connector {
             #[cfg(unix)]
             ConnectionAddr::Unix(path) => {
                 let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
-                    connect_error(ConnectErrorKind::Unreachable, format!("{name}: {e}"))
+                    Error::Connect(
+                        ConnectError::new(ConnectErrorKind::Unreachable, name.clone()).caused_by(e),
+                    )
                 })?;
                 let (conn, driver) =
                     MultiplexedConnection::new_with_config(settings, stream, config())
@@ -363,13 +365,13 @@ impl Connector {
                 &Phase::default(),
             )
             .await
-            .map_err(|e| format!("sentinel {name}: {e}"))?;
+            .map_err(|e| format!("sentinel {name}: {}", Chain(&e)))?;
         let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(master)
             .query_async(&mut opened.conn.clone())
             .await
-            .map_err(|e| format!("sentinel {name}: {e}"))?;
+            .map_err(|e| format!("sentinel {name}: {}", Chain(&e)))?;
         reply.ok_or_else(|| format!("sentinel {name} does not know {master:?}"))
     }
 
@@ -390,9 +392,9 @@ impl Connector {
                     Error::Connect(c) => Some(c.kind()),
                     _ => None,
                 };
-                return Err((kind, e.to_string()));
+                return Err((kind, Chain(&e).to_string()));
             }
-            Err(e) => return Err((None, e.to_string())),
+            Err(e) => return Err((None, Chain(&e).to_string())),
         };
         // A server that fails `ROLE` (it went down, or it is loading) is one problem among
         // the answers, not the end of the search.
@@ -402,7 +404,7 @@ impl Connector {
             .map_err(|e| {
                 (
                     None,
-                    format!("ROLE failed: {}", classify(&addr.to_string(), e)),
+                    format!("ROLE failed: {}", Chain(&classify(&addr.to_string(), e))),
                 )
             })?;
         match role_name(&role) {
@@ -592,7 +594,7 @@ pub(crate) fn classify(addr: &str, e: redis::RedisError) -> Error {
         }
         _ => "",
     };
-    connect_error(kind, format!("{addr}: {e}{hint}"))
+    Error::Connect(ConnectError::new(kind, format!("{addr}{hint}")).caused_by(e))
 }
 
 /// A failure of the Redis handshake over plain TCP; a server that closes the connection at
@@ -600,14 +602,12 @@ pub(crate) fn classify(addr: &str, e: redis::RedisError) -> Error {
 fn plain_handshake_failed(addr: &str, e: redis::RedisError) -> Error {
     let dropped = e.is_io_error() || e.is_connection_dropped();
     match classify(addr, e) {
-        Error::Connect(c) if dropped && c.kind() == ConnectErrorKind::Other => connect_error(
-            ConnectErrorKind::Other,
-            format!(
-                "{} (the server closed the connection during the Redis handshake: \
+        Error::Connect(c) if dropped && c.kind() == ConnectErrorKind::Other => {
+            Error::Connect(c.explained(
+                " (the server closed the connection during the Redis handshake: \
                  a TLS port spoken to in plain text? use rediss://)",
-                c.message()
-            ),
-        ),
+            ))
+        }
         other => other,
     }
 }
@@ -645,10 +645,10 @@ fn is_tls(e: &redis::RedisError) -> bool {
 
 /// A TCP connection to `host:port`, trying each address it resolves to in turn.
 async fn tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Error> {
-    let unreachable = |e: String| connect_error(ConnectErrorKind::Unreachable, e);
-    let addrs = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|e| unreachable(format!("{host}:{port}: cannot resolve {host}: {e}")))?;
+    let unreachable = |what: String| ConnectError::new(ConnectErrorKind::Unreachable, what);
+    let addrs = tokio::net::lookup_host((host, port)).await.map_err(|e| {
+        Error::Connect(unreachable(format!("{host}:{port}: cannot resolve {host}")).caused_by(e))
+    })?;
     let mut last = None;
     for addr in addrs {
         match tokio::net::TcpStream::connect(addr).await {
@@ -657,13 +657,13 @@ async fn tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, Error> {
                 return Ok(stream);
             }
             Err(e) if addr.to_string() == format!("{host}:{port}") => {
-                last = Some(format!("{addr}: {e}"))
+                last = Some(unreachable(addr.to_string()).caused_by(e))
             }
-            Err(e) => last = Some(format!("{host}:{port} ({addr}): {e}")),
+            Err(e) => last = Some(unreachable(format!("{host}:{port} ({addr})")).caused_by(e)),
         }
     }
-    Err(unreachable(last.unwrap_or_else(|| {
-        format!("{host}:{port}: {host} has no address")
+    Err(Error::Connect(last.unwrap_or_else(|| {
+        unreachable(format!("{host}:{port}: {host} has no address"))
     })))
 }
 

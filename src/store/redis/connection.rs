@@ -255,7 +255,7 @@ impl Supervised {
                         if e.is_unrecoverable_error() || e.is_connection_dropped() {
                             self.retire(&live);
                             retried = true;
-                            tracing::debug!(error = %e, "redis connection was closed while idle; sending on a new one");
+                            tracing::debug!(error = %crate::error::Chain(&e), "redis connection was closed while idle; sending on a new one");
                             continue;
                         }
                     }
@@ -278,7 +278,7 @@ impl Supervised {
                 let unsent = live.died_at().is_some_and(|t| t <= handed_over);
                 if unsent && !retried {
                     retried = true;
-                    tracing::debug!(error = %e, "redis connection was closed; sending on a new one");
+                    tracing::debug!(error = %crate::error::Chain(&e), "redis connection was closed; sending on a new one");
                     continue;
                 }
             } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
@@ -306,7 +306,7 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
             inner.live.store(Some(live));
         }
         Err(e) => {
-            tracing::warn!(error = %e, "rate limit: cannot connect to redis");
+            tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis");
             pending.failure = Some((Instant::now(), e));
         }
     }
@@ -337,7 +337,7 @@ fn into_redis_error(e: Error) -> redis::RedisError {
             format!("connecting took longer than {d:?}"),
         )
         .into(),
-        other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+        other => redis::RedisError::from(std::io::Error::other(other)),
     }
 }
 

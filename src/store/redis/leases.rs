@@ -1,27 +1,21 @@
 //! Concurrency slots in Redis: one script per operation (`lua/semaphore_*.lua`) on a ZSET of
-//! holders scored by lease deadline, under `{prefix:policy:key}:c`, so it shares the rate
-//! limit's hash tag and cluster slot. Always sent alone, also by a batching store: slots are
-//! taken once per request, not once per check of a flood.
+//! holders scored by lease deadline, under the key's holders key (`:c`, see `keys.rs`), so it
+//! shares the rate limit's hash tag and cluster slot. Always sent alone, also by a batching
+//! store: slots are taken once per request, not once per check of a flood.
 //!
-//! Acquires and renewals also keep the epoch marker `{prefix:policy:#epoch}:c` (on a cluster,
-//! one per hash slot, `{prefix:policy:#epoch:N}:c`, with `N` chosen to fall in the slot), by
-//! which a limiter that saw the old epoch notices that Redis lost its slots
+//! Acquires and renewals also keep the epoch marker (one per server, or per hash slot on a
+//! cluster), by which a limiter that saw the old epoch notices that Redis lost its slots
 //! (`lua/semaphore_epoch.lua`). Holders released while a renewal of theirs got no answer are
-//! kept under `{prefix:policy:key}:cx` for a lease, so that renewal does not put them back.
+//! kept (`:cx`) for a lease, so that renewal does not put them back.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, LazyLock, RwLock},
-    time::Duration,
-};
+use std::{sync::LazyLock, time::Duration};
 
 use redis::{Script, Value};
 
-use super::{backend::evalsha, batch::slot, RedisStore};
+use super::{keys, link::evalsha, RedisStore};
 use crate::{
-    extract::Out,
-    store::{micros, BoxFuture, KeyBuf, Leases, SlotTerms, StoreKey},
-    Acquired, Error,
+    error::Error,
+    store::{micros, Acquired, BoxFuture, KeyBuf, SlotTerms, StoreKey},
 };
 
 /// A script that follows the prelude and the epoch's functions.
@@ -41,14 +35,8 @@ static ACQUIRE: LazyLock<Script> = epoch_script!("semaphore_acquire.lua");
 static RENEW: LazyLock<Script> = epoch_script!("semaphore_renew.lua");
 static RELEASE: LazyLock<Script> = prelude_script!("semaphore_release.lua");
 
-/// The suffix of the holders key.
-const SUFFIX: &[u8] = b":c";
-/// The suffix of the key of holders released while a renewal of theirs got no answer.
-const RELEASED: &[u8] = b":cx";
-
 /// The keys of one call on `key`'s slots: its holders, and the epoch marker of the server (on a
-/// cluster, of the holders' hash slot, so that one script reaches both). No client key is
-/// stored as `#epoch`: keys starting with `#` are stored hashed.
+/// cluster, of the holders' hash slot, so that one script reaches both).
 struct Keys {
     holders: KeyBuf,
     marker: KeyBuf,
@@ -59,64 +47,20 @@ struct Keys {
 impl Keys {
     fn new(key: StoreKey<'_>, cluster: bool) -> Self {
         let mut holders = KeyBuf::new();
-        key.write_base_with(SUFFIX, &mut holders);
+        keys::write_key(key, keys::HOLDERS, &mut holders);
+        let unit = if cluster {
+            keys::slot(holders.as_bytes())
+        } else {
+            0
+        };
         let mut marker = KeyBuf::new();
-        marker.put(b"{");
-        marker.put(key.namespace().as_bytes());
-        marker.put(b":#epoch");
-        let mut unit = 0;
-        if cluster {
-            unit = slot(holders.as_bytes());
-            marker.put(b":");
-            marker.put(
-                slot_tags(key.namespace())[usize::from(unit)]
-                    .to_string()
-                    .as_bytes(),
-            );
-        }
-        marker.put(b"}");
-        marker.put(SUFFIX);
+        keys::write_epoch(key.namespace(), cluster.then_some(unit), &mut marker);
         Self {
             holders,
             marker,
             unit,
         }
     }
-}
-
-/// For each cluster hash slot, a number `n` such that the tag `namespace:#epoch:n` falls in
-/// that slot: the marker `{namespace:#epoch:n}:c` then lives with the holders of every key of
-/// the slot. Found once per namespace (about 170,000 CRCs).
-fn slot_tags(namespace: &str) -> Arc<[u32]> {
-    static TAGS: LazyLock<RwLock<HashMap<String, Arc<[u32]>>>> = LazyLock::new(RwLock::default);
-    let known = TAGS.read().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = known.get(namespace) {
-        return Arc::clone(found);
-    }
-    drop(known);
-    let mut tags = TAGS.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = tags.get(namespace) {
-        return Arc::clone(found);
-    }
-    let mut prefix = crc16::State::<crc16::XMODEM>::new();
-    prefix.update(namespace.as_bytes());
-    prefix.update(b":#epoch:");
-    let mut found = vec![u32::MAX; 16_384];
-    let mut missing = found.len();
-    let mut n = 0u32;
-    while missing > 0 {
-        let mut crc = prefix;
-        crc.update(n.to_string().as_bytes());
-        let slot = &mut found[usize::from(crc.get() % 16_384)];
-        if *slot == u32::MAX {
-            *slot = n;
-            missing -= 1;
-        }
-        n += 1;
-    }
-    let found: Arc<[u32]> = found.into();
-    tags.insert(namespace.to_owned(), Arc::clone(&found));
-    found
 }
 
 fn int(value: &Value) -> Option<i64> {
@@ -171,14 +115,15 @@ fn parse_released(reply: Value) -> Result<(), Error> {
     }
 }
 
-impl Leases for RedisStore {
-    fn acquire<'a>(
+/// The concurrency-slot calls of [`Backend`](crate::store::Backend) on a [`RedisStore`].
+impl RedisStore {
+    pub(super) fn acquire_holder<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
         terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        let keys = Keys::new(key, self.backend.is_cluster());
+        let keys = Keys::new(key, self.link.is_cluster());
         let mut cmd = evalsha(
             &ACQUIRE,
             2,
@@ -194,8 +139,7 @@ impl Leases for RedisStore {
             .arg(micros(terms.pause()));
         let unit = keys.unit;
         Box::pin(async move {
-            let (acquired, epoch, paused) =
-                parse_acquired(self.backend.eval(&ACQUIRE, &cmd).await?)?;
+            let (acquired, epoch, paused) = parse_acquired(self.link.eval(&ACQUIRE, &cmd).await?)?;
             if terms.saw_epoch(unit, epoch) && paused > 0 {
                 tracing::warn!(
                     namespace = key.namespace(),
@@ -207,15 +151,15 @@ impl Leases for RedisStore {
         })
     }
 
-    fn renew<'a>(
+    pub(super) fn renew_holder<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
         terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let keys = Keys::new(key, self.backend.is_cluster());
+        let keys = Keys::new(key, self.link.is_cluster());
         let mut released = KeyBuf::new();
-        key.write_base_with(RELEASED, &mut released);
+        keys::write_key(key, keys::RELEASED, &mut released);
         let mut cmd = evalsha(
             &RENEW,
             3,
@@ -232,23 +176,23 @@ impl Leases for RedisStore {
             .arg(micros(terms.pause()));
         let unit = keys.unit;
         Box::pin(async move {
-            let (held, epoch) = parse_renewed(self.backend.eval(&RENEW, &cmd).await?)?;
+            let (held, epoch) = parse_renewed(self.link.eval(&RENEW, &cmd).await?)?;
             terms.saw_epoch(unit, epoch);
             Ok(held == 1)
         })
     }
 
-    fn release<'a>(
+    pub(super) fn release_holder<'a>(
         &'a self,
         key: StoreKey<'a>,
         holder: &'a str,
         late_renewal: Option<Duration>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         let mut holders = KeyBuf::new();
-        key.write_base_with(SUFFIX, &mut holders);
+        keys::write_key(key, keys::HOLDERS, &mut holders);
         let mut released = KeyBuf::new();
         if late_renewal.is_some() {
-            key.write_base_with(RELEASED, &mut released);
+            keys::write_key(key, keys::RELEASED, &mut released);
         }
         let mut cmd = evalsha(
             &RELEASE,
@@ -265,7 +209,7 @@ impl Leases for RedisStore {
         if let Some(guard) = late_renewal {
             cmd.arg(micros(guard).max(1));
         }
-        Box::pin(async move { parse_released(self.backend.eval(&RELEASE, &cmd).await?) })
+        Box::pin(async move { parse_released(self.link.eval(&RELEASE, &cmd).await?) })
     }
 }
 
@@ -311,19 +255,14 @@ mod tests {
     }
 
     #[test]
-    fn each_cluster_slot_has_an_epoch_marker_of_its_own() {
-        let tags = slot_tags("rl:concurrency");
-        assert_eq!(tags.len(), 16_384);
-        for (s, n) in tags.iter().enumerate().step_by(97) {
-            let tag = format!("{{rl:concurrency:#epoch:{n}}}:c");
-            assert_eq!(usize::from(slot(tag.as_bytes())), s, "{tag}");
-        }
-        let k = crate::Key::from("user-42");
-        let keys = Keys::new(StoreKey::new("rl:concurrency", Some(&k)), true);
+    fn the_epoch_marker_shares_the_holders_slot() {
+        let k = crate::extract::Key::from("user-42");
+        let keys = Keys::new(StoreKey::bounded("rl:concurrency", Some(&k), 128), true);
         assert_eq!(keys.holders.as_bytes(), b"{rl:concurrency:user-42}:c");
+        let slot = keys::slot;
         assert_eq!(slot(keys.marker.as_bytes()), slot(keys.holders.as_bytes()));
         assert_eq!(keys.unit, slot(keys.holders.as_bytes()));
-        let one = Keys::new(StoreKey::new("rl:concurrency", Some(&k)), false);
+        let one = Keys::new(StoreKey::bounded("rl:concurrency", Some(&k), 128), false);
         assert_eq!(one.marker.as_bytes(), b"{rl:concurrency:#epoch}:c");
         assert_eq!(one.unit, 0);
     }

@@ -23,16 +23,21 @@ macro_rules! prelude_script {
     };
 }
 
-mod backend;
 mod batch;
 mod builder;
 mod connect;
 mod connection;
+mod custom;
+pub(crate) mod keys;
 mod leases;
+mod link;
 mod packed;
 mod redact;
+mod reply;
 mod reserve;
 mod scripts;
+#[cfg(test)]
+pub(crate) mod testing;
 #[cfg(feature = "tls")]
 mod tls;
 mod upstream;
@@ -49,12 +54,19 @@ use bb8_redis::RedisConnectionManager;
 use redis::{aio::ConnectionLike, cluster_async::ClusterConnection};
 
 use self::{
-    backend::{Backend, Shared},
     batch::Batcher,
+    link::{Link, Shared},
     scripts::Wire,
 };
-use super::{BoxFuture, Namespaces, Reserved, Store, StoreKey};
-use crate::{Algorithm, Charge, ConfigError, Error, Outcome};
+use super::{
+    Acquired, Backend, Blind, BoxFuture, Gate, Learned, Namespaces, Reserved, SlotTerms, Store,
+    StoreKey,
+};
+use crate::{
+    algorithm::{Algorithm, Outcome},
+    decision::Charge,
+    error::{ConfigError, Error},
+};
 
 /// Counters in Redis, shared by every instance that points at the same server.
 ///
@@ -84,7 +96,7 @@ use crate::{Algorithm, Charge, ConfigError, Error, Outcome};
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    backend: Backend,
+    link: Link,
     batcher: Option<Batcher>,
     namespaces: Arc<Namespaces>,
 }
@@ -92,11 +104,11 @@ pub struct RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("RedisStore");
-        match &self.backend {
-            Backend::Multiplexed(_) => d.field("backend", &"multiplexed"),
-            Backend::Pool(p) => d.field("pool", &p.state()),
-            Backend::Cluster(_) => d.field("backend", &"cluster"),
-            Backend::Shared(_) => d.field("backend", &"your connection"),
+        match &self.link {
+            Link::Multiplexed(_) => d.field("backend", &"multiplexed"),
+            Link::Pool(p) => d.field("pool", &p.state()),
+            Link::Cluster(_) => d.field("backend", &"cluster"),
+            Link::Shared(_) => d.field("backend", &"your connection"),
         };
         d.field("batching", &self.batcher.as_ref().map(Batcher::config));
         d.finish()
@@ -161,13 +173,13 @@ impl RedisStore {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        Self::new(Backend::Shared(Shared::new(connection)))
+        Self::new(Link::Shared(Shared::new(connection)))
     }
 
     /// Uses a Redis Cluster connection you built with redis-rs' `ClusterClient` (your
     /// retries, timeouts, TLS, read routing).
     pub fn from_cluster(connection: ClusterConnection) -> Self {
-        Self::new(Backend::Cluster(connection))
+        Self::new(Link::Cluster(connection))
     }
 
     /// Uses an existing bb8-redis pool.
@@ -178,12 +190,12 @@ impl RedisStore {
     /// `PING` costs a round trip per check; [`connect`](Self::connect) has neither the cost
     /// nor the problem.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
-        Self::new(Backend::Pool(pool))
+        Self::new(Link::Pool(pool))
     }
 
-    pub(crate) fn new(backend: Backend) -> Self {
+    pub(crate) fn new(link: Link) -> Self {
         Self {
-            backend,
+            link,
             batcher: None,
             namespaces: Arc::default(),
         }
@@ -194,13 +206,14 @@ impl RedisStore {
     ///
     /// While fewer than [`max_in_flight`](Batching::max_in_flight) calls are on their way,
     /// a check leaves at once; checks arriving meanwhile queue up and leave together as one
-    /// call of the algorithm's [batch script](crate::Scripted::batch_script), which decides them one
-    /// after the other inside one atomic call. Every check gets exactly the decision its own
+    /// call of the algorithm's script in batch form, which decides them one after the other
+    /// inside one atomic call. Every check gets exactly the decision its own
     /// call would have got at that instant, so limits hold as they do without batching; under
     /// load, Redis runs one script call for many checks. A check whose caller stopped waiting
     /// (its store timeout passed) before its batch left is not sent, and a call that takes
     /// longer than [`call_timeout`](Batching::call_timeout) fails its checks with a timeout.
-    /// Algorithms without a batch script are sent alone.
+    /// Custom algorithms are sent alone unless they are
+    /// [batchable](crate::Scripted::batchable).
     ///
     /// On a cluster, only checks on the same slot can share a call, and calls are never held
     /// back (a slow node must not delay checks bound for the others): checks queued at the
@@ -220,7 +233,7 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn with_batching(mut self, batching: Batching) -> Result<Self, ConfigError> {
-        self.batcher = Some(Batcher::start(self.backend.clone(), batching)?);
+        self.batcher = Some(Batcher::start(self.link.clone(), batching)?);
         Ok(self)
     }
 
@@ -236,7 +249,9 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
+impl Store for RedisStore {}
+
+impl Backend for RedisStore {
     fn check<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
@@ -245,7 +260,7 @@ impl Store for RedisStore {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
         // Everything the call needs is copied before the future: it borrows no key.
-        let wire = Wire::of(algorithm, key, cost);
+        let wire = Wire::of(algorithm, cost);
         if let (Some(batcher), Some(batch)) = (&self.batcher, wire.batch) {
             let mut keys = packed::Keys::default();
             wire.each_key(key, |k| keys.push(k));
@@ -257,7 +272,7 @@ impl Store for RedisStore {
         }
         let cmd = wire.command(key, now_us);
         let script = wire.script;
-        Box::pin(async move { scripts::parse(algorithm, self.backend.eval(script, &cmd).await?) })
+        Box::pin(async move { scripts::parse(algorithm, self.link.eval(script, &cmd).await?) })
     }
 
     /// One script call, never batched (a refund is rarer than a check, and its answer is not
@@ -269,14 +284,14 @@ impl Store for RedisStore {
         charge: &'a Charge,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let wire = match Wire::refund(algorithm, charge, self.backend.is_cluster()) {
+        let wire = match Wire::refund(algorithm, charge, self.link.is_cluster()) {
             Ok(Some(wire)) => wire,
             Ok(None) => return Box::pin(std::future::ready(Ok(false))),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         let cmd = wire.command(key, now_us);
         let script = wire.script;
-        Box::pin(async move { scripts::parse_refund(self.backend.eval(script, &cmd).await?) })
+        Box::pin(async move { scripts::parse_refund(self.link.eval(script, &cmd).await?) })
     }
 
     /// One script call, never batched (one call stands for a whole lease of checks).
@@ -292,10 +307,50 @@ impl Store for RedisStore {
             Ok(call) => call,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        Box::pin(async move { reserve::parse(self.backend.eval(script, &cmd).await?, cost, up_to) })
+        Box::pin(async move { reserve::parse(self.link.eval(script, &cmd).await?, cost, up_to) })
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.namespaces)
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        self.acquire_holder(key, holder, terms)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.renew_holder(key, holder, terms)
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        late_renewal: Option<std::time::Duration>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.release_holder(key, holder, late_renewal)
+    }
+
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        self.take_units(key, cost)
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.learn_said(key, learned, how)
     }
 }

@@ -6,10 +6,11 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::backend::evalsha;
+use super::{keys, link::evalsha, reply};
 use crate::{
-    store::{KeyBuf, Reserved},
-    Algorithm, Error, Rule, StoreKey,
+    algorithm::{Algorithm, Rule},
+    error::Error,
+    store::{KeyBuf, Reserved, StoreKey},
 };
 
 static GCRA_RESERVE: LazyLock<Script> = prelude_script!("gcra_reserve.lua");
@@ -24,9 +25,9 @@ pub(crate) fn command(
     up_to: u32,
     now_us: Option<u64>,
 ) -> Result<(&'static Script, redis::Cmd), Error> {
-    let (script, suffix, rate): (&'static Script, &[u8], _) = match algorithm.rule() {
-        Rule::Gcra(r) => (&GCRA_RESERVE, b":g", r),
-        Rule::TokenBucket(r) => (&TOKEN_BUCKET_RESERVE, b":b", r),
+    let (script, suffix, rate): (&'static Script, _, _) = match algorithm.rule() {
+        Rule::Gcra(r) => (&GCRA_RESERVE, keys::GCRA, r),
+        Rule::TokenBucket(r) => (&TOKEN_BUCKET_RESERVE, keys::BUCKET, r),
         _ => {
             return Err(Error::Unsupported(
                 "only GCRA and the token bucket reserve units",
@@ -34,7 +35,7 @@ pub(crate) fn command(
         }
     };
     let mut buf = KeyBuf::new();
-    key.write_base_with(suffix, &mut buf);
+    keys::write_key(key, suffix, &mut buf);
     let mut cmd = evalsha(
         script,
         1,
@@ -52,7 +53,5 @@ pub(crate) fn command(
 
 /// Reads a reservation's reply (see [`Reserved::from_ints`]).
 pub(crate) fn parse(reply: redis::Value, cost: u32, up_to: u32) -> Result<Reserved, Error> {
-    let items: Vec<i64> = redis::from_redis_value(reply)
-        .map_err(|e| Error::InvalidReply(format!("expected 5 integers: {e}")))?;
-    Reserved::from_ints(&items, cost, up_to)
+    Reserved::from_ints(&reply::ints(reply)?, cost, up_to)
 }

@@ -2,22 +2,22 @@
 //! arguments, and how its reply reads.
 //!
 //! The scripts live in `lua/`; all but `gcra.lua` (the hottest, kept standalone) share
-//! `prelude.lua`; all but GCRA (`gcra_batch.lua`) get their batch form from `batch.lua`. Keys derive from the limiter's base key by a suffix, so every key of one
+//! `prelude.lua`; all but GCRA (`gcra_batch.lua`) get their batch form from `batch.lua`.
+//! Keys derive from the check's base key by a suffix (see `keys.rs`), so every key of one
 //! check carries the base key's hash tag and lands on one cluster slot.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::backend::evalsha_sized;
-
+use super::{batch::batch_form, custom, keys, link::evalsha_sized, reply};
 use crate::{
-    algorithm::Placed,
-    decision::{LogEntry, PartInfo, Position},
+    algorithm::{Algorithm, BucketRate, LogEntry, Outcome, PartInfo, Placed, Position, Rule},
+    decision::Charge,
+    error::Error,
     extract::Out,
-    lua::batch_form,
-    store::KeyBuf,
-    unique_id, Algorithm, BucketRate, Charge, Error, Outcome, Rule, StoreKey,
+    store::{KeyBuf, StoreKey},
+    unique_id,
 };
 
 /// A script and its batch form, each built (and hashed) once.
@@ -63,7 +63,7 @@ static SLIDING_WINDOW_REFUND: LazyLock<Script> = prelude_script!("sliding_window
 /// How one check of an algorithm goes to Redis.
 pub(crate) struct Wire<'a> {
     /// The script deciding one check.
-    pub(crate) script: &'a Script,
+    pub(crate) script: &'static Script,
     /// Its batch form, when it has one.
     pub(crate) batch: Option<&'static Script>,
     keys: Keys<'a>,
@@ -73,14 +73,13 @@ pub(crate) struct Wire<'a> {
     marker: Option<String>,
 }
 
-/// A check's keys: the base key with suffixes, or a custom algorithm's own.
+/// A check's keys: the base key with suffixes (a built-in's, or a custom algorithm's).
 enum Keys<'a> {
-    Suffixes(&'static [&'static str]),
+    Suffixes(&'a [&'a str]),
     /// `:q:NAME` per limit.
     Parts(&'a [PartInfo]),
     /// `:q:NAME` per limit, then `:qr:NAME` (its refund ledger) per limit.
     PartsAndLedgers(&'a [PartInfo]),
-    Custom(Vec<String>),
 }
 
 /// The arguments after `ARGV[1]` (the explicit time or `''`).
@@ -91,7 +90,7 @@ enum Args {
 
 impl<'a> Wire<'a> {
     /// The wire format of a check of `cost` on `key` under `algorithm`.
-    pub(crate) fn of(algorithm: &'a dyn Algorithm, key: StoreKey<'_>, cost: u32) -> Self {
+    pub(crate) fn of(algorithm: &'a dyn Algorithm, cost: u32) -> Self {
         let c = u64::from(cost);
         let builtin = |scripts: &'static Scripts, keys: Keys<'a>, args: Args| Wire {
             script: &scripts.single,
@@ -103,17 +102,17 @@ impl<'a> Wire<'a> {
         match algorithm.rule() {
             Rule::Gcra(r) => builtin(
                 &GCRA,
-                Keys::Suffixes(&[":g"]),
+                Keys::Suffixes(&[keys::GCRA]),
                 Args::Three([r.emission_us(), r.burst(), c]),
             ),
             Rule::TokenBucket(r) => builtin(
                 &TOKEN_BUCKET,
-                Keys::Suffixes(&[":b"]),
+                Keys::Suffixes(&[keys::BUCKET]),
                 Args::Three([r.emission_us(), r.burst(), c]),
             ),
             Rule::SlidingWindow(w) => builtin(
                 &SLIDING_WINDOW,
-                Keys::Suffixes(&[":l2", ":m2"]),
+                Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
                 Args::Three([w.window_us(), w.limit(), c]),
             ),
             Rule::Multi(rates) => builtin(
@@ -121,13 +120,16 @@ impl<'a> Wire<'a> {
                 Keys::Parts(algorithm.parts()),
                 multi_args(c, rates),
             ),
-            Rule::Script(s) => Wire {
-                script: s.script(),
-                batch: s.batch_script(),
-                keys: Keys::Custom(s.keys(&key.base())),
-                args: Args::List(s.args(cost)),
-                marker: None,
-            },
+            Rule::Script(s) => {
+                let scripts = custom::scripts(s);
+                Wire {
+                    script: &scripts.single,
+                    batch: s.batchable().then(|| scripts.batch()),
+                    keys: Keys::Suffixes(s.key_suffixes()),
+                    args: Args::List(s.args(cost)),
+                    marker: None,
+                }
+            }
         }
     }
 
@@ -166,7 +168,7 @@ impl<'a> Wire<'a> {
             Rule::Gcra(r) => match placed(1) {
                 Some(p) => alone(
                     &GCRA_REFUND,
-                    Keys::Suffixes(&[":g", ":gr"]),
+                    Keys::Suffixes(&[keys::GCRA, keys::GCRA_LEDGER]),
                     vec![c, p.at_us, r.emission_us(), r.burst(), p.ends()[0]],
                 ),
                 None => Ok(None),
@@ -174,7 +176,7 @@ impl<'a> Wire<'a> {
             Rule::TokenBucket(r) => match placed(1) {
                 Some(p) => alone(
                     &TOKEN_BUCKET_REFUND,
-                    Keys::Suffixes(&[":b", ":br"]),
+                    Keys::Suffixes(&[keys::BUCKET, keys::BUCKET_LEDGER]),
                     vec![r.emission_us(), r.burst(), c, p.at_us, p.ends()[0]],
                 ),
                 None => Ok(None),
@@ -183,7 +185,7 @@ impl<'a> Wire<'a> {
                 Position::Logged(e) => Ok(Some(Wire {
                     script: &SLIDING_WINDOW_REFUND,
                     batch: None,
-                    keys: Keys::Suffixes(&[":l2", ":m2"]),
+                    keys: Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
                     args: Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
                     marker: None,
                 })),
@@ -228,7 +230,6 @@ impl<'a> Wire<'a> {
             Keys::Suffixes(s) => s.len(),
             Keys::Parts(p) => p.len(),
             Keys::PartsAndLedgers(p) => 2 * p.len(),
-            Keys::Custom(k) => k.len(),
         };
         state + usize::from(self.marker.is_some())
     }
@@ -240,33 +241,32 @@ impl<'a> Wire<'a> {
             Keys::Suffixes(suffixes) => {
                 for suffix in *suffixes {
                     buf.clear();
-                    key.write_base_with(suffix.as_bytes(), &mut buf);
+                    keys::write_key(key, suffix, &mut buf);
                     f(buf.as_bytes());
                 }
             }
             Keys::Parts(parts) => {
                 for p in *parts {
                     buf.clear();
-                    key.write_base_with(b":q:", &mut buf);
+                    keys::write_key(key, keys::LIMIT, &mut buf);
                     buf.put(p.name.as_bytes());
                     f(buf.as_bytes());
                 }
             }
             Keys::PartsAndLedgers(parts) => {
-                for infix in [&b":q:"[..], b":qr:"] {
+                for infix in [keys::LIMIT, keys::LIMIT_LEDGER] {
                     for p in *parts {
                         buf.clear();
-                        key.write_base_with(infix, &mut buf);
+                        keys::write_key(key, infix, &mut buf);
                         buf.put(p.name.as_bytes());
                         f(buf.as_bytes());
                     }
                 }
             }
-            Keys::Custom(keys) => keys.iter().for_each(|k| f(k.as_bytes())),
         }
         if let Some(marker) = &self.marker {
             buf.clear();
-            key.write_base_with(b":rf:", &mut buf);
+            keys::write_key(key, keys::REFUND_MARKER, &mut buf);
             buf.put(marker.as_bytes());
             f(buf.as_bytes());
         }
@@ -296,7 +296,7 @@ fn multi_args(cost: u64, rates: &[BucketRate]) -> Args {
 /// Reads a script's reply for `algorithm`.
 pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Outcome, Error> {
     match algorithm.rule() {
-        Rule::Script(s) => s.parse_reply(reply),
+        Rule::Script(s) => s.parse_reply(&reply::ints(reply)?),
         Rule::SlidingWindow(_) => parse_logged(reply),
         Rule::Multi(_) => parse_multi(reply),
         Rule::Gcra(_) | Rule::TokenBucket(_) => parse_placed(reply),
@@ -318,8 +318,7 @@ fn small_ints<const N: usize>(reply: redis::Value) -> Result<([i64; N], usize), 
             return Ok((ints, items.len()));
         }
     }
-    let items: Vec<i64> = redis::from_redis_value(reply)
-        .map_err(|e| Error::InvalidReply(format!("expected integers: {e}")))?;
+    let items = reply::ints(reply)?;
     match ints.get_mut(..items.len()) {
         Some(head) => {
             head.copy_from_slice(&items);
@@ -354,8 +353,7 @@ fn parse_placed(reply: redis::Value) -> Result<Outcome, Error> {
 /// The multi-limit's reply: the shared shape with its parts, then, when admitted, the time the
 /// script admitted it at.
 fn parse_multi(reply: redis::Value) -> Result<Outcome, Error> {
-    let items: Vec<i64> = redis::from_redis_value(reply)
-        .map_err(|e| Error::InvalidReply(format!("expected integers: {e}")))?;
+    let items = reply::ints(reply)?;
     match items.split_last() {
         Some((&now, rest)) if items.first() == Some(&1) => {
             let mut o = Outcome::from_ints(rest)?;
@@ -373,8 +371,7 @@ fn parse_multi(reply: redis::Value) -> Result<Outcome, Error> {
 /// A sliding window's reply: the shared 4 integers, then, when admitted, the log entry's
 /// time and sequence number.
 fn parse_logged(reply: redis::Value) -> Result<Outcome, Error> {
-    let items: Vec<i64> = redis::from_redis_value(reply)
-        .map_err(|e| Error::InvalidReply(format!("expected 4 or 6 integers: {e}")))?;
+    let items = reply::ints(reply)?;
     match *items.as_slice() {
         [allowed @ 1, remaining, retry, reset, at, seq] => {
             let (Ok(at_us), Ok(seq)) = (u64::try_from(at), u64::try_from(seq)) else {

@@ -114,23 +114,21 @@ pub(crate) async fn handshake(
     let name = ServerName::try_from(host.to_owned()).map_err(|e| {
         ConnectError::new(
             ConnectErrorKind::Tls,
-            format!("{host} is not a valid TLS server name: {e}"),
+            format!("{host} is not a valid TLS server name"),
         )
+        .caused_by(e)
     })?;
     TlsConnector::from(config)
         .connect(name, tcp)
         .await
         .map_err(|e| {
-            // rustls reports through io::Error; its message names the problem (an unknown
-            // issuer, a name mismatch, an expired certificate, a plain-text server).
-            let detail = e
-                .get_ref()
-                .map(ToString::to_string)
-                .unwrap_or_else(|| e.to_string());
+            // rustls reports through io::Error, whose message is rustls' (an unknown issuer, a
+            // name mismatch, an expired certificate, a plain-text server).
             ConnectError::new(
                 ConnectErrorKind::Tls,
-                format!("TLS handshake with {host} failed: {detail}"),
+                format!("TLS handshake with {host} failed"),
             )
+            .caused_by(e)
         })
 }
 

@@ -14,7 +14,7 @@ use crate::Error;
 
 /// Where a store sends its commands.
 #[derive(Clone)]
-pub(crate) enum Backend {
+pub(crate) enum Link {
     Multiplexed(Supervised),
     Pool(Pool<RedisConnectionManager>),
     Cluster(ClusterConnection),
@@ -58,9 +58,9 @@ impl ConnectionLike for Handle {
     }
 }
 
-impl Backend {
+impl Link {
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
+        matches!(self, Link::Cluster(_))
     }
 
     /// Runs `evalsha` (made by [`evalsha`]), loading `script` when Redis answers `NOSCRIPT`
@@ -73,7 +73,7 @@ impl Backend {
     ) -> Result<redis::Value, Error> {
         match self {
             // Straight to the connection: no clone of the handle, no boxed future.
-            Backend::Multiplexed(conn) => match conn.query(evalsha).await {
+            Link::Multiplexed(conn) => match conn.query(evalsha).await {
                 Err(e) if is_noscript(&e) => {
                     script.load_async(&mut conn.clone()).await?;
                     Ok(conn.query(evalsha).await?)
@@ -81,9 +81,9 @@ impl Backend {
                 result => Ok(result?),
             },
             // EVALSHA is routed by the slot of its first key.
-            Backend::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
-            Backend::Shared(shared) => eval_on(&mut shared.handle(), script, evalsha).await,
-            Backend::Pool(pool) => {
+            Link::Cluster(cluster) => eval_on(&mut cluster.clone(), script, evalsha).await,
+            Link::Shared(shared) => eval_on(&mut shared.handle(), script, evalsha).await,
+            Link::Pool(pool) => {
                 // A multiplexed connection is a cheap handle: clone it and return the pooled
                 // one at once, so concurrent checks pipeline instead of queueing.
                 let mut conn = pool.get().await.map_err(pool_error)?.clone();
@@ -151,6 +151,6 @@ pub(crate) fn evalsha_sized(
 fn pool_error(e: bb8::RunError<redis::RedisError>) -> Error {
     match e {
         bb8::RunError::User(e) => Error::Redis(e),
-        bb8::RunError::TimedOut => Error::Pool("timed out waiting for a connection".to_owned()),
+        timed_out @ bb8::RunError::TimedOut => Error::Pool(Arc::new(timed_out)),
     }
 }

@@ -1,0 +1,290 @@
+//! What a store does for the limiters: the methods behind the sealed [`Store`].
+
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use super::{
+    leases::{Acquired, SlotTerms},
+    namespaces::Namespaces,
+    reserved::Reserved,
+    upstream::{Blind, Gate, Learned},
+    Store, StoreKey,
+};
+use crate::{
+    algorithm::{Algorithm, Outcome},
+    decision::Charge,
+    error::Error,
+};
+
+/// A boxed, sendable future, as the store's calls return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The store's side of every limit: rate checks and refunds, concurrency slots, what
+/// upstreams said, and the bookkeeping of the limiters built on it. Crate-private: it is the
+/// sealed part of [`Store`] (see there why).
+///
+/// Keys are the limiter's namespace and the request's key ([`StoreKey`]); times are on the
+/// store's clock (Redis `TIME`, a [`MemoryStore`](super::MemoryStore)'s clock) unless a call
+/// carries an explicit `now_us` (tests and simulations).
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Decides one check: runs `algorithm`'s [rule](Algorithm::rule) on `key`'s state.
+    fn check<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Outcome, Error>>;
+
+    /// Decides one check at once, without a future, when this store can (in memory); `None`
+    /// when the check must go through [`check`](Self::check). Tried first on every check, so
+    /// it must answer quickly: the store timeout and the circuit breaker do not apply to it.
+    fn check_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        let _ = (algorithm, key, cost, now_us);
+        None
+    }
+
+    /// Gives back what an allowed check took (`charge`) on `key` and still holds, atomically
+    /// (see [`Algorithm::refund`]): `Ok(true)` when units were given back, `Ok(false)` when
+    /// there was nothing left to give.
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (algorithm, key, charge, now_us);
+        unsupported("this store cannot give units back")
+    }
+
+    /// Like [`refund`](Self::refund), at once, when this store can (see
+    /// [`check_now`](Self::check_now)).
+    fn refund_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        let _ = (algorithm, key, charge, now_us);
+        None
+    }
+
+    /// Takes up to `up_to` units of `key` at once, as many as it has available, but at least
+    /// `cost` (else a denial of `cost`, exactly as [`check`](Self::check) would deny it): a
+    /// unit lease's reservation. GCRA and the token bucket reserve; [`Error::Unsupported`]
+    /// otherwise (the default), and the limiter then checks each request alone.
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Reserved, Error>> {
+        let _ = (algorithm, key, cost, up_to, now_us);
+        unsupported("this store cannot reserve units")
+    }
+
+    /// The namespaces of the limiters built on this store, so that two limiters with the same
+    /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
+    fn namespaces(&self) -> Option<&Namespaces> {
+        None
+    }
+
+    /// True when this store's time is not the wall clock (a `MemoryStore` on a
+    /// [`ManualClock`](super::ManualClock)): limiters built on it keep no deny cache, whose
+    /// deadlines are in real time.
+    fn manual_clock(&self) -> bool {
+        false
+    }
+
+    /// Concurrency slots: admits `holder` (an id unique across instances) under `key` if
+    /// fewer than [`limit`](SlotTerms::limit) unexpired holders hold it, with a lease of
+    /// [`lease`](SlotTerms::lease); first drops expired holders. Admits no new holder while
+    /// admissions are paused after the store lost its state (see [`SlotTerms`]); a holder
+    /// already held (a call sent again) is admitted again and counted once.
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        let _ = (key, holder, terms);
+        unsupported("this store keeps no concurrency slots")
+    }
+
+    /// Moves `holder`'s deadline to [`lease`](SlotTerms::lease) from now. `false` when it held
+    /// no slot any more (its lease expired unrenewed, or the store lost its state): it is then
+    /// put back, counted even over the limit; except a holder released after a renewal that
+    /// got no answer (see [`release`](Self::release)), which stays released.
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (key, holder, terms);
+        unsupported("this store keeps no concurrency slots")
+    }
+
+    /// Gives `holder`'s slot back; releasing a slot not held does nothing, so a release may be
+    /// sent again. `late_renewal`: a renewal of this holder got no answer and may still reach
+    /// the store after this release; for that long, it must not put the holder back.
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        late_renewal: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (key, holder, late_renewal);
+        unsupported("this store keeps no concurrency slots")
+    }
+
+    /// Gives the slot back at once, without a future, when this store can (in memory); `None`
+    /// when it must go through [`release`](Self::release).
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+        let _ = (key, holder);
+        None
+    }
+
+    /// What upstreams said: whether an outbound call of `cost` may go now; when it may and the
+    /// units left are known, they are taken.
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        let _ = (key, cost);
+        unsupported("this store keeps nothing of upstreams")
+    }
+
+    /// Records what an upstream's answer said (see `lua/upstream_learn.lua` for the rules): a
+    /// pause only grows; a new window replaces one that ended; the same window keeps the
+    /// smaller remaining count (answers arrive out of order); a stale one is ignored. `how`:
+    /// how the answered call went ([`Gate::blind`]).
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (key, learned, how);
+        unsupported("this store keeps nothing of upstreams")
+    }
+}
+
+fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, Error>> {
+    Box::pin(std::future::ready(Err(Error::Unsupported(what))))
+}
+
+/// A shared store is a store: one `Arc<dyn Store>` serves several limiters, or a store is
+/// chosen at run time.
+impl<S: Store + ?Sized> Backend for Arc<S> {
+    fn check<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        (**self).check(algorithm, key, cost, now_us)
+    }
+
+    fn check_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        (**self).check_now(algorithm, key, cost, now_us)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).refund(algorithm, key, charge, now_us)
+    }
+
+    fn refund_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        (**self).refund_now(algorithm, key, charge, now_us)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Reserved, Error>> {
+        (**self).reserve(algorithm, key, cost, up_to, now_us)
+    }
+
+    fn namespaces(&self) -> Option<&Namespaces> {
+        (**self).namespaces()
+    }
+
+    fn manual_clock(&self) -> bool {
+        (**self).manual_clock()
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<Acquired, Error>> {
+        (**self).acquire(key, holder, terms)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        terms: &'a SlotTerms,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).renew(key, holder, terms)
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        holder: &'a str,
+        late_renewal: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).release(key, holder, late_renewal)
+    }
+
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
+        (**self).release_now(key, holder)
+    }
+
+    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
+        (**self).take(key, cost)
+    }
+
+    fn learn<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).learn(key, learned, how)
+    }
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {}
