@@ -3,7 +3,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{limiter::ConcurrencyLimiter, releases::Releases, semaphore::Semaphore};
+use super::{kept::Releases, limiter::ConcurrencyLimiter, semaphore::Semaphore};
 use crate::{
     core::{common_options, Core, FailurePolicy, Options},
     error::ConfigError,

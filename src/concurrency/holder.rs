@@ -8,10 +8,7 @@ use std::sync::{
 
 use tokio::{runtime::Handle, time::Instant};
 
-use super::{
-    releases::{self, Kept},
-    semaphore::Semaphore,
-};
+use super::{kept::Kept, releases, semaphore::Semaphore};
 use crate::{error::Chain, error::Error, extract::Key};
 
 /// A holder of (maybe) one permit: what a [`Permit`](super::Permit), its renewal task and

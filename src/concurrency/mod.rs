@@ -33,21 +33,26 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `semaphore` is the engine (the store calls, the local share), `holder` one admitted
+//! `semaphore` is the engine's state, `acquire` the path to a permit (the store, the local
+//! share), `holder` one admitted
 //! request's renewals and release, `releases` the failed releases sent again, `permit` what
 //! the request holds; `config` what the layer and its services share, so that neither
 //! imports the other.
 
+mod acquire;
 mod builder;
 mod config;
 mod future;
 mod holder;
+mod kept;
 mod layer;
 mod limiter;
 mod permit;
 mod releases;
 mod semaphore;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use self::{
     builder::ConcurrencyLimiterBuilder, future::ResponseFuture, layer::ConcurrencyLimitLayer,

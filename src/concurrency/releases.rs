@@ -9,100 +9,22 @@
 //! the store unavailable, so a store that is down gets one call a second, not one per kept
 //! release. At most [`MAX_KEPT`] are kept per limiter.
 
-use std::{
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use tokio::{runtime::Handle, time::Instant};
 
-use super::semaphore::Semaphore;
+use super::{kept::Kept, semaphore::Semaphore};
 use crate::{
     error::Chain,
     error::{Error, ErrorScope},
-    extract::Key,
 };
 
 /// The most releases one limiter keeps; beyond, a failed release's permit comes back when its
 /// lease ends.
 pub(crate) const MAX_KEPT: usize = 10_000;
-/// The wait before the first new try; it doubles with each failed try, up to
-/// [`MAX_WAIT`].
-const FIRST_WAIT: Duration = Duration::from_millis(100);
-/// The longest wait between two tries of one release.
-const MAX_WAIT: Duration = Duration::from_secs(1);
 /// Releases sent at once when the store answers again.
 const AT_ONCE: usize = 16;
-
-/// The releases of one limiter waiting to be sent again.
-#[derive(Default)]
-pub(crate) struct Releases {
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    kept: Vec<Kept>,
-    /// A worker task runs (or is about to).
-    worker: bool,
-    /// A release was dropped because [`MAX_KEPT`] were kept (warned once until the count
-    /// falls again).
-    full: bool,
-}
-
-/// One release to send again.
-pub(crate) struct Kept {
-    key: Option<Key<'static>>,
-    holder: String,
-    late_renewal: bool,
-    /// When the holder's lease ends by itself at the latest: no use sending it after.
-    until: Instant,
-    next: Instant,
-    tries: u32,
-}
-
-impl Kept {
-    /// `holder`'s release of `key`, worth sending until `until`; `late_renewal` as in
-    /// [`Permits::release`].
-    pub(crate) fn new(
-        key: Option<Key<'static>>,
-        holder: String,
-        late_renewal: bool,
-        until: Instant,
-    ) -> Self {
-        Self {
-            key,
-            holder,
-            late_renewal,
-            until,
-            next: Instant::now() + FIRST_WAIT,
-            tries: 0,
-        }
-    }
-
-    /// After a failed try: the next one at most [`MAX_WAIT`] later.
-    fn failed(mut self) -> Self {
-        self.tries = self.tries.saturating_add(1);
-        let wait = FIRST_WAIT
-            .saturating_mul(1 << self.tries.min(10))
-            .min(MAX_WAIT);
-        self.next = Instant::now() + wait;
-        self
-    }
-}
-
-impl Releases {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Releases kept now (for tests).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.lock().kept.len()
-    }
-}
 
 /// Keeps `release`, which failed with `error`, to send it again on the current Tokio runtime.
 /// A release the store refused as invalid is not sent again; without a runtime, or with
@@ -244,162 +166,4 @@ impl Worker {
 enum Due {
     Now(Vec<Kept>),
     Wait(Instant),
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-    use super::*;
-    use crate::{
-        store::{Acquired, Backend, BoxFuture, Namespaces, SlotTerms, StoreKey},
-        ConcurrencyLimiter, MemoryStore, Store,
-    };
-
-    /// An in-memory store whose releases fail (as an unavailable store) while `down`.
-    #[derive(Clone, Default)]
-    struct Flaky {
-        inner: MemoryStore,
-        down: Arc<AtomicBool>,
-        releases: Arc<AtomicUsize>,
-    }
-
-    impl Store for Flaky {}
-
-    impl Backend for Flaky {
-        fn check<'a>(
-            &'a self,
-            algorithm: &'a dyn crate::Algorithm,
-            key: StoreKey<'a>,
-            cost: u32,
-            now_us: Option<u64>,
-        ) -> BoxFuture<'a, Result<crate::Outcome, Error>> {
-            self.inner.check(algorithm, key, cost, now_us)
-        }
-
-        fn namespaces(&self) -> Option<&Namespaces> {
-            None
-        }
-
-        fn acquire<'a>(
-            &'a self,
-            key: StoreKey<'a>,
-            holder: &'a str,
-            terms: &'a SlotTerms,
-        ) -> BoxFuture<'a, Result<Acquired, Error>> {
-            self.inner.acquire(key, holder, terms)
-        }
-
-        fn renew<'a>(
-            &'a self,
-            key: StoreKey<'a>,
-            holder: &'a str,
-            terms: &'a SlotTerms,
-        ) -> BoxFuture<'a, Result<bool, Error>> {
-            self.inner.renew(key, holder, terms)
-        }
-
-        fn release<'a>(
-            &'a self,
-            key: StoreKey<'a>,
-            holder: &'a str,
-            late_renewal: Option<Duration>,
-        ) -> BoxFuture<'a, Result<(), Error>> {
-            self.releases.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                return Box::pin(std::future::ready(Err(Error::Timeout(
-                    Duration::from_millis(100),
-                ))));
-            }
-            self.inner.release(key, holder, late_renewal)
-        }
-    }
-
-    fn limiter(store: Flaky, lease: Duration) -> ConcurrencyLimiter {
-        ConcurrencyLimiter::builder(store, 1)
-            .permit_ttl(lease)
-            .build()
-            .unwrap()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_release_is_sent_again_at_least_once_a_second_until_it_succeeds() {
-        let store = Flaky::default();
-        let limiter = limiter(store.clone(), Duration::from_secs(60));
-        store.down.store(true, Ordering::SeqCst);
-        let permit = limiter.acquire("k").await.unwrap().unwrap();
-        assert!(permit.release().await.is_err());
-        assert_eq!(limiter.semaphore.releases.len(), 1);
-        // Down for 10 s: about one try a second, one call each (not one per kept release).
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let tries = store.releases.load(Ordering::SeqCst);
-        assert!((10..=16).contains(&tries), "{tries} tries in 10 s");
-        assert!(limiter.acquire("k").await.unwrap().is_none(), "still held");
-        store.down.store(false, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(limiter.semaphore.releases.len(), 0);
-        assert!(limiter.acquire("k").await.unwrap().is_some(), "given back");
-        // The worker is gone, and a new failure starts another.
-        tokio::task::yield_now().await;
-        assert!(!limiter.semaphore.releases.lock().worker);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_store_that_stays_down_gets_one_try_a_second_and_releases_end_with_their_lease() {
-        let store = Flaky::default();
-        let lease = Duration::from_secs(30);
-        let limiter = ConcurrencyLimiter::builder(store.clone(), 100)
-            .permit_ttl(lease)
-            .build()
-            .unwrap();
-        let permits: Vec<_> =
-            futures_util::future::join_all((0..50).map(|i| limiter.acquire(format!("k{i}"))))
-                .await
-                .into_iter()
-                .map(|p| p.unwrap().unwrap())
-                .collect();
-        store.down.store(true, Ordering::SeqCst);
-        drop(permits);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(limiter.semaphore.releases.len(), 50);
-        let first_tries = store.releases.load(Ordering::SeqCst);
-        assert_eq!(first_tries, 50);
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let tries = store.releases.load(Ordering::SeqCst) - first_tries;
-        assert!(tries <= 16, "{tries} tries in 10 s for 50 kept releases");
-        // Past the lease, nothing is kept, and the permits came back by themselves.
-        tokio::time::sleep(lease).await;
-        assert_eq!(limiter.semaphore.releases.len(), 0);
-        assert!(!limiter.semaphore.releases.lock().worker);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn at_most_max_kept_releases_are_kept() {
-        let store = Flaky::default();
-        let limiter = ConcurrencyLimiter::builder(store.clone(), 1)
-            .permit_ttl(Duration::from_secs(60))
-            .build()
-            .unwrap();
-        let semaphore = &limiter.semaphore;
-        let error = Error::Timeout(Duration::from_millis(100));
-        let until = Instant::now() + Duration::from_secs(60);
-        for i in 0..MAX_KEPT + 10 {
-            keep(
-                semaphore,
-                Kept::new(None, format!("h{i}"), false, until),
-                &error,
-            );
-        }
-        assert_eq!(semaphore.releases.len(), MAX_KEPT);
-        // A release the store refuses as invalid is not kept.
-        let invalid = Error::InvalidInput("no");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(semaphore.releases.len(), 0, "sent once the store answers");
-        keep(
-            semaphore,
-            Kept::new(None, "x".into(), false, until),
-            &invalid,
-        );
-        assert_eq!(semaphore.releases.len(), 0);
-    }
 }

@@ -27,7 +27,7 @@ use crate::quota::MAX_EXACT;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::builder().clock(clock.clone()).build()?;
-/// let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(2))?);
+/// let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(2))?)?;
 /// assert!(limiter.check("k", 1).await?.allowed);
 /// assert!(limiter.check("k", 1).await?.allowed);
 /// assert!(!limiter.check("k", 1).await?.allowed);
