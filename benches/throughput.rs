@@ -192,9 +192,13 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
     conn: C,
     gcra: Gcra,
 ) -> CheckFn {
-    // The script the store runs for GCRA (it stands alone), with the same arguments.
-    static SCRIPT: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/gcra.lua")));
+    // The script the store runs for GCRA (after the GCRA core), with the same arguments.
+    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(concat!(
+            include_str!("../lua/gcra_core.lua"),
+            include_str!("../lua/gcra.lua")
+        ))
+    });
     let Rule::Gcra(rate) = gcra.rule() else {
         unreachable!("GCRA's rule")
     };
@@ -204,7 +208,7 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
             let mut inv = SCRIPT.prepare_invoke();
             inv.key(format!("{{raw:{key}}}:g"));
             inv.arg("");
-            inv.arg(rate.emission_us()).arg(rate.burst()).arg(1);
+            inv.arg(1).arg(rate.emission_us()).arg(rate.burst());
             let reply: Vec<i64> = inv.invoke_async(&mut conn).await.expect("script failed");
             reply[0] == 1
         })

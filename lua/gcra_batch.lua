@@ -1,16 +1,15 @@
--- GCRA, batch form (what exact batching sends for GCRA checks instead of batch.lua around
--- gcra.lua). Decides several checks in one atomic call, in the order given, each exactly as
--- its own call of gcra.lua would at the same instant: the same replies, the same errors and
--- the same state left behind. The per-check cost is what it saves: one MGET reads every key
--- up front, decisions run on a table in Lua, and one SET per key written goes out at the end
--- (instead of a GET and a SET per check, each check in a closure of its own).
+-- GCRA, batch form (after gcra_core.lua; what exact batching sends for GCRA checks instead of
+-- batch.lua around gcra.lua). Decides several checks in one atomic call, in the order given,
+-- each exactly as its own call of gcra.lua would at the same instant: the same replies, the
+-- same errors and the same state left behind. The per-check cost is what it saves: one MGET
+-- reads every key up front, decisions run on a table in Lua, and one SET per key written goes
+-- out at the end (instead of a GET and a SET per check, each check in a closure of its own).
 -- ARGV[1]  now|'' (read once, shared by every check)
 -- ARGV[2]  number of checks
--- then, per check: 1 (its key count), 3 (its argument count), emission_us, burst, cost
+-- then, per check: 1 (its key count), 3 (its argument count), cost, emission_us, burst
 -- KEYS     one key per check, in order (a key may come more than once)
 -- Reply: one entry per check: gcra.lua's reply, or the message of the error its own call
 -- would have got, as a string (see batch.lua).
-local MAX = 4503599627370496 -- 2^52
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 
 local n = tonumber(ARGV[2])
@@ -21,35 +20,21 @@ if n == 0 then
   return {}
 end
 
+-- The time, read by the first check (an explicit time that is not one: nil, and every check
+-- fails as its own call would).
 local now = ARGV[1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-  if now == nil or now % 1 ~= 0 or now < 0 or now > MAX then
-    now = nil -- every check fails as its own call would, before reading anything
-  end
-end
 
--- Each key's TAT: a number; false when MGET found nothing (no key, or one that is not a
--- string: told apart when it matters, below); an error message for a corrupted value.
+-- Each key's stored TAT as MGET found it: false when it found nothing (no key, or one that
+-- is not a string: told apart when it matters, below), a number once a check of the batch
+-- wrote one, an error message for a corrupted value.
 local tats = {}
 local fresh = {} -- keys MGET found nothing under
 local raws = redis.call('MGET', unpack(KEYS))
 for i = 1, n do
   local key = KEYS[i]
   if tats[key] == nil then
-    local raw = raws[i]
-    if raw then
-      local tat = tonumber(raw)
-      if tat == nil or tat % 1 ~= 0 or tat < 0 or tat > MAX then
-        tats[key] = 'ERR tower-redis-ratelimit: corrupted TAT under ' .. key
-      else
-        tats[key] = tat
-      end
-    else
-      tats[key] = false
+    tats[key] = raws[i]
+    if not raws[i] then
       fresh[key] = true
     end
   end
@@ -63,50 +48,31 @@ for i = 1, n do
   if ARGV[a] ~= '1' or ARGV[a + 1] ~= '3' then
     return redis.error_reply('ERR tower-redis-ratelimit: batch arguments out of range')
   end
-  local emission, burst, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local cost, emission, burst = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local bad
-  if now == nil then
-    bad = 'now'
-  elseif emission == nil or emission % 1 ~= 0 or emission < 1 or emission > MAX then
-    bad = 'emission'
-  elseif burst == nil or burst % 1 ~= 0 or burst < 1 or emission * burst > MAX then
-    bad = 'burst'
-  elseif cost == nil or cost % 1 ~= 0 or cost < 1 or cost > MAX then
-    bad = 'cost'
-  end
+  now, bad = gcra_args(now, cost, emission, burst)
   local key = KEYS[i]
-  local tat = tats[key]
+  local tat, available, wait
+  if not bad then
+    tat, available, wait = gcra_at(tats[key], now, cost, emission, burst)
+  end
   if bad then
     replies[i] = 'ERR tower-redis-ratelimit: invalid argument ' .. bad
-  elseif type(tat) == 'string' then
-    replies[i] = tat
+  elseif not tat then
+    replies[i] = 'ERR tower-redis-ratelimit: corrupted TAT under ' .. key
+  elseif wait ~= 0 then
+    replies[i] = { 0, available, wait, tat - now }
+    if fresh[key] then
+      probe[key] = true
+    end
   else
-    if not tat or tat < now then
-      tat = now
+    if written[key] == nil then
+      written[key] = true
+      written[#written + 1] = key
     end
-    local tolerance = emission * burst
-    local new_tat = tat + cost * emission
-    if cost > burst or new_tat - tolerance > now then
-      local left = math.floor((now + tolerance - tat) / emission)
-      if left < 0 then
-        left = 0
-      end
-      local retry = -1
-      if cost <= burst then
-        retry = new_tat - tolerance - now
-      end
-      replies[i] = { 0, left, retry, tat - now }
-      if fresh[key] then
-        probe[key] = true
-      end
-    else
-      if written[key] == nil then
-        written[key] = true
-        written[#written + 1] = key
-      end
-      tats[key] = new_tat
-      replies[i] = { 1, math.floor((now + tolerance - new_tat) / emission), 0, new_tat - now, now }
-    end
+    tat = tat + cost * emission
+    tats[key] = tat
+    replies[i] = { 1, available - cost, 0, tat - now, now }
   end
 end
 

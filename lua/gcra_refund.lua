@@ -4,24 +4,24 @@
 -- a missing key, has nothing to give back.
 -- KEYS[i]      TAT of limit i (n limits); KEYS[n + i] its refund ledger; then, optionally, a
 --              marker key (see `first_run` in prelude.lua)
--- ARGV         now|'', cost, when the check was admitted, then for each limit: emission_us,
---              burst, the TAT the check left
+-- ARGV         now|'', cost, emission_us and burst of each limit, when the check was admitted,
+--              then the TAT the check left of each limit
 -- Reply        1 when units were given back, 0 otherwise
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
-local at = int_arg(3, 'admission time', 0)
 local n = (#ARGV - 3) / 3
 if n < 1 or n % 1 ~= 0 or (#KEYS ~= 2 * n and #KEYS ~= 2 * n + 1) then
   fail('invalid argument count')
 end
+local at = int_arg(3 + 2 * n, 'admission time', 0)
 local span, ends = {}, {}
 for i = 1, n do
-  local emission = int_arg(1 + 3 * i, 'emission', 1)
-  local burst = int_arg(2 + 3 * i, 'burst', 1)
+  local emission = int_arg(1 + 2 * i, 'emission', 1)
+  local burst = int_arg(2 + 2 * i, 'burst', 1)
   if emission * burst > MAX then
     fail('invalid argument burst')
   end
-  ends[i] = int_arg(3 + 3 * i, 'end', 0)
+  ends[i] = int_arg(3 + 2 * n + i, 'end', 0)
   -- An admitted check cost at most the burst.
   span[i] = emission * math.min(cost, burst)
 end

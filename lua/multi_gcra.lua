@@ -1,69 +1,49 @@
--- Several GCRA limits on one key, decided together: the request is admitted only if every
--- limit admits it, and then takes its cost from all of them; if any limit refuses, nothing is
--- taken from any. One integer (the TAT) per limit; all keys share the caller's hash tag.
+-- Several GCRA limits on one key, decided together (after gcra_core.lua): the request is
+-- admitted only if every limit admits it, and then takes its cost from all of them; if any
+-- limit refuses, nothing is taken from any. One TAT per limit; all keys share the caller's
+-- hash tag.
 -- KEYS[i]  TAT of limit i
 -- ARGV     now|'', cost, then emission_us, burst for each limit
 -- Reply: the shared 4 integers for the binding limit (denied: the longest wait; allowed: the
 -- fewest units left), its 0-based index, then remaining, retry_after_us (0 = this limit would
 -- admit, -1 = never), reset_after_us for each limit; when admitted, then `now` (each limit's
 -- charge lies just before now + its reset_after_us, which a refund needs).
-local now = clock()
-local cost = int_arg(2, 'cost', 1)
 local n = #KEYS
 if n < 1 or #ARGV ~= 2 + 2 * n then
-  fail('invalid argument count')
+  return redis.error_reply('ERR tower-redis-ratelimit: invalid argument count')
 end
-
-local emission, burst, tolerance, tat = {}, {}, {}, {}
+local now, cost = ARGV[1], tonumber(ARGV[2])
+local emission, burst = {}, {}
 for i = 1, n do
-  emission[i] = int_arg(1 + 2 * i, 'emission', 1)
-  burst[i] = int_arg(2 + 2 * i, 'burst', 1)
-  tolerance[i] = emission[i] * burst[i]
-  if tolerance[i] > MAX then
-    fail('invalid argument burst')
-  end
-end
-for i = 1, n do
-  tat[i] = now
-  local raw = redis.call('GET', KEYS[i])
-  if raw then
-    local t = stored_int(raw, 'TAT')
-    if t > now then
-      tat[i] = t
-    end
+  emission[i], burst[i] = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  local bad
+  now, bad = gcra_args(now, cost, emission[i], burst[i])
+  if bad then
+    return redis.error_reply('ERR tower-redis-ratelimit: invalid argument ' .. bad)
   end
 end
 
-local retry = {}
+local tat, remaining, retry = {}, {}, {}
 local allowed = true
 for i = 1, n do
-  if cost > burst[i] then
-    retry[i] = -1
+  tat[i], remaining[i], retry[i] = gcra_at(redis.call('GET', KEYS[i]), now, cost, emission[i], burst[i])
+  if not tat[i] then
+    return redis.error_reply('ERR tower-redis-ratelimit: corrupted TAT under ' .. KEYS[i])
+  end
+  if retry[i] ~= 0 then
     allowed = false
-  else
-    local allow_at = tat[i] + cost * emission[i] - tolerance[i]
-    if allow_at > now then
-      retry[i] = allow_at - now
-      allowed = false
-    else
-      retry[i] = 0
-    end
   end
 end
 
-local remaining, reset = {}, {}
+local reset = {}
 for i = 1, n do
-  local t = tat[i]
   if allowed then
-    t = t + cost * emission[i]
-    redis.call('SET', KEYS[i], fmt(t), 'PX', ms_ceil(t - now))
+    tat[i] = tat[i] + cost * emission[i]
+    remaining[i] = remaining[i] - cost
+    redis.call('SET', KEYS[i], string.format('%d', tat[i]), 'PX',
+      string.format('%d', math.ceil((tat[i] - now) / 1000)))
   end
-  local left = math.floor((now + tolerance[i] - t) / emission[i])
-  if left < 0 then
-    left = 0
-  end
-  remaining[i] = left
-  reset[i] = t - now
+  reset[i] = tat[i] - now
 end
 
 local b = 1

@@ -1,9 +1,12 @@
--- tower-redis-ratelimit: shared prelude, prepended to every algorithm script except gcra.lua
--- (which inlines what it needs, for speed).
+-- tower-redis-ratelimit: shared prelude, prepended to every script but GCRA's checks and
+-- reservations (they have gcra_core.lua instead: fewer functions made per call).
 --
--- Conventions for every script (gcra.lua included):
+-- Conventions for every script (the GCRA ones included):
 --   * ARGV[1] is an explicit time in microseconds, or '' to use the server clock (TIME).
 --     The explicit form exists for tests and simulations only.
+--   * ARGV[2] is the cost, then come the algorithm's parameters, then what the call adds (a
+--     reservation's most units; where a refunded charge lies), in the same order in the
+--     check, the reservation and the refund of each algorithm.
 --   * Every other argument is a positive integer; all are validated here, before any write.
 --   * All arithmetic stays on integers below 2^52, where Lua's doubles are exact.
 --   * The reply is {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}.
@@ -56,11 +59,7 @@ local function member_total(m)
   return stored_int(string.sub(m, 1, 16), 'log member')
 end
 
--- 0 for a member written before sequence numbers existed.
 local function member_seq(m)
-  if #m == 16 then
-    return 0
-  end
   if string.sub(m, 17, 17) ~= ':' then
     fail('corrupted log member under ' .. KEYS[1])
   end
@@ -78,14 +77,14 @@ local function first_run(nkeys)
   return redis.call('SET', KEYS[nkeys + 1], '1', 'NX', 'PX', 30000) ~= false
 end
 
--- The leading arguments of a GCRA or token-bucket script (ARGV: now|'', emission_us, burst,
--- cost): the time, the emission interval, the burst, the cost and the tolerance (emission *
--- burst, which must stay below 2^52).
+-- The leading arguments of a token-bucket script (ARGV: now|'', cost, emission_us, burst): the
+-- time, the emission interval, the burst, the cost and the tolerance (emission * burst, which
+-- must stay below 2^52).
 local function bucket_args()
   local now = clock()
-  local emission = int_arg(2, 'emission', 1)
-  local burst = int_arg(3, 'burst', 1)
-  local cost = int_arg(4, 'cost', 1)
+  local emission = int_arg(3, 'emission', 1)
+  local burst = int_arg(4, 'burst', 1)
+  local cost = int_arg(2, 'cost', 1)
   local tolerance = emission * burst
   if tolerance > MAX then
     fail('invalid argument burst')

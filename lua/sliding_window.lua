@@ -3,30 +3,27 @@
 --          member = 'TOTAL:SEQ': TOTAL is the running total of units admitted up to and
 --          including this request (increasing), zero-padded to 16 digits so that members
 --          sharing a score sort in numeric order; SEQ is the request's sequence number in this
---          log (never reused), which a refund names it by. Members written before SEQ existed
---          are the 16 digits alone.
+--          log (never reused), which a refund names it by.
 -- KEYS[2]  hash: a = running total of the newest member, r = running total of the newest
 --          expired member, l = time of the newest member (the log never moves backwards in
 --          time), s = the last sequence number given
--- ARGV     now|'', window_us, limit, cost
+-- ARGV     now|'', cost, window_us, limit
 -- Reply    the shared 4 integers; when admitted, then the member's time and sequence number.
 -- Units in the window are a - r: no loop over members, O(log n) per call. A refund
 -- (sliding_window_refund.lua) removes a member and moves the totals on one side of it,
 -- rewriting at most 64 members.
 local now = clock()
-local window = int_arg(2, 'window', 1000)
-local limit = int_arg(3, 'limit', 1)
-local cost = int_arg(4, 'cost', 1)
+local window = int_arg(3, 'window', 1000)
+local limit = int_arg(4, 'limit', 1)
+local cost = int_arg(2, 'cost', 1)
 
 local added, removed, last, seq = 0, 0, 0, 0
 local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l', 's')
-if meta[1] or meta[2] or meta[3] then
+if meta[1] or meta[2] or meta[3] or meta[4] then
   added = stored_int(meta[1], 'admitted total')
   removed = stored_int(meta[2], 'expired total')
   last = stored_int(meta[3], 'timestamp')
-  if meta[4] then
-    seq = stored_int(meta[4], 'sequence number')
-  end
+  seq = stored_int(meta[4], 'sequence number')
 else
   -- The hash is gone but the log may not be (eviction, a stray DEL): rebuild the totals from
   -- the log, counting every member still in it as in use. This over-counts, never under-counts.

@@ -15,14 +15,14 @@
 -- less than none. A member already out of the window, or gone, has nothing to give back.
 -- KEYS[1]  the log (see sliding_window.lua)
 -- KEYS[2]  its hash
--- ARGV     now|'', window_us, limit, cost, the member's time, the member's sequence number
+-- ARGV     now|'', cost, window_us, limit, the member's time, the member's sequence number
 -- Reply    1 when the units were given back, 0 otherwise (nothing to give, or moved)
 local REWRITE = 64
 
 local now = clock()
-local window = int_arg(2, 'window', 1000)
-int_arg(3, 'limit', 1)
-local cost = int_arg(4, 'cost', 1)
+local window = int_arg(3, 'window', 1000)
+int_arg(4, 'limit', 1)
+local cost = int_arg(2, 'cost', 1)
 local at = int_arg(5, 'time', 0)
 local seq = int_arg(6, 'sequence number', 1)
 

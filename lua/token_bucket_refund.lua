@@ -5,7 +5,7 @@
 -- away, as a rested one does.
 -- KEYS[1]  the bucket hash; KEYS[2] its refund ledger; KEYS[3], optionally, a marker key (see
 --          `first_run` in prelude.lua)
--- ARGV     now|'', emission_us, burst, cost, when the check was admitted, when the check left
+-- ARGV     now|'', cost, emission_us, burst, when the check was admitted, when the check left
 --          the bucket full again
 -- Reply    1 when tokens were given back, 0 otherwise
 local now, emission, burst, cost, tolerance = bucket_args()

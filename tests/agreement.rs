@@ -1,5 +1,8 @@
 //! MemoryStore and RedisStore make the same decisions for the same random sequences of
-//! (time step, cost), for every algorithm (a property test against real Redis).
+//! (time step, cost, refund), for every algorithm (a property test against real Redis): each
+//! algorithm's check script alone and in its batch form (a batching store), and its refund
+//! script. (Reservations, which no public call makes at an explicit time, are held to the
+//! in-memory twin in `src/store/redis/reserve.rs`.)
 
 mod common;
 
@@ -11,7 +14,8 @@ use std::{
 use common::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::{
-    Algorithm, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    Algorithm, Batching, Decision, Gcra, MemoryStore, Quota, RateLimiter, RedisStore,
+    SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -21,8 +25,9 @@ struct Case {
     limit: u32,
     burst: u32,
     period_s: u64,
-    /// (time step in µs, cost)
-    steps: Vec<(u64, u32)>,
+    /// (time step in µs, cost, before the check: the refund of the allowed decision this many
+    /// back, if any)
+    steps: Vec<(u64, u32, Option<usize>)>,
 }
 
 fn cases() -> impl Strategy<Value = Case> {
@@ -42,7 +47,8 @@ fn cases() -> impl Strategy<Value = Case> {
                 1 => Just(period_s * 1_000_000),
             ];
             let max_cost = limit.max(burst) + 2;
-            let steps = prop::collection::vec((step, 1..=max_cost), 1..60);
+            let refund = prop_oneof![3 => Just(None), 1 => (0usize..4).prop_map(Some)];
+            let steps = prop::collection::vec((step, 1..=max_cost, refund), 1..60);
             steps.prop_map(move |steps| Case {
                 limit,
                 burst,
@@ -54,31 +60,60 @@ fn cases() -> impl Strategy<Value = Case> {
 
 static CASE_ID: AtomicU64 = AtomicU64::new(0);
 
-async fn agree<A: Algorithm>(redis: &RedisStore, make: impl Fn() -> A, case: &Case) {
+/// The stores of a run: one Redis store sending each call alone, one batching (a check on it
+/// runs the batch form of its algorithm's script).
+struct Stores {
+    single: RedisStore,
+    batched: RedisStore,
+}
+
+async fn agree<A: Algorithm>(redis: &Stores, make: impl Fn() -> A, case: &Case) {
     let prefix = format!("agree{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
-    let timeout = Duration::from_secs(5);
-    let on_redis = RateLimiter::builder(redis.clone(), make())
-        .prefix(&prefix)
-        .store_timeout(timeout)
-        .build()
-        .unwrap();
+    let on = |store: &RedisStore, prefix: &str| {
+        RateLimiter::builder(store.clone(), make())
+            .prefix(prefix)
+            .store_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let on_redis = on(&redis.single, &prefix);
+    let batched = on(&redis.batched, &format!("{prefix}b"));
     let in_memory = RateLimiter::builder(MemoryStore::new(), make())
         .prefix(&prefix)
         .build()
         .unwrap();
     let mut now = T0;
-    for (i, &(step, cost)) in case.steps.iter().enumerate() {
+    // Allowed decisions not given back yet: (Redis, batched, in memory).
+    let mut held: Vec<[Decision; 3]> = Vec::new();
+    for (i, &(step, cost, refund)) in case.steps.iter().enumerate() {
         now += step;
+        if let Some(back) = refund.filter(|&b| b < held.len()) {
+            let [mut r, mut b, mut m] = held.remove(held.len() - 1 - back);
+            let r = on_redis.refund_at("k", &mut r, now).await.unwrap();
+            let b = batched.refund_at("k", &mut b, now).await.unwrap();
+            let m = in_memory.refund_at("k", &mut m, now).await.unwrap();
+            assert_eq!((r, b), (m, m), "refund before step {i} of {case:?}");
+        }
         let r = on_redis.check_at("k", cost, now).await.unwrap();
+        let b = batched.check_at("k", cost, now).await.unwrap();
         let m = in_memory.check_at("k", cost, now).await.unwrap();
         assert_eq!(r, m, "step {i} of {case:?}");
+        assert_eq!(b, m, "step {i} of {case:?}, batched");
+        if m.allowed {
+            held.push([r, b, m]);
+        }
     }
 }
 
-fn run(name: &str, check: impl Fn(&RedisStore, &Case) + Send) {
+fn run(name: &str, check: impl Fn(&Stores, &Case) + Send) {
     let redis = RedisServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt.block_on(redis.store());
+    let store = rt.block_on(async {
+        Stores {
+            single: redis.store().await,
+            batched: redis.store().await.with_batching(Batching::new()).unwrap(),
+        }
+    });
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 96,
         failure_persistence: None,
@@ -154,7 +189,7 @@ fn gcra_matches_token_bucket() {
             let tb = RateLimiter::new(MemoryStore::new(), TokenBucket::new(q).unwrap()).unwrap();
             rt.block_on(async {
                 let mut now = T0;
-                for &(step, cost) in &case.steps {
+                for &(step, cost, _) in &case.steps {
                     now += step;
                     let a = g.check_at("k", cost, now).await.unwrap();
                     let b = tb.check_at("k", cost, now).await.unwrap();

@@ -201,19 +201,23 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
     let redis_server = RedisServer::start();
     let mut conn = redis_server.conn();
     let g = Gcra::new(bucket_quota()).unwrap();
-    // The GCRA script as the store runs it (it stands alone, without the shared prelude).
-    let script = redis::Script::new(include_str!("../lua/gcra.lua"));
-    // Bad arguments straight to the script: errors, and no key is written.
+    // The GCRA script as the store runs it (after the GCRA core, without the prelude).
+    let script = redis::Script::new(concat!(
+        include_str!("../lua/gcra_core.lua"),
+        include_str!("../lua/gcra.lua")
+    ));
+    // Bad arguments (now, cost, emission, burst) straight to the script: errors, and no key
+    // is written.
     for args in [
-        vec!["", "0", "5", "1"],
-        vec!["", "100000", "5", "0"],
-        vec!["", "100000", "5", "-1"],
-        vec!["", "100000", "5", "1.5"],
-        vec!["", "100000", "5", "nan"],
-        vec!["", "100000", "abc", "1"],
-        vec!["x", "100000", "5", "1"],
-        vec!["", "100000", "5"],
-        vec!["", "4503599627370496", "2", "1"],
+        vec!["", "1", "0", "5"],
+        vec!["", "0", "100000", "5"],
+        vec!["", "-1", "100000", "5"],
+        vec!["", "1.5", "100000", "5"],
+        vec!["", "nan", "100000", "5"],
+        vec!["", "1", "100000", "abc"],
+        vec!["x", "1", "100000", "5"],
+        vec!["", "1", "100000"],
+        vec!["", "1", "4503599627370496", "2"],
     ] {
         let mut inv = script.prepare_invoke();
         inv.key("{bad}:g");

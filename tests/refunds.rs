@@ -369,7 +369,11 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
     let mut c = redis_server.conn();
     let prelude = include_str!("../lua/prelude.lua");
     let ledger = include_str!("../lua/refund_ledger.lua");
-    let gcra = Script::new(include_str!("../lua/gcra.lua"));
+    let gcra = Script::new(&format!(
+        "{}{}",
+        include_str!("../lua/gcra_core.lua"),
+        include_str!("../lua/gcra.lua")
+    ));
     let gcra_refund = Script::new(&format!(
         "{prelude}{ledger}{}",
         include_str!("../lua/gcra_refund.lua")
@@ -392,9 +396,9 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
             let reply: Vec<i64> = script
                 .key(key)
                 .arg(now)
+                .arg(1)
                 .arg(emission)
                 .arg(burst)
-                .arg(1)
                 .invoke(c)
                 .unwrap();
             let end = if reply[0] == 1 {
@@ -407,33 +411,24 @@ fn a_refund_resent_with_its_marker_gives_back_once() {
             (reply[0], end)
         };
         let refund = |c: &mut redis::Connection, marker: &str, end: u64| -> i64 {
-            if name == "gcra" {
-                gcra_refund
-                    .key(key)
-                    .key(&ledger_key)
-                    .key(marker)
-                    .arg(now)
-                    .arg(1)
-                    .arg(now)
-                    .arg(emission)
-                    .arg(burst)
-                    .arg(end)
-                    .invoke(c)
-                    .unwrap()
+            let script = if name == "gcra" {
+                &gcra_refund
             } else {
-                bucket_refund
-                    .key(key)
-                    .key(&ledger_key)
-                    .key(marker)
-                    .arg(now)
-                    .arg(emission)
-                    .arg(burst)
-                    .arg(1)
-                    .arg(now)
-                    .arg(end)
-                    .invoke(c)
-                    .unwrap()
-            }
+                &bucket_refund
+            };
+            // The same arguments for both: now, cost, emission, burst, admitted at, end.
+            script
+                .key(key)
+                .key(&ledger_key)
+                .key(marker)
+                .arg(now)
+                .arg(1)
+                .arg(emission)
+                .arg(burst)
+                .arg(now)
+                .arg(end)
+                .invoke(c)
+                .unwrap()
         };
         let mut end = 0;
         for _ in 0..3 {
@@ -964,9 +959,9 @@ async fn a_sliding_window_refund_does_bounded_work_whatever_the_log_size() {
                     .arg(format!("{base}:l2"))
                     .arg(format!("{base}:m2"))
                     .arg(T0 + i)
+                    .arg(1)
                     .arg(window.as_micros() as u64)
                     .arg(100_000)
-                    .arg(1)
                     .ignore();
             }
             pipe.query::<()>(&mut c).unwrap();

@@ -312,10 +312,14 @@ fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>
 }
 
 /// The script our store runs for `algorithm` (from the crate's `lua/`), the suffixes of its
-/// keys, and its arguments before the cost.
+/// keys, and its arguments after the cost.
 fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static str], [u64; 2]) {
-    static GCRA: LazyLock<Script> =
-        LazyLock::new(|| Script::new(include_str!("../../lua/gcra.lua")));
+    static GCRA: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(concat!(
+            include_str!("../../lua/gcra_core.lua"),
+            include_str!("../../lua/gcra.lua")
+        ))
+    });
     static BUCKET: LazyLock<Script> = LazyLock::new(|| {
         Script::new(concat!(
             include_str!("../../lua/prelude.lua"),
@@ -331,7 +335,7 @@ fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static s
     match algorithm.rule() {
         Rule::Gcra(r) => (&GCRA, &[":g"], [r.emission_us(), r.burst()]),
         Rule::TokenBucket(r) => (&BUCKET, &[":b"], [r.emission_us(), r.burst()]),
-        Rule::SlidingWindow(w) => (&WINDOW, &[":l", ":m"], [w.window_us(), w.limit()]),
+        Rule::SlidingWindow(w) => (&WINDOW, &[":l2", ":m2"], [w.window_us(), w.limit()]),
         other => panic!("no raw script for {other:?}"),
     }
 }
@@ -349,10 +353,10 @@ fn raw_script<A: Algorithm>(conn: RawConn, algorithm: A, prefix: String) -> Chec
                 invocation.key(format!("{{{prefix}:{key}}}{suffix}"));
             }
             invocation.arg(""); // no explicit time: the script reads Redis' TIME
+            invocation.arg(1); // cost
             for a in args {
                 invocation.arg(a);
             }
-            invocation.arg(1); // cost
             let reply: Vec<i64> = match conn {
                 RawConn::Multiplexed(mut conn) => invocation.invoke_async(&mut conn).await,
                 RawConn::Pool(pool) => {

@@ -23,6 +23,19 @@ macro_rules! prelude_script {
     };
 }
 
+/// A GCRA script of `lua/` with the GCRA core before it (and no prelude), built (and hashed)
+/// once: `static S: LazyLock<Script> = gcra_script!("gcra.lua");`.
+macro_rules! gcra_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/gcra_core.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+}
+
 mod batch;
 mod builder;
 mod connect;

@@ -1,8 +1,11 @@
 //! The Lua wire format of each algorithm: which script decides a check, its keys, its
 //! arguments, and how its reply reads.
 //!
-//! The scripts live in `lua/`; all but `gcra.lua` (the hottest, kept standalone) share
-//! `prelude.lua`; all but GCRA (`gcra_batch.lua`) get their batch form from `batch.lua`.
+//! The scripts live in `lua/`. GCRA's checks and reservations (`gcra.lua`, `gcra_batch.lua`,
+//! `gcra_reserve.lua`, `multi_gcra.lua`) follow the one GCRA core, `gcra_core.lua`; the other
+//! scripts follow `prelude.lua`. All but GCRA (`gcra_batch.lua`) get their batch form from
+//! `batch.lua`. Every script takes the time, then the cost, then the algorithm's parameters,
+//! then what the call adds.
 //! Keys derive from the check's base key by a suffix (see `keys.rs`), so every key of one
 //! check carries the base key's hash tag and lands on one cluster slot.
 
@@ -27,31 +30,38 @@ struct Scripts {
 }
 
 macro_rules! scripts {
-    ($file:literal) => {
+    // After `library` (the prelude, or the GCRA core); the batch form from `batch.lua`.
+    ($file:literal, after $library:literal) => {
         Scripts {
-            single: prelude_script!($file),
+            single: LazyLock::new(|| {
+                Script::new(concat!(
+                    include_str!(concat!("../../../lua/", $library)),
+                    include_str!(concat!("../../../lua/", $file))
+                ))
+            }),
             batch: LazyLock::new(|| {
                 batch_form(
-                    include_str!("../../../lua/prelude.lua"),
+                    include_str!(concat!("../../../lua/", $library)),
                     include_str!(concat!("../../../lua/", $file)),
                 )
             }),
         }
     };
-    ($file:literal, standalone, batch: $batch:literal) => {
+    // GCRA: a batch form of its own.
+    ($file:literal, gcra, batch: $batch:literal) => {
         Scripts {
-            single: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file)))),
-            batch: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $batch)))),
+            single: gcra_script!($file),
+            batch: gcra_script!($batch),
         }
     };
 }
 
 /// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
 /// check), with the argument layout of `batch.lua`.
-static GCRA: Scripts = scripts!("gcra.lua", standalone, batch: "gcra_batch.lua");
-static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua");
-static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua");
-static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua");
+static GCRA: Scripts = scripts!("gcra.lua", gcra, batch: "gcra_batch.lua");
+static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua", after "prelude.lua");
+static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua", after "prelude.lua");
+static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
 
 /// The refund scripts (one call each, never batched).
 static GCRA_REFUND: LazyLock<Script> =
@@ -103,17 +113,17 @@ impl<'a> Wire<'a> {
             Rule::Gcra(r) => builtin(
                 &GCRA,
                 Keys::Suffixes(&[keys::GCRA]),
-                Args::Three([r.emission_us(), r.burst(), c]),
+                Args::Three([c, r.emission_us(), r.burst()]),
             ),
             Rule::TokenBucket(r) => builtin(
                 &TOKEN_BUCKET,
                 Keys::Suffixes(&[keys::BUCKET]),
-                Args::Three([r.emission_us(), r.burst(), c]),
+                Args::Three([c, r.emission_us(), r.burst()]),
             ),
             Rule::SlidingWindow(w) => builtin(
                 &SLIDING_WINDOW,
                 Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
-                Args::Three([w.window_us(), w.limit(), c]),
+                Args::Three([c, w.window_us(), w.limit()]),
             ),
             Rule::Multi(rates) => builtin(
                 &MULTI_GCRA,
@@ -169,7 +179,7 @@ impl<'a> Wire<'a> {
                 Some(p) => alone(
                     &GCRA_REFUND,
                     Keys::Suffixes(&[keys::GCRA, keys::GCRA_LEDGER]),
-                    vec![c, p.at_us, r.emission_us(), r.burst(), p.ends()[0]],
+                    vec![c, r.emission_us(), r.burst(), p.at_us, p.ends()[0]],
                 ),
                 None => Ok(None),
             },
@@ -177,7 +187,7 @@ impl<'a> Wire<'a> {
                 Some(p) => alone(
                     &TOKEN_BUCKET_REFUND,
                     Keys::Suffixes(&[keys::BUCKET, keys::BUCKET_LEDGER]),
-                    vec![r.emission_us(), r.burst(), c, p.at_us, p.ends()[0]],
+                    vec![c, r.emission_us(), r.burst(), p.at_us, p.ends()[0]],
                 ),
                 None => Ok(None),
             },
@@ -186,7 +196,7 @@ impl<'a> Wire<'a> {
                     script: &SLIDING_WINDOW_REFUND,
                     batch: None,
                     keys: Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
-                    args: Args::List(vec![w.window_us(), w.limit(), c, e.at_us, e.seq]),
+                    args: Args::List(vec![c, w.window_us(), w.limit(), e.at_us, e.seq]),
                     marker: None,
                 })),
                 _ => Ok(None),
@@ -194,10 +204,12 @@ impl<'a> Wire<'a> {
             Rule::Multi(rates) => match placed(rates.len()) {
                 Some(p) => {
                     let mut args = Vec::with_capacity(2 + 3 * rates.len());
-                    args.extend([c, p.at_us]);
-                    for (r, end) in rates.iter().zip(p.ends()) {
-                        args.extend([r.emission_us(), r.burst(), *end]);
+                    args.push(c);
+                    for r in rates {
+                        args.extend([r.emission_us(), r.burst()]);
                     }
+                    args.push(p.at_us);
+                    args.extend(p.ends());
                     alone(&GCRA_REFUND, Keys::PartsAndLedgers(algorithm.parts()), args)
                 }
                 None => Ok(None),
