@@ -18,7 +18,8 @@ use std::{
 
 use common::limiter;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Gcra, MemoryStore, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    algorithm::{Algorithm, MultiLimit},
+    redis, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
 
 /// The system allocator, counting the bytes live on the heap.

@@ -31,8 +31,12 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, ConcurrencyLimiter, Gcra, MemoryStore, MultiLimit, Quota,
-    RateLimitLayer, RateLimiter, RedisStore, Rule, SlidingWindow, TokenBucket, UnitLease,
+    algorithm::{Algorithm, MultiLimit, Rule},
+    concurrency::ConcurrencyLimiter,
+    rate_limit::UnitLease,
+    redis,
+    store::redis::Batching,
+    Gcra, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 fn env(name: &str, default: u64) -> u64 {
@@ -247,8 +251,9 @@ async fn main() {
         let url = redis.url();
         async move {
             let manager =
-                tower_redis_ratelimit::bb8_redis::RedisConnectionManager::new(url).unwrap();
-            let pool = tower_redis_ratelimit::bb8::Pool::builder()
+                tower_redis_ratelimit::store::redis::bb8_redis::RedisConnectionManager::new(url)
+                    .unwrap();
+            let pool = tower_redis_ratelimit::store::redis::bb8::Pool::builder()
                 .max_size(8)
                 .test_on_check_out(ping)
                 .build(manager)

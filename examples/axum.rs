@@ -7,7 +7,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::{
-    Gcra, MemoryStore, PeerIp, Quota, RateLimitLayer, RateLimiter, RedisStore, Store,
+    store::Store, Gcra, MemoryStore, PeerIp, Quota, RateLimitLayer, RateLimiter, RedisStore,
 };
 
 #[tokio::main]

@@ -30,7 +30,8 @@ use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, Store, ThrottleLayer,
+    store::Store, throttle::ThrottleLayer, MemoryStore, Quota, RateLimiter, RedisStore,
+    SlidingWindow,
 };
 
 /// Units per operation, as the provider charges them.

@@ -15,7 +15,7 @@ use axum::{
 };
 use http::{header::CONTENT_TYPE, request::Parts, Method, StatusCode};
 use tower_redis_ratelimit::{
-    HeaderKey, MemoryStore, MissingKey, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
+    extract::MissingKey, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
 };
 
 /// Units per operation, as a provider like Gmail charges them.

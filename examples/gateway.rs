@@ -55,9 +55,13 @@ use axum::{
     Router,
 };
 use tower_redis_ratelimit::{
-    Algorithm, Batching, ClientIp, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra,
-    GlobalKey, HeaderKey, HeaderStyle, KeyExtractor, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, StatusSet, Store, TokenBucket, UnitLease,
+    algorithm::Algorithm,
+    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    rate_limit::{HeaderStyle, StatusSet, UnitLease},
+    store::redis::Batching,
+    store::Store,
+    ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
+    RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -158,7 +162,7 @@ fn parse_args() -> Result<Args, String> {
         redis_ca: None,
         redis_cert: None,
         redis_key: None,
-        connect_timeout: tower_redis_ratelimit::DEFAULT_CONNECT_TIMEOUT,
+        connect_timeout: tower_redis_ratelimit::store::redis::DEFAULT_CONNECT_TIMEOUT,
         lazy_connect: false,
         algorithm: "gcra".into(),
         limit: 10,

@@ -36,7 +36,7 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, Store, ThrottleLayer,
+    store::Store, throttle::ThrottleLayer, Gcra, MemoryStore, Quota, RateLimiter, RedisStore,
 };
 
 const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \

@@ -18,8 +18,10 @@ use axum::{
 use http::{header::CONTENT_TYPE, StatusCode};
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::{
-    Class, ClientIp, ConfigError, Decision, FailurePolicy, Gcra, HeaderKey, KeyExtractor,
-    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, Store,
+    rate_limit::{Class, Decision},
+    store::Store,
+    ClientIp, ConfigError, FailurePolicy, Gcra, HeaderKey, KeyExtractor, MemoryStore, Quota,
+    RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
 };
 
 /// Every route but `/login`: 100 requests a minute per client, in bursts of up to 20.

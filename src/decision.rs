@@ -15,7 +15,7 @@ use crate::{
 /// layer); the struct may gain fields, so it cannot be built by hand.
 ///
 /// ```
-/// # use tower_redis_ratelimit::Decision;
+/// # use tower_redis_ratelimit::rate_limit::Decision;
 /// fn describe(d: &Decision) -> String {
 ///     match (d.allowed, d.retry_after) {
 ///         (true, _) => format!("ok, {} of {} left", d.remaining, d.limit),
@@ -49,7 +49,7 @@ pub struct Decision {
     /// local share of the quota ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
     pub degraded: bool,
     /// Every limit's state when the algorithm decides several at once
-    /// ([`MultiLimit`](crate::MultiLimit)); the fields above then describe the binding one
+    /// ([`MultiLimit`](crate::algorithm::MultiLimit)); the fields above then describe the binding one
     /// (when denied: the longest wait; when allowed: the fewest units left). Empty otherwise.
     pub limits: Vec<LimitState>,
     /// What an allowed check took, for [`RateLimiter::refund`](crate::RateLimiter::refund).

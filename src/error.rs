@@ -115,7 +115,7 @@ pub enum ConnectErrorKind {
 /// and the step, and the cause as its [`source`](StdError::source) when there is one.
 ///
 /// ```
-/// use tower_redis_ratelimit::{ConnectErrorKind, Error, RedisStore};
+/// use tower_redis_ratelimit::{Error, RedisStore, store::redis::ConnectErrorKind};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// // Nothing listens on port 1.

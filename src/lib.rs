@@ -37,48 +37,26 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 
-mod algorithm;
+pub mod algorithm;
 pub mod concurrency;
 mod core;
 mod decision;
 mod error;
-mod extract;
+pub mod extract;
 mod http;
 mod quota;
-mod rate_limit;
-mod store;
+pub mod rate_limit;
+pub mod store;
 pub mod telemetry;
 pub mod throttle;
 mod unique_id;
 
-pub use algorithm::{
-    Algorithm, BucketRate, Gcra, MemoryState, MultiLimit, Outcome, PartInfo, PartOutcome, Rule,
-    Scripted, SlidingWindow, TokenBucket, WindowRate,
-};
-pub use concurrency::{
-    ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimiter, ConcurrencyLimiterBuilder, Permit,
-};
-pub use core::{CircuitBreaker, FailurePolicy, LimiterStats, UnitLease};
-pub use decision::{Charge, Decision, LimitState};
-pub use error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorScope};
-pub use extract::{
-    key_fn, ClientIp, GlobalKey, HeaderKey, Key, KeyExtractor, KeyFn, MissingKey, Or, PeerIp,
-    ProxyHeader,
-};
-pub use http::{BoxError, HeaderStyle, ResponseBody};
-pub use quota::Quota;
-pub use rate_limit::{
-    headers, Class, PolicyId, RateLimit, RateLimitLayer, RateLimiter, RateLimiterBuilder,
-    ResponseFuture, StatusSet,
-};
-pub use store::{
-    redis::{Batching, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
-    Learned, ManualClock, MemoryStore, MemoryStoreBuilder, Store,
-};
-pub use throttle::{Throttle, ThrottleError, ThrottleLayer};
+pub use algorithm::{Gcra, Quota, SlidingWindow, TokenBucket};
+pub use error::{ConfigError, Error};
+pub use extract::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+pub use rate_limit::{RateLimitLayer, RateLimiter};
+pub use store::{memory::MemoryStore, redis::RedisStore, FailurePolicy};
 
-// The crates whose types appear in this API, so users can name matching versions.
-pub use bb8;
-pub use bb8_redis;
-
+/// The Redis client this crate is built on, so that connections you build yourself
+/// ([`RedisStore::from_connection`], [`RedisStore::from_cluster`]) match its version.
 pub use redis;

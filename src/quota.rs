@@ -2,7 +2,7 @@
 
 use std::{fmt, time::Duration};
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// Largest integer every script handles exactly (Lua numbers are doubles).
 pub(crate) const MAX_EXACT: u64 = 1 << 52;

@@ -22,9 +22,11 @@
 //! A store that decides without waiting (`MemoryStore`) is not timed: its decisions report a
 //! store latency of zero.
 
+pub use crate::core::LimiterStats;
+
 use std::time::{Duration, Instant};
 
-use crate::{Decision, Error};
+use crate::{decision::Decision, error::Error};
 
 /// Metric names.
 pub const DECISIONS: &str = "ratelimit_decisions_total";

@@ -22,7 +22,7 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    throttle::AdaptiveStats, Gcra, Quota, RateLimiter, RedisStore, ThrottleLayer,
+    throttle::AdaptiveStats, throttle::ThrottleLayer, Gcra, Quota, RateLimiter, RedisStore,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -437,7 +437,8 @@ async fn a_rate_limited_get_is_sent_again_after_the_pause() {
 async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
     use std::time::{SystemTime, UNIX_EPOCH};
     use tower_redis_ratelimit::{
-        throttle::DEFAULT_429_PAUSE, ManualClock, MemoryStore, Store, ThrottleError,
+        store::memory::ManualClock, store::Store, throttle::ThrottleError,
+        throttle::DEFAULT_429_PAUSE, MemoryStore,
     };
 
     let redis = RedisServer::start();

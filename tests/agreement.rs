@@ -14,8 +14,8 @@ use std::{
 use common::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::{
-    Algorithm, Batching, Decision, Gcra, MemoryStore, Quota, RateLimiter, RedisStore,
-    SlidingWindow, TokenBucket,
+    algorithm::Algorithm, rate_limit::Decision, store::redis::Batching, Gcra, MemoryStore, Quota,
+    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -162,7 +162,7 @@ fn sliding_window_memory_matches_redis() {
 
 #[test]
 fn multi_limit_memory_matches_redis() {
-    use tower_redis_ratelimit::MultiLimit;
+    use tower_redis_ratelimit::algorithm::MultiLimit;
     run("multi-limit", |store, case| {
         let fast = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
         // A slower second limit, so either can bind.

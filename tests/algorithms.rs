@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use common::{each_backend, keys_with_pttl, limiter, RedisServer};
 use tower_redis_ratelimit::{
-    Algorithm, Decision, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    algorithm::Algorithm, rate_limit::Decision, Gcra, MemoryStore, Quota, RateLimiter,
+    SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -376,7 +377,7 @@ impl<A: Algorithm> Check for RateLimiter<A> {
 }
 
 /// Burst 5 (one unit every 100 ms) and 8 a day, decided together.
-async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::MultiLimit>) {
+async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::algorithm::MultiLimit>) {
     let k = "multi";
     for left in (0..5).rev() {
         let d = at(&l, k, 1, T0).await;
@@ -409,7 +410,7 @@ async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::MultiLimit>) {
 
 #[tokio::test]
 async fn multi_limit_maths_on_redis_and_memory() {
-    use tower_redis_ratelimit::MultiLimit;
+    use tower_redis_ratelimit::algorithm::MultiLimit;
     let redis = RedisServer::start();
     let m = || {
         MultiLimit::new([
@@ -434,7 +435,7 @@ async fn multi_limit_maths_on_redis_and_memory() {
 
 #[test]
 fn multi_limit_rejects_bad_configuration() {
-    use tower_redis_ratelimit::MultiLimit;
+    use tower_redis_ratelimit::algorithm::MultiLimit;
     let q = Quota::per_second(1);
     let field = |r: Result<MultiLimit, tower_redis_ratelimit::ConfigError>| r.unwrap_err().field();
     assert_eq!(

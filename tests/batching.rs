@@ -16,8 +16,12 @@ use std::{
 
 use common::{dead_redis_url, RedisCluster, RedisServer};
 use tower_redis_ratelimit::{
-    redis, Algorithm, Batching, CircuitBreaker, Decision, Error, Gcra, MultiLimit, Quota,
-    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    algorithm::{Algorithm, MultiLimit},
+    rate_limit::Decision,
+    redis,
+    store::redis::Batching,
+    store::CircuitBreaker,
+    Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 /// A limiter of `algorithm` on `store` under `prefix` (its keys are `{prefix:default:KEY}`),
@@ -383,7 +387,7 @@ async fn a_stalled_call_times_out_and_frees_its_slot() {
 /// get their replies.
 #[tokio::test]
 async fn custom_scripts_batch_and_a_bad_reply_fails_alone() {
-    use tower_redis_ratelimit::{Outcome, Rule, Scripted};
+    use tower_redis_ratelimit::algorithm::{Outcome, Rule, Scripted};
 
     /// Counts its key's checks; costs 2 and 3 stand for a script that answers nil and a
     /// string.

@@ -16,7 +16,8 @@ use std::{
 
 use common::{limiter, RedisCluster};
 use tower_redis_ratelimit::{
-    redis, CircuitBreaker, Gcra, MultiLimit, Quota, RateLimiter, RedisStore, SlidingWindow,
+    algorithm::MultiLimit, redis, store::CircuitBreaker, Gcra, Quota, RateLimiter, RedisStore,
+    SlidingWindow,
 };
 
 fn node_id(node: &common::RedisServer) -> String {

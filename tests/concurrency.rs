@@ -22,8 +22,12 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    redis, ConcurrencyLimitLayer, ConcurrencyLimiter, FailurePolicy, Gcra, GlobalKey, HeaderKey,
-    ManualClock, MemoryStore, Permit, Quota, RateLimitLayer, RateLimiter, RedisStore, Store,
+    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, Permit},
+    redis,
+    store::memory::ManualClock,
+    store::Store,
+    FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
+    RedisStore,
 };
 
 /// Generous: a bound that catches a hang or a leaked slot, not a benchmark.
@@ -780,7 +784,7 @@ fn bad_configuration_is_an_error_naming_the_field() {
     assert_eq!(field(b(1).max_key_len(3).build()), "max_key_len");
     assert_eq!(
         field(
-            b(1).circuit_breaker(tower_redis_ratelimit::CircuitBreaker::new(
+            b(1).circuit_breaker(tower_redis_ratelimit::store::CircuitBreaker::new(
                 1,
                 Duration::ZERO
             ))
@@ -1172,8 +1176,10 @@ async fn keep_sending<S>(
     period: Duration,
     tasks: &mut Vec<tokio::task::JoinHandle<StatusCode>>,
 ) where
-    S: Service<Request<Body>, Response = Response<tower_redis_ratelimit::ResponseBody<Body>>>
-        + Clone
+    S: Service<
+            Request<Body>,
+            Response = Response<tower_redis_ratelimit::rate_limit::ResponseBody<Body>>,
+        > + Clone
         + Send
         + 'static,
     S::Error: std::fmt::Debug,

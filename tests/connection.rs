@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::{proxy::Proxy, RedisServer};
 use tower_redis_ratelimit::{
-    redis, Batching, CircuitBreaker, Error, Gcra, Quota, RateLimiter, RedisStore,
+    redis, store::redis::Batching, store::CircuitBreaker, Error, Gcra, Quota, RateLimiter,
+    RedisStore,
 };
 
 fn limiter(store: RedisStore, timeout: Duration) -> RateLimiter<Gcra> {

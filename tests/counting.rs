@@ -19,8 +19,10 @@ use common::{dead_redis_url, each_algorithm, each_backend};
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, util::BoxCloneService, ServiceExt};
 use tower_redis_ratelimit::{
-    Algorithm, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
-    RedisStore, ResponseBody, Rule, Scripted, Store,
+    algorithm::{Algorithm, Rule, Scripted},
+    rate_limit::ResponseBody,
+    store::Store,
+    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
 };
 
 /// The app under the layer: `401` for requests marked `x-fail`, `200` otherwise, after a
@@ -388,7 +390,7 @@ fn counting_nothing_is_a_config_error() {
     let limiter =
         RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1)).unwrap()).unwrap();
     let err = RateLimitLayer::new(limiter, HeaderKey::new("x-account").unwrap())
-        .count_only(tower_redis_ratelimit::StatusSet::new().with_class(6))
+        .count_only(tower_redis_ratelimit::rate_limit::StatusSet::new().with_class(6))
         .unwrap_err();
     assert_eq!(err.field(), "count_only");
 }

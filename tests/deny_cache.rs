@@ -13,7 +13,7 @@ use std::{
 use common::RedisServer;
 use tower_redis_ratelimit::{Gcra, Quota, RateLimiter, RedisStore, SlidingWindow};
 
-fn build<A: tower_redis_ratelimit::Algorithm>(
+fn build<A: tower_redis_ratelimit::algorithm::Algorithm>(
     store: RedisStore,
     a: A,
     prefix: &str,
@@ -28,7 +28,7 @@ fn build<A: tower_redis_ratelimit::Algorithm>(
 }
 
 /// Floods one key from 16 tasks for `secs`; returns (allowed, elapsed).
-async fn flood<A: tower_redis_ratelimit::Algorithm>(
+async fn flood<A: tower_redis_ratelimit::algorithm::Algorithm>(
     l: &RateLimiter<A>,
     secs: u64,
 ) -> (u64, Duration) {

@@ -15,7 +15,8 @@ use std::{
 
 use common::{each_backend, Backend};
 use tower_redis_ratelimit::{
-    Algorithm, Gcra, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    algorithm::{Algorithm, MultiLimit},
+    Gcra, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
 
 const INSTANCES: usize = 8;

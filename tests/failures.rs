@@ -16,8 +16,8 @@ use common::{counting, dead_redis_url, RedisServer};
 use http::{Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    redis, ConnectErrorKind, Error, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    redis, store::redis::ConnectErrorKind, Error, FailurePolicy, Gcra, GlobalKey, Quota,
+    RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(200);

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use http::{request::Parts, HeaderValue, Request};
 use proptest::prelude::*;
 use tower_redis_ratelimit::{
-    ClientIp, Gcra, HeaderKey, KeyExtractor, MemoryStore, PeerIp, ProxyHeader, Quota, RateLimiter,
+    extract::ProxyHeader, ClientIp, Gcra, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Quota,
+    RateLimiter,
 };
 
 /// Bytes a header value may hold: visible ASCII, space, tab and obs-text (0x80-0xFF).

@@ -19,8 +19,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Gcra, GlobalKey, HeaderKey, HeaderStyle, MissingKey, PeerIp, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, SlidingWindow,
+    extract::MissingKey, rate_limit::HeaderStyle, Gcra, GlobalKey, HeaderKey, PeerIp, Quota,
+    RateLimitLayer, RateLimiter, RedisStore, SlidingWindow,
 };
 
 fn limiter(store: RedisStore, prefix: &str, quota: Quota) -> RateLimiter<Gcra> {
@@ -476,7 +476,7 @@ async fn problem_details_and_partition_key() {
 /// bypass the limiter.
 #[tokio::test]
 async fn tiers_and_bypass() {
-    use tower_redis_ratelimit::Class;
+    use tower_redis_ratelimit::rate_limit::Class;
     #[derive(Clone)]
     struct Plan(&'static str);
 
@@ -573,7 +573,7 @@ async fn tiers_and_bypass() {
 /// handle is answered 503 and never decided under a policy it was not meant for.
 #[tokio::test]
 async fn a_policy_handle_of_another_layer_is_refused() {
-    use tower_redis_ratelimit::{Class, MemoryStore};
+    use tower_redis_ratelimit::{rate_limit::Class, MemoryStore};
     let store = MemoryStore::new();
     let limiter = |name: &str| {
         RateLimiter::builder(store.clone(), Gcra::new(Quota::per_hour(5)).unwrap())
@@ -634,7 +634,7 @@ async fn a_duplicate_policy_name_in_one_layer_is_an_error() {
 /// and `Retry-After` covers the longest wait.
 #[tokio::test]
 async fn multi_limit_headers_and_problem_details() {
-    use tower_redis_ratelimit::MultiLimit;
+    use tower_redis_ratelimit::algorithm::MultiLimit;
     let redis = RedisServer::start();
     let limits = MultiLimit::new([
         ("per-minute", Quota::per_minute(2)),
@@ -759,8 +759,10 @@ async fn a_down_store_is_asked_once_then_the_local_share_decides() {
 #[tokio::test]
 async fn a_store_deciding_at_once_is_asked_once_per_request() {
     use tower_redis_ratelimit::{
-        Algorithm, Decision, Error, ErrorScope, FailurePolicy, MemoryState, MemoryStore, Outcome,
-        Rule,
+        algorithm::{Algorithm, MemoryState, Outcome, Rule},
+        rate_limit::Decision,
+        store::ErrorScope,
+        Error, FailurePolicy, MemoryStore,
     };
 
     /// GCRA, counting the store's decisions (its in-memory twin runs once per ask).

@@ -8,8 +8,8 @@ use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
-    Gcra, HeaderKey, ManualClock, MemoryStore, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
-    TokenBucket,
+    store::memory::ManualClock, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
+    SlidingWindow, TokenBucket,
 };
 
 /// The app under test: 3 requests a minute per API key.

@@ -12,7 +12,8 @@ use metrics_util::{
     CompositeKey,
 };
 use tower_redis_ratelimit::{
-    telemetry, CircuitBreaker, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer, RateLimiter,
+    store::CircuitBreaker, telemetry, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer,
+    RateLimiter,
 };
 
 fn find(

@@ -14,8 +14,11 @@ use common::{counting, RedisServer};
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Algorithm, Class, FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota,
-    RateLimitLayer, RateLimiter, RedisStore, Rule, Scripted, SlidingWindow, Store,
+    algorithm::{Algorithm, Rule, Scripted},
+    rate_limit::Class,
+    store::Store,
+    FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
+    RedisStore, SlidingWindow,
 };
 
 /// A general limit and a stricter log-in limit on one store: the log-in limit is not spent by

@@ -17,7 +17,8 @@ use common::{
     RedisServer,
 };
 use tower_redis_ratelimit::{
-    redis, ConnectErrorKind, Error, ErrorScope, Gcra, Quota, RateLimiter, RedisStore,
+    redis, store::redis::ConnectErrorKind, store::ErrorScope, Error, Gcra, Quota, RateLimiter,
+    RedisStore,
 };
 
 fn connect_kind(result: Result<RedisStore, Error>) -> (ConnectErrorKind, String) {

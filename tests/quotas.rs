@@ -15,8 +15,11 @@ use futures_util::future::join_all;
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Algorithm, Error, Gcra, HeaderKey, Key, ManualClock, MemoryStore, MultiLimit, Quota,
-    RateLimitLayer, RateLimiter, SlidingWindow, Store,
+    algorithm::{Algorithm, MultiLimit},
+    extract::Key,
+    store::memory::ManualClock,
+    store::Store,
+    Error, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
 };
 
 const PLANS: [(&str, u32); 3] = [("free", 3), ("team", 7), ("pro", 12)];

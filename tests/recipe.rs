@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use common::RedisServer;
 use recipe::{BROWSE, LOGIN};
-use tower_redis_ratelimit::{redis, MemoryStore, Quota, Store};
+use tower_redis_ratelimit::{redis, store::Store, MemoryStore, Quota};
 
 const IP_1: &str = "127.0.0.1";
 const IP_2: &str = "127.0.0.2";

@@ -16,8 +16,9 @@ use std::{
 use common::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::{
-    Algorithm, Decision, Gcra, LimitState, MemoryStore, MultiLimit, Quota, RateLimiter, RedisStore,
-    SlidingWindow, TokenBucket,
+    algorithm::{Algorithm, MultiLimit},
+    rate_limit::{Decision, LimitState},
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;

@@ -17,8 +17,8 @@ use common::{counting, RedisServer};
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    redis, CircuitBreaker, FailurePolicy, Gcra, HeaderKey, Quota, RateLimitLayer, RateLimiter,
-    RedisStore,
+    redis, store::CircuitBreaker, FailurePolicy, Gcra, HeaderKey, Quota, RateLimitLayer,
+    RateLimiter, RedisStore,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -144,7 +144,7 @@ async fn send<S>(svc: &S, key: &str) -> (u16, bool)
 where
     S: tower::Service<
             Request<Body>,
-            Response = http::Response<tower_redis_ratelimit::ResponseBody<Body>>,
+            Response = http::Response<tower_redis_ratelimit::rate_limit::ResponseBody<Body>>,
             Error = std::convert::Infallible,
         > + Clone,
 {

@@ -16,8 +16,8 @@ use common::{counting, RedisServer};
 use http::Request;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    redis, CircuitBreaker, Error, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer,
-    RateLimiter, RateLimiterBuilder, RedisStore, SlidingWindow, TokenBucket,
+    rate_limit::RateLimiterBuilder, redis, store::CircuitBreaker, Error, FailurePolicy, Gcra,
+    GlobalKey, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(150);
@@ -141,7 +141,7 @@ async fn flood<S>(svc: S, tasks: usize, per_task: usize) -> (Vec<(u16, u64)>, Du
 where
     S: tower::Service<
             Request<Body>,
-            Response = http::Response<tower_redis_ratelimit::ResponseBody<Body>>,
+            Response = http::Response<tower_redis_ratelimit::rate_limit::ResponseBody<Body>>,
             Error = std::convert::Infallible,
         > + Clone
         + Send

@@ -22,8 +22,8 @@ use common::{
     RedisServer,
 };
 use tower_redis_ratelimit::{
-    CircuitBreaker, ConnectErrorKind, Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow,
-    TokenBucket,
+    store::redis::ConnectErrorKind, store::CircuitBreaker, Error, Gcra, Quota, RateLimiter,
+    RedisStore, SlidingWindow, TokenBucket,
 };
 
 async fn sentinel_store(setup: &SentinelSetup, connect_timeout: Duration) -> RedisStore {
@@ -572,7 +572,9 @@ async fn a_sentinel_naming_a_server_that_refuses_the_password_does_not_hide_the_
     }
 }
 
-fn connect_error(result: Result<RedisStore, Error>) -> tower_redis_ratelimit::ConnectError {
+fn connect_error(
+    result: Result<RedisStore, Error>,
+) -> tower_redis_ratelimit::store::redis::ConnectError {
     match result {
         Err(Error::Connect(e)) => e,
         Err(other) => panic!("expected a connect error, got {other:?}"),

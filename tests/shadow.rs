@@ -20,8 +20,8 @@ use futures_util::future::join_all;
 use http::{Request, Response};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    Algorithm, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
-    Store,
+    algorithm::Algorithm, store::Store, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota,
+    RateLimitLayer, RateLimiter,
 };
 
 const LIMIT: u32 = 5;
@@ -228,7 +228,7 @@ async fn a_throttle_in_shadow_mode_never_waits() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = ServiceBuilder::new()
         .layer(
-            tower_redis_ratelimit::ThrottleLayer::new(
+            tower_redis_ratelimit::throttle::ThrottleLayer::new(
                 limiter.clone(),
                 HeaderKey::new("x-key").unwrap(),
             )

@@ -18,7 +18,8 @@ use std::{
 
 use common::RedisServer;
 use tower_redis_ratelimit::{
-    Algorithm, CircuitBreaker, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    algorithm::Algorithm, store::CircuitBreaker, Gcra, Quota, RateLimiter, RedisStore,
+    SlidingWindow, TokenBucket,
 };
 
 const QUOTA: u64 = 50;

@@ -13,7 +13,10 @@ use std::{
 use common::{limiter, RedisServer};
 use http::{Request, Response};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_redis_ratelimit::{Gcra, Quota, ThrottleError, ThrottleLayer};
+use tower_redis_ratelimit::{
+    throttle::{ThrottleError, ThrottleLayer},
+    Gcra, Quota,
+};
 
 fn echo(
 ) -> impl tower::Service<Request<()>, Response = Response<()>, Error = Infallible, Future = impl Send>

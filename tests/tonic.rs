@@ -78,7 +78,7 @@ async fn peer_ip_keys_tonic_calls_by_the_client_address() {
     use std::net::IpAddr;
 
     use tonic::transport::{server::TcpIncoming, Server};
-    use tower_redis_ratelimit::{MissingKey, PeerIp, RateLimitLayer};
+    use tower_redis_ratelimit::{extract::MissingKey, PeerIp, RateLimitLayer};
 
     let redis = RedisServer::start();
     let l = limiter(

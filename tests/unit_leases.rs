@@ -11,8 +11,9 @@ use std::{
 
 use common::{command_calls, RedisServer};
 use tower_redis_ratelimit::{
-    Algorithm, Gcra, MemoryStore, MultiLimit, Quota, RateLimiter, SlidingWindow, TokenBucket,
-    UnitLease,
+    algorithm::{Algorithm, MultiLimit},
+    rate_limit::UnitLease,
+    Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, TokenBucket,
 };
 
 /// `n` limiters (each on its own connection, as separate instances would be) leasing one
@@ -350,7 +351,7 @@ async fn a_reservation_cut_by_the_timeout_leaves_nothing_waiting() {
     )
     .prefix("cut")
     .store_timeout(Duration::from_millis(200))
-    .circuit_breaker(tower_redis_ratelimit::CircuitBreaker::disabled())
+    .circuit_breaker(tower_redis_ratelimit::store::CircuitBreaker::disabled())
     .lease(UnitLease::up_to(Duration::from_millis(50)))
     .build()
     .unwrap();
@@ -406,7 +407,7 @@ async fn a_corrupted_state_is_an_error_not_a_lease() {
 /// store's batching.
 mod review {
     use super::*;
-    use tower_redis_ratelimit::Batching;
+    use tower_redis_ratelimit::store::redis::Batching;
 
     async fn limiter(
         redis: &RedisServer,

@@ -17,9 +17,15 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::{
-    bb8, bb8_redis::RedisConnectionManager, redis, redis::Script, Algorithm, FailurePolicy, Gcra,
-    HeaderKey, HeaderStyle, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, Rule,
-    SlidingWindow, Store, TokenBucket,
+    algorithm::{Algorithm, Rule},
+    rate_limit::HeaderStyle,
+    redis,
+    redis::Script,
+    store::redis::bb8,
+    store::redis::bb8_redis::RedisConnectionManager,
+    store::Store,
+    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
+    SlidingWindow, TokenBucket,
 };
 
 /// A boxed, sendable future.
@@ -612,7 +618,9 @@ pub async fn hot_allowed(c: &mut Contenders, url: &str) {
                     .store_timeout(TIMEOUT)
                     .on_store_error(FailurePolicy::Closed);
                 let builder = match lease {
-                    true => builder.lease(tower_redis_ratelimit::UnitLease::up_to(LEASE_LIFETIME)),
+                    true => builder.lease(tower_redis_ratelimit::rate_limit::UnitLease::up_to(
+                        LEASE_LIFETIME,
+                    )),
                     false => builder,
                 };
                 let limiter = builder.build().expect("limiter config");

@@ -313,7 +313,7 @@ async fn run(config: Config) {
     // one script call. No raw ceiling of its own (compared with the one-call-per-check script).
     let batched = store
         .clone()
-        .with_batching(tower_redis_ratelimit::Batching::new())
+        .with_batching(tower_redis_ratelimit::store::redis::Batching::new())
         .expect("batching");
     contenders::ours_redis(&mut c, "batched", &batched, None, "multiplexed", &ALL_ALGS);
 

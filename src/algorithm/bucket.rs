@@ -3,7 +3,7 @@
 use std::{num::NonZeroU32, time::Duration};
 
 use super::rate::BucketRate;
-use crate::{ConfigError, Quota};
+use crate::{error::ConfigError, quota::Quota};
 
 /// A quota and the bucket rate it validates to: capacity `burst`, refilled at `limit` per
 /// `period`.

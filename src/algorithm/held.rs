@@ -19,13 +19,13 @@
 //! The same arithmetic runs in `lua/refund_ledger.lua`; the ledger is stored there as a
 //! string of integers: `until floor` then `at moved_at back until` per record.
 
-use crate::Error;
+use crate::error::Error;
 
 /// Records a key's ledger keeps; beyond them the two oldest are merged.
 pub(crate) const RECORDS: usize = 16;
 
 /// Where an admitted check's charge lies on its key's time: when it was admitted, and for
-/// each limit (one, or each limit of a [`MultiLimit`](crate::MultiLimit)) the stored time it
+/// each limit (one, or each limit of a [`MultiLimit`](crate::algorithm::MultiLimit)) the stored time it
 /// left, when the charge would have drained had nothing been given back since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placed {

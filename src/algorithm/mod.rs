@@ -46,13 +46,13 @@ pub(crate) use self::{
     held::Placed,
     outcome::{LogEntry, Position},
 };
+pub use crate::quota::Quota;
 
 use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
 
 use crate::{
     decision::Charge,
     error::{ConfigError, Error},
-    quota::Quota,
 };
 
 /// A rate-limiting algorithm: its parameters (for the headers and for stores) and its
@@ -172,7 +172,7 @@ impl fmt::Debug for Rule<'_> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tower_redis_ratelimit::{Algorithm, Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow};
+/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter, SlidingWindow, algorithm::Algorithm};
 ///
 /// # fn run(exact: bool) -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let quota = Quota::per_minute(100);

@@ -23,11 +23,11 @@ use crate::{
 ///
 /// Each limit is a GCRA bucket (capacity `burst`, refilled at `limit` per `period`) stored as
 /// one integer. Every limit appears in the `RateLimit-Policy` and `RateLimit` headers as its own
-/// item, under its name; `Retry-After` covers the longest wait; the [`Decision`](crate::Decision)
-/// fields describe the binding limit and [`Decision::limits`](crate::Decision::limits) all of them.
+/// item, under its name; `Retry-After` covers the longest wait; the [`Decision`](crate::rate_limit::Decision)
+/// fields describe the binding limit and [`Decision::limits`](crate::rate_limit::Decision::limits) all of them.
 ///
 /// ```
-/// use tower_redis_ratelimit::{MultiLimit, Quota};
+/// use tower_redis_ratelimit::{Quota, algorithm::MultiLimit};
 ///
 /// let limits = MultiLimit::new([
 ///     ("burst", Quota::per_second(10)),

@@ -1,5 +1,5 @@
 //! What an algorithm answers for one check, in microseconds: the store's raw answer before
-//! it becomes a [`Decision`](crate::Decision), and what an algorithm says about its limits.
+//! it becomes a [`Decision`](crate::rate_limit::Decision), and what an algorithm says about its limits.
 
 use std::{sync::Arc, time::Duration};
 
@@ -88,7 +88,7 @@ impl Outcome {
     /// [`Error::InvalidReply`], never a panic and never an "allowed".
     ///
     /// ```
-    /// use tower_redis_ratelimit::Outcome;
+    /// use tower_redis_ratelimit::algorithm::Outcome;
     ///
     /// let o = Outcome::from_ints(&[0, 0, 250, 900]).unwrap();
     /// assert_eq!((o.allowed, o.retry_after_us), (false, Some(250)));

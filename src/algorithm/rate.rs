@@ -1,6 +1,9 @@
 //! Validated rates: what the stores run, in integer microseconds.
 
-use crate::{quota::MAX_EXACT, ConfigError, Quota};
+use crate::{
+    error::ConfigError,
+    quota::{Quota, MAX_EXACT},
+};
 
 /// A validated bucket rate (GCRA, token bucket): one unit every `emission_us` microseconds,
 /// at most `burst` units stored.

@@ -16,7 +16,7 @@ use crate::error::Error;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{Algorithm, Rule, Scripted};
+/// use tower_redis_ratelimit::algorithm::{Algorithm, Rule, Scripted};
 ///
 /// /// A fixed window: at most 10 per window of 60 s (the key expires with its window).
 /// struct FixedWindow;

@@ -3,7 +3,7 @@
 use std::{any::Any, collections::VecDeque};
 
 use super::held::Ledger;
-use crate::Error;
+use crate::error::Error;
 
 /// One key's state in a [`MemoryStore`](crate::MemoryStore), with its expiry.
 ///
@@ -247,7 +247,7 @@ impl MemoryState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorScope;
+    use crate::error::ErrorScope;
 
     /// Two algorithms storing different types under one key: an error about that key, as
     /// Redis answers `WRONGTYPE`, never a reply error or a reset state.

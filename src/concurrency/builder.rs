@@ -5,8 +5,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::{kept::Releases, limiter::ConcurrencyLimiter, semaphore::Semaphore};
 use crate::{
-    core::{common_options, Core, FailurePolicy, Options},
+    core::{common_options, Core, Options},
     error::ConfigError,
+    store::FailurePolicy,
     store::{MemoryStore, SlotTerms, Store},
 };
 
@@ -108,7 +109,7 @@ impl ConcurrencyLimiterBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+    /// use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};
     ///
     /// let err = ConcurrencyLimiter::builder(MemoryStore::new(), 0).build().unwrap_err();
     /// assert_eq!(err.field(), "max_in_flight");

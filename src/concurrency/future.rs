@@ -13,11 +13,10 @@ use tower_service::Service;
 
 use super::{limiter::ConcurrencyLimiter, permit::Permit, Busy};
 use crate::{
-    core::FailurePolicy,
-    error::Chain,
-    error::Error,
+    error::{Chain, Error},
     http::{headers::render_concurrency, Responder, ResponseBody},
     store::BoxFuture,
+    store::FailurePolicy,
 };
 
 /// How to answer one request.

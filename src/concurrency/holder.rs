@@ -9,7 +9,10 @@ use std::sync::{
 use tokio::{runtime::Handle, time::Instant};
 
 use super::{kept::Kept, releases, semaphore::Semaphore};
-use crate::{error::Chain, error::Error, extract::Key};
+use crate::{
+    error::{Chain, Error},
+    extract::Key,
+};
 
 /// A holder of (maybe) one permit: what a [`Permit`](super::Permit), its renewal task and
 /// its release share.

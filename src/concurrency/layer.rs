@@ -35,7 +35,7 @@ use crate::{
 /// are counted again at their next renewal, and once an instance that used that Redis before
 /// notices, the limiter admits no new request for a third of the time to live plus two store
 /// timeouts (`429`s meanwhile), so the limit holds after any number of restarts; see
-/// [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder#when-redis-loses-the-permits)
+/// [`ConcurrencyLimiterBuilder`](crate::concurrency::ConcurrencyLimiterBuilder#when-redis-loses-the-permits)
 /// for the exact bound.
 ///
 /// A request over the limit never reaches the inner service: `429 Too Many Requests`
@@ -49,7 +49,7 @@ use crate::{
 /// `Open` lets the request through unlimited and without headers, `Closed` answers `503` with
 /// `Retry-After: 1` (gRPC `UNAVAILABLE`), `Local` admits it to a semaphore in this process at
 /// the local share (see
-/// [`ConcurrencyLimiterBuilder::local_share`](crate::ConcurrencyLimiterBuilder::local_share)).
+/// [`ConcurrencyLimiterBuilder::local_share`](crate::concurrency::ConcurrencyLimiterBuilder::local_share)).
 ///
 /// It composes with [`RateLimitLayer`](crate::RateLimitLayer) on the same key, in either order:
 /// outside it, a request refused for concurrency spends no rate units; inside it, every request
@@ -57,7 +57,7 @@ use crate::{
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_redis_ratelimit::{ConcurrencyLimitLayer, ConcurrencyLimiter, HeaderKey, MemoryStore};
+/// use tower_redis_ratelimit::{HeaderKey, MemoryStore, concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter}};
 ///
 /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 2)
@@ -131,7 +131,7 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     ///
     /// ```
     /// use axum::{http::StatusCode, response::IntoResponse};
-    /// use tower_redis_ratelimit::{concurrency::ConcurrencyLimitLayer, ConcurrencyLimiter, GlobalKey, MemoryStore};
+    /// use tower_redis_ratelimit::{concurrency::ConcurrencyLimitLayer, GlobalKey, MemoryStore, concurrency::ConcurrencyLimiter};
     ///
     /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 2).build()?;

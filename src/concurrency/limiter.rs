@@ -4,10 +4,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::{permit::Permit, semaphore::Semaphore};
 use crate::{
-    core::{FailurePolicy, LimiterStats},
-    error::Error,
-    extract::Key,
-    store::BoxFuture,
+    core::LimiterStats, error::Error, extract::Key, store::BoxFuture, store::FailurePolicy,
 };
 
 /// At most N requests of one key in flight at once, across every instance sharing a store: a
@@ -17,9 +14,9 @@ use crate::{
 /// [`Permit`] that holds it; dropping the permit gives it back. While held, the permit is renewed
 /// in the background, so requests may run for as long as they need; an instance that crashes
 /// stops renewing, and its permits come back by themselves within one
-/// [time to live](crate::ConcurrencyLimiterBuilder::permit_ttl). Usable on its own (a job runner allowing two
+/// [time to live](crate::concurrency::ConcurrencyLimiterBuilder::permit_ttl). Usable on its own (a job runner allowing two
 /// exports per customer at once) and the engine of
-/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
+/// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer).
 ///
 /// In Redis a key's holders are a sorted set under `{prefix:policy:key}:c`, the same hash tag
 /// as a [`RateLimiter`](crate::RateLimiter)'s keys for that key: on a cluster, both limits of a
@@ -30,7 +27,7 @@ use crate::{
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{ConcurrencyLimiter, FailurePolicy, RedisStore};
+/// use tower_redis_ratelimit::{FailurePolicy, RedisStore, concurrency::ConcurrencyLimiter};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -96,7 +93,7 @@ impl ConcurrencyLimiter {
     /// [`RateLimiter::storage_key`](crate::RateLimiter::storage_key) for how keys are written).
     ///
     /// ```
-    /// # use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+    /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};
     /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 4).build().unwrap();
     /// assert_eq!(limiter.storage_key("k-123"), "{rl:concurrency:k-123}:c");
     /// ```
@@ -134,7 +131,7 @@ impl ConcurrencyLimiter {
     /// circuit breaker, degraded permits.
     ///
     /// ```
-    /// # use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+    /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;
     /// let held = limiter.acquire("k").await?;

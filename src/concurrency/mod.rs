@@ -12,8 +12,8 @@
 //! use axum::{routing::get, Router};
 //! use tower::ServiceBuilder;
 //! use tower_redis_ratelimit::{
-//!     ConcurrencyLimitLayer, ConcurrencyLimiter, Gcra, PeerIp, Quota, RateLimitLayer,
-//!     RateLimiter, RedisStore,
+//!     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+//!     Gcra, PeerIp, Quota, RateLimitLayer, RateLimiter, RedisStore,
 //! };
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -32,11 +32,11 @@ use crate::error::Error;
 /// unrenewed, or the store lost its state), [`is_lost`](Self::is_lost) turns true and the
 /// renewal puts the permit back: the request counts again, even if its key is then over the
 /// limit (new requests of the key are refused until enough end). The request is never
-/// interrupted. See [`ConcurrencyLimiterBuilder`](crate::ConcurrencyLimiterBuilder) for what
+/// interrupted. See [`ConcurrencyLimiterBuilder`](crate::concurrency::ConcurrencyLimiterBuilder) for what
 /// this bounds after Redis loses its state.
 ///
 /// ```
-/// use tower_redis_ratelimit::{ConcurrencyLimiter, MemoryStore};
+/// use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;

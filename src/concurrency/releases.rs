@@ -15,10 +15,7 @@ use futures_util::StreamExt;
 use tokio::{runtime::Handle, time::Instant};
 
 use super::{kept::Kept, semaphore::Semaphore};
-use crate::{
-    error::Chain,
-    error::{Error, ErrorScope},
-};
+use crate::error::{Chain, Error, ErrorScope};
 
 /// The most releases one limiter keeps; beyond, a failed release's permit comes back when its
 /// lease ends.

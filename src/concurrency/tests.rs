@@ -13,8 +13,8 @@ use super::{
 };
 use crate::error::Error;
 use crate::{
-    store::{Acquired, Backend, BoxFuture, Namespaces, SlotTerms, StoreKey},
-    ConcurrencyLimiter, MemoryStore, Store,
+    concurrency::ConcurrencyLimiter,
+    store::{Acquired, Backend, BoxFuture, MemoryStore, Namespaces, SlotTerms, Store, StoreKey},
 };
 
 /// An in-memory store whose releases fail (as an unavailable store) while `down`.
@@ -30,11 +30,11 @@ impl Store for Flaky {}
 impl Backend for Flaky {
     fn check<'a>(
         &'a self,
-        algorithm: &'a dyn crate::Algorithm,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
         key: StoreKey<'a>,
         cost: u32,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<crate::Outcome, Error>> {
+    ) -> BoxFuture<'a, Result<crate::algorithm::Outcome, Error>> {
         self.inner.check(algorithm, key, cost, now_us)
     }
 

@@ -6,77 +6,10 @@ use std::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         OnceLock,
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
-use crate::ConfigError;
-
-/// When the limiter stops calling a failing store.
-///
-/// After `failures` consecutive failures of the store as a whole
-/// ([`ErrorScope::Store`](crate::ErrorScope::Store): timeouts, connection errors, and
-/// server-wide refusals such as `OOM`, `READONLY`, `NOAUTH`, `BUSY`, `LOADING`), the
-/// breaker opens: checks fail at once with [`Error::CircuitOpen`](crate::Error::CircuitOpen)
-/// (and the layer applies its failure policy) for `cool_down`. Then one check is let through as
-/// a probe: success closes the breaker, failure opens it for another `cool_down`. State changes
-/// are logged with `tracing` (`warn` when opening, `info` when closing).
-///
-/// Errors that show the store is up (a `WRONGTYPE` under one key, a corrupted value) do not
-/// count.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_redis_ratelimit::CircuitBreaker;
-///
-/// let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
-/// let off = CircuitBreaker::disabled();
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CircuitBreaker {
-    failures: u32,
-    cool_down: Duration,
-}
-
-impl Default for CircuitBreaker {
-    /// 5 failures in a row, 1 s cool-down.
-    fn default() -> Self {
-        Self::new(5, Duration::from_secs(1))
-    }
-}
-
-impl CircuitBreaker {
-    /// Opens after `failures` consecutive failures, for `cool_down`.
-    pub const fn new(failures: u32, cool_down: Duration) -> Self {
-        Self {
-            failures,
-            cool_down,
-        }
-    }
-
-    /// Never opens: every check calls the store.
-    pub const fn disabled() -> Self {
-        Self {
-            failures: 0,
-            cool_down: Duration::ZERO,
-        }
-    }
-
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.failures > 0 && self.cool_down.is_zero() {
-            return Err(ConfigError::new(
-                "circuit_breaker.cool_down",
-                "must be more than zero (use CircuitBreaker::disabled() to turn it off)",
-            ));
-        }
-        if self.cool_down > Duration::from_secs(3600) {
-            return Err(ConfigError::new(
-                "circuit_breaker.cool_down",
-                "must be at most one hour",
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::store::CircuitBreaker;
 
 fn monotonic_us() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -193,6 +126,7 @@ impl Drop for Attempt<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn opens_after_failures_then_probes_once_and_closes() {

@@ -2,28 +2,25 @@
 //! limit claims in it, the circuit breaker and the timeout around each store call, the
 //! failure policy with its local share, and the counters and telemetry.
 //!
-//! [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) and
+//! [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) and
 //! the throttle each hold one [`Core`] and add what is theirs (an algorithm with its deny cache
 //! and unit leases; a limit of requests in flight). Their builders share [`Options`]: the
 //! options every limit has, validated in one place.
 
 mod breaker;
 mod deny_cache;
-mod failure;
 mod lease;
 mod names;
 mod options;
 mod stats;
 
-pub use self::{
-    breaker::CircuitBreaker, failure::FailurePolicy, lease::UnitLease, stats::LimiterStats,
-};
 pub(crate) use self::{
     deny_cache::DenyCache,
     lease::{Leasing, Return},
     options::{common_options, Options},
     stats::Counters,
 };
+pub use self::{lease::UnitLease, stats::LimiterStats};
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
@@ -31,7 +28,7 @@ use self::breaker::BreakerState;
 use crate::{
     error::Error,
     extract::Key,
-    store::{within, BoxFuture, Claim, Store, StoreKey},
+    store::{within, BoxFuture, CircuitBreaker, Claim, FailurePolicy, Store, StoreKey},
     telemetry,
 };
 

@@ -1,7 +1,7 @@
 //! What a prefix and a policy name may contain: they become part of every Redis key and of the
 //! `RateLimit` headers.
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// Checks a limiter's `prefix` and `policy_name`; the error names the field.
 pub(crate) fn check(prefix: &str, policy: &str) -> Result<(), ConfigError> {

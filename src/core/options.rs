@@ -3,10 +3,13 @@
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use super::{
-    breaker::BreakerState, names, CircuitBreaker, Core, Counters, FailurePolicy,
-    DEFAULT_MAX_KEY_LEN, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    breaker::BreakerState, names, Core, Counters, DEFAULT_MAX_KEY_LEN, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT,
 };
-use crate::{error::ConfigError, store::Store};
+use crate::{
+    error::ConfigError,
+    store::{CircuitBreaker, FailurePolicy, Store},
+};
 
 /// The options of a limit that are not about what it limits.
 #[derive(Debug, Clone)]
@@ -114,8 +117,8 @@ macro_rules! common_options {
         }
 
         /// When to stop calling a failing store (default: after 5 failures in a row, for
-        /// 1 s; see [`CircuitBreaker`](crate::CircuitBreaker)).
-        pub fn circuit_breaker(mut self, breaker: $crate::core::CircuitBreaker) -> Self {
+        /// 1 s; see [`CircuitBreaker`](crate::store::CircuitBreaker)).
+        pub fn circuit_breaker(mut self, breaker: $crate::store::CircuitBreaker) -> Self {
             self.options.breaker = breaker;
             self
         }
@@ -124,7 +127,7 @@ macro_rules! common_options {
         /// [`FailurePolicy::Open`](crate::FailurePolicy::Open)). With
         /// [`FailurePolicy::Local`](crate::FailurePolicy::Local), also set
         /// [`local_share`](Self::local_share).
-        pub fn on_store_error(mut self, policy: $crate::core::FailurePolicy) -> Self {
+        pub fn on_store_error(mut self, policy: $crate::store::FailurePolicy) -> Self {
             self.options.failure = policy;
             self
         }

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of a limit ([`RateLimiter::stats`](crate::RateLimiter::stats),
-/// [`ConcurrencyLimiter::stats`](crate::ConcurrencyLimiter::stats)), for health checks and
+/// [`ConcurrencyLimiter::stats`](crate::concurrency::ConcurrencyLimiter::stats)), for health checks and
 /// tests. A concurrency limit counts its acquires as decisions; it has no deny cache, shadow
 /// mode nor refunds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct LimiterStats {
     /// Checks denied by the local deny cache without a store call.
     pub deny_cache_hits: u64,
     /// Requests a layer let through in shadow mode although they were denied (see
-    /// [`RateLimiterBuilder::shadow`](crate::RateLimiterBuilder::shadow)).
+    /// [`RateLimiterBuilder::shadow`](crate::rate_limit::RateLimiterBuilder::shadow)).
     pub shadow_denials: u64,
     /// Refunds that gave units back (see [`RateLimiter::refund`](crate::RateLimiter::refund)
     /// and [`RateLimitLayer::count_if`](crate::RateLimitLayer::count_if)).

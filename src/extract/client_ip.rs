@@ -4,7 +4,7 @@ use http::{header::FORWARDED, request::Parts};
 use ipnet::IpNet;
 
 use super::{canonical, peer_ip::peer_ip, Key, KeyExtractor};
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// Which header your trusted proxies append the client address to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

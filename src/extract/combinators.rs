@@ -40,7 +40,7 @@ impl<F> std::fmt::Debug for KeyFn<F> {
 /// `u64`, `IpAddr`, ...), without writing the closure's argument type.
 ///
 /// ```
-/// use tower_redis_ratelimit::{key_fn, Gcra, MemoryStore, Quota, RateLimitLayer, RateLimiter};
+/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimitLayer, RateLimiter, extract::key_fn};
 ///
 /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60)).unwrap()).unwrap();
 /// #[derive(Clone)]

@@ -1,7 +1,7 @@
 use http::{header::HeaderName, request::Parts};
 
 use super::{Key, KeyExtractor};
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The value of a request header, e.g. an API key.
 ///

@@ -15,7 +15,7 @@ use std::{
 ///
 /// ```
 /// use std::net::{IpAddr, Ipv4Addr};
-/// use tower_redis_ratelimit::Key;
+/// use tower_redis_ratelimit::extract::Key;
 ///
 /// let api_key = Key::from("k-123");
 /// let ip = Key::from(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)));

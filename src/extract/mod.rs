@@ -2,7 +2,7 @@
 //!
 //! A [`KeyExtractor`] reads the request head and returns the key whose quota the request
 //! spends, or `None` when the request has no key (see
-//! [`MissingKey`](crate::MissingKey) for what the layer then does; it is never a 500).
+//! [`MissingKey`] for what the layer then does; it is never a 500).
 //!
 //! Built-ins: [`GlobalKey`] (one quota for everybody), [`PeerIp`] (the TCP peer),
 //! [`ClientIp`] (the peer, or the forwarded client address when the peer is a trusted proxy)
@@ -14,7 +14,7 @@
 //! argument type:
 //!
 //! ```
-//! use tower_redis_ratelimit::{key_fn, KeyExtractor};
+//! use tower_redis_ratelimit::{KeyExtractor, extract::key_fn};
 //!
 //! // Per tenant, from a path like /tenants/{id}/...
 //! let by_tenant = key_fn(|parts| {

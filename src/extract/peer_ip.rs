@@ -18,7 +18,7 @@ use super::{canonical, Key, KeyExtractor};
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) count as their IPv4 address. Behind a
 /// reverse proxy every request has the proxy's address: use [`ClientIp`](crate::ClientIp) with
 /// the proxy's address as trusted. Without connection info the request has no key (see
-/// [`MissingKey`](crate::MissingKey)).
+/// [`MissingKey`](crate::extract::MissingKey)).
 ///
 /// ```
 /// use std::net::SocketAddr;

@@ -25,7 +25,7 @@ impl<T: Send + Sync> Guard for T {}
 
 pin_project! {
     /// Body of responses passing through this crate's middleware
-    /// ([`RateLimit`](crate::RateLimit), [`ConcurrencyLimit`](crate::ConcurrencyLimit)): the
+    /// ([`RateLimit`](crate::rate_limit::RateLimit), [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)): the
     /// inner service's body, the body of a rejection written by the limiter, or the body of
     /// a custom rejection ([`RateLimitLayer::on_limited`](crate::RateLimitLayer::on_limited)).
     /// Behind a concurrency limit, the inner service's body holds the request's permit until

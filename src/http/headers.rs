@@ -16,7 +16,7 @@
 use http::{header::RETRY_AFTER, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
-use crate::{extract::Out, store::KeyBuf, Decision};
+use crate::{decision::Decision, extract::Out, store::KeyBuf};
 
 /// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -192,7 +192,7 @@ pub(crate) fn value(bytes: &[u8]) -> HeaderValue {
 /// legacy fields and `Retry-After` replace earlier values.
 ///
 /// ```
-/// use tower_redis_ratelimit::{headers::render, Gcra, HeaderStyle, MemoryStore, Quota, RateLimiter};
+/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter, rate_limit::headers::render, rate_limit::HeaderStyle};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(100))?)

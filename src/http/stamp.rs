@@ -10,7 +10,7 @@ use super::headers::{
     policy_item, push_sf_string, reset_secs, state_item, valid_pk, value, write_u64, HeaderStyle,
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use crate::Decision;
+use crate::decision::Decision;
 
 /// A policy's `RateLimit-Policy` member for its configured quota, rendered once when the
 /// layer is built (it is the same on every response of the policy), and the start of its

@@ -5,8 +5,9 @@ use std::{fmt, sync::Arc};
 use super::{engine::RateEngine, limiter::RateLimiter};
 use crate::{
     algorithm::{Algorithm, Rule},
-    core::{common_options, Core, DenyCache, FailurePolicy, Leasing, Options, UnitLease},
+    core::{common_options, Core, DenyCache, Leasing, Options, UnitLease},
     error::ConfigError,
+    store::FailurePolicy,
     store::{MemoryStore, Store},
 };
 
@@ -90,19 +91,19 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     }
 
     /// Shadow (dry-run) mode, to roll a new limit out without risk (default off). The limiter
-    /// decides and records everything as usual (the [`Decision`](crate::Decision), its
+    /// decides and records everything as usual (the [`Decision`](crate::rate_limit::Decision), its
     /// counters, tracing and metrics), but a [`RateLimitLayer`](crate::RateLimitLayer) never
     /// rejects under this policy:
     ///
     /// - a request over its limit goes on to the inner service, with the rate-limit headers
     ///   of the denial (`r=0`, and `t` until it would have been allowed) but no `Retry-After`,
     ///   and is logged at `info` ("rate limit: would deny (shadow mode)") and counted
-    ///   ([`LimiterStats::shadow_denials`](crate::LimiterStats), the metric
+    ///   ([`LimiterStats::shadow_denials`](crate::telemetry::LimiterStats), the metric
     ///   `ratelimit_shadow_denials_total`);
     /// - a store failure lets the request through, whatever
     ///   [`on_store_error`](Self::on_store_error) says (it is still logged and counted).
     ///
-    /// A [`ThrottleLayer`](crate::ThrottleLayer) on such a limiter never waits nor fails: a
+    /// A [`ThrottleLayer`](crate::throttle::ThrottleLayer) on such a limiter never waits nor fails: a
     /// denial is counted and logged the same way, and the request goes out at once.
     ///
     /// A denied request spends nothing, as when enforcing, so the counts are the ones the
@@ -138,6 +139,8 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// ```
     /// # use std::time::Duration;
     /// # use tower_redis_ratelimit::*;
+    /// use tower_redis_ratelimit::rate_limit::UnitLease;
+    ///
     /// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(50_000))?)
     ///     .lease(UnitLease::up_to(Duration::from_millis(50)))
     ///     .build()?;
@@ -229,7 +232,7 @@ fn fingerprint(algorithm: &dyn Algorithm) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Error, Gcra, Quota};
+    use crate::{algorithm::Gcra, error::Error, quota::Quota};
     use std::time::Duration;
 
     fn builder() -> RateLimiterBuilder<Gcra> {

@@ -5,7 +5,7 @@ use std::{fmt, str::FromStr};
 
 use http::{HeaderMap, StatusCode};
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// Whether a response spends its request's units (see
 /// [`RateLimitLayer::count_if`](super::RateLimitLayer::count_if)).
@@ -17,7 +17,7 @@ pub(crate) type CountFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 ///
 /// ```
 /// use http::StatusCode;
-/// use tower_redis_ratelimit::StatusSet;
+/// use tower_redis_ratelimit::rate_limit::StatusSet;
 ///
 /// let failures: StatusSet = "401,403,5xx".parse()?;
 /// assert!(failures.contains(StatusCode::UNAUTHORIZED));

@@ -15,17 +15,16 @@ use tower_service::Service;
 
 use super::{counting::CountFn, engine::RateEngine};
 use crate::{
-    core::FailurePolicy,
     decision::Decision,
-    error::Chain,
-    error::Error,
+    error::{Chain, Error},
     extract::Key,
     http::{PolicyField, Responder, ResponseBody, Stamp},
     store::BoxFuture,
+    store::FailurePolicy,
 };
 
 pin_project! {
-    /// Response future of [`RateLimit`](crate::RateLimit).
+    /// Response future of [`RateLimit`](crate::rate_limit::RateLimit).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,

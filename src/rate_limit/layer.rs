@@ -30,7 +30,7 @@ use crate::{
 /// headers and `Retry-After` (gRPC requests: HTTP 200 with `grpc-status: 8`,
 /// RESOURCE_EXHAUSTED). When the store fails, the policy's
 /// [`FailurePolicy`](crate::FailurePolicy) decides (set on its limiter with
-/// [`RateLimiterBuilder::on_store_error`](crate::RateLimiterBuilder::on_store_error)).
+/// [`RateLimiterBuilder::on_store_error`](crate::rate_limit::RateLimiterBuilder::on_store_error)).
 ///
 /// Cloning is cheap: the configuration is shared; `K` and `A` need not be `Clone`.
 ///
@@ -97,7 +97,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// (field `policy_name`).
     ///
     /// ```
-    /// use tower_redis_ratelimit::*;
+    /// use tower_redis_ratelimit::{rate_limit::Class, *};
     ///
     /// #[derive(Clone)]
     /// struct Plan(&'static str); // inserted by your authentication middleware
@@ -243,7 +243,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     ///   future was dropped before the response head was ready: counted. An attacker cannot
     ///   spend nothing by hanging up before the answer;
     /// - the refund failed in the store: counted (the units stay spent, a warning is logged
-    ///   and [`LimiterStats::refund_errors`](crate::LimiterStats::refund_errors) counts it);
+    ///   and [`LimiterStats::refund_errors`](crate::telemetry::LimiterStats::refund_errors) counts it);
     /// - the future was dropped while the refund was on its way: counted unless the refund
     ///   already reached the store (a refund is atomic: all or nothing).
     ///

@@ -4,12 +4,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::engine::RateEngine;
 use crate::{
-    algorithm::Algorithm,
-    core::{FailurePolicy, LimiterStats},
-    decision::Decision,
-    error::Error,
-    extract::Key,
-    quota::Quota,
+    algorithm::Algorithm, core::LimiterStats, decision::Decision, error::Error, extract::Key,
+    quota::Quota, store::FailurePolicy,
 };
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
@@ -91,7 +87,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// (see the README's "Quotas per request" for what an upgrade or a downgrade does to
     /// each algorithm). A quota that would not build the algorithm is an
     /// [`Error::Config`] naming the field (`quota.limit`, `quota.period`, `quota.burst`),
-    /// and nothing is spent; [`MultiLimit`](crate::MultiLimit) and custom algorithms take
+    /// and nothing is spent; [`MultiLimit`](crate::algorithm::MultiLimit) and custom algorithms take
     /// no quota per request (`quota`).
     ///
     /// ```

@@ -36,3 +36,8 @@ pub use self::{
     limiter::RateLimiter,
     service::RateLimit,
 };
+pub use crate::{
+    core::UnitLease,
+    decision::{Charge, Decision, LimitState},
+    http::{BoxError, HeaderStyle, ResponseBody},
+};

@@ -15,10 +15,10 @@ use super::{
     future::{Answer, Refund, ResponseFuture},
 };
 use crate::{
-    core::FailurePolicy,
     error::Error,
     extract::{Key, KeyExtractor},
     http::{headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
+    store::FailurePolicy,
     store::{BoxFuture, KeyBuf},
 };
 

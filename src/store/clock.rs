@@ -11,18 +11,18 @@ use std::{
 use crate::quota::MAX_EXACT;
 
 /// Time for a [`MemoryStore`](crate::MemoryStore) that moves only when you say: test your own
-/// limits without sleeping ([`MemoryStoreBuilder::clock`](crate::MemoryStoreBuilder::clock)).
+/// limits without sleeping ([`MemoryStoreBuilder::clock`](crate::store::memory::MemoryStoreBuilder::clock)).
 ///
 /// It starts at the wall-clock time it was made (so reset times in headers look like real
 /// ones) and then stands still; [`advance`](Self::advance) moves it forward. Clones share one
 /// time. A store on a manual clock decides everything on it (the limiters built on such a
 /// store keep no deny cache, whose deadlines would be in real time). A
-/// [`ThrottleLayer`](crate::ThrottleLayer) sleeps in real time for its quota, so it does not
+/// [`ThrottleLayer`](crate::throttle::ThrottleLayer) sleeps in real time for its quota, so it does not
 /// belong on a manual clock: it would wait for time that never comes, then fail.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{Gcra, ManualClock, MemoryStore, Quota, RateLimiter};
+/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter, store::memory::ManualClock};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = ManualClock::new();

@@ -1,4 +1,4 @@
-//! What a store keeps for a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter): per-key slots
+//! What a store keeps for a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter): per-key slots
 //! held under leases that expire (see [`Backend::acquire`](super::Backend::acquire)).
 //!
 //! Deadlines are on the store's clock (Redis `TIME`, a [`MemoryStore`](crate::MemoryStore)'s
@@ -35,7 +35,7 @@ impl Acquired {
     }
 }
 
-/// What a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) brings to each call on a key's
+/// What a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) brings to each call on a key's
 /// slots besides the key and the holder: its limit, its lease, how long to pause admissions
 /// after the store lost its state, and the store epochs it has seen.
 pub(crate) struct SlotTerms {

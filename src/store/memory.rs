@@ -1,13 +1,15 @@
 //! An in-process store with the same decisions as Redis.
 
+pub use super::clock::ManualClock;
+
 use std::{
     sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, ManualClock, Namespaces, Sharded,
-    SlotTerms, Store, StoreKey,
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Sharded, SlotTerms,
+    Store, StoreKey,
 };
 use crate::{
     algorithm::{Algorithm, MemoryState, Outcome},
@@ -128,7 +130,7 @@ impl MemoryStore {
     /// Settings for a store: its caps and its clock (see [`MemoryStoreBuilder`]).
     ///
     /// ```
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore};
+    /// use tower_redis_ratelimit::{MemoryStore, store::memory::ManualClock};
     ///
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::builder()
@@ -433,7 +435,7 @@ impl Backend for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Gcra, Key, Quota};
+    use crate::{algorithm::Gcra, extract::Key, quota::Quota};
 
     impl MemoryStore {
         /// `key` of namespace `t`, at `now`.
@@ -483,7 +485,7 @@ mod tests {
     /// the one holding the base key is swept while the other lives on under its own key.
     #[test]
     fn algorithms_sharing_a_base_key_keep_separate_states() {
-        use crate::TokenBucket;
+        use crate::algorithm::TokenBucket;
         let store = MemoryStore::new();
         let short = Gcra::new(Quota::per_second(1)).unwrap();
         let long = TokenBucket::new(Quota::per_hour(1)).unwrap();
@@ -566,7 +568,7 @@ mod tests {
     /// share plus the log of the key being decided.
     #[test]
     fn log_entries_stay_under_the_cap() {
-        use crate::SlidingWindow;
+        use crate::algorithm::SlidingWindow;
         let store = MemoryStore::builder()
             .max_keys(1_000_000)
             .max_log_entries(1_024)
@@ -592,7 +594,7 @@ mod tests {
     /// alone exceeds the cap still admits exactly its limit.
     #[test]
     fn a_key_is_never_cut_short_by_its_own_log() {
-        use crate::SlidingWindow;
+        use crate::algorithm::SlidingWindow;
         let store = MemoryStore::builder().max_log_entries(160).build().unwrap();
         let w = SlidingWindow::new(Quota::per_hour(5_000)).unwrap();
         let t0 = 1_700_000_000_000_000;

@@ -6,17 +6,19 @@
 //!   development and tests.
 
 mod backend;
-mod clock;
+pub(crate) mod clock;
+mod failure;
 mod key;
 mod leases;
 mod map_key;
-mod memory;
+pub mod memory;
 mod namespaces;
-pub(crate) mod redis;
+pub mod redis;
 mod reserved;
 mod sharded;
-mod upstream;
+pub(crate) mod upstream;
 
+pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
     backend::{Backend, BoxFuture},
     clock::micros,
@@ -27,11 +29,8 @@ pub(crate) use self::{
     sharded::{Expiring, Sharded},
     upstream::{Blind, Gate},
 };
-pub use self::{
-    clock::ManualClock,
-    memory::{MemoryStore, MemoryStoreBuilder},
-    upstream::Learned,
-};
+pub(crate) use self::{memory::MemoryStore, upstream::Learned};
+pub use crate::error::ErrorScope;
 
 use crate::error::Error;
 
@@ -57,7 +56,7 @@ pub(crate) async fn within<T>(
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter, Store};
+/// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter, store::Store};
 ///
 /// # fn run(redis: Option<tower_redis_ratelimit::RedisStore>) -> Result<(), tower_redis_ratelimit::ConfigError> {
 /// let store: Arc<dyn Store> = match redis {

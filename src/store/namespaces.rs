@@ -16,7 +16,7 @@ use crate::error::ConfigError;
 /// limiters on one store with the same namespace and algorithm but another quota would spend
 /// each other's counters (a log-in limit spent by browsing): building the second is a
 /// [`ConfigError`] unless both ask to share
-/// ([`RateLimiterBuilder::common_counters`](crate::RateLimiterBuilder::common_counters)).
+/// ([`RateLimiterBuilder::common_counters`](crate::rate_limit::RateLimiterBuilder::common_counters)).
 /// Limiters with the same algorithm and quota are the same policy and share freely, and so do
 /// instances of the app in other processes (that is the point of a shared store).
 ///

@@ -1,5 +1,5 @@
 //! A store's answer to a reservation: several units taken at once, for a unit lease (see
-//! [`UnitLease`](crate::UnitLease)).
+//! [`UnitLease`](crate::rate_limit::UnitLease)).
 
 use crate::algorithm::{Outcome, Placed, Position};
 
@@ -22,8 +22,12 @@ impl Reserved {
     /// `cost..=up_to` when allowed, or not 0 when denied) is an
     /// [`Error::InvalidReply`](crate::Error::InvalidReply): a broken reply never hands out more
     /// than was asked for.
-    pub(crate) fn from_ints(items: &[i64], cost: u32, up_to: u32) -> Result<Self, crate::Error> {
-        let bad = || crate::Error::InvalidReply(format!("a reservation answered {items:?}"));
+    pub(crate) fn from_ints(
+        items: &[i64],
+        cost: u32,
+        up_to: u32,
+    ) -> Result<Self, crate::error::Error> {
+        let bad = || crate::error::Error::InvalidReply(format!("a reservation answered {items:?}"));
         let (head, now) = match items {
             [head @ .., now] if items.len() == 6 => (head, Some(*now)),
             _ => (items, None),

@@ -1,4 +1,4 @@
-//! What a store keeps for an adaptive [`ThrottleLayer`](crate::ThrottleLayer): what an upstream
+//! What a store keeps for an adaptive [`ThrottleLayer`](crate::throttle::ThrottleLayer): what an upstream
 //! said about its limits, shared by every instance calling it (see
 //! [`Backend::take`](super::Backend::take) and [`Backend::learn`](super::Backend::learn)).
 //! Times are on the store's clock.
@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 /// What one answer of an upstream said about its limit, as
-/// [`ThrottleLayer::adaptive`](crate::ThrottleLayer::adaptive) reads it from the response's
+/// [`ThrottleLayer::adaptive`](crate::throttle::ThrottleLayer::adaptive) reads it from the response's
 /// headers (see [`read_limits`](crate::throttle::read_limits)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use crate::Store;
+use crate::store::Store;
 
 /// What an adaptive throttle learned (see
 /// [`ThrottleLayer::adaptive_stats`](super::ThrottleLayer::adaptive_stats)).

@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::adaptive::Adaptive;
-use crate::{extract::CostFn, RateLimiter};
+use crate::{extract::CostFn, rate_limit::RateLimiter};
 
 /// The limiter, the key and cost of a request, the longest wait, and what is learned from
 /// the upstream.

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{Decision, Error};
+use crate::{decision::Decision, error::Error};
 
 /// The error of a throttled call that could not get its quota in time.
 #[derive(Debug)]
@@ -17,7 +17,7 @@ pub enum ThrottleError {
     /// The store failed (the policy for throttles is closed: the call is not made).
     Store(Error),
     /// The upstream said to pause (or its window has no units left) for longer than the
-    /// maximum wait allows ([`ThrottleLayer::adaptive`](crate::ThrottleLayer::adaptive)).
+    /// maximum wait allows ([`ThrottleLayer::adaptive`](crate::throttle::ThrottleLayer::adaptive)).
     UpstreamPaused {
         /// How long until the call could go.
         wait: std::time::Duration,

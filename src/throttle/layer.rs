@@ -18,7 +18,7 @@ use crate::{
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
 ///
 /// The service's error is a [`tower::BoxError`](https://docs.rs/tower/latest/tower/type.BoxError.html):
-/// the inner service's error, or a [`ThrottleError`](crate::ThrottleError). A store failure fails the call rather than
+/// the inner service's error, or a [`ThrottleError`](crate::throttle::ThrottleError). A store failure fails the call rather than
 /// let it exceed a third party's limit.
 ///
 /// `R` says whether a request the upstream answered 429 is sent again: [`NoRetry`] (the
@@ -91,7 +91,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     }
 
     /// The longest a request waits for its quota before failing with
-    /// [`ThrottleError::WouldExceedMaxWait`](crate::ThrottleError::WouldExceedMaxWait) (default
+    /// [`ThrottleError::WouldExceedMaxWait`](crate::throttle::ThrottleError::WouldExceedMaxWait) (default
     /// 10 s). A request that would have to wait longer fails at once, without waiting in vain.
     /// Zero (never wait: fail when the quota is not there) up to one day; beyond, a
     /// [`ConfigError`] naming `max_wait`.
@@ -135,7 +135,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimiter, ThrottleLayer};
+    /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimiter, throttle::ThrottleLayer};
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5))?)?;
     /// let layer = ThrottleLayer::new(limiter, GlobalKey).max_pause(Duration::from_secs(30))?;

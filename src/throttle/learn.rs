@@ -160,7 +160,7 @@ pub fn read_limits(
 /// now), so that an upstream refusing every call is not called again at once by every
 /// instance. A retry waits the same ([`ThrottleLayer::retry_rate_limited`]).
 ///
-/// [`ThrottleLayer::retry_rate_limited`]: crate::ThrottleLayer::retry_rate_limited
+/// [`ThrottleLayer::retry_rate_limited`]: crate::throttle::ThrottleLayer::retry_rate_limited
 pub(crate) fn at_least_a_moment(pause: Duration) -> Duration {
     if pause.is_zero() {
         DEFAULT_429_PAUSE

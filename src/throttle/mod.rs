@@ -8,7 +8,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
-//! use tower_redis_ratelimit::{Quota, RateLimiter, RedisStore, SlidingWindow, ThrottleLayer};
+//! use tower_redis_ratelimit::{Quota, RateLimiter, RedisStore, SlidingWindow, throttle::ThrottleLayer};
 //!
 //! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
 //! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
@@ -41,3 +41,4 @@ pub use self::{
     learn::{read_limits, Reading, Source, DEFAULT_429_PAUSE},
     service::Throttle,
 };
+pub use crate::store::upstream::Learned;

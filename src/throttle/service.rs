@@ -18,9 +18,11 @@ use super::{
     learn::{at_least_a_moment, read_limits},
 };
 use crate::{
+    algorithm::Algorithm,
     error::Chain,
+    extract::{Key, KeyExtractor},
+    rate_limit::RateLimiter,
     store::{Backend, Blind, BoxFuture, Learned},
-    Algorithm, Key, KeyExtractor, RateLimiter,
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -129,7 +131,7 @@ async fn bounded<A: Algorithm, T>(
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     doing: &str,
-    call: BoxFuture<'_, Result<T, crate::Error>>,
+    call: BoxFuture<'_, Result<T, crate::error::Error>>,
 ) -> Option<T> {
     let engine = &limiter.engine;
     let error = match engine.core.call(move || call).await {

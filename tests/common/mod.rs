@@ -27,8 +27,12 @@ use axum::body::Body;
 use http::{Request, Response};
 use tower::service_fn;
 use tower_redis_ratelimit::{
-    bb8, bb8_redis::RedisConnectionManager, redis, Algorithm, Batching, RateLimiter, RedisStore,
-    Store,
+    algorithm::Algorithm,
+    redis,
+    store::redis::bb8_redis::RedisConnectionManager,
+    store::redis::{bb8, Batching},
+    store::Store,
+    RateLimiter, RedisStore,
 };
 
 /// An error and its causes on one line, `error: cause: cause`, each cause once (redis-rs prints

@@ -2,17 +2,17 @@
 
 use std::time::Duration;
 
-use crate::{ConfigError, Rule};
+use crate::{algorithm::Rule, error::ConfigError};
 
 /// Unit leases for hot keys that are allowed: a limiter reserves a block of units of a key
 /// from the store in one call and hands them out in this process, within `lifetime` of
 /// sending the reservation; what is left then goes back to the store. See
 /// [the bound](#the-bound) it keeps below, and
-/// [`RateLimiterBuilder::lease`](crate::RateLimiterBuilder::lease).
+/// [`RateLimiterBuilder::lease`](crate::rate_limit::RateLimiterBuilder::lease).
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::UnitLease;
+/// use tower_redis_ratelimit::rate_limit::UnitLease;
 ///
 /// let lease = UnitLease::up_to(Duration::from_millis(50)).max_units(5_000);
 /// assert_eq!(lease.lifetime(), Duration::from_millis(50));

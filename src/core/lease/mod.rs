@@ -3,7 +3,7 @@
 //!
 //! A key with a high limit served by many instances (one tenant at 50,000 a second over four
 //! gateways) costs a store call per request. With
-//! [`RateLimiterBuilder::lease`](crate::RateLimiterBuilder::lease), a limiter reserves a block
+//! [`RateLimiterBuilder::lease`](crate::rate_limit::RateLimiterBuilder::lease), a limiter reserves a block
 //! of a hot key's units in one call (as many as the key has, up to the block's size, at least
 //! the check's cost) and hands them out itself; when the block is used up it reserves the
 //! next one, and when the lease's lifetime ends, what it did not hand out goes back to the
@@ -43,11 +43,11 @@
 //! ([`RedisStore`](crate::RedisStore)); another algorithm is a
 //! [`ConfigError`](crate::ConfigError) naming `lease`. In a store that decides at once (a
 //! [`MemoryStore`](crate::MemoryStore)) a lease changes nothing, and a store without
-//! [`Store::reserve`](crate::Store::reserve) checks each request as before.
+//! [`Store::reserve`](crate::store::Store::reserve) checks each request as before.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::{Gcra, Quota, RateLimiter, RedisStore, UnitLease};
+//! use tower_redis_ratelimit::{Gcra, Quota, RateLimiter, RedisStore, rate_limit::UnitLease};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -77,8 +77,7 @@ use super::Core;
 use crate::{
     algorithm::{Algorithm, Outcome, Position},
     decision::Charge,
-    error::Chain,
-    error::Error,
+    error::{Chain, Error},
     extract::Key,
     store::{KeyBuf, Reserved, StoreKey},
 };

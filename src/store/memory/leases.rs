@@ -1,5 +1,5 @@
 //! The in-memory twin of the Redis semaphore scripts (`lua/semaphore_*.lua`): the same rules,
-//! on this store's clock (a [`ManualClock`](crate::ManualClock) when it has one). It never loses
+//! on this store's clock (a [`ManualClock`](crate::store::memory::ManualClock) when it has one). It never loses
 //! its state, so it keeps no epoch and never pauses admissions; and its calls are never
 //! reordered, so a renewal never arrives after its holder's release.
 
@@ -132,7 +132,7 @@ impl MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Key, ManualClock};
+    use crate::{extract::Key, store::clock::ManualClock};
 
     #[test]
     fn admits_up_to_the_limit_expires_renews_and_releases() {

@@ -29,7 +29,7 @@ use crate::error::{ConfigError, Error};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::Batching;
+/// use tower_redis_ratelimit::store::redis::Batching;
 ///
 /// let batching = Batching::new().max_batch(128).max_in_flight(4);
 /// assert_eq!(batching.checks_per_call(), 128);

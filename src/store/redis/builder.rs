@@ -12,7 +12,7 @@ use super::{
     redact::redact_url,
     RedisStore,
 };
-use crate::{ConfigError, ConnectError, ConnectErrorKind, Error};
+use crate::error::{ConfigError, ConnectError, ConnectErrorKind, Error};
 
 /// The default bound on connecting: TCP, TLS, the handshake and a `PING`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -43,7 +43,7 @@ use redis::{
 };
 
 use super::connect::{monotonic_us, Connector};
-use crate::Error;
+use crate::error::Error;
 
 /// How long a failed connection attempt answers for the next ones.
 const FAILURE_MEMORY: Duration = Duration::from_millis(100);

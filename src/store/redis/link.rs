@@ -10,7 +10,7 @@ use redis::{
 };
 
 use super::connection::Supervised;
-use crate::Error;
+use crate::error::Error;
 
 /// Where a store sends its commands.
 #[derive(Clone)]

@@ -59,6 +59,11 @@ pub use self::{
     batch::Batching,
     builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
 };
+pub use crate::error::{ConnectError, ConnectErrorKind};
+/// The connection pool [`RedisStore::from_pool`] takes, so that yours matches its version.
+pub use bb8;
+/// The pool's Redis connection manager, so that yours matches its version.
+pub use bb8_redis;
 
 use std::{fmt, sync::Arc};
 
@@ -138,7 +143,7 @@ impl RedisStore {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`, `rediss://` for TLS with the
     /// system's roots) and waits until the server answers a `PING`, within
     /// [`DEFAULT_CONNECT_TIMEOUT`], so that a wrong address, a missing password or an
-    /// untrusted certificate fails here, with a [`ConnectError`](crate::ConnectError)
+    /// untrusted certificate fails here, with a [`ConnectError`]
     /// saying which, rather than on the first request.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::builder().connect(url).await
@@ -226,7 +231,7 @@ impl RedisStore {
     /// (its store timeout passed) before its batch left is not sent, and a call that takes
     /// longer than [`call_timeout`](Batching::call_timeout) fails its checks with a timeout.
     /// Custom algorithms are sent alone unless they are
-    /// [batchable](crate::Scripted::batchable).
+    /// [batchable](crate::algorithm::Scripted::batchable).
     ///
     /// On a cluster, only checks on the same slot can share a call, and calls are never held
     /// back (a slow node must not delay checks bound for the others): checks queued at the
@@ -237,7 +242,7 @@ impl RedisStore {
     /// Tokio runtime (the batching task runs on it).
     ///
     /// ```no_run
-    /// use tower_redis_ratelimit::{Batching, RedisStore};
+    /// use tower_redis_ratelimit::{RedisStore, store::redis::Batching};
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = RedisStore::connect("redis://127.0.0.1:6379")

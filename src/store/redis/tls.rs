@@ -17,7 +17,7 @@ use rustls::{
 use tokio::net::TcpStream;
 use tokio_rustls::{client::TlsStream, TlsConnector};
 
-use crate::{ConfigError, ConnectError, ConnectErrorKind};
+use crate::error::{ConfigError, ConnectError, ConnectErrorKind};
 
 /// PEM material for TLS: a private CA to trust instead of the system roots, and a client
 /// certificate with its key for mutual TLS.

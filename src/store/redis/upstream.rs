@@ -121,7 +121,7 @@ mod agreement {
     use super::super::testing::TestRedis;
     use crate::{
         extract::Key,
-        store::{Backend, Blind, Learned, ManualClock, MemoryStore, Store, StoreKey},
+        store::{clock::ManualClock, Backend, Blind, Learned, MemoryStore, Store, StoreKey},
     };
     use std::time::Duration;
 
