@@ -4,15 +4,10 @@
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}; when
 --          admitted, then `now`: the charge lies just before now + reset_after_us, which a
 --          refund needs (see refund_ledger.lua)
-local cost, emission, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, bad = gcra_args(ARGV[1], cost, emission, burst)
-if bad then
-  return redis.error_reply('ERR tower-redis-ratelimit: invalid argument ' .. bad)
-end
-
-local tat, available, wait = gcra_at(redis.call('GET', KEYS[1]), now, cost, emission, burst)
+local cost, emission = tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, tat, available, wait = gcra(ARGV[1], cost, emission, tonumber(ARGV[4]), KEYS[1])
 if not tat then
-  return redis.error_reply('ERR tower-redis-ratelimit: corrupted TAT under ' .. KEYS[1])
+  return redis.error_reply(available) -- the error's message
 end
 if wait ~= 0 then
   return { 0, available, wait, tat - now }

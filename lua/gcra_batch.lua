@@ -24,9 +24,8 @@ end
 -- fails as its own call would).
 local now = ARGV[1]
 
--- Each key's stored TAT as MGET found it: false when it found nothing (no key, or one that
--- is not a string: told apart when it matters, below), a number once a check of the batch
--- wrote one, an error message for a corrupted value.
+-- Each key's stored TAT: as MGET found it (false when it found nothing: no key, or one that
+-- is not a string, told apart when it matters, below), then what the batch's checks wrote.
 local tats = {}
 local fresh = {} -- keys MGET found nothing under
 local raws = redis.call('MGET', unpack(KEYS))
@@ -48,18 +47,12 @@ for i = 1, n do
   if ARGV[a] ~= '1' or ARGV[a + 1] ~= '3' then
     return redis.error_reply('ERR tower-redis-ratelimit: batch arguments out of range')
   end
-  local cost, emission, burst = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local bad
-  now, bad = gcra_args(now, cost, emission, burst)
   local key = KEYS[i]
+  local cost, emission, burst = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local tat, available, wait
-  if not bad then
-    tat, available, wait = gcra_at(tats[key], now, cost, emission, burst)
-  end
-  if bad then
-    replies[i] = 'ERR tower-redis-ratelimit: invalid argument ' .. bad
-  elseif not tat then
-    replies[i] = 'ERR tower-redis-ratelimit: corrupted TAT under ' .. key
+  now, tat, available, wait = gcra(now, cost, emission, burst, key, tats[key])
+  if not tat then
+    replies[i] = available -- the error's message
   elseif wait ~= 0 then
     replies[i] = { 0, available, wait, tat - now }
     if fresh[key] then

@@ -1,6 +1,7 @@
 -- tower-redis-ratelimit: the GCRA core, put before every GCRA script (gcra.lua, gcra_batch.lua,
 -- gcra_reserve.lua, multi_gcra.lua), which use nothing else: no shared prelude, so the
--- hottest script creates only these few functions per call. The in-memory twin is
+-- hottest script makes one function per call (a function is made anew on every call of a
+-- script; each one costs the server a few percent of a check). The in-memory twin is
 -- src/algorithm/gcra.rs.
 --
 -- A key's state is one integer, its theoretical arrival time (TAT) in microseconds: the time
@@ -11,45 +12,45 @@
 -- Conventions for every GCRA script (as for the others, see prelude.lua): ARGV[1] is an
 -- explicit time in microseconds or '' for the server clock (TIME); then the cost, then the
 -- emission interval and the burst of each limit; then what the call adds (a reservation's
--- most units). Every argument is validated before any write; integers stay below 2^52,
--- where Lua's doubles are exact; the stored TAT is a plain integer string.
-local MAX = 4503599627370496 -- 2^52, written out in the functions below (no upvalue to make
--- per call)
+-- most units). Every argument is validated before any read or write; integers stay below
+-- 2^52 (4503599627370496, written out: no upvalue to make per call), where Lua's doubles are
+-- exact; the stored TAT is a plain integer string.
 
--- The time and the name of the first argument that cannot work (nil when all can): the time
--- (`now`: ARGV[1], '' for the server's clock, read here; or a time already read), the
--- emission interval, the burst (emission * burst, the tolerance, must stay below 2^52 too)
--- and the cost, in that order. The time is nil when it is not one.
-local function gcra_args(now, cost, emission, burst)
+-- GCRA on one key at `now`, for a check of `cost` units under `emission` and `burst`:
+-- * `now`: ARGV[1] ('' for the server's clock, read here), or a time already read;
+-- * `raw`: the stored TAT as already read (false: none), or nil to read it here from `key`
+--   (GET, once the arguments are checked); `key` names the key in errors.
+-- Returns the time, then where the key stands: its TAT (never before now), the whole units
+-- available, and the wait until `cost` units are (0: now; -1: never, the cost exceeds the
+-- burst). Or, for an argument that cannot work (checked in the order now, emission, burst,
+-- emission * burst below 2^52, cost) or a stored value that is not a TAT (foreign or
+-- corrupted data): the time (nil if it is the wrong one), nil, and the error's message in
+-- place of the units.
+local function gcra(now, cost, emission, burst, key, raw)
   if now == '' then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
   else
     now = tonumber(now)
     if now == nil or now % 1 ~= 0 or now < 0 or now > 4503599627370496 then
-      return nil, 'now'
+      return nil, nil, 'ERR tower-redis-ratelimit: invalid argument now'
     end
   end
   if emission == nil or emission % 1 ~= 0 or emission < 1 or emission > 4503599627370496 then
-    return now, 'emission'
+    return now, nil, 'ERR tower-redis-ratelimit: invalid argument emission'
   elseif burst == nil or burst % 1 ~= 0 or burst < 1 or emission * burst > 4503599627370496 then
-    return now, 'burst'
+    return now, nil, 'ERR tower-redis-ratelimit: invalid argument burst'
   elseif cost == nil or cost % 1 ~= 0 or cost < 1 or cost > 4503599627370496 then
-    return now, 'cost'
+    return now, nil, 'ERR tower-redis-ratelimit: invalid argument cost'
   end
-  return now, nil
-end
-
--- Where a key stands at `now`, from its stored TAT (`raw`, false or nil when there is none):
--- its TAT (never before now), the whole units available, and how long until `cost` units are
--- (0: now; -1: never, the cost exceeds the burst). A stored value that is not a TAT gives nil:
--- foreign or corrupted data, an error for the caller to report.
-local function gcra_at(raw, now, cost, emission, burst)
+  if raw == nil then
+    raw = redis.call('GET', key)
+  end
   local tat = now
   if raw then
     tat = tonumber(raw)
     if tat == nil or tat % 1 ~= 0 or tat < 0 or tat > 4503599627370496 then
-      return nil
+      return now, nil, 'ERR tower-redis-ratelimit: corrupted TAT under ' .. key
     end
     if tat < now then
       tat = now
@@ -61,9 +62,9 @@ local function gcra_at(raw, now, cost, emission, burst)
     available = 0
   end
   if cost > burst then
-    return tat, available, -1
+    return now, tat, available, -1
   elseif cost > available then
-    return tat, available, tat + cost * emission - tolerance - now
+    return now, tat, available, tat + cost * emission - tolerance - now
   end
-  return tat, available, 0
+  return now, tat, available, 0
 end

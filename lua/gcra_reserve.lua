@@ -6,19 +6,13 @@
 -- ARGV     now|'', cost, emission_us, burst, up_to
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
 --          when granted, then `now` (the units lie just before now + reset_after_us)
-local cost, emission, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local up_to = tonumber(ARGV[5])
-local now, bad = gcra_args(ARGV[1], cost, emission, burst)
-if not bad and (up_to == nil or up_to % 1 ~= 0 or up_to < 1 or up_to > MAX) then
-  bad = 'up_to'
+local cost, emission, up_to = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+if up_to == nil or up_to % 1 ~= 0 or up_to < 1 or up_to > 4503599627370496 then
+  return redis.error_reply('ERR tower-redis-ratelimit: invalid argument up_to')
 end
-if bad then
-  return redis.error_reply('ERR tower-redis-ratelimit: invalid argument ' .. bad)
-end
-
-local tat, available, wait = gcra_at(redis.call('GET', KEYS[1]), now, cost, emission, burst)
+local now, tat, available, wait = gcra(ARGV[1], cost, emission, tonumber(ARGV[4]), KEYS[1])
 if not tat then
-  return redis.error_reply('ERR tower-redis-ratelimit: corrupted TAT under ' .. KEYS[1])
+  return redis.error_reply(available) -- the error's message
 end
 if wait ~= 0 then
   return { 0, available, wait, tat - now, 0 }

@@ -14,23 +14,25 @@ if n < 1 or #ARGV ~= 2 + 2 * n then
 end
 local now, cost = ARGV[1], tonumber(ARGV[2])
 local emission, burst = {}, {}
+-- Every limit's arguments first, before anything is read.
 for i = 1, n do
   emission[i], burst[i] = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
-  local bad
-  now, bad = gcra_args(now, cost, emission[i], burst[i])
-  if bad then
-    return redis.error_reply('ERR tower-redis-ratelimit: invalid argument ' .. bad)
+  local checked, valid, bad = gcra(now, cost, emission[i], burst[i], KEYS[i], false)
+  if not valid then
+    return redis.error_reply(bad)
   end
+  now = checked
 end
 
 local tat, remaining, retry = {}, {}, {}
 local allowed = true
 for i = 1, n do
-  tat[i], remaining[i], retry[i] = gcra_at(redis.call('GET', KEYS[i]), now, cost, emission[i], burst[i])
-  if not tat[i] then
-    return redis.error_reply('ERR tower-redis-ratelimit: corrupted TAT under ' .. KEYS[i])
+  local _, t, left, wait = gcra(now, cost, emission[i], burst[i], KEYS[i])
+  if not t then
+    return redis.error_reply(left) -- the error's message
   end
-  if retry[i] ~= 0 then
+  tat[i], remaining[i], retry[i] = t, left, wait
+  if wait ~= 0 then
     allowed = false
   end
 end
