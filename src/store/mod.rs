@@ -50,9 +50,9 @@ pub(crate) async fn within<T>(
     }
 }
 
-/// Where a limiter keeps its counters: a [`RedisStore`](crate::RedisStore) shared by every instance of the app,
-/// or a [`MemoryStore`] in this process. Pass one to a builder as a value (`impl Store`), or
-/// shared and chosen at run time as an `Arc<dyn Store>`.
+/// Where a limiter keeps its counters: a [`RedisStore`](crate::RedisStore) shared by every
+/// instance of the app, or a [`MemoryStore`] in this process. Pass one to a builder as a value
+/// (`impl Store`), or shared and chosen at run time as an `Arc<dyn Store>`.
 ///
 /// ```
 /// use std::sync::Arc;
