@@ -1,7 +1,7 @@
 //! The decision for one check, with everything a header writer needs, and what an allowed
 //! check took.
 
-use std::{sync::Arc, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use crate::{
     algorithm::{Outcome, PartInfo, Position},
@@ -52,8 +52,115 @@ pub struct Decision {
     /// ([`MultiLimit`](crate::algorithm::MultiLimit)); the fields above then describe the binding one
     /// (when denied: the longest wait; when allowed: the fewest units left). Empty otherwise.
     pub limits: Vec<LimitState>,
+    /// What answered the check: the store, the deny cache, a unit lease, or the local share.
+    pub source: Source,
+    /// Whether the decision's policy is in shadow mode: a denial is then only reported
+    /// ([`Verdict::WouldDeny`]), and the request goes on.
+    pub shadow: bool,
+    /// The index in `limits` of the limit the fields above describe.
+    pub(crate) binding: usize,
     /// What an allowed check took, for [`RateLimiter::refund`](crate::RateLimiter::refund).
     pub(crate) charge: Option<Charge>,
+}
+
+/// What answered a check: the label `source` of the metric `ratelimit_decisions_total`, the
+/// field `source` of the decision's `tracing` event, and [`Decision::source`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Source {
+    /// The store (Redis, or the in-memory store), asked for this check.
+    Store,
+    /// The local deny cache: a denial the store gave for this key, still valid, answered
+    /// without asking the store again.
+    DenyCache,
+    /// Units of the key reserved ahead in the store (a unit lease).
+    UnitLease,
+    /// The local share of the limit, in this process, because the store was unavailable
+    /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
+    Local,
+    /// No decision could be made (the store failed); the failure policy answered:
+    /// [`Verdict::Allowed`] under `open` or in shadow mode, [`Verdict::Unavailable`] otherwise.
+    FailurePolicy,
+}
+
+impl Source {
+    /// Every source, in the order of their indexes.
+    pub const ALL: [Source; 5] = [
+        Source::Store,
+        Source::DenyCache,
+        Source::UnitLease,
+        Source::Local,
+        Source::FailurePolicy,
+    ];
+
+    /// The label: `store`, `deny_cache`, `unit_lease`, `local`, `failure_policy`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::DenyCache => "deny_cache",
+            Source::UnitLease => "unit_lease",
+            Source::Local => "local",
+            Source::FailurePolicy => "failure_policy",
+        }
+    }
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a check's answer meant for its request: the label `decision` of the metric
+/// `ratelimit_decisions_total`, and of the decision's `tracing` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// The request goes on (its units were taken, or the store failed and the failure
+    /// policy lets requests through).
+    Allowed,
+    /// The request is refused (`429`, gRPC `RESOURCE_EXHAUSTED`).
+    Denied,
+    /// The request would have been refused, but its policy is in shadow mode: it goes on,
+    /// and nothing the client sees changes.
+    WouldDeny,
+    /// The store failed and the failure policy refuses the request (`503`, gRPC
+    /// `UNAVAILABLE`).
+    Unavailable,
+}
+
+impl Verdict {
+    /// Every verdict, in the order of their indexes.
+    pub const ALL: [Verdict; 4] = [
+        Verdict::Allowed,
+        Verdict::Denied,
+        Verdict::WouldDeny,
+        Verdict::Unavailable,
+    ];
+
+    /// The label: `allowed`, `denied`, `would_deny`, `unavailable`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+            Verdict::WouldDeny => "would_deny",
+            Verdict::Unavailable => "unavailable",
+        }
+    }
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What an allowed check took from a key's quota, so that it can be given back: the cost,
@@ -130,6 +237,7 @@ impl Decision {
         cost: u32,
         policy: Arc<str>,
         parts: &[PartInfo],
+        source: Source,
     ) -> Self {
         let us = Duration::from_micros;
         let (limit, window) = parts
@@ -164,6 +272,9 @@ impl Decision {
             cost,
             policy,
             degraded: false,
+            source,
+            shadow: false,
+            binding: o.binding,
             charge: o.allowed.then_some(Charge {
                 cost,
                 quota: None,
@@ -192,9 +303,30 @@ impl Decision {
             cost: 1,
             policy,
             degraded: false,
+            source: Source::DenyCache,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         }
+    }
+
+    /// What the decision means for its request: allowed, denied, or (a denial under a policy
+    /// in shadow mode) would be denied.
+    pub fn verdict(&self) -> Verdict {
+        match (self.allowed, self.shadow) {
+            (true, _) => Verdict::Allowed,
+            (false, false) => Verdict::Denied,
+            (false, true) => Verdict::WouldDeny,
+        }
+    }
+
+    /// For a multi-limit ([`MultiLimit`](crate::algorithm::MultiLimit)), the limit the
+    /// decision's fields describe: when denied, the one the request waits longest for (the
+    /// rule that fired); when allowed, the one with the fewest units left. `None` for a single
+    /// limit, whose name is the [`policy`](Self::policy).
+    pub fn binding(&self) -> Option<&LimitState> {
+        self.limits.get(self.binding)
     }
 
     /// True when the request was denied and can never succeed: its cost exceeds the quota.

@@ -44,6 +44,7 @@ fn find(
 
 #[derive(Debug)]
 enum Seen {
+    #[allow(dead_code)] // read through its Debug form in failures
     Counter(u64),
     Histogram(usize),
     Gauge,
@@ -87,9 +88,28 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
     assert_eq!(res.status(), 200);
 
     let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |name, labels: &[(&str, &str)]| match find(&snapshot, name, labels) {
-        Some(Seen::Counter(n)) => n,
-        other => panic!("{name} {labels:?}: {other:?}"),
+    // The sum of every series of `name` with `labels` (each decision series also has a
+    // `source`).
+    let counter = |name: &str, labels: &[(&str, &str)]| -> u64 {
+        assert!(
+            matches!(find(&snapshot, name, labels), Some(Seen::Counter(_))),
+            "{name} {labels:?}"
+        );
+        snapshot
+            .iter()
+            .filter(|(key, ..)| {
+                let k = key.key();
+                k.name() == name
+                    && labels.iter().all(|(l, v)| {
+                        k.labels()
+                            .any(|label| label.key() == *l && label.value() == *v)
+                    })
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name}: {other:?}"),
+            })
+            .sum()
     };
     // 2 from Redis, and the 2 degraded ones (the direct check's and the layer's).
     assert_eq!(
@@ -116,9 +136,17 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         })
         .sum();
     assert_eq!(store_errors, 2);
-    assert_eq!(counter(telemetry::DEGRADED, &[("policy", "m")]), 2);
+    // The degraded ones, decided at the local share.
+    assert_eq!(
+        counter(
+            telemetry::DECISIONS,
+            &[("policy", "m"), ("source", "local")]
+        ),
+        2
+    );
+    // The three decisions Redis made, timed.
     match find(&snapshot, telemetry::STORE_LATENCY, &[("policy", "m")]) {
-        Some(Seen::Histogram(n)) => assert!(n >= 4, "{n} latency samples"),
+        Some(Seen::Histogram(n)) => assert!(n >= 3, "{n} latency samples"),
         other => panic!("latency histogram: {other:?}"),
     }
 }

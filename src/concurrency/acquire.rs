@@ -7,10 +7,12 @@ use futures_util::FutureExt;
 
 use super::{holder::Holder, permit::Permit, semaphore::Semaphore};
 use crate::{
+    core::report,
+    decision::{Source, Verdict},
     error::{Chain, Error},
     extract::Key,
     store::{Acquired, Backend},
-    telemetry, unique_id,
+    unique_id,
 };
 
 impl Semaphore {
@@ -37,19 +39,22 @@ impl Semaphore {
         }
         drop(pending);
         match result {
-            Ok(a) => Ok(self.conclude(holder, a, false)),
+            Ok(a) => Ok(self.conclude(holder, a, Source::Store)),
             Err(e) => {
                 let Some(local) = self.local.as_ref().filter(|_| core.decides_locally(&e)) else {
+                    core.undecided(false);
                     return Err(e);
                 };
                 tracing::debug!(error = %Chain(&e), policy = %core.policy, "concurrency limit: deciding locally (degraded)");
-                let permit = local.acquire_now(holder.key.clone())?;
-                let counters = &core.counters;
-                counters.degraded.increment();
-                match permit.is_some() {
-                    true => counters.allowed.increment(),
-                    false => counters.denied.increment(),
-                }
+                let permit = local.acquire_now(holder.key.clone()).inspect_err(|_| {
+                    core.undecided(false);
+                })?;
+                let verdict = match permit.is_some() {
+                    true => Verdict::Allowed,
+                    false => Verdict::Denied,
+                };
+                core.decided(verdict, Source::Local, None);
+                report::acquired(&core.policy, verdict, Source::Local);
                 Ok(permit)
             }
         }
@@ -63,7 +68,7 @@ impl Semaphore {
                 .store
                 .acquire(self.store_key(holder.key.as_ref()), &holder.id, &self.terms);
         match call.now_or_never() {
-            Some(Ok(a)) => Ok(self.conclude(holder, a, true)),
+            Some(Ok(a)) => Ok(self.conclude(holder, a, Source::Local)),
             Some(Err(e)) => Err(e),
             None => Err(Error::Unsupported(
                 "a local share whose store does not answer at once",
@@ -71,15 +76,19 @@ impl Semaphore {
         }
     }
 
-    /// The store's answer: a permit, or none; counted and reported.
-    fn conclude(&self, holder: Arc<Holder>, a: Acquired, degraded: bool) -> Option<Permit> {
-        let counters = &self.core.counters;
-        if a.admitted {
-            counters.allowed.increment();
-        } else {
-            counters.denied.increment();
+    /// The store's answer (`source`: the store, or the local share): a permit, or none;
+    /// counted and reported.
+    fn conclude(&self, holder: Arc<Holder>, a: Acquired, source: Source) -> Option<Permit> {
+        let core = &self.core;
+        if core.reports {
+            let verdict = match a.admitted {
+                true => Verdict::Allowed,
+                false => Verdict::Denied,
+            };
+            core.decided(verdict, source, None);
+            report::acquired(&core.policy, verdict, source);
         }
-        telemetry::acquired(&self.core.policy, a.admitted);
+        let degraded = source == Source::Local;
         a.admitted.then(|| Permit::new(holder, a.holders, degraded))
     }
 }

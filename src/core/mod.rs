@@ -12,24 +12,27 @@ mod deny_cache;
 mod lease;
 mod names;
 mod options;
+pub(crate) mod report;
 mod stats;
+mod top;
 
 pub(crate) use self::{
     deny_cache::DenyCache,
     lease::{Leasing, Return},
     options::{common_options, Options},
     stats::Counters,
+    top::TopKeys,
 };
-pub use self::{lease::UnitLease, stats::LimiterStats};
+pub use self::{lease::UnitLease, stats::LimiterStats, top::KeyCount};
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use self::breaker::BreakerState;
+use self::{breaker::BreakerState, report::Meters};
 use crate::{
+    decision::{Source, Verdict},
     error::Error,
     extract::Key,
     store::{within, BoxFuture, CircuitBreaker, Claim, FailurePolicy, Store, StoreKey},
-    telemetry,
 };
 
 /// Default bound on one store call.
@@ -53,6 +56,10 @@ pub(crate) struct Core {
     /// The number of instances a limit is divided among under [`FailurePolicy::Local`].
     pub(crate) share: NonZeroU32,
     pub(crate) counters: Counters,
+    pub(crate) meters: Meters,
+    /// Whether this limit reports its decisions (counters, metrics, events): every limit but
+    /// a local share, whose decisions its limit reports.
+    pub(crate) reports: bool,
     /// This limit's hold on its namespace in the store (released when dropped).
     _claim: Option<Arc<Claim>>,
 }
@@ -71,6 +78,8 @@ impl Core {
             failure: FailurePolicy::Closed,
             share: NonZeroU32::MIN,
             counters: Counters::default(),
+            meters: Meters::default(),
+            reports: false,
             _claim: None,
         }
     }
@@ -89,7 +98,7 @@ impl Core {
     ) -> Result<T, Error> {
         let Some(attempt) = self.breaker.attempt() else {
             self.counters.short_circuited.increment();
-            telemetry::store_failed(&self.policy, &Error::CircuitOpen);
+            report::store_failed(&self.policy, &Error::CircuitOpen);
             return Err(Error::CircuitOpen);
         };
         let result = within(self.timeout, call()).await;
@@ -113,13 +122,36 @@ impl Core {
     /// A store failure: counted and reported.
     pub(crate) fn store_failed(&self, e: &Error) {
         self.counters.store_errors.increment();
-        telemetry::store_failed(&self.policy, e);
+        report::store_failed(&self.policy, e);
     }
 
     /// Whether a check that failed with `e` is decided at the local share instead: under
     /// [`FailurePolicy::Local`], when the store as a whole is unavailable.
     pub(crate) fn decides_locally(&self, e: &Error) -> bool {
         self.failure == FailurePolicy::Local && e.is_unavailable()
+    }
+
+    /// Counts and meters one decision; `latency`: how long the store took, when it was
+    /// asked.
+    pub(crate) fn decided(&self, verdict: Verdict, source: Source, latency: Option<Duration>) {
+        if !self.reports {
+            return;
+        }
+        self.counters.decided(verdict, source);
+        self.meters.decided(&self.policy, verdict, source, latency);
+    }
+
+    /// A check the store could not decide: what the failure policy makes of it (let
+    /// through under `open` or when `lets_through`, e.g. in shadow mode; refused
+    /// otherwise), counted and reported.
+    pub(crate) fn undecided(&self, lets_through: bool) -> Verdict {
+        let verdict = match self.failure == FailurePolicy::Open || lets_through {
+            true => Verdict::Allowed,
+            false => Verdict::Unavailable,
+        };
+        self.decided(verdict, Source::FailurePolicy, None);
+        report::undecided(&self.policy, verdict);
+        verdict
     }
 
     /// The counters, as a snapshot.

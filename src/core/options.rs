@@ -79,6 +79,8 @@ impl Options {
             failure: self.failure,
             share,
             counters: Counters::default(),
+            meters: Default::default(),
+            reports: true,
             _claim: claim,
         })
     }

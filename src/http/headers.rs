@@ -310,6 +310,9 @@ mod tests {
             cost: 1,
             policy: Arc::from("p"),
             degraded: false,
+            source: crate::decision::Source::Store,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         }
@@ -455,6 +458,9 @@ mod tests {
             window: Duration::from_micros(window_us),
             policy: Arc::from(policy.as_str()),
             degraded: false,
+            source: crate::decision::Source::Store,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         };

@@ -292,6 +292,9 @@ mod tests {
             cost: 3,
             policy: Arc::from("free-tier"),
             degraded: false,
+            source: crate::decision::Source::Store,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         };

@@ -148,6 +148,9 @@ mod tests {
             cost: 1,
             policy: Arc::from(name),
             degraded: false,
+            source: crate::decision::Source::Store,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         }

@@ -4,17 +4,21 @@
 //! core (breaker, timeout) and falls back to the local share; both end in `conclude`, which
 //! counts, reports and feeds the deny cache.
 
-use std::{num::NonZeroU32, sync::Arc, time::Instant};
+use std::{
+    num::NonZeroU32,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use crate::{
     algorithm::{Algorithm, Outcome, Rule},
-    core::{Core, DenyCache, Leasing, Return},
-    decision::{Charge, Decision},
+    core::report::{self, KeyMeters},
+    core::{Core, DenyCache, KeyCount, Leasing, Return, TopKeys},
+    decision::{Charge, Decision, Source},
     error::{Chain, ConfigError, Error},
     extract::{Key, Out},
     quota::{Quota, MAX_EXACT},
     store::{KeyBuf, StoreKey},
-    telemetry,
 };
 
 /// A rate limit without its algorithm's type: what a layer's policies hold.
@@ -25,6 +29,12 @@ pub(crate) struct RateEngine {
     pub(crate) leasing: Option<Leasing>,
     /// Shadow mode: a layer never rejects under this policy.
     pub(crate) shadow: bool,
+    /// In shadow mode, whether responses still get the rate-limit headers.
+    pub(crate) shadow_headers: bool,
+    /// The keys this limit denies most.
+    pub(crate) top: Option<TopKeys>,
+    /// Per-key metrics of the keys the user listed.
+    pub(crate) key_meters: KeyMeters,
     /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local): the same algorithm at the
     /// local share, in memory.
     pub(crate) local: Option<Arc<RateEngine>>,
@@ -47,10 +57,54 @@ impl RateEngine {
         !matches!(self.algorithm.rule(), Rule::Script(_))
     }
 
-    /// A denial a layer let through because this policy is in shadow mode.
-    pub(crate) fn shadow_denied(&self, d: &Decision) {
-        self.core.counters.shadow_denials.increment();
-        telemetry::shadow_denied(d);
+    /// Counts and reports a decision of `key` answered by `d.source` (see
+    /// [`telemetry`](crate::telemetry)), marking it with the policy's shadow mode;
+    /// `latency`: how long the store took, when it was asked; `compact`: the key's compact
+    /// form, when the caller wrote it already.
+    fn record(
+        &self,
+        d: &mut Decision,
+        key: StoreKey<'_>,
+        compact: Option<&[u8]>,
+        latency: Option<Duration>,
+    ) {
+        d.shadow = self.shadow;
+        if !self.core.reports {
+            return;
+        }
+        let verdict = d.verdict();
+        self.core.decided(verdict, d.source, latency);
+        report::decided(d, verdict, latency);
+        if !self.key_meters.is_empty() {
+            self.key_meters
+                .decided(&self.core.policy, key.key(), verdict);
+        }
+        if let (Some(top), false) = (&self.top, d.allowed) {
+            match compact {
+                Some(id) => top.record(id, key.key(), verdict),
+                None => {
+                    let mut id = KeyBuf::new();
+                    key.write_key_compact(&mut id);
+                    top.record(id.as_bytes(), key.key(), verdict);
+                }
+            }
+        }
+    }
+
+    /// A check the store could not decide (`e`): counted and reported under the failure
+    /// policy, then returned.
+    fn undecided(&self, e: Error) -> Error {
+        if self.core.reports {
+            self.core.undecided(self.shadow);
+        }
+        e
+    }
+
+    /// The `n` keys this limit denied (or would have, in shadow mode) most, highest first.
+    pub(crate) fn top_keys(&self, n: usize) -> Vec<KeyCount> {
+        self.top
+            .as_ref()
+            .map_or_else(Vec::new, |top| top.top(n, &self.core.policy))
     }
 
     /// `quota` for one check: this limit's algorithm with it (validated), and the tag that
@@ -95,11 +149,14 @@ impl RateEngine {
         if let Some(d) = self.cached_denial(key, cost, quoted) {
             return Some(Ok(d));
         }
-        let result = match self.store_now(key, cost, quoted) {
-            Some(result) => result,
-            None => Ok(self.leasing(quoted)?.take(key, cost)?),
+        let (result, source) = match self.store_now(key, cost, quoted) {
+            Some(result) => (result, Source::Store),
+            None => (
+                Ok(self.leasing(quoted)?.take(key, cost)?),
+                Source::UnitLease,
+            ),
         };
-        let result = self.conclude(key, cost, quoted, None, None, result);
+        let result = self.conclude(key, cost, quoted, None, None, source, result);
         Some(match result {
             Err(e) => self.fall_back(key, cost, quoted, e),
             ok => ok,
@@ -139,20 +196,23 @@ impl RateEngine {
         let algorithm = self.algorithm(quoted);
         let core = &self.core;
         let started = Instant::now();
-        let outcome = match self.leasing(quoted) {
+        let (outcome, source) = match self.leasing(quoted) {
             Some(leasing) => {
                 let returns = |r: Return| {
                     let engine = Arc::clone(self);
                     tokio::spawn(async move { r.send(&engine.core, &*engine.algorithm).await });
                 };
-                leasing.check(core, algorithm, key, cost, returns).await
+                match leasing.check(core, algorithm, key, cost, returns).await {
+                    Ok((outcome, source)) => (Ok(outcome), source),
+                    Err(e) => (Err(e), Source::Store),
+                }
             }
             None => {
-                core.call(|| core.store.check(algorithm, key, cost, None))
-                    .await
+                let call = core.call(|| core.store.check(algorithm, key, cost, None));
+                (call.await, Source::Store)
             }
         };
-        match self.conclude(key, cost, quoted, None, Some(started), outcome) {
+        match self.conclude(key, cost, quoted, None, Some(started), source, outcome) {
             Err(e) => self.fall_back(key, cost, quoted, e),
             ok => ok,
         }
@@ -181,7 +241,16 @@ impl RateEngine {
         let outcome = core
             .call(|| core.store.check(algorithm, key, cost, Some(now_us)))
             .await;
-        self.conclude(key, cost, None, Some(now_us), Some(started), outcome)
+        self.conclude(
+            key,
+            cost,
+            None,
+            Some(now_us),
+            Some(started),
+            Source::Store,
+            outcome,
+        )
+        .map_err(|e| self.undecided(e))
     }
 
     /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local) and a store-wide failure:
@@ -198,29 +267,26 @@ impl RateEngine {
             .as_ref()
             .filter(|_| self.core.decides_locally(&e))
         else {
-            return Err(e);
+            return Err(self.undecided(e));
         };
         // A quota given for this check is divided like the configured one.
         let local_quoted = match quoted.map(|q| q.divided(self.core.share)) {
-            Some(None) => return Err(e),
+            Some(None) => return Err(self.undecided(e)),
             divided => divided.flatten(),
         };
         let mut d = match local.decide(key.key(), cost, local_quoted.as_ref()) {
-            Some(result) => result?,
-            None => return Err(e), // a local share always decides at once (a MemoryStore)
+            Some(Ok(d)) => d,
+            Some(Err(local_error)) => return Err(self.undecided(local_error)),
+            // A local share always decides at once (a MemoryStore).
+            None => return Err(self.undecided(e)),
         };
         d.degraded = true;
+        d.source = Source::Local;
         if let Some(charge) = &mut d.charge {
             charge.local = true;
         }
-        let counters = &self.core.counters;
-        counters.degraded.increment();
-        match d.allowed {
-            true => counters.allowed.increment(),
-            false => counters.denied.increment(),
-        }
-        telemetry::degraded(&d);
         tracing::debug!(error = %Chain(&e), allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
+        self.record(&mut d, key, None, None);
         Ok(d)
     }
 
@@ -241,7 +307,7 @@ impl RateEngine {
             Ok(false) => {}
             Err(_) => counters.refund_errors.increment(),
         }
-        telemetry::refunded(&self.core.policy, charge.cost, &result);
+        report::refunded(&self.core.policy, charge.cost, &result);
         result
     }
 
@@ -304,21 +370,23 @@ impl RateEngine {
         let mut compact = KeyBuf::new();
         cache_key(key, quoted, &mut compact);
         let hit = cache.get(compact.as_bytes(), || now)?;
-        let counters = &self.core.counters;
-        counters.deny_cache_hits.increment();
-        counters.denied.increment();
         let algorithm = self.algorithm(quoted);
-        Some(Decision::cached_denial(
+        let mut d = Decision::cached_denial(
             algorithm.quota(),
             algorithm.window(),
             Arc::clone(&self.core.policy),
             hit.retry_after,
             hit.reset_after,
-        ))
+        );
+        // The cache key ends with the key's compact form.
+        let id = &compact.as_bytes()[cache_key_prefix(quoted)..];
+        self.record(&mut d, key, Some(id), None);
+        Some(d)
     }
 
     /// Turns the store's answer into a decision: counters, telemetry, and the deny cache.
     /// `started`: when the store was asked; `None` when it answered without waiting.
+    #[allow(clippy::too_many_arguments)]
     fn conclude(
         &self,
         key: StoreKey<'_>,
@@ -326,6 +394,7 @@ impl RateEngine {
         quoted: Option<&Quoted>,
         now_us: Option<u64>,
         started: Option<Instant>,
+        source: Source,
         result: Result<Outcome, Error>,
     ) -> Result<Decision, Error> {
         let outcome = match result {
@@ -346,17 +415,12 @@ impl RateEngine {
             cost,
             Arc::clone(&self.core.policy),
             algorithm.parts(),
+            source,
         );
         if let (Some(charge), Some(q)) = (&mut d.charge, quoted) {
             charge.quota = Some(q.quota);
         }
-        let counters = &self.core.counters;
-        if d.allowed {
-            counters.allowed.increment();
-        } else {
-            counters.denied.increment();
-        }
-        telemetry::decided(&d, started);
+        self.record(&mut d, key, None, started.map(|s| s.elapsed()));
         // Only what cannot change before its deadline: a cost-1 denial with nothing left,
         // on the store's clock (never for explicit test times), for single-limit algorithms.
         if let (Some(cache), None, Some(retry)) = (&self.deny_cache, now_us, d.retry_after) {
@@ -368,6 +432,14 @@ impl RateEngine {
             }
         }
         Ok(d)
+    }
+}
+
+/// The length of what [`cache_key`] writes before the key.
+fn cache_key_prefix(quoted: Option<&Quoted>) -> usize {
+    match quoted {
+        Some(q) => 1 + q.tag.len(),
+        None => 1,
     }
 }
 

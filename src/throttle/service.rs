@@ -80,7 +80,7 @@ async fn acquire<A: Algorithm>(
             return Ok(());
         }
         if shadow {
-            limiter.engine.shadow_denied(&d);
+            // Counted and reported by the limiter as a would-be denial.
             return Ok(());
         }
         match d.retry_after {
@@ -118,7 +118,7 @@ async fn upstream_gate<A: Algorithm>(
         }
         tracing::debug!(policy = %engine.core.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
         #[cfg(feature = "metrics")]
-        metrics::counter!(crate::telemetry::UPSTREAM_WAITS, "policy" => engine.core.policy.to_string())
+        metrics::counter!(crate::core::report::UPSTREAM_WAITS, "policy" => engine.core.policy.to_string())
             .increment(1);
         tokio::time::sleep(gate.wait).await;
     }
@@ -194,7 +194,7 @@ fn observe<A: Algorithm, B>(
                 .pause_from
                 .or(reading.window_from)
                 .map_or("none", |s| s.as_str());
-            metrics::counter!(crate::telemetry::UPSTREAM_LEARNED, "policy" => engine.core.policy.to_string(), "source" => source)
+            metrics::counter!(crate::core::report::UPSTREAM_LEARNED, "policy" => engine.core.policy.to_string(), "source" => source)
                 .increment(1);
         }
     }

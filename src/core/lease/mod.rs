@@ -76,7 +76,7 @@ use self::table::{before_the_last, Rest, Step, Table};
 use super::Core;
 use crate::{
     algorithm::{Algorithm, Outcome, Position},
-    decision::Charge,
+    decision::{Charge, Source},
     error::{Chain, Error},
     extract::Key,
     store::{KeyBuf, Reserved, StoreKey},
@@ -161,7 +161,8 @@ impl Leasing {
     /// Decides a check that no lease answered at once: waits for the reservation of `key`
     /// in flight, sends one sized to the key's demand, or checks the key exactly (a cold
     /// key), each store call through `core`. Units to give back are handed to `returns`,
-    /// to be sent without the check waiting.
+    /// to be sent without the check waiting. The answer comes with what gave it: a lease
+    /// (one that landed meanwhile, or the reservation sent) or the store (an exact check).
     pub(crate) async fn check(
         &self,
         core: &Core,
@@ -169,7 +170,7 @@ impl Leasing {
         key: StoreKey<'_>,
         cost: u32,
         returns: impl Fn(Return),
-    ) -> Result<Outcome, Error> {
+    ) -> Result<(Outcome, Source), Error> {
         let mut compact = KeyBuf::new();
         key.write_key_compact(&mut compact);
         let id = compact.as_bytes();
@@ -181,21 +182,19 @@ impl Leasing {
         };
         let up_to = loop {
             match self.table.step(id, cost, Instant::now(), waited) {
-                Step::Taken(outcome) => return Ok(outcome),
+                Step::Taken(outcome) => return Ok((outcome, Source::UnitLease)),
                 Step::Wait(landed) => {
                     landed.await;
                     waited = true;
                 }
                 Step::Untracked => {
-                    return core
-                        .call(|| core.store.check(algorithm, key, cost, None))
-                        .await
+                    let call = core.call(|| core.store.check(algorithm, key, cost, None));
+                    return Ok((call.await?, Source::Store));
                 }
                 Step::Exact { give_back: rest } => {
                     give_back(rest);
-                    return core
-                        .call(|| core.store.check(algorithm, key, cost, None))
-                        .await;
+                    let call = core.call(|| core.store.check(algorithm, key, cost, None));
+                    return Ok((call.await?, Source::Store));
                 }
                 Step::Reserve {
                     up_to,
@@ -206,8 +205,8 @@ impl Leasing {
                 }
             }
         };
-        self.reserve(core, algorithm, key, id, cost, up_to, returns)
-            .await
+        let reserved = self.reserve(core, algorithm, key, id, cost, up_to, returns);
+        Ok((reserved.await?, Source::UnitLease))
     }
 
     /// Sends a reservation of up to `up_to` units (at least `cost`) and installs the lease

@@ -1,0 +1,274 @@
+//! Reporting what a limit decides: `tracing` events, span fields and, with the `metrics`
+//! feature, metrics (the names and labels are listed in [`telemetry`](crate::telemetry)).
+
+use std::time::Duration;
+
+#[cfg(feature = "metrics")]
+use crate::store::KeyBuf;
+use crate::{
+    decision::{Decision, Source, Verdict},
+    error::Error,
+    extract::Key,
+};
+
+/// Metric names.
+pub const DECISIONS: &str = "ratelimit_decisions_total";
+/// Metric names.
+pub const STORE_ERRORS: &str = "ratelimit_store_errors_total";
+/// Metric names.
+pub const UPSTREAM_LEARNED: &str = "ratelimit_upstream_learned_total";
+/// Metric names.
+pub const UPSTREAM_WAITS: &str = "ratelimit_upstream_waits_total";
+/// Metric names.
+pub const REFUNDS: &str = "ratelimit_refunds_total";
+/// Metric names.
+pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
+/// Metric names.
+pub const KEY_DECISIONS: &str = "ratelimit_key_decisions_total";
+
+/// A limit's metric handles, looked up in the installed recorder on the limit's first
+/// decision and kept: recording a decision then allocates nothing and looks nothing up.
+/// Install the recorder before the first request.
+#[derive(Default)]
+pub(crate) struct Meters {
+    #[cfg(feature = "metrics")]
+    handles: std::sync::OnceLock<Box<Handles>>,
+}
+
+#[cfg(feature = "metrics")]
+struct Handles {
+    decisions: [[metrics::Counter; Source::ALL.len()]; Verdict::ALL.len()],
+    latency: metrics::Histogram,
+}
+
+impl Meters {
+    #[cfg(feature = "metrics")]
+    fn handles(&self, policy: &str) -> &Handles {
+        self.handles.get_or_init(|| {
+            let decisions = Verdict::ALL.map(|v| {
+                Source::ALL.map(|s| {
+                    metrics::counter!(DECISIONS, "policy" => policy.to_owned(), "decision" => v.as_str(), "source" => s.as_str())
+                })
+            });
+            let latency = metrics::histogram!(STORE_LATENCY, "policy" => policy.to_owned());
+            Box::new(Handles { decisions, latency })
+        })
+    }
+
+    /// Counts one decision of `policy` in the metrics; `latency`: how long the store took,
+    /// when it was asked.
+    pub(crate) fn decided(
+        &self,
+        policy: &str,
+        verdict: Verdict,
+        source: Source,
+        latency: Option<Duration>,
+    ) {
+        #[cfg(feature = "metrics")]
+        {
+            let h = self.handles(policy);
+            h.decisions[verdict.index()][source.index()].increment(1);
+            if let Some(latency) = latency {
+                h.latency.record(latency.as_secs_f64());
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (policy, verdict, source, latency);
+    }
+}
+
+impl std::fmt::Debug for Meters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Meters")
+    }
+}
+
+/// Per-key decision counters for the keys a user listed
+/// ([`RateLimiterBuilder::metric_keys`](crate::rate_limit::RateLimiterBuilder::metric_keys)):
+/// the metric `ratelimit_key_decisions_total{policy, key, decision}`, with handles looked up
+/// on each key's first decision.
+#[derive(Default)]
+pub(crate) struct KeyMeters {
+    #[cfg(feature = "metrics")]
+    keys: std::collections::HashMap<Box<[u8]>, KeyMeter>,
+}
+
+#[cfg(feature = "metrics")]
+struct KeyMeter {
+    text: String,
+    handles: std::sync::OnceLock<[metrics::Counter; Verdict::ALL.len()]>,
+}
+
+impl KeyMeters {
+    /// Counters for `keys` (their text as the key extractor gives it).
+    pub(crate) fn new<'k>(keys: impl IntoIterator<Item = Key<'k>>) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let keys = keys
+                .into_iter()
+                .map(|key| {
+                    let mut compact = Vec::new();
+                    key.write_compact(KEY_ID_LEN, &mut compact);
+                    let meter = KeyMeter {
+                        text: key.to_string(),
+                        handles: std::sync::OnceLock::new(),
+                    };
+                    (compact.into_boxed_slice(), meter)
+                })
+                .collect();
+            Self { keys }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = keys.into_iter().count();
+            Self {}
+        }
+    }
+
+    /// Whether no key is listed.
+    pub(crate) fn is_empty(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        return self.keys.is_empty();
+        #[cfg(not(feature = "metrics"))]
+        true
+    }
+
+    /// Counts a decision of `key`, when it is listed.
+    pub(crate) fn decided(&self, policy: &str, key: Option<&Key<'_>>, verdict: Verdict) {
+        #[cfg(feature = "metrics")]
+        {
+            let Some(key) = key else { return };
+            let mut compact = KeyBuf::new();
+            key.write_compact(KEY_ID_LEN, &mut compact);
+            let Some(meter) = self.keys.get(compact.as_bytes()) else {
+                return;
+            };
+            let handles = meter.handles.get_or_init(|| {
+                Verdict::ALL.map(|v| {
+                    metrics::counter!(KEY_DECISIONS, "policy" => policy.to_owned(), "key" => meter.text.clone(), "decision" => v.as_str())
+                })
+            });
+            handles[verdict.index()].increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (policy, key, verdict);
+    }
+}
+
+/// Text keys longer than this are compared by their SHA-1.
+#[cfg(feature = "metrics")]
+const KEY_ID_LEN: usize = 64;
+
+impl std::fmt::Debug for KeyMeters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyMeters")
+    }
+}
+
+/// A rate-limit decision, reported: the `tracing` event (`debug`; a would-be denial at
+/// `info`), and for a request that does not simply go on, the fields `rate_limit.policy`,
+/// `rate_limit.decision`, `rate_limit.source` and `rate_limit.limit` recorded on the current
+/// span (the request's span, when it declares them). `latency`: how long the store took.
+pub(crate) fn decided(d: &Decision, verdict: Verdict, latency: Option<Duration>) {
+    let latency_us = latency.map_or(0, |l| l.as_micros() as u64);
+    let limit = d.binding().map_or(&*d.policy, |l| &*l.name);
+    match verdict {
+        Verdict::WouldDeny => tracing::info!(
+            policy = %d.policy,
+            decision = verdict.as_str(),
+            source = d.source.as_str(),
+            limit,
+            cost = d.cost,
+            remaining = d.remaining,
+            retry_after_ms = d.retry_after.map(|r| r.as_millis() as u64),
+            "rate limit: would deny (shadow mode)"
+        ),
+        _ if tracing::enabled!(tracing::Level::DEBUG) => tracing::debug!(
+            policy = %d.policy,
+            decision = verdict.as_str(),
+            source = d.source.as_str(),
+            limit,
+            allowed = d.allowed,
+            remaining = d.remaining,
+            cost = d.cost,
+            latency_us,
+            "rate limit: decided"
+        ),
+        _ => {}
+    }
+    if verdict != Verdict::Allowed {
+        on_span(&d.policy, verdict, d.source, limit);
+    }
+}
+
+/// A check the store could not decide, answered by the failure policy (`verdict`: let
+/// through or refused).
+pub(crate) fn undecided(policy: &str, verdict: Verdict) {
+    tracing::debug!(
+        policy,
+        decision = verdict.as_str(),
+        source = Source::FailurePolicy.as_str(),
+        "rate limit: decided by the failure policy"
+    );
+    on_span(policy, verdict, Source::FailurePolicy, policy);
+}
+
+/// Records a decision on the current span, which keeps the fields it declared.
+fn on_span(policy: &str, verdict: Verdict, source: Source, limit: &str) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record("rate_limit.policy", policy);
+    span.record("rate_limit.decision", verdict.as_str());
+    span.record("rate_limit.source", source.as_str());
+    span.record("rate_limit.limit", limit);
+}
+
+pub(crate) fn store_failed(policy: &str, e: &Error) {
+    tracing::debug!(policy, error = %crate::error::Chain(&e), "rate limit: store check failed");
+    #[cfg(feature = "metrics")]
+    {
+        let kind = match e {
+            Error::Timeout(_) => "timeout",
+            Error::CircuitOpen => "circuit_open",
+            Error::Redis(_) | Error::Pool(_) | Error::Connect(_) => "redis",
+            _ => "other",
+        };
+        metrics::counter!(STORE_ERRORS, "policy" => policy.to_owned(), "kind" => kind).increment(1);
+    }
+}
+
+/// A refund: `Ok(given)` or the store's error.
+pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
+    match result {
+        Ok(given) => tracing::debug!(policy, cost, given, "rate limit: refund"),
+        Err(e) => {
+            tracing::warn!(policy, cost, error = %crate::error::Chain(&e), "rate limit: refund failed; the units stay spent")
+        }
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = match result {
+            Ok(true) => "given",
+            Ok(false) => "nothing",
+            Err(_) => "failed",
+        };
+        metrics::counter!(REFUNDS, "policy" => policy.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
+}
+
+/// A concurrency limit's acquire: a permit given (`Allowed`) or refused (`Denied`), by the
+/// store or the local share.
+pub(crate) fn acquired(policy: &str, verdict: Verdict, source: Source) {
+    tracing::debug!(
+        policy,
+        decision = verdict.as_str(),
+        source = source.as_str(),
+        "concurrency limit: decided"
+    );
+    if verdict != Verdict::Allowed {
+        on_span(policy, verdict, source, policy);
+    }
+}
