@@ -1,0 +1,412 @@
+//! The keys a limit denies most: a bounded, approximate count per key (the Space-Saving
+//! algorithm of Metwally, Agrawal and El Abbadi), in memory fixed whatever the number of keys.
+//!
+//! A tracker holds `capacity` keys. A denied key already held counts one more; a new key
+//! takes a free place, or, when every place is taken, the place of the key with the smallest
+//! count, whose count it inherits (so a count is never below the key's true count, and above
+//! it by at most what it inherited). While fewer keys than the capacity were ever denied, the
+//! counts are exact; after that, any key denied more than `total / capacity` times is held.
+//!
+//! Threads count in trackers of their own (a few lanes, see [`lane`]), so that cores
+//! denying at once do not wait for one lock; a list adds the lanes' counts up, which keeps
+//! both properties.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+};
+
+use hashbrown::HashTable;
+
+use super::stats::lane;
+use crate::{decision::Verdict, extract::Key};
+
+/// One key's counts, from [`RateLimiter::top_keys`](crate::RateLimiter::top_keys): how often
+/// this instance denied it, and would have denied it under shadow mode, since it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyCount {
+    /// The key as the key extractor gave it (an API key, an address, an IPv6 network such as
+    /// `2001:db8::/64`); a key longer than 256 bytes is cut there and ends with `…`. A check
+    /// without a key shows as an empty string.
+    pub key: String,
+    /// The name of the policy that denied it.
+    pub policy: Arc<str>,
+    /// Requests of this key denied.
+    pub denied: u64,
+    /// Requests of this key that a policy in shadow mode would have denied.
+    pub would_deny: u64,
+}
+
+/// The longest key text kept, in bytes.
+const MAX_TEXT: usize = 256;
+/// The longest identity kept: a key's compact form; a longer one is replaced by its SHA-1.
+const MAX_ID: usize = 72;
+
+/// A key's place in the tracker.
+struct Slot {
+    id: [u8; MAX_ID],
+    id_len: u8,
+    hash: u64,
+    text: String,
+    denied: u64,
+    would_deny: u64,
+    /// The count inherited from the key this one replaced, counted under `first`.
+    inherited: u64,
+    first: Verdict,
+}
+
+impl Slot {
+    fn total(&self) -> u64 {
+        self.denied + self.would_deny + self.inherited
+    }
+
+    fn id(&self) -> &[u8] {
+        &self.id[..usize::from(self.id_len)]
+    }
+}
+
+struct Tracker {
+    slots: Vec<Slot>,
+    /// Index into `slots`, by the identity's hash.
+    index: HashTable<u32>,
+}
+
+/// A bounded tracker of the keys a limit denies most.
+pub(crate) struct TopKeys {
+    capacity: usize,
+    /// Mixed into every hash, so that nobody can choose keys that collide in advance (a
+    /// table of a few hundred places, so at worst a slower lookup).
+    seed: u64,
+    lanes: Box<[Mutex<Tracker>]>,
+}
+
+/// How many trackers a limit's denials are split into (by thread).
+const TOP_LANES: usize = 4;
+
+impl std::fmt::Debug for TopKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopKeys")
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+/// Writes into a `String` up to `MAX_TEXT` bytes, cutting on a character boundary.
+struct Bounded<'a>(&'a mut String, bool);
+
+impl std::fmt::Write for Bounded<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = MAX_TEXT - self.0.len();
+        if s.len() <= room {
+            self.0.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.0.push_str(&s[..end]);
+        self.1 = true;
+        Err(std::fmt::Error)
+    }
+}
+
+impl TopKeys {
+    /// A tracker of at most `capacity` keys (at least 1).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            capacity,
+            seed: std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                0u8,
+            ),
+            lanes: (0..TOP_LANES)
+                .map(|_| {
+                    Mutex::new(Tracker {
+                        slots: Vec::new(),
+                        index: HashTable::new(),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Counts a denial (`Denied` or `WouldDeny`) of `key` (`None`: the check had no key),
+    /// whose compact form (as the store and the deny cache write it, unique per key) is `id`.
+    /// Allocates nothing once the tracker is full.
+    pub(crate) fn record(&self, id: &[u8], key: Option<&Key<'_>>, verdict: Verdict) {
+        let digest;
+        let id = match id.len() > MAX_ID {
+            true => {
+                digest = sha1_smol::Sha1::from(id).digest().bytes();
+                &digest[..]
+            }
+            false => id,
+        };
+        let hash = mix(self.seed, id);
+        let mut guard = match self.lanes[lane() % TOP_LANES].lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let Tracker { slots, index } = &mut *guard;
+        let found = index.find(hash, |&i| slots[i as usize].id() == id).copied();
+        let at = match found {
+            Some(i) => i as usize,
+            None if slots.len() < self.capacity => {
+                if slots.is_empty() {
+                    slots.reserve_exact(self.capacity);
+                    // Room for twice the keys held: replacing keys leaves tombstones, which a
+                    // table at most half full clears in place instead of growing.
+                    index.reserve(2 * self.capacity, |&i| slots[i as usize].hash);
+                }
+                slots.push(Slot {
+                    id: [0; MAX_ID],
+                    id_len: 0,
+                    hash,
+                    text: String::with_capacity(MAX_TEXT + '…'.len_utf8()),
+                    denied: 0,
+                    would_deny: 0,
+                    inherited: 0,
+                    first: verdict,
+                });
+                let at = slots.len() - 1;
+                fill(&mut slots[at], id, hash, key, verdict, 0);
+                index.insert_unique(hash, at as u32, |&i| slots[i as usize].hash);
+                at
+            }
+            None => {
+                // Every place is taken: the key with the smallest count gives its place.
+                let (at, least) = slots
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, s)| s.total())
+                    .map(|(i, s)| (i, s.total()))
+                    .expect("a full tracker holds a key");
+                let old = slots[at].hash;
+                if let Ok(entry) = index.find_entry(old, |&i| i as usize == at) {
+                    entry.remove();
+                }
+                fill(&mut slots[at], id, hash, key, verdict, least);
+                index.insert_unique(hash, at as u32, |&i| slots[i as usize].hash);
+                at
+            }
+        };
+        let slot = &mut slots[at];
+        match verdict {
+            Verdict::WouldDeny => slot.would_deny += 1,
+            _ => slot.denied += 1,
+        }
+    }
+
+    /// The `n` keys with the highest counts (denied and would-be denied together), highest
+    /// first; the lanes' counts of a key added up.
+    pub(crate) fn top(&self, n: usize, policy: &Arc<str>) -> Vec<KeyCount> {
+        struct Sum {
+            text: String,
+            denied: u64,
+            would_deny: u64,
+        }
+        let mut sums: HashMap<Box<[u8]>, Sum> = HashMap::new();
+        for lane in self.lanes.iter() {
+            let guard = match lane.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            for slot in &guard.slots {
+                let sum = sums.entry(slot.id().into()).or_insert_with(|| Sum {
+                    text: slot.text.clone(),
+                    denied: 0,
+                    would_deny: 0,
+                });
+                sum.denied += slot.denied;
+                sum.would_deny += slot.would_deny;
+                match slot.first {
+                    Verdict::WouldDeny => sum.would_deny += slot.inherited,
+                    _ => sum.denied += slot.inherited,
+                }
+            }
+        }
+        let mut order: Vec<Sum> = sums.into_values().collect();
+        order.sort_by(|a, b| {
+            (b.denied + b.would_deny)
+                .cmp(&(a.denied + a.would_deny))
+                .then_with(|| a.text.cmp(&b.text))
+        });
+        order
+            .into_iter()
+            .take(n)
+            .map(|s| KeyCount {
+                key: s.text,
+                policy: Arc::clone(policy),
+                denied: s.denied,
+                would_deny: s.would_deny,
+            })
+            .collect()
+    }
+
+    /// The bytes the trackers hold, for the bound's tests.
+    #[cfg(test)]
+    fn footprint(&self) -> usize {
+        self.lanes
+            .iter()
+            .map(|lane| {
+                let guard = lane.lock().unwrap();
+                guard.slots.capacity() * std::mem::size_of::<Slot>()
+                    + guard.slots.iter().map(|s| s.text.capacity()).sum::<usize>()
+                    + guard.index.allocation_size()
+            })
+            .sum()
+    }
+}
+
+/// A fast hash of `bytes` (8 bytes at a time, a multiply and a rotation each), seeded.
+fn mix(seed: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = seed ^ (bytes.len() as u64).wrapping_mul(K);
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let word = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h ^ word).wrapping_mul(K).rotate_left(29);
+    }
+    let mut last = [0u8; 8];
+    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = (h ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    h ^ (h >> 32)
+}
+
+/// Gives `slot` to a new key.
+fn fill(
+    slot: &mut Slot,
+    id: &[u8],
+    hash: u64,
+    key: Option<&Key<'_>>,
+    first: Verdict,
+    inherited: u64,
+) {
+    slot.id[..id.len()].copy_from_slice(id);
+    slot.id_len = id.len() as u8;
+    slot.hash = hash;
+    slot.text.clear();
+    if let Some(key) = key {
+        let mut out = Bounded(&mut slot.text, false);
+        if write!(out, "{key}").is_err() && out.1 {
+            slot.text.push('…');
+        }
+    }
+    slot.denied = 0;
+    slot.would_deny = 0;
+    slot.inherited = inherited;
+    slot.first = first;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Arc<str> {
+        Arc::from("p")
+    }
+
+    /// `key`'s compact form, as the engine gives it.
+    fn id(key: &Key<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        key.write_compact(128, &mut out);
+        out
+    }
+
+    impl TopKeys {
+        fn count(&self, key: Option<&Key<'_>>, verdict: Verdict) {
+            let id = key.map_or_else(|| vec![0xff], id);
+            self.record(&id, key, verdict);
+        }
+    }
+
+    #[test]
+    fn counts_are_exact_while_the_keys_fit() {
+        let top = TopKeys::new(100);
+        for i in 0..100u64 {
+            for _ in 0..=i {
+                top.count(Some(&Key::number(i)), Verdict::Denied);
+            }
+            top.count(Some(&Key::number(i)), Verdict::WouldDeny);
+        }
+        let all = top.top(1_000, &policy());
+        assert_eq!(all.len(), 100);
+        for (rank, count) in all.iter().enumerate() {
+            let i = 99 - rank as u64;
+            assert_eq!(count.key, i.to_string());
+            assert_eq!((count.denied, count.would_deny), (i + 1, 1));
+        }
+        assert_eq!(top.top(3, &policy()).len(), 3);
+    }
+
+    #[test]
+    fn memory_stays_fixed_and_heavy_hitters_are_found_among_a_million_keys() {
+        let top = TopKeys::new(128);
+        top.count(Some(&Key::text("warm-up")), Verdict::Denied);
+        let mut heavy_seen = [0u64; 5];
+        let mut footprint = 0;
+        // A million distinct keys denied once each, and five heavy hitters among them,
+        // denied 20,000 times each: more than total / capacity, so they must be held.
+        for i in 0..1_000_000u64 {
+            if i % 1_000 == 0 {
+                // Now and then a long one, cut to the longest text kept.
+                let key = format!("tenant-{i}-{}", "x".repeat((i % 300_000 / 1_000) as usize));
+                top.count(Some(&Key::text(key.as_str())), Verdict::Denied);
+            } else {
+                top.count(Some(&Key::number(i)), Verdict::Denied);
+            }
+            if i % 10 == 0 {
+                let h = (i / 10 % 5) as usize;
+                top.count(Some(&Key::text(format!("heavy-{h}"))), Verdict::WouldDeny);
+                heavy_seen[h] += 1;
+            }
+            if i == 1_000 {
+                footprint = top.footprint();
+            }
+        }
+        assert_eq!(
+            top.footprint(),
+            footprint,
+            "the tracker grew after it was full"
+        );
+        assert!(
+            footprint < TOP_LANES * 128 * 1024,
+            "{footprint} bytes for 128 keys in {TOP_LANES} lanes"
+        );
+        let best = top.top(5, &policy());
+        let mut names: Vec<_> = best.iter().map(|c| c.key.clone()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["heavy-0", "heavy-1", "heavy-2", "heavy-3", "heavy-4"],
+            "{best:?}"
+        );
+        for c in &best {
+            let h: usize = c.key["heavy-".len()..].parse().unwrap();
+            // Never below the true count, above it by at most total / capacity.
+            assert!(c.would_deny + c.denied >= heavy_seen[h]);
+            assert!(c.would_deny + c.denied <= heavy_seen[h] + 1_100_001 / 128);
+        }
+    }
+
+    #[test]
+    fn long_keys_are_cut_and_still_told_apart() {
+        let top = TopKeys::new(10);
+        let a = format!("{}a", "é".repeat(400));
+        let b = format!("{}b", "é".repeat(400));
+        top.count(Some(&Key::text(a.as_str())), Verdict::Denied);
+        top.count(Some(&Key::text(b.as_str())), Verdict::Denied);
+        top.count(Some(&Key::text(b.as_str())), Verdict::Denied);
+        top.count(None, Verdict::Denied);
+        let all = top.top(10, &policy());
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].denied, 2);
+        assert!(all[0].key.ends_with('…'));
+        assert!(all[0].key.len() <= MAX_TEXT + 3);
+        assert!(all.iter().any(|c| c.key.is_empty()));
+    }
+}
