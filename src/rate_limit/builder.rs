@@ -5,11 +5,16 @@ use std::{fmt, sync::Arc};
 use super::{engine::RateEngine, limiter::RateLimiter};
 use crate::{
     algorithm::{Algorithm, Rule},
-    core::{common_options, Core, DenyCache, Leasing, Options, UnitLease},
+    core::report::KeyMeters,
+    core::{common_options, Core, DenyCache, Leasing, Options, TopKeys, UnitLease},
     error::ConfigError,
+    extract::Key,
     store::FailurePolicy,
     store::{MemoryStore, Store},
 };
+
+/// The most keys [`RateLimiterBuilder::top_keys`] takes.
+const MAX_TOP_KEYS: usize = 100_000;
 
 impl<A: Algorithm> RateLimiter<A> {
     /// The policy name of a limiter not given one.
@@ -29,6 +34,10 @@ impl<A: Algorithm> RateLimiter<A> {
         Self::builder(store, algorithm).build()
     }
 
+    /// How many keys a limiter tracks for [`top_keys`](Self::top_keys) unless told otherwise
+    /// ([`RateLimiterBuilder::top_keys`]).
+    pub const DEFAULT_TOP_KEYS: usize = 128;
+
     /// A builder for the other options.
     pub fn builder(store: impl Store, algorithm: A) -> RateLimiterBuilder<A> {
         RateLimiterBuilder {
@@ -38,6 +47,9 @@ impl<A: Algorithm> RateLimiter<A> {
             deny_cache: Self::DEFAULT_DENY_CACHE_KEYS,
             common_counters: false,
             shadow: false,
+            shadow_headers: false,
+            top_keys: Self::DEFAULT_TOP_KEYS,
+            metric_keys: Vec::new(),
             lease: None,
         }
     }
@@ -51,6 +63,9 @@ pub struct RateLimiterBuilder<A> {
     deny_cache: usize,
     common_counters: bool,
     shadow: bool,
+    shadow_headers: bool,
+    top_keys: usize,
+    metric_keys: Vec<Key<'static>>,
     lease: Option<UnitLease>,
 }
 
@@ -91,25 +106,29 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     }
 
     /// Shadow (dry-run) mode, to roll a new limit out without risk (default off). The limiter
-    /// decides and records everything as usual (the [`Decision`](crate::rate_limit::Decision), its
-    /// counters, tracing and metrics), but a [`RateLimitLayer`](crate::RateLimitLayer) never
-    /// rejects under this policy:
+    /// decides and records everything as usual (the [`Decision`](crate::rate_limit::Decision),
+    /// its counters, tracing and metrics), but a [`RateLimitLayer`](crate::RateLimitLayer)
+    /// under this policy changes nothing a client sees:
     ///
-    /// - a request over its limit goes on to the inner service, with the rate-limit headers
-    ///   of the denial (`r=0`, and `t` until it would have been allowed) but no `Retry-After`,
-    ///   and is logged at `info` ("rate limit: would deny (shadow mode)") and counted
-    ///   ([`LimiterStats::shadow_denials`](crate::telemetry::LimiterStats), the metric
-    ///   `ratelimit_shadow_denials_total`);
+    /// - every request goes on to the inner service, and its response gets no rate-limit
+    ///   field (`RateLimit`, `RateLimit-Policy`, `X-RateLimit-*`, `Retry-After`) from this
+    ///   policy, unless [`shadow_headers`](Self::shadow_headers) turns them on;
+    /// - a request over its limit is a would-be denial: [`Verdict::WouldDeny`](crate::telemetry::Verdict::WouldDeny) in the
+    ///   decision ([`Decision::verdict`](crate::rate_limit::Decision::verdict)), counted
+    ///   ([`LimiterStats::would_deny`](crate::telemetry::LimiterStats::would_deny), the metric
+    ///   `ratelimit_decisions_total{decision="would_deny"}`), its key in
+    ///   [`RateLimiter::top_keys`](crate::RateLimiter::top_keys), and logged at `info` ("rate
+    ///   limit: would deny (shadow mode)");
     /// - a store failure lets the request through, whatever
     ///   [`on_store_error`](Self::on_store_error) says (it is still logged and counted).
     ///
-    /// A [`ThrottleLayer`](crate::throttle::ThrottleLayer) on such a limiter never waits nor fails: a
-    /// denial is counted and logged the same way, and the request goes out at once.
+    /// A [`ThrottleLayer`](crate::throttle::ThrottleLayer) on such a limiter never waits nor
+    /// fails: a denial is counted and logged the same way, and the request goes out at once.
     ///
     /// A denied request spends nothing, as when enforcing, so the counts are the ones the
     /// limit would see if it were enforced. [`RateLimiter::check`](crate::RateLimiter::check)
-    /// still returns the real decision: direct callers read
-    /// [`RateLimiter::is_shadow`](crate::RateLimiter::is_shadow).
+    /// still returns the real decision (`allowed: false`, with
+    /// [`shadow`](crate::rate_limit::Decision::shadow) set): direct callers read it.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -122,6 +141,47 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     /// ```
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
+        self
+    }
+
+    /// In [shadow mode](Self::shadow), whether responses still get this policy's rate-limit
+    /// fields (default off: shadow mode changes nothing a client sees). When on, a response
+    /// gets the fields of its decision, a would-be denial's included (`r=0`, and `t` until
+    /// it would have been allowed), but never a `Retry-After`. Off of shadow mode, it changes
+    /// nothing.
+    pub fn shadow_headers(mut self, on: bool) -> Self {
+        self.shadow_headers = on;
+        self
+    }
+
+    /// How many keys this limiter tracks for [`RateLimiter::top_keys`] (default 128; 0
+    /// switches the tracking off; at most 100,000): the keys it denies (or, in shadow mode,
+    /// would deny) most, counted approximately in fixed memory (about 400 bytes per key
+    /// tracked) whatever the number of keys. Counts are exact while fewer keys than this
+    /// were denied.
+    ///
+    /// [`RateLimiter::top_keys`]: crate::RateLimiter::top_keys
+    pub fn top_keys(mut self, capacity: usize) -> Self {
+        self.top_keys = capacity;
+        self
+    }
+
+    /// Keys whose decisions get metrics of their own (feature `metrics`; default none): the
+    /// counter `ratelimit_key_decisions_total{policy, key, decision}` for each key listed, the
+    /// key written as the key extractor gives it (`"tenant-42"`, `"203.0.113.9"`,
+    /// `"2001:db8::/64"`). Only the keys listed get a label, so the number of series stays
+    /// what you chose, whatever keys clients send. For the keys nobody listed, see
+    /// [`top_keys`](Self::top_keys).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_minute(600))?)
+    ///     .metric_keys(["big-customer", "partner-api"])
+    ///     .build()?;
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn metric_keys<'k>(mut self, keys: impl IntoIterator<Item = impl Into<Key<'k>>>) -> Self {
+        self.metric_keys = keys.into_iter().map(|k| k.into().into_owned()).collect();
         self
     }
 
@@ -157,6 +217,12 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
 
     /// Validates the options; the error names the field.
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
+        if self.top_keys > MAX_TOP_KEYS {
+            return Err(ConfigError::new(
+                "top_keys",
+                format!("must be at most {MAX_TOP_KEYS}"),
+            ));
+        }
         let cap = match &self.lease {
             Some(lease) => Some(lease.validate(self.algorithm.rule())?),
             None => None,
@@ -186,6 +252,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                     deny_cache: None,
                     leasing: None,
                     shadow: false,
+                    shadow_headers: false,
+                    top: None,
+                    key_meters: KeyMeters::default(),
                     local: None,
                 }))
             }
@@ -211,6 +280,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             deny_cache,
             leasing,
             shadow: self.shadow,
+            shadow_headers: self.shadow_headers,
+            top: (self.top_keys > 0).then(|| TopKeys::new(self.top_keys)),
+            key_meters: KeyMeters::new(self.metric_keys),
             local,
         };
         Ok(RateLimiter {

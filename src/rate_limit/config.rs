@@ -94,6 +94,8 @@ pub(crate) struct Config<K> {
     pub(crate) missing_key: MissingKey,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder<Decision>>,
+    /// Whether a request that goes on carries its decision in its extensions.
+    pub(crate) extension: bool,
 }
 
 impl<K> Clone for Config<K> {
@@ -109,6 +111,7 @@ impl<K> Clone for Config<K> {
             missing_key: self.missing_key,
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),
+            extension: self.extension,
         }
     }
 }

@@ -39,12 +39,46 @@ pub(crate) struct Answer {
     /// What the policy does when the store fails.
     pub(crate) failure: FailurePolicy,
     /// The policy's shadow mode: a denial goes on to the inner service.
-    pub(crate) shadow: Option<Arc<RateEngine>>,
+    pub(crate) shadow: Shadow,
     pub(crate) grpc: bool,
     /// The IETF `pk` parameter, when the layer writes one.
     pub(crate) partition_key: Option<String>,
     /// When the layer counts only some responses: how to give the others' units back.
     pub(crate) refund: Option<Refund>,
+    /// Whether a request that goes on carries its decision in its extensions.
+    pub(crate) extension: bool,
+}
+
+impl Answer {
+    /// Puts the decision in the extensions of a request that goes on, when asked to.
+    fn expose<B>(&self, result: &Result<Decision, Error>, request: &mut Request<B>) {
+        if let (true, Ok(d)) = (self.extension, result) {
+            if d.allowed || self.shadow != Shadow::Off {
+                request.extensions_mut().insert(d.clone());
+            }
+        }
+    }
+}
+
+/// A policy's shadow mode, as the response sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shadow {
+    /// Enforcing: a denial is answered by the limiter.
+    Off,
+    /// Every request goes on, and its response gets no rate-limit field.
+    Quiet,
+    /// Every request goes on, and its response gets the fields of its decision.
+    WithHeaders,
+}
+
+impl Shadow {
+    pub(crate) fn of(engine: &RateEngine) -> Self {
+        match (engine.shadow, engine.shadow_headers) {
+            (false, _) => Shadow::Off,
+            (true, false) => Shadow::Quiet,
+            (true, true) => Shadow::WithHeaders,
+        }
+    }
 }
 
 /// What giving back an uncounted response's units takes.
@@ -69,6 +103,8 @@ enum Then {
 /// A decision kept until the inner service answers.
 struct Decided {
     decision: Decision,
+    /// Whether the response gets the decision's fields (not in quiet shadow mode).
+    headers: bool,
     responder: Arc<Responder<Decision>>,
     partition_key: Option<String>,
     refund: Option<Refund>,
@@ -131,29 +167,27 @@ fn conclude(
     field: &PolicyField,
 ) -> Next {
     let d = match result {
-        // The limiter logged the decision (see `telemetry`).
-        Ok(d) if d.allowed => d,
-        Ok(d) => match &answer.shadow {
-            Some(policy) => {
-                policy.shadow_denied(&d);
-                d
-            }
-            None => {
-                let pk = answer.partition_key.as_deref();
-                return Next::Answer(responder.denied(&d, answer.grpc, pk));
-            }
-        },
+        // The limiter counted and reported the decision (see `telemetry`).
+        Ok(d) if d.allowed || answer.shadow != Shadow::Off => d,
+        Ok(d) => {
+            let pk = answer.partition_key.as_deref();
+            return Next::Answer(responder.denied(&d, answer.grpc, pk));
+        }
         Err(e) => {
             tracing::warn!(error = %Chain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
-            if answer.failure != FailurePolicy::Open && answer.shadow.is_none() {
+            if answer.failure != FailurePolicy::Open && answer.shadow == Shadow::Off {
                 return Next::Answer(responder.unavailable(answer.grpc));
             }
             return Next::Call(Then::Nothing);
         }
     };
+    let headers = answer.shadow != Shadow::Quiet;
     if answer.refund.is_none() {
+        if !headers {
+            return Next::Call(Then::Nothing);
+        }
         let pk = answer.partition_key.as_deref();
         if let Some(stamp) = Stamp::of(responder.style, &d, pk, Some(field)) {
             return Next::Call(Then::Stamp(stamp));
@@ -161,6 +195,7 @@ fn conclude(
     }
     Next::Call(Then::Decided(Box::new(Decided {
         decision: d,
+        headers,
         responder: Arc::clone(responder),
         partition_key: answer.partition_key,
         refund: answer.refund,
@@ -175,12 +210,13 @@ where
     /// started on `service` (driven to readiness).
     pub(crate) fn decided(
         result: Result<Decision, Error>,
-        request: Request<B>,
+        mut request: Request<B>,
         service: &mut S,
         responder: &Arc<Responder<Decision>>,
         answer: Answer,
         field: &PolicyField,
     ) -> Self {
+        answer.expose(&result, &mut request);
         let state = match conclude(result, answer, responder, field) {
             Next::Answer(response) => State::Answered {
                 response: Some(response),
@@ -251,13 +287,14 @@ where
                     let result = ready!(pending.as_mut().expect(DONE).check.as_mut().poll(cx));
                     let p = *pending.take().expect(DONE);
                     let Waiting {
-                        request,
+                        mut request,
                         mut service,
                         responder,
                         answer,
                         field,
                         ..
                     } = p;
+                    answer.expose(&result, &mut request);
                     match conclude(result, answer, &responder, &field) {
                         Next::Answer(res) => {
                             return Poll::Ready(Ok(res.map(ResponseBody::written)));
@@ -301,8 +338,10 @@ where
                                 });
                                 continue;
                             }
-                            let pk = decided.partition_key.as_deref();
-                            decided.responder.allowed(&decided.decision, &mut res, pk);
+                            if decided.headers {
+                                let pk = decided.partition_key.as_deref();
+                                decided.responder.allowed(&decided.decision, &mut res, pk);
+                            }
                         }
                     }
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
@@ -319,8 +358,10 @@ where
                             d.reset_after = Duration::ZERO;
                         }
                     }
-                    let pk = decided.partition_key.as_deref();
-                    decided.responder.allowed(&decided.decision, &mut res, pk);
+                    if decided.headers {
+                        let pk = decided.partition_key.as_deref();
+                        decided.responder.allowed(&decided.decision, &mut res, pk);
+                    }
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
             }

@@ -85,6 +85,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 missing_key: MissingKey::default(),
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
+                extension: false,
             },
             default: limiter,
         }
@@ -339,6 +340,31 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// without revealing the key. Instances sharing the secret give the same `pk`.
     pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.config.partition_secret = Some(Arc::from(secret.as_ref()));
+        self
+    }
+
+    /// Puts the [`Decision`](super::Decision) of each request that goes on in the request's
+    /// extensions, for the inner service and its handlers (default off: it costs a clone
+    /// and an allocation per request). A handler then reads which policy decided, where the
+    /// answer came from ([`Decision::source`](super::Decision::source)), what is left, and
+    /// under shadow mode whether the request would have been denied
+    /// ([`Decision::verdict`](super::Decision::verdict)). Denied requests never reach the
+    /// inner service: [`on_limited`](Self::on_limited) is given their decision.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
+    /// use axum::{routing::get, Extension, Router};
+    /// use tower_redis_ratelimit::rate_limit::Decision;
+    ///
+    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(250)).unwrap()).unwrap();
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|Extension(d): Extension<Decision>| async move {
+    ///         format!("{} units left under {}", d.remaining, d.policy)
+    ///     }))
+    ///     .layer(RateLimitLayer::new(limiter, GlobalKey).decision_extension(true));
+    /// ```
+    pub fn decision_extension(mut self, on: bool) -> Self {
+        self.config.extension = on;
         self
     }
 

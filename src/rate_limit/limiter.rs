@@ -4,8 +4,13 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::engine::RateEngine;
 use crate::{
-    algorithm::Algorithm, core::LimiterStats, decision::Decision, error::Error, extract::Key,
-    quota::Quota, store::FailurePolicy,
+    algorithm::Algorithm,
+    core::{KeyCount, LimiterStats},
+    decision::Decision,
+    error::Error,
+    extract::Key,
+    quota::Quota,
+    store::FailurePolicy,
 };
 
 /// Checks keys against one algorithm in one store. Usable on its own (a background job
@@ -220,9 +225,33 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.store_key(Some(&key)).redis_base_key()
     }
 
-    /// Counters: store errors, checks refused by the circuit breaker, degraded decisions.
+    /// Counters: every decision by verdict and source, store errors, checks refused by the
+    /// circuit breaker, refunds (see [`LimiterStats`]).
     pub fn stats(&self) -> LimiterStats {
         self.engine.core.stats()
+    }
+
+    /// The `n` keys this limiter denied most (or, in shadow mode, would have denied), since
+    /// it was built, highest count first: an approximate per-instance top list in fixed
+    /// memory (see [`RateLimiterBuilder::top_keys`](super::RateLimiterBuilder::top_keys)),
+    /// exact while fewer keys than it tracks were denied. Each instance counts its own
+    /// decisions: add up the lists of every instance for the whole picture.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1))?)?;
+    /// for _ in 0..4 {
+    ///     limiter.check("noisy", 1).await?;
+    /// }
+    /// limiter.check("quiet", 1).await?;
+    /// let top = limiter.top_keys(10);
+    /// assert_eq!((top[0].key.as_str(), top[0].denied), ("noisy", 3));
+    /// assert_eq!(top.len(), 1, "a key never denied is not listed");
+    /// # Ok(()) }
+    /// ```
+    pub fn top_keys(&self, n: usize) -> Vec<KeyCount> {
+        self.engine.top_keys(n)
     }
 
     /// The algorithm.

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{
     config::{Config, Selected},
-    future::{Answer, Refund, ResponseFuture},
+    future::{Answer, Refund, ResponseFuture, Shadow},
 };
 use crate::{
     error::Error,
@@ -110,10 +110,11 @@ where
                 let e = Error::InvalidInput("a policy handle of another layer");
                 let answer = Answer {
                     failure: FailurePolicy::Closed,
-                    shadow: None,
+                    shadow: Shadow::Off,
                     grpc: is_grpc(&parts.headers),
                     partition_key: None,
                     refund: None,
+                    extension: false,
                 };
                 let req = Request::from_parts(parts, body);
                 let field = &config.policies[0].field;
@@ -165,10 +166,11 @@ where
         });
         let answer = |grpc| Answer {
             failure: policy.core.failure,
-            shadow: policy.shadow.then(|| Arc::clone(policy)),
+            shadow: Shadow::of(policy),
             grpc,
             partition_key: pk,
             refund,
+            extension: config.extension,
         };
         // Answered without waiting (deny cache, in-memory store): no boxed future.
         if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_ref()) {
