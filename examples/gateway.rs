@@ -14,7 +14,7 @@
 //!     [--headers ietf|legacy|both|none]
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
-//!     [--no-limit]
+//!     [--no-limit] [--admin-listen ADDR]
 //! ```
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
@@ -35,8 +35,20 @@
 //! after its reservation was sent; what is left goes back. The limit then holds in count,
 //! shifted in time by at most N ms (see `UnitLease`).
 //!
-//! `--shadow` never rejects: over-limit requests are served with the headers of the denial,
-//! and each is logged ("would deny") at `info`.
+//! `--shadow` never rejects and changes nothing a client sees: every request is served, no
+//! response gets a rate-limit field, and each over-limit request is logged ("would deny") at
+//! `info`, counted (`decision="would_deny"`) and its key listed by `/top`.
+//!
+//! `--admin-listen ADDR` opens a second listener for operators (off by default; bind it to a
+//! loopback or private address: it names keys), printed as `admin listening on http://ADDR`
+//! after the `listening on` line:
+//! - `GET /metrics`: the crate's metrics in the Prometheus text format, among them
+//!   `ratelimit_decisions_total{policy, decision, source}` (`decision`: `allowed`, `denied`,
+//!   `would_deny`, `unavailable`; `source`: `store`, `deny_cache`, `unit_lease`, `local`,
+//!   `failure_policy`);
+//! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
+//!   `[{"key": "...", "policy": "default", "denied": N, "would_deny": M}, ...]`, sorted by
+//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied.
 //!
 //! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
@@ -48,12 +60,13 @@
 use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{
-    extract::Path,
+    extract::{Path, Query},
     http::StatusCode,
     response::{IntoResponse, Response},
     routing::get,
     Router,
 };
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
@@ -72,7 +85,7 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
-[--batch] [--no-limit]";
+[--batch] [--no-limit] [--admin-listen ADDR]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -118,6 +131,8 @@ struct Args {
     lease: Option<Duration>,
     /// `--unit-lease-ms N`: unit leases for hot allowed keys, handed out for at most N ms.
     unit_lease: Option<Duration>,
+    /// `--admin-listen ADDR`: the operators' listener (`/metrics`, `/top`).
+    admin_listen: Option<SocketAddr>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -185,6 +200,7 @@ fn parse_args() -> Result<Args, String> {
         concurrency: None,
         lease: None,
         unit_lease: None,
+        admin_listen: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -235,6 +251,7 @@ fn parse_args() -> Result<Args, String> {
             "--concurrency",
             "--lease-ms",
             "--unit-lease-ms",
+            "--admin-listen",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -246,6 +263,13 @@ fn parse_args() -> Result<Args, String> {
                 a.listen = value
                     .parse()
                     .map_err(|_| bad("an address like 127.0.0.1:3000"))?
+            }
+            "--admin-listen" => {
+                a.admin_listen = Some(
+                    value
+                        .parse()
+                        .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
+                )
             }
             "--redis" => a.redis = Some(value),
             "--redis-cluster" => {
@@ -446,13 +470,68 @@ fn rate_limiter(
     })
 }
 
+/// The operators' listener: `/metrics` (Prometheus text) and `/top?n=N` (JSON).
+fn admin_router(metrics: PrometheusHandle, limiter: RateLimiter<Arc<dyn Algorithm>>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/top",
+            get(move |Query(query): Query<HashMap<String, String>>| {
+                let limiter = limiter.clone();
+                async move { top(&limiter, query.get("n").map(String::as_str)) }
+            }),
+        )
+}
+
+/// `GET /top?n=N`: the instance's most denied keys, as JSON; `n` from 1 to 10,000 (default
+/// 10), anything else 400.
+fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
+    let n = match n.map(str::parse::<usize>) {
+        None => 10,
+        Some(Ok(n)) if (1..=10_000).contains(&n) => n,
+        Some(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "n is a whole number from 1 to 10000\n",
+            )
+                .into_response()
+        }
+    };
+    let items: Vec<serde_json::Value> = limiter
+        .top_keys(n)
+        .into_iter()
+        .map(|c| {
+            serde_json::json!({
+                "key": c.key,
+                "policy": &*c.policy,
+                "denied": c.denied,
+                "would_deny": c.would_deny,
+            })
+        })
+        .collect();
+    axum::Json(items).into_response()
+}
+
 async fn serve(
     args: Args,
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
+    metrics: Option<PrometheusHandle>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
     let limiter = rate_limiter(&args, store, algorithm)?;
+    let watched = limiter.clone();
     if let Some(lifetime) = args.unit_lease {
         println!(
             "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",
@@ -510,6 +589,16 @@ async fn serve(
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
+        let admin = tokio::net::TcpListener::bind(addr).await?;
+        println!("admin listening on http://{}", admin.local_addr()?);
+        let app = admin_router(metrics, watched);
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, app).await {
+                tracing::error!(error = %e, "admin listener stopped");
+            }
+        });
+    }
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
@@ -692,7 +781,17 @@ async fn run(args: Args) -> Result<(), BoxError> {
     for (key, plan, _) in &args.plans {
         println!("plan: key {key:?} gets {plan}");
     }
-    serve(args, store, algorithm).await
+    // Installed before the limiter decides anything: its metric handles are taken from the
+    // recorder on its first decision.
+    let metrics = match args.admin_listen {
+        Some(_) => Some(
+            PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| format!("--admin-listen: {}", chain(&e)))?,
+        ),
+        None => None,
+    };
+    serve(args, store, algorithm, metrics).await
 }
 
 #[tokio::main]
