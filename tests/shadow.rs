@@ -20,8 +20,10 @@ use futures_util::future::join_all;
 use http::{Request, Response};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    algorithm::Algorithm, store::Store, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota,
-    RateLimitLayer, RateLimiter,
+    algorithm::Algorithm,
+    store::Store,
+    telemetry::{Source, Verdict},
+    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
 };
 
 const LIMIT: u32 = 5;
@@ -40,11 +42,21 @@ fn shadow(
         .unwrap()
 }
 
+/// The rate-limit fields a response may get.
+const FIELDS: [&str; 6] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
 /// `REQUESTS` concurrent requests for one key, spread over `limiters` (app instances) in
-/// shadow mode: every one reaches the inner service, exactly `REQUESTS - LIMIT` are recorded
-/// as would-be denials (counted and with `r=0` in their headers, no `Retry-After`), and the
-/// state is what enforcing would have left: an enforcing check on the same counters is
-/// denied.
+/// shadow mode: every one reaches the inner service and no response gets a rate-limit field,
+/// exactly `REQUESTS - LIMIT` are recorded as would-be denials (counted, and the key's count
+/// in the instances' top keys), and the state is what enforcing would have left: an
+/// enforcing check on the same counters is denied.
 async fn exact(
     limiters: Vec<RateLimiter<Arc<dyn Algorithm>>>,
     enforcing: RateLimiter<Arc<dyn Algorithm>>,
@@ -78,29 +90,38 @@ async fn exact(
         "{what}: a shadow policy rejected"
     );
     assert_eq!(calls.load(Ordering::SeqCst), REQUESTS, "{what}");
-    let would_deny = responses
-        .iter()
-        .filter(|r| {
-            let h = r.headers().get("ratelimit").unwrap().to_str().unwrap();
-            h.contains(";r=0;")
-        })
-        .count();
-    assert!(
-        responses
-            .iter()
-            .all(|r| r.headers().get("retry-after").is_none()),
-        "{what}: Retry-After on a served response"
-    );
-    let counted: u64 = limiters.iter().map(|l| l.stats().shadow_denials).sum();
+    for r in &responses {
+        for field in FIELDS {
+            assert!(
+                r.headers().get(field).is_none(),
+                "{what}: {field} on a response of a shadow policy: {:?}",
+                r.headers()
+            );
+        }
+    }
+    let counted: u64 = limiters.iter().map(|l| l.stats().would_deny).sum();
     assert_eq!(
         counted,
         (REQUESTS - LIMIT as usize) as u64,
         "{what}: would-be denials counted"
     );
-    // A would-be denial spends nothing, so its headers say r=0; the last allowed one too.
-    assert!(
-        would_deny >= REQUESTS - LIMIT as usize,
-        "{what}: {would_deny} responses with r=0"
+    assert_eq!(
+        limiters.iter().map(|l| l.stats().denied).sum::<u64>(),
+        0,
+        "{what}"
+    );
+    let named: u64 = limiters
+        .iter()
+        .flat_map(|l| l.top_keys(10))
+        .map(|c| {
+            assert_eq!((c.key.as_str(), c.denied), ("k", 0), "{what}");
+            c.would_deny
+        })
+        .sum();
+    assert_eq!(
+        named,
+        (REQUESTS - LIMIT as usize) as u64,
+        "{what}: top keys"
     );
     let d = enforcing.check("k", 1).await.unwrap();
     assert!(
@@ -161,7 +182,7 @@ async fn store_failures_never_reject_in_shadow_mode() {
         let calls = Arc::new(AtomicUsize::new(0));
         let svc = ServiceBuilder::new()
             .layer(RateLimitLayer::new(
-                limiter,
+                limiter.clone(),
                 HeaderKey::new("x-key").unwrap(),
             ))
             .service(counting(calls));
@@ -170,18 +191,85 @@ async fn store_failures_never_reject_in_shadow_mode() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(svc.oneshot(req).await.unwrap().status(), want);
+        // Counted once, as the failure policy's answer.
+        let stats = limiter.stats();
+        let (verdict, other) = match want {
+            200 => (Verdict::Allowed, Verdict::Unavailable),
+            _ => (Verdict::Unavailable, Verdict::Allowed),
+        };
+        assert_eq!(
+            stats.decisions(verdict, Source::FailurePolicy),
+            1,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.decisions(other, Source::FailurePolicy),
+            0,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.allowed + stats.denied + stats.unavailable,
+            1,
+            "{stats:?}"
+        );
     }
 }
 
-/// The inner service's own `Retry-After` (say, a 503 of its own) is kept on a response a
-/// shadow denial let through.
+/// A shadow policy changes nothing a response carries: the inner service's own
+/// `Retry-After` and rate-limit fields stay as they are, allowed or would-be denied.
 #[tokio::test]
-async fn the_inner_services_retry_after_is_kept() {
+async fn a_shadow_policy_leaves_the_inner_services_fields_alone() {
     let limiter = shadow(
         MemoryStore::new(),
         Arc::new(Gcra::new(Quota::per_hour(1)).unwrap()),
         "shadow",
     );
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter.clone(),
+            HeaderKey::new("x-key").unwrap(),
+        ))
+        .service(service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(503)
+                    .header("retry-after", "7")
+                    .header("ratelimit", "\"upstream\";r=3")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+        }));
+    for _ in 0..3 {
+        let req = Request::builder()
+            .header("x-key", "k")
+            .body(Body::empty())
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 503);
+        let h = res.headers();
+        assert_eq!(h.get_all("retry-after").iter().count(), 1, "{h:?}");
+        assert_eq!(h["retry-after"], "7");
+        assert_eq!(h.get_all("ratelimit").iter().count(), 1, "{h:?}");
+        assert_eq!(h["ratelimit"], "\"upstream\";r=3");
+        assert!(h.get("ratelimit-policy").is_none(), "{h:?}");
+    }
+    assert_eq!(limiter.stats().would_deny, 2);
+}
+
+/// With `shadow_headers`, a would-be denial's response gets the denial's fields (`r=0`) but
+/// never a `Retry-After` of the limiter's: the inner service's own (say, a 503 of its own) is
+/// kept.
+#[tokio::test]
+async fn shadow_headers_show_the_denial_and_keep_the_inner_services_retry_after() {
+    let limiter = RateLimiter::builder(
+        MemoryStore::new(),
+        Arc::new(Gcra::new(Quota::per_hour(1)).unwrap()) as Arc<dyn Algorithm>,
+    )
+    .prefix("shadow")
+    .shadow(true)
+    .shadow_headers(true)
+    .build()
+    .unwrap();
     let svc = ServiceBuilder::new()
         .layer(RateLimitLayer::new(
             limiter.clone(),
@@ -212,7 +300,7 @@ async fn the_inner_services_retry_after_is_kept() {
     assert_eq!(statuses[0].1, "7");
     assert_eq!(statuses[1].1, "7", "{statuses:?}");
     assert!(statuses[1].2.contains(";r=0;"), "{statuses:?}");
-    assert_eq!(limiter.stats().shadow_denials, 1);
+    assert_eq!(limiter.stats().would_deny, 1);
 }
 
 /// A `ThrottleLayer` on a shadow limiter never waits nor fails: each denial is counted and
@@ -244,5 +332,5 @@ async fn a_throttle_in_shadow_mode_never_waits() {
         svc.clone().oneshot(req).await.unwrap();
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-    assert_eq!(limiter.stats().shadow_denials, 2);
+    assert_eq!(limiter.stats().would_deny, 2);
 }
