@@ -30,7 +30,9 @@
 //!   [local share](failure_modes#the-local-share) divides the quota among instances while
 //!   Redis is away, and Redis' asynchronous replication can lose the last writes of a primary
 //!   that dies (see [the failover bound](production_redis#failover)).
-//! - **The inner service runs only for allowed requests**, and after the decision.
+//! - **The inner service runs only for allowed requests**, and after the decision (or when
+//!   the policy says to let a request through: shadow mode, a store failure under
+//!   [`FailurePolicy::Open`](crate::FailurePolicy::Open)).
 //! - **No surprise when Redis misbehaves**: every store call is bounded by a timeout, a
 //!   circuit breaker stops calling a store that keeps failing, and each policy says what a
 //!   request gets then ([`FailurePolicy`](crate::FailurePolicy)). A limiter problem is never

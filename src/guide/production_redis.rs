@@ -32,7 +32,7 @@
 //! its limiter's store timeout. A server that stops answering without closing anything (a
 //! frozen process) is left too: when commands have waited a second with no reply at all, the
 //! connection is retired and the next check connects afresh. Sockets keep TCP alive and give
-//! up on data unacknowledged for 15 s. Redis 5 or later.
+//! up on data unacknowledged for 15 s (on Linux). Redis 5 or later.
 //!
 //! **TLS.** A `rediss://HOST:PORT` URL connects over TLS and verifies the server's
 //! certificate against the system's trusted roots.
@@ -110,7 +110,8 @@
 //! certificate in it, or no system roots found), `client_cert` (no certificate in the chain),
 //! `client_key` (no private key, or not the certificate's), `connect_timeout` (zero),
 //! `sentinels` (none, unparsable, or `redis://` mixed with `rediss://`), `master` (empty),
-//! `nodes` (no Cluster node, or an unparsable one) and `lazy` (lazy start asked of a Cluster).
+//! `nodes` (no Cluster node, an unparsable one, or `rediss://` nodes without the `tls`
+//! feature) and `lazy` (lazy start asked of a Cluster).
 //!
 //! ```
 //! use tower_redis_ratelimit::{store::redis::ConnectErrorKind, Error, RedisStore};
