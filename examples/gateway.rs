@@ -54,6 +54,35 @@
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
 //! timeout, with one line on stderr naming the cause, before it listens.
 //!
+//! Every flag, with its default:
+//!
+//! - `--listen ADDR` (`127.0.0.1:3000`): where to serve.
+//! - `--redis URL`: one Redis server (`redis://`, `rediss://` for TLS, `redis+unix://`;
+//!   passwords and ACL users in the URL). `--redis-cluster URL,URL,...`: a Redis Cluster
+//!   through any of its nodes. `--redis-sentinel URL,URL,... --sentinel-master NAME`: the
+//!   primary the Sentinels name for NAME. Without any of them, the in-memory store.
+//! - `--redis-ca FILE`: trust this CA instead of the system's roots (with any of the three);
+//!   `--redis-cert FILE --redis-key FILE`: mutual TLS. `--connect-timeout-ms N` (3,000): the
+//!   bound on each connection attempt. `--lazy-connect`: start without Redis (not with
+//!   `--redis-cluster`); the failure policy answers until Redis does.
+//! - `--algorithm gcra|token-bucket|sliding-window` (`gcra`), `--limit N` (10) and `--per
+//!   DURATION` (`1s`; `ms`, `s`, `m`, `h`, `d`): N requests per DURATION (for the buckets:
+//!   capacity N, refilled at N per DURATION); `--burst N`: another capacity.
+//! - `--key ip|global|header:NAME` (`ip`): per client address, one key for everybody, or
+//!   per value of a header. `--trusted-proxy CIDR` (repeatable): read `X-Forwarded-For`
+//!   from these proxies. `--ipv6-prefix N` (64): IPv6 clients grouped by their /N.
+//! - `--on-redis-error open|closed|local` (`open`), `--local-share N` (1): the failure
+//!   policy, and the number of instances a `local` limit is divided among.
+//!   `--timeout-ms N` (100): the store timeout.
+//! - `--headers ietf|legacy|both|none` (`ietf`): which rate-limit headers to send.
+//! - `--prefix P` (`gateway`): the first part of every Redis key.
+//! - `--log LEVEL` (`info`): the log level.
+//! - `--batch`: exact batching of Redis calls. `--no-limit`: serve without the layer (to
+//!   measure its overhead).
+//!
+//! `GET /status/{code}` answers with that status; an informational 1xx other than 101 cannot
+//! end an HTTP response, and hyper answers it with 500.
+//!
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
 

@@ -6,7 +6,8 @@
 //! IETF `RateLimit` headers, or `429` / gRPC `RESOURCE_EXHAUSTED` when the key is over its
 //! limit. Every instance behind a load balancer shares one authoritative counter, so the limit
 //! holds however many instances run. Time comes from the Redis server, so skewed app clocks do
-//! not matter.
+//! not matter. Redis can be one server, a Sentinel-managed primary or a Cluster, over TLS or
+//! not; without Redis, [`MemoryStore`] makes the same decisions in this process.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, time::Duration};
@@ -30,10 +31,60 @@
 //! ```
 //!
 //! Without HTTP, [`RateLimiter::check`] decides a key and cost directly, e.g. for a job that
-//! throttles its own calls to a third-party API. [`MemoryStore`] makes the same decisions in
-//! process, for single-instance apps, development and tests.
+//! throttles its own calls to a third-party API:
+//!
+//! ```
+//! use tower_redis_ratelimit::{MemoryStore, Quota, RateLimiter, SlidingWindow};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(150))?)?;
+//! let d = limiter.check("mailbox-7f3a", 5).await?; // this call costs 5 units
+//! assert!(d.allowed && d.remaining == 145);
+//! # Ok(()) }
+//! ```
+//!
+//! # The guide
+//!
+//! The [`guide`] holds the long form, chapter by chapter:
+//! [quick start](guide::quick_start), [choosing an algorithm](guide::algorithms),
+//! [keys](guide::keys), [headers and rejections](guide::responses),
+//! [failure modes](guide::failure_modes), [production Redis](guide::production_redis),
+//! [operating the limiter](guide::operating), [the outbound throttle](guide::throttle) and
+//! [testing with the manual clock](guide::testing).
+//!
+//! # Where things are
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`rate_limit`] | [`RateLimiter`] and its builder, [`RateLimitLayer`] and its service, [`Decision`](rate_limit::Decision), policies and classes, counting by status, unit leases, header styles and the header constants |
+//! | [`concurrency`] | per-key limits of requests in flight: [`ConcurrencyLimiter`](concurrency::ConcurrencyLimiter), [`ConcurrencyLimitLayer`](concurrency::ConcurrencyLimitLayer), [`Permit`](concurrency::Permit) |
+//! | [`throttle`] | the outbound throttle, [`ThrottleLayer`](throttle::ThrottleLayer), and reading an upstream's limits |
+//! | [`store`] | [`RedisStore`] (connecting, TLS, Sentinel, Cluster, batching, connect errors), [`MemoryStore`] and its manual clock, [`FailurePolicy`], the circuit breaker, error scopes |
+//! | [`extract`] | [`KeyExtractor`], [`Key`](extract::Key), the built-in extractors and combinators |
+//! | [`algorithm`] | [`Quota`], the algorithms, several limits at once, custom algorithms |
+//! | [`telemetry`] | [`LimiterStats`](telemetry::LimiterStats) and the metric names |
+//!
+//! Errors: a configuration that cannot work is a [`ConfigError`] naming the field, found when
+//! a limiter, layer or store is built; a check that could not be decided is an [`Error`],
+//! whose [scope](Error::scope) says whether the whole store, the key or the check is at fault.
+//! [`redis`] is re-exported so that connections you build yourself match the crate's version.
+//!
+//! # Cargo features
+//!
+//! | feature | default | adds |
+//! |---|---|---|
+//! | `tls` | yes | `rediss://` for standalone, Sentinel and Cluster, with rustls and its `ring` provider chosen by the crate; a private CA and client certificates as [`RedisStoreBuilder`](store::redis::RedisStoreBuilder) options |
+//! | `axum` | yes | [`PeerIp`] reads axum's `ConnectInfo<SocketAddr>` |
+//! | `tonic` | no | [`PeerIp`] reads tonic's `TcpConnectInfo` |
+//! | `metrics` | no | counters and a store-latency histogram through the `metrics` facade (see [the guide](guide::operating#what-the-limiter-reports)) |
+//!
+//! A feature only adds behaviour: every item and trait has the same shape with any set of
+//! features. Without `tls`, a `rediss://` URL is a [`ConfigError`] naming `url`. Rust 1.88 or
+//! later; Redis 5 or later.
 //!
 //! [tower]: https://docs.rs/tower
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 
@@ -43,6 +94,7 @@ mod core;
 mod decision;
 mod error;
 pub mod extract;
+pub mod guide;
 mod http;
 mod quota;
 pub mod rate_limit;

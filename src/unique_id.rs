@@ -1,4 +1,4 @@
-//! Ids unique across every instance sharing a store: concurrency slot holders, refund markers.
+//! Ids unique across every instance sharing a store: concurrency permits' holders, refund markers.
 
 use std::{
     collections::hash_map::RandomState,

@@ -3,8 +3,8 @@
 //! Each built-in algorithm has a Lua implementation that the [`RedisStore`](crate::RedisStore)
 //! runs atomically (its wire format lives with the Redis store), and an in-memory twin that
 //! makes exactly the same decisions, used by [`MemoryStore`](crate::MemoryStore). A store
-//! learns what to run from [`Algorithm::rule`]; adding a store means teaching it the rules,
-//! not changing the algorithms.
+//! learns what to run from [`Algorithm::rule`]: the algorithms know no store. Choosing one is
+//! in the guide, [Choosing an algorithm](crate::guide::algorithms).
 //!
 //! | algorithm | state per key | pick it when |
 //! |---|---|---|
@@ -116,7 +116,8 @@ pub trait Algorithm: Send + Sync + 'static {
     /// The same algorithm with another quota, validated as at construction: for quotas
     /// decided per request ([`RateLimiter::check_with_quota`](crate::RateLimiter::check_with_quota),
     /// [`RateLimitLayer::quota_fn`](crate::RateLimitLayer::quota_fn)). The key's state stays
-    /// the same, read under the new quota (see the README's "Quotas per request").
+    /// the same, read under the new quota (see
+    /// [Quotas per request](crate::guide::operating#quotas-per-request) in the guide).
     ///
     /// The default is a [`ConfigError`] naming `quota`: an algorithm with no single quota
     /// to replace ([`MultiLimit`], a custom one) does not take one per request.

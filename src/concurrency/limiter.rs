@@ -19,9 +19,9 @@ use crate::{
 /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer).
 ///
 /// In Redis a key's holders are a sorted set under `{prefix:policy:key}:c`, the same hash tag
-/// as a [`RateLimiter`](crate::RateLimiter)'s keys for that key: on a cluster, both limits of a
-/// key live on one permit. Each acquire, renewal and release is one script call; times come from
-/// the Redis server's clock.
+/// as a [`RateLimiter`](crate::RateLimiter)'s keys for that key when both limits have the same
+/// prefix and policy name: on a cluster, both limits of a key then live on one hash slot. Each
+/// acquire, renewal and release is one script call; times come from the Redis server's clock.
 ///
 /// Cloning is cheap and shares everything.
 ///
@@ -128,7 +128,7 @@ impl ConcurrencyLimiter {
     }
 
     /// Counters: requests admitted and refused, store errors, acquires refused by the
-    /// circuit breaker, degraded permits.
+    /// circuit breaker, permits of the local share (`degraded`).
     ///
     /// ```
     /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};

@@ -33,11 +33,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `semaphore` is the engine's state, `acquire` the path to a permit (the store, the local
-//! share), `holder` one admitted
-//! request's renewals and release, `releases` the failed releases sent again, `permit` what
-//! the request holds; `config` what the layer and its services share, so that neither
-//! imports the other.
+//! What happens when a renewal or a release fails, when Redis loses the permits, and what a
+//! refused request gets: [Concurrency limits](crate::guide::operating#concurrency-limits) in
+//! the guide.
+
+// `semaphore` is the engine's state, `acquire` the path to a permit (the store, the local
+// share), `holder` one admitted request's renewals and release, `releases` and `kept` the
+// failed releases sent again, `permit` what the request holds; `config` what the layer and
+// its services share, so that neither imports the other.
 
 mod acquire;
 mod builder;

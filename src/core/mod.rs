@@ -2,10 +2,11 @@
 //! limit claims in it, the circuit breaker and the timeout around each store call, the
 //! failure policy with its local share, and the counters and telemetry.
 //!
-//! [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) and
-//! the throttle each hold one [`Core`] and add what is theirs (an algorithm with its deny cache
-//! and unit leases; a limit of requests in flight). Their builders share [`Options`]: the
-//! options every limit has, validated in one place.
+//! A [`RateLimiter`](crate::RateLimiter) (through its engine) and a
+//! [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) (through its semaphore) each
+//! hold one [`Core`] and add what is theirs (an algorithm with its deny cache and unit leases;
+//! a limit of requests in flight); the throttle uses its `RateLimiter`'s. Their builders
+//! share [`Options`]: the options every limit has, validated in one place.
 
 mod breaker;
 mod deny_cache;

@@ -343,8 +343,8 @@ mod tests {
         }
     }
 
-    /// Issue 10: the header is read from the right and the walk stops at the first untrusted
-    /// address; nothing to its left (the client's part) is even parsed.
+    /// The header is read from the right and the walk stops at the first untrusted address;
+    /// nothing to its left (the client's part) is even parsed.
     #[test]
     fn x_forwarded_for_shapes() {
         let ip = trusted().ipv6_prefix(128).unwrap();

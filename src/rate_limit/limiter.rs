@@ -89,8 +89,8 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Like [`check`](Self::check), under `quota` instead of the configured one: a quota
     /// decided per request (a customer's plan, looked up at run time). The algorithm stays
     /// the limiter's, and so do the key's counters: the state is read under the quota given
-    /// (see the README's "Quotas per request" for what an upgrade or a downgrade does to
-    /// each algorithm). A quota that would not build the algorithm is an
+    /// (see [Quotas per request](crate::guide::operating#quotas-per-request) in the guide
+    /// for what an upgrade or a downgrade does to each algorithm). A quota that would not build the algorithm is an
     /// [`Error::Config`] naming the field (`quota.limit`, `quota.period`, `quota.burst`),
     /// and nothing is spent; [`MultiLimit`](crate::algorithm::MultiLimit) and custom algorithms take
     /// no quota per request (`quota`).
@@ -225,8 +225,8 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.store_key(Some(&key)).redis_base_key()
     }
 
-    /// Counters: every decision by verdict and source, store errors, checks refused by the
-    /// circuit breaker, refunds (see [`LimiterStats`]).
+    /// The limiter's counters since it was built: every decision by verdict and source,
+    /// store errors, the circuit breaker, refunds (see [`LimiterStats`]).
     pub fn stats(&self) -> LimiterStats {
         self.engine.core.stats()
     }

@@ -11,7 +11,9 @@ use crate::error::ConfigError;
 /// limiter's store should not become an outage of the service. Choose [`FailurePolicy::Closed`]
 /// for routes where an unlimited burst is worse than unavailability (log-in, password reset,
 /// payments), or [`FailurePolicy::Local`] to keep limiting, approximately, while Redis is away.
-/// Failures are logged with `tracing` at `warn` level.
+/// A failure a layer answers by letting the request through or refusing it is logged with
+/// `tracing` at `warn`; a decision at the local share at `debug` (and counted). See
+/// [Failure modes](crate::guide::failure_modes) in the guide.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailurePolicy {

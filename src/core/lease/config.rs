@@ -7,7 +7,7 @@ use crate::{algorithm::Rule, error::ConfigError};
 /// Unit leases for hot keys that are allowed: a limiter reserves a block of units of a key
 /// from the store in one call and hands them out in this process, within `lifetime` of
 /// sending the reservation; what is left then goes back to the store. See
-/// [the bound](#the-bound) it keeps below, and
+/// [the bound](UnitLease#the-bound) it keeps below, and
 /// [`RateLimiterBuilder::lease`](crate::rate_limit::RateLimiterBuilder::lease).
 ///
 /// ```

@@ -92,17 +92,20 @@ use crate::{
 /// answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). Requires Redis 5 or later
 /// (script effects replication).
 ///
-/// Two ways to reach Redis:
-/// - [`connect`](Self::connect) / [`connect_lazy`](Self::connect_lazy): one multiplexed
-///   connection (concurrent checks pipeline on one socket), replaced as soon as it closes
-///   (Redis' idle `timeout`, a NAT, a restart), so that the next check goes out on a new one
-///   instead of failing. A check whose connection was cut after it was sent is not sent
-///   again (it may have spent units). The default, and the fastest.
-/// - [`from_pool`](Self::from_pool): your bb8-redis pool.
+/// How it reaches Redis:
+/// - [`connect`](Self::connect), [`connect_lazy`](Self::connect_lazy) and the
+///   [`builder`](Self::builder)'s `connect`, `connect_sentinel` and `connect_client`: one
+///   multiplexed connection (concurrent checks pipeline on one socket), replaced as soon as
+///   it closes (Redis' idle `timeout`, a NAT, a restart), so that the next check goes out on
+///   a new one instead of failing. A check whose connection was cut after it was sent is not
+///   sent again (it may have spent units). The default, and the fastest.
 /// - [`connect_cluster`](Self::connect_cluster): a Redis Cluster. Every key of one check
 ///   carries the same hash tag, so each check runs on one node; `MOVED`/`ASK` redirections
 ///   during resharding and failovers are followed, and a node that lost its scripts reloads
 ///   them on `NOSCRIPT`.
+/// - [`from_connection`](Self::from_connection), [`from_cluster`](Self::from_cluster) and
+///   [`from_pool`](Self::from_pool): a connection, cluster connection or bb8-redis pool you
+///   built.
 ///
 /// ```no_run
 /// use tower_redis_ratelimit::RedisStore;

@@ -1,0 +1,428 @@
+//! Operating the limiter: what it reports, shadow mode, the deny cache, several policies and
+//! plans, quotas per request, counting by response status, unit leases, concurrency limits.
+//!
+//! # What the limiter reports
+//!
+//! **Counters.** [`RateLimiter::stats`](crate::RateLimiter::stats) and
+//! [`ConcurrencyLimiter::stats`](crate::concurrency::ConcurrencyLimiter::stats) give a
+//! [`LimiterStats`](crate::telemetry::LimiterStats) snapshot since the limiter was built,
+//! without any recorder: decisions `allowed` and `denied` (wherever decided, the deny cache
+//! and the local share included), `store_errors`, `short_circuited` (checks the circuit
+//! breaker refused), `breaker_opened`, `degraded` (decisions at the local share),
+//! `deny_cache_hits`, `shadow_denials`, `refunds` and `refund_errors`. They are shared by
+//! the limiter's clones, so a health check can read them from a clone kept aside
+//! ([`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter) gives the default policy's).
+//! An adaptive throttle has its own ([`ThrottleLayer::adaptive_stats`](crate::throttle::ThrottleLayer::adaptive_stats)).
+//!
+//! ```
+//! use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1))?)?;
+//! let watched = limiter.clone();
+//! limiter.check("k", 1).await?;
+//! limiter.check("k", 1).await?;
+//! let stats = watched.stats();
+//! assert_eq!((stats.allowed, stats.denied, stats.store_errors), (1, 1, 0));
+//! # Ok(()) }
+//! ```
+//!
+//! **Logs.** Events go through `tracing`, under the target `tower_redis_ratelimit`, and
+//! name the policy; raw keys are never logged above `trace`.
+//!
+//! | level | event |
+//! |---|---|
+//! | `debug` | each decision a store or a unit lease answered (`rate limit: decided`: policy, allowed, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
+//! | `info` | a denial let through in shadow mode (`rate limit: would deny (shadow mode)`); the circuit breaker closing |
+//! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
+//! | `error` | a request classified under a policy handle of another layer |
+//!
+//! **Metrics.** With the `metrics` feature the limiters record through the
+//! [`metrics`](https://docs.rs/metrics) facade; install any recorder (a Prometheus exporter,
+//! say). The names are constants in [`telemetry`](crate::telemetry):
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `ratelimit_decisions_total` | counter | `policy`, `decision` = `allowed` / `denied` |
+//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
+//! | `ratelimit_degraded_total` | counter | `policy` |
+//! | `ratelimit_shadow_denials_total` | counter | `policy` |
+//! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
+//! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
+//! | `ratelimit_upstream_waits_total` | counter | `policy` |
+//! | `ratelimit_store_latency_seconds` | histogram | `policy` |
+//!
+//! `ratelimit_decisions_total` and the `debug` decision event cover the decisions a store or a
+//! unit lease answered, and a concurrency limit's acquires; denials answered by the deny
+//! cache are in [`LimiterStats::deny_cache_hits`](crate::telemetry::LimiterStats::deny_cache_hits)
+//! (and `denied`) only, and decisions at the local share in `ratelimit_degraded_total`. A
+//! store that decides without waiting (a `MemoryStore`) reports a latency of zero.
+//!
+//! # Shadow mode
+//!
+//! Roll out a new limit without enforcing it:
+//! [`RateLimiterBuilder::shadow`](crate::rate_limit::RateLimiterBuilder::shadow)`(true)` makes
+//! a policy decide and record everything (the [`Decision`](crate::rate_limit::Decision), the
+//! counters, the logs, the metrics), but the layer never rejects under it. An over-limit
+//! request is served, with the rate-limit headers of the denial (`RateLimit:
+//! "default";r=0;t=12`) but no `Retry-After`, logged at `info` and counted
+//! ([`LimiterStats::shadow_denials`](crate::telemetry::LimiterStats::shadow_denials),
+//! `ratelimit_shadow_denials_total`). A denial spends nothing, so the counts are what
+//! enforcing would see. A store failure lets the request through whatever the failure
+//! policy. Each policy of a layer has its own setting, so a new log-in limit can shadow next
+//! to enforced ones. A [throttle](super::throttle) on a shadow limiter never waits nor fails;
+//! [`RateLimiter::check`](crate::RateLimiter::check) still returns the real decision (read
+//! [`RateLimiter::is_shadow`](crate::RateLimiter::is_shadow)). The demo's `--shadow` turns
+//! it on.
+//!
+//! # The deny cache
+//!
+//! A flooded key would cost one Redis call per request. Once the store denies a cost-1 check
+//! with no units left, the limiter denies that key's cost-1 checks itself until one unit
+//! frees up, with the same headers, and asks the store again after that. It is exact: for
+//! these algorithms nothing but time frees capacity (other instances can only consume more),
+//! and the deadline is measured from when the check was sent, so it never allows what Redis
+//! would deny nor denies what Redis would allow. Redis state can vanish early (a restart
+//! without persistence, `FLUSHDB`, a key deleted by hand to unban a client), so an entry
+//! answers for at most one second before Redis is asked again: a flooded key costs about one
+//! Redis call a second per instance, and a reset reaches every instance within a second.
+//!
+//! On by default, at most 100,000 live denials per limiter;
+//! [`deny_cache`](crate::rate_limit::RateLimiterBuilder::deny_cache)`(0)` switches it off.
+//! Other costs, multi-limits and explicit test times always ask the store; denials under a
+//! [quota per request](#quotas-per-request) are kept per key *and* quota; a refund on this
+//! instance forgets the key's entry (other instances' entries end by themselves, so they
+//! deny a little longer, never admit more). A limiter on a store with a
+//! [manual clock](super::testing) keeps no deny cache.
+//!
+//! # Several policies on one layer
+//!
+//! Several limiters can serve one layer, each with its own policy name (so its own counters
+//! and its own name in the headers), algorithm and failure policy.
+//! [`add_policy`](crate::RateLimitLayer::add_policy) returns a
+//! [`PolicyId`](crate::rate_limit::PolicyId), and [`classify`](crate::RateLimitLayer::classify)
+//! picks each request's [`Class`](crate::rate_limit::Class) from what the client cannot forge
+//! (an authenticated plan in the request extensions, a route), or bypasses limiting:
+//!
+//! ```
+//! use tower_redis_ratelimit::{rate_limit::Class, *};
+//!
+//! #[derive(Clone)]
+//! enum Plan { Free, Paid } // put in the extensions by your authentication layer
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let free = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(60))?)
+//!     .policy_name("free")
+//!     .build()?;
+//! let paid = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(6_000))?)
+//!     .policy_name("paid")
+//!     .build()?;
+//! let login = RateLimiter::builder(store, SlidingWindow::new(Quota::per_minute(5))?)
+//!     .policy_name("login")
+//!     .on_store_error(FailurePolicy::Closed)
+//!     .build()?;
+//! let mut layer = RateLimitLayer::new(free, HeaderKey::new("x-api-key")?);
+//! let paid = layer.add_policy(paid)?;
+//! let login = layer.add_policy(login)?;
+//! let layer = layer.classify(move |parts| match (parts.uri.path(), parts.extensions.get::<Plan>()) {
+//!     ("/health", _) => Class::Bypass,
+//!     ("/login", _) => Class::Policy(login),
+//!     (_, Some(Plan::Paid)) => Class::Policy(paid),
+//!     _ => Class::Default,
+//! });
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
+//! A second policy with a name the layer already has is a `ConfigError` (field
+//! `policy_name`). A handle cannot name a policy that does not exist; a handle from another
+//! layer is answered `503` (gRPC `UNAVAILABLE`) and logged, never decided under the wrong
+//! policy nor let through. A bypassed request gets no rate-limit headers.
+//!
+//! # Quotas per request
+//!
+//! Plans differ per customer and change without a redeploy.
+//! [`quota_fn`](crate::RateLimitLayer::quota_fn) looks a quota up for each request; `None`
+//! keeps the policy's configured one. Without HTTP,
+//! [`check_with_quota`](crate::RateLimiter::check_with_quota)`(key, cost, quota)`.
+//!
+//! ```
+//! use tower_redis_ratelimit::{Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
+//!
+//! #[derive(Clone)]
+//! struct Plan { per_minute: u32 } // put in the extensions by your authentication layer
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(60))?)?;
+//! let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?).quota_fn(|parts| {
+//!     let plan = parts.extensions.get::<Plan>()?;
+//!     Some(Quota::per_minute(plan.per_minute))
+//! });
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
+//! The algorithm and the key's counters stay the policy's; the headers show the quota used.
+//! A quota that cannot build the algorithm (a zero limit, a zero period, a sliding window
+//! with a burst) is, from `check_with_quota`, an [`Error::Config`](crate::Error::Config)
+//! naming the field, with nothing spent; from `quota_fn`, the request is decided under the
+//! configured quota and a warning logged, never let through unlimited. A multi-limit and
+//! custom algorithms take no quota per request (`Error::Config` naming `quota`), and a
+//! decision under one is never answered from a [unit lease](#unit-leases).
+//!
+//! A key's state survives a change of its quota, read under the new one. A sliding window
+//! takes quotas with its own period only (another period is an `Error::Config` naming
+//! `quota.period`: a shorter window would drop log entries a longer one still counts). What a
+//! key that spent 5 of 10 an hour gets after the change:
+//!
+//! | algorithm | the state carries over as | upgrade to 20 an hour | downgrade to 4 an hour |
+//! |---|---|---|---|
+//! | GCRA | time: the share of the period used | 10 more (half the new quota) | 2 more |
+//! | token bucket | tokens left, at most the new burst; refilled at the new rate | 5 more | 4 more |
+//! | sliding window | the log of what was spent in the window | 15 more | none until spent units leave the window |
+//!
+//! The deny cache keeps denials per key *and* quota: after an upgrade the store decides at
+//! once, never a denial cached under the old quota. Under `FailurePolicy::Local`, the quota
+//! given is divided like the configured one.
+//!
+//! # Counting by response status
+//!
+//! Log-in protection counts failures, not successes.
+//! [`count_only`](crate::RateLimitLayer::count_only) (or [`count_if`](crate::RateLimitLayer::count_if)
+//! with any predicate on the response's status and headers) makes only some responses spend
+//! quota; the units of every other response are given back before it is answered:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::{HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, SlidingWindow};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 5 failed log-ins per account in any 15 minutes; successful ones are free.
+//! let window = SlidingWindow::new(Quota::new(5, Duration::from_secs(900)))?;
+//! let limiter = RateLimiter::new(MemoryStore::new(), window)?;
+//! let login = RateLimitLayer::new(limiter, HeaderKey::new("x-account")?)
+//!     .count_only("401,403,5xx".parse()?)?;
+//! # let _ = login;
+//! # Ok(()) }
+//! ```
+//!
+//! It stays exact under concurrency: units are taken before the inner service runs and given
+//! back after, each step one atomic script, so concurrent requests can never make more
+//! counted responses than the limit. The price: an uncounted request may be turned away while
+//! others of its key are in flight, since their units are still out; and each uncounted
+//! response waits for one more store call (the refund), so the client's next request sees its
+//! units back, as its `RateLimit` header already does.
+//!
+//! A request that is not seen to complete uncounted **counts**: the inner service failed,
+//! the client hung up before the response head was ready (otherwise an attacker could guess
+//! passwords for free by hanging up early), or the refund failed in the store (a warning,
+//! and [`LimiterStats::refund_errors`](crate::telemetry::LimiterStats::refund_errors)). A
+//! refund goes to the store that decided the check (the local share for a decision made while
+//! Redis was down). A custom script cannot give units back, so counting on a policy that uses
+//! one is a `ConfigError` naming `count_if`; an empty set of statuses is one naming
+//! `count_only`. The demo's `--count-only 401,403,5xx` turns it on.
+//!
+//! Without HTTP, [`RateLimiter::refund`](crate::RateLimiter::refund)`(key, &mut decision)`
+//! gives back what an allowed check took; it uses up the decision's
+//! [charge](crate::rate_limit::Decision::charge), so one decision is never given back twice.
+//! What a refund does, per algorithm:
+//!
+//! | algorithm | a refund | and then |
+//! |---|---|---|
+//! | GCRA | moves the key's time back by what the request's charge still holds of it (the part not drained yet), never before now | as if the request never happened, while its charge has not drained; a request in flight longer gives back less, or nothing |
+//! | token bucket | puts back the tokens of what the charge still holds (the same arithmetic), never above the burst | as GCRA |
+//! | sliding window | removes the request's own log entry, rewriting at most 64 others | as if the request never happened, when at most 64 entries lie on one side of it; deeper inside a long log, its units leave the window with the entry 64 places older (sooner than with its own, never sooner than with a full refund), and `refund` answers `false` |
+//! | multi-limit | each limit as GCRA | as GCRA, per limit |
+//!
+//! **What a charge still holds.** A bucket key refills by letting its time drain: a check of
+//! `cost` took `cost × period / limit` of the key's time, and at a refund only the part not
+//! drained yet is still the request's; the part before has already been handed out again, to
+//! requests that counted. So a request in flight longer than its charge takes to drain gives
+//! nothing back, and slow uncounted requests cannot hand out the units of counted ones (the
+//! property the crate's tests check: counted admissions never exceed what the algorithm
+//! admits to the counted requests alone at the same arrival times). Each key keeps a small
+//! ledger of the refunds that moved other charges (`{…}:gr`, `:br`, `:qr:NAME`, at most 16
+//! records, kept until every charge they moved has drained); what it cannot tell apart
+//! counts as spent, so a refund never gives back more than its charge holds.
+//!
+//! **A sliding-window refund's work is bounded**, whatever the log's size: it finds its entry
+//! with O(log n) commands and rewrites at most 64 entries, since a client decides how many
+//! entries its log holds and could otherwise make one refund cost Redis milliseconds for
+//! every tenant.
+//!
+//! A refund gives back once: on a Redis Cluster, whose client sends a call again after a cut
+//! connection, GCRA, token-bucket and multi-limit refunds carry a marker that makes a second
+//! run give nothing back, and a sliding window's second run finds its entry gone.
+//!
+//! ```
+//! use tower_redis_ratelimit::{MemoryStore, Quota, RateLimiter, SlidingWindow};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // At most 3 failed log-ins a minute per account.
+//! let failures = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_minute(3))?)?;
+//! for _ in 0..10 {
+//!     let mut d = failures.check("alice", 1).await?;
+//!     assert!(d.allowed);
+//!     let password_ok = true;
+//!     if password_ok {
+//!         assert!(failures.refund("alice", &mut d).await?); // successes do not count
+//!         assert!(!failures.refund("alice", &mut d).await?, "given back once only");
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Unit leases
+//!
+//! A key with a high limit served by many instances (one tenant at 50,000 a second over four
+//! gateways) costs a Redis call per request even though nearly every answer is "allowed".
+//! [`lease`](crate::rate_limit::RateLimiterBuilder::lease)`(`[`UnitLease::up_to`](crate::rate_limit::UnitLease::up_to)`(lifetime))`
+//! lets each instance reserve a block of a hot key's units in one script call (as many as
+//! the key has, up to the block's size) and hand them out itself; when the lease's lifetime
+//! ends, what it did not hand out goes back to Redis (a refund of what those units still hold
+//! of the key's time). Blocks are sized to the key's observed rate per lifetime, at most an
+//! eighth of the burst per instance ([`UnitLease::max_units`](crate::rate_limit::UnitLease::max_units)
+//! lowers it); a key seen fewer than 4 times per lifetime, or one Redis denies, is checked
+//! exactly, one call per request, as without leases. At most 10,000 keys are tracked
+//! ([`UnitLease::max_keys`](crate::rate_limit::UnitLease::max_keys)); a new key takes the
+//! place of a cold one holding nothing.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_redis_ratelimit::{rate_limit::UnitLease, Gcra, Quota, RateLimiter, RedisStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let limiter = RateLimiter::builder(store, Gcra::new(Quota::per_second(50_000))?)
+//!     .lease(UnitLease::up_to(Duration::from_millis(50)))
+//!     .build()?;
+//! # let _ = limiter; Ok(()) }
+//! ```
+//!
+//! **The bound.** Redis counts every unit of a block when it grants it, so all instances
+//! together never admit more than the algorithm grants; a leased unit is handed out at most
+//! the lifetime after its reservation was *sent*, however slow the reply. The only
+//! inexactness is in time: in any window of the quota's period, all instances together admit
+//! at most what the algorithm admits in period + lifetime, `burst + (period + lifetime) /
+//! emission interval`; that is at most `limit × lifetime / period` more than without leases
+//! (50 ms on 1,000 a second: 50 units). Decisions answered from a lease are `allowed` with an
+//! approximate `remaining` (what Redis had left at the reservation plus what the lease still
+//! holds) and the reset time of the reservation.
+//!
+//! Only GCRA and the token bucket can be leased (another algorithm is a `ConfigError` naming
+//! `lease`; `lease.lifetime` is more than zero and at most 10 s); on a `MemoryStore` a lease
+//! changes nothing. A failed reservation is a store error under the limiter's failure policy;
+//! a reservation or a return that fails loses its units (fewer admissions, never more). The
+//! demo's `--unit-lease-ms N` turns it on.
+//!
+//! # Concurrency limits
+//!
+//! A rate limit bounds how often a key may call; some routes need a bound on how many of a
+//! key's calls run *at once* (report exports, long uploads, an expensive search). tower's
+//! `ConcurrencyLimit` bounds one service in one process;
+//! [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer) bounds each key across
+//! every instance sharing the store: a distributed semaphore in Redis (and its in-memory twin
+//! in `MemoryStore`).
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{routing::post, Router};
+//! use tower::ServiceBuilder;
+//! use tower_redis_ratelimit::{
+//!     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+//!     FailurePolicy, Gcra, HeaderKey, Quota, RateLimitLayer, RateLimiter, RedisStore,
+//! };
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // At most 2 exports of one API key at once, over every instance; and 30 a minute.
+//! let exports = ConcurrencyLimiter::builder(store.clone(), 2)
+//!     .policy_name("exports")
+//!     .permit_ttl(Duration::from_secs(30))
+//!     .on_store_error(FailurePolicy::Local)
+//!     .local_share(4) // 4 instances: 2 / 4, at least 1 per instance while Redis is away
+//!     .build()?;
+//! let rate = RateLimiter::builder(store, Gcra::new(Quota::per_minute(30))?)
+//!     .policy_name("exports")
+//!     .build()?;
+//! let key = || HeaderKey::new("x-api-key");
+//! let app = Router::new().route("/exports", post(|| async { "started" })).layer(
+//!     ServiceBuilder::new()
+//!         // Outermost first: a request refused for concurrency spends no rate units.
+//!         .layer(ConcurrencyLimitLayer::new(exports, key()?))
+//!         .layer(RateLimitLayer::new(rate, key()?)),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - **A permit is held** from admission until the response body ends (its last frame, or an
+//!   error, is read) or is dropped; it is also given back when the response future is dropped
+//!   (the client went away, a timeout layer outside fired) and when the inner service fails.
+//!   Without HTTP: [`acquire`](crate::concurrency::ConcurrencyLimiter::acquire)`(key)` gives
+//!   an `Option<`[`Permit`](crate::concurrency::Permit)`>`; dropping the permit (or
+//!   `permit.release().await`) gives it back.
+//! - **Time to live.** Each permit is held under a time to live (default 10 s,
+//!   [`permit_ttl`](crate::concurrency::ConcurrencyLimiterBuilder::permit_ttl), 100 ms to 1 h
+//!   and at least three store timeouts), renewed by a background task every third of it
+//!   while the request runs, so requests may take as long as they need. An instance that
+//!   crashes stops renewing: its permits come back by themselves within one time to live.
+//! - **When a renewal fails** (Redis away, a timeout), it is logged and tried again a third
+//!   of the time to live later; the request goes on. If no renewal succeeds before the permit
+//!   expires, it may be given to another request while this one still runs. When a renewal
+//!   finds the permit gone (it expired unrenewed, a process paused longer than its time to
+//!   live, Redis lost its state), [`Permit::is_lost`](crate::concurrency::Permit::is_lost)
+//!   turns true, a warning is logged, and the renewal puts the permit back: the request counts
+//!   again, even if its key is then over the limit (new requests wait until enough end). The
+//!   request is never interrupted.
+//! - **When a release fails** (Redis stalled or failing over, a connection cut), it is kept
+//!   and sent again, at least once a second, until it succeeds or the permit would have
+//!   expired by itself: the permit is free within about a second of Redis answering again.
+//!   One task per limiter sends them, only while some are kept; at most 10,000 are kept per
+//!   limiter (beyond, a permit comes back when it expires). A renewal on its way at the
+//!   release may reach Redis after it: the release then marks the holder released for a time
+//!   to live (`{prefix:policy:key}:cx`), so that renewal cannot take the permit again.
+//! - **When Redis loses the permits** (a restart without persistence, `FLUSHALL`, a failover
+//!   to a replica that had not received them): running requests put theirs back at their next
+//!   renewal, and the first instance to notice, one that had used the limiter on that Redis
+//!   before (its epoch marker `{prefix:policy:#epoch}:c` is gone, or new), pauses the
+//!   policy's admissions for a third of the time to live plus two store timeouts (3.5 s by
+//!   default; `429`s meanwhile, for every key), the time every running request needs to be
+//!   counted again. So at most N requests of a key run at once after any number of restarts,
+//!   except: requests whose renewals do not reach Redis during the pause (each counts again
+//!   at its next successful renewal); and a loss first noticed by an instance that had not
+//!   used that Redis before (one just started cannot tell a loss from a first use), which may
+//!   admit up to N more until an instance that knew the old epoch calls: at most 2N for such
+//!   a loss. On a cluster the marker is kept per hash slot.
+//! - **Over the limit:** `429` (gRPC: `RESOURCE_EXHAUSTED`) in the rate limit's styles (plain
+//!   text, [`problem_details`](crate::concurrency::ConcurrencyLimitLayer::problem_details), or
+//!   [`on_limited`](crate::concurrency::ConcurrencyLimitLayer::on_limited) given a
+//!   [`Busy`](crate::concurrency::Busy)), with `RateLimit-Policy:
+//!   "exports";q=2;qu="concurrent-requests"` and `RateLimit: "exports";r=0`, and no
+//!   `Retry-After`. Admitted responses carry the permits left when they were admitted (`r`).
+//! - **Store failures:** the limiter's failure policy: `Open` lets requests through
+//!   unlimited, `Closed` answers `503` + `Retry-After: 1`, `Local` admits them to a semaphore
+//!   in this process at `max_in_flight / local_share` (at least 1). An acquire that timed out
+//!   (or whose future was dropped) after Redis may have admitted it releases that permit in
+//!   the background.
+//! - **Keys and names:** a key's holders are a sorted set under `{prefix:policy:key}:c`,
+//!   scored by deadline, on the Redis server's clock. Give the rate policy and the
+//!   concurrency policy the same name (and prefix) to keep both of a key's limits on one
+//!   cluster hash slot; they never share state. The default concurrency policy name is
+//!   `concurrency`. Two concurrency limiters with the same name and another `max_in_flight`
+//!   on one store are a `ConfigError` (`policy_name`).
+//! - **Cost:** an admitted acquire + release is 2 round trips (12 Redis commands counting the
+//!   two `EVALSHA` and those in the scripts), a refused acquire 1 round trip, and a renewal
+//!   per third of the time to live of a long request. A batching store sends these calls
+//!   alone.
+//!
+//! In memory, the store's key cap never forgets a key whose permits are held: when it is
+//! full of them, a new key is refused (`429`) and a warning logged. A client that fires its
+//! next request the instant the previous one ends, with all of its key's permits in use, may
+//! find its permit still taken for one round trip (the release reaches Redis about one round
+//! trip after the client may have read the end of the response). The demo's
+//! `--concurrency N` turns it on.

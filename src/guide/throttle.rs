@@ -1,0 +1,181 @@
+//! The outbound throttle: a client that waits for its quota, and learns the upstream's limits.
+//!
+//! [`ThrottleLayer`](crate::throttle::ThrottleLayer) wraps a client service (e.g.
+//! hyper-util's HTTP client) so that each request *waits* for its quota instead of being
+//! refused, up to a maximum wait (default 10 s,
+//! [`max_wait`](crate::throttle::ThrottleLayer::max_wait), at most a day), and only then goes
+//! out; past it, the call fails at once with
+//! [`ThrottleError::WouldExceedMaxWait`](crate::throttle::ThrottleError::WouldExceedMaxWait),
+//! without waiting in vain. Every worker calling the same third-party API shares the count
+//! through the limiter's store. A request without a key is not throttled; a cost of 0 makes
+//! it free ([`cost`](crate::throttle::ThrottleLayer::cost)).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_redis_ratelimit::{throttle::ThrottleLayer, Quota, RateLimiter, RedisStore, SlidingWindow};
+//!
+//! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
+//! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
+//! #       S::Future: Send, S::Error: Into<tower::BoxError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // The API allows 600 a minute; use half, shared by every worker.
+//! let limiter = RateLimiter::builder(store, SlidingWindow::new(Quota::per_minute(300))?)
+//!     .policy_name("calendar")
+//!     .build()?;
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("calendar".to_owned()))
+//!             .max_wait(Duration::from_secs(30))?,
+//!     )
+//!     .service(http_client);
+//! # let _ = client; Ok(()) }
+//! ```
+//!
+//! The service's error is a `tower::BoxError`: the inner service's error, or a
+//! [`ThrottleError`](crate::throttle::ThrottleError). A store failure fails the call
+//! (`ThrottleError::Store`) rather than let it exceed a third party's limit, unless the
+//! limiter decides at the [local share](super::failure_modes#the-local-share). Unlike the
+//! server-side layers, the wait happens in the response future, before the inner service is
+//! called; `poll_ready` only forwards to the inner service.
+//!
+//! # Sharing one log
+//!
+//! For bulk work to use only what interactive calls leave, both limiters must count on the
+//! *same* sliding-window log: the same store, prefix and policy name, and
+//! [`common_counters`](crate::rate_limit::RateLimiterBuilder::common_counters) on both, the
+//! bulk job's with a lower threshold. Interactive traffic then pushes the bulk job back,
+//! never the other way round. The repository's `examples/backfill.rs` does exactly that,
+//! against a local stand-in for a mail API with per-operation costs (add
+//! `--redis redis://HOST:PORT` to share through Redis):
+//!
+//! ```text
+//! cargo run --example backfill -- --secs 5
+//! interactive: 20 sent, 0 failed, slowest 1 ms
+//! backfill: 3 calls (6 units), 1 failed
+//! api charged 106 units in 5 s (interactive quota 30/s, back-fill at most 10/s of it)
+//! ```
+//!
+//! Interactive sends use 20 of the 30 units a second, so the back-fill job, whose threshold
+//! on the same log is 10, gets a call through only when the log dips below it (`failed`
+//! counts calls that waited longer than their `max_wait`).
+//!
+//! ```
+//! use tower_redis_ratelimit::{MemoryStore, Quota, RateLimiter, SlidingWindow};
+//!
+//! # fn main() -> Result<(), tower_redis_ratelimit::ConfigError> {
+//! let store = MemoryStore::new();
+//! let interactive = RateLimiter::builder(store.clone(), SlidingWindow::new(Quota::per_second(30))?)
+//!     .policy_name("mail-api")
+//!     .common_counters()
+//!     .build()?;
+//! let backfill = RateLimiter::builder(store, SlidingWindow::new(Quota::per_second(10))?)
+//!     .policy_name("mail-api")
+//!     .common_counters()
+//!     .build()?;
+//! # let _ = (interactive, backfill);
+//! # Ok(()) }
+//! ```
+//!
+//! # Learning the upstream's limits
+//!
+//! Real APIs publish their limits in their answers and change them (per plan, per time of
+//! day, under incident). [`ThrottleLayer::adaptive`](crate::throttle::ThrottleLayer::adaptive)`(store)`
+//! reads them and shares what it learned, so **every instance** sharing the store slows down
+//! at once:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_redis_ratelimit::{throttle::ThrottleLayer, Gcra, Quota, RateLimiter, RedisStore};
+//!
+//! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
+//! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
+//! #       S::Future: Send, S::Error: Into<tower::BoxError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // Our own ceiling: 100 a second. The upstream's real limit is learned from its answers.
+//! let limiter = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_second(100))?)
+//!     .policy_name("calendar")
+//!     .build()?;
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("calendar".to_owned()))
+//!             .adaptive(store) // learn, and share through Redis
+//!             .max_pause(Duration::from_secs(30))? // no header may pause us longer
+//!             .max_wait(Duration::from_secs(10))?
+//!             .retry_rate_limited(), // send idempotent 429s again after the pause
+//!     )
+//!     .service(http_client);
+//! # let _ = client; Ok(()) }
+//! ```
+//!
+//! - **What it reads** ([`read_limits`](crate::throttle::read_limits)): the IETF
+//!   `RateLimit: "name";r=R;t=T` field (the one this crate's server side writes; the item
+//!   with the fewest units left), `RateLimit-Remaining` / `-Reset` (earlier drafts),
+//!   `X-RateLimit-Remaining` / `-Reset` (a reset of 1,000,000,000 or more is a Unix time, in
+//!   milliseconds from 10^12; otherwise seconds from now), and `Retry-After` (seconds or an
+//!   HTTP date) on a `429` or a `503`. A `429` without one pauses for 1 s
+//!   ([`DEFAULT_429_PAUSE`](crate::throttle::DEFAULT_429_PAUSE)), or until the window resets
+//!   when the answer says none is left. A `429` or `503` that says to come back at once
+//!   (`Retry-After: 0`, a date in the past, `r=0;t=0`, a reset of 0 or in the past) pauses
+//!   every instance for 1 s too, as a retry waits.
+//! - **Hostile values** (negative, non-numeric, fractional, 20 digits, `NaN`) are ignored; a
+//!   pause or a reset beyond [`max_pause`](crate::throttle::ThrottleLayer::max_pause)
+//!   (default 60 s, at most a day; a `Retry-After` in the year 9999, a reset in 3 years) is
+//!   cut to it. Both are counted and logged at `info`.
+//! - **What it keeps**, per key, in the store (`{prefix:policy:key}:u`, one atomic script to
+//!   read, one to learn): a pause until a time, and the units left in the upstream's window
+//!   and when it ends. Before each call the throttle waits while paused or while the window
+//!   has fewer units left than the call costs (taking them when it goes), then the
+//!   configured limiter decides as before: **the configured quota stays an upper bound**, and
+//!   an upstream saying more is available changes nothing. Answers arrive out of order, so
+//!   within one window the smaller remaining count and the earlier reset win; a later window
+//!   replaces it. When a window ends, one call goes first and learns the next; the others
+//!   wait for its answer (at most 1 s), so blind calls cannot overrun the new window.
+//! - **A `429`** is sent again after the pause when the layer has
+//!   [`retry_rate_limited`](crate::throttle::ThrottleLayer::retry_rate_limited) and the method
+//!   is idempotent (`GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE`; the body must be
+//!   `Clone`), at most twice, within `max_wait`; otherwise the `429` is the answer.
+//! - **What it reports:** [`adaptive_stats`](crate::throttle::ThrottleLayer::adaptive_stats)
+//!   ([`AdaptiveStats`](crate::throttle::AdaptiveStats): learned, ignored, capped, paused,
+//!   exhausted, rate_limited, retried, store_errors); `debug` events for what was learned and
+//!   from which header, `info` for ignored or capped values; the metrics
+//!   `ratelimit_upstream_learned_total{policy,source}` and
+//!   `ratelimit_upstream_waits_total{policy}`.
+//! - **Cost:** one store call before each request, one after each answer that says something
+//!   or answers a call sent blind (while no window is known: an upstream that never sends its
+//!   limits costs both on every call). A failure of these calls is logged and counted; the
+//!   call goes on under the configured limit.
+//!
+//! Measured against a real upstream (an axum server with its own limit of 30 a second, in
+//! one-second windows, that the clients are not told), three client instances on one Redis,
+//! 60 requests each with 4 in flight. "Throughput" is the `200`s per window as a share of the
+//! upstream's limit, over the windows between the run's first and last:
+//!
+//! | client setup | upstream headers | answers `429` | throughput | `200`s of 180 |
+//! |---|---|---:|---:|---:|
+//! | 3 instances, adaptive | `RateLimit` (IETF) | 0.0% | 100% | 180 |
+//! | 3 instances, adaptive | `RateLimit-Remaining` / `-Reset` | 0.0% | 100% | 180 |
+//! | 3 instances, adaptive | `X-RateLimit-*` (Unix reset) | 0.0% | 100% | 180 |
+//! | 3 instances, configured 100/s, not adaptive | `RateLimit` | 83.3% | 100% | 30 |
+//! | no throttle | `RateLimit` | 83.3% | 100% | 30 |
+//!
+//! Without adaptation, the calls go out as fast as the configured limit lets them and five in
+//! six are refused; the adaptive clients spread the same 180 calls over the upstream's
+//! windows and none is refused. When the upstream cuts its limit to a third mid-run, the
+//! clients get no `429` in the windows after the one where it changed.
+//!
+//! The repository's `examples/outbound.rs` is a load generator for it (its doc header lists
+//! its flags):
+//!
+//! ```text
+//! cargo run --example outbound -- --upstream http://127.0.0.1:3000/ --requests 100 --concurrency 8 --adaptive
+//! upstream: http://127.0.0.1:3000/, 100 requests, 8 in flight, key "upstream", limit: none, adaptive: on
+//! sent 100, ok 100, limited 0, failed 0 in 4.0 s
+//! ```
+//!
+//! That is against the gateway demo at `--limit 20 --per 1s --key global`; run next without
+//! `--adaptive` and with `--limit 20 --per 1s`, it gave `sent 100, ok 80, limited 20, failed
+//! 0 in 4.0 s`: the configured limit matched, but the burst it started with had been spent by
+//! the run before, which only the upstream's headers said. Several copies with the same
+//! `--redis` and `--key` share one limit.
