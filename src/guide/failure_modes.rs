@@ -100,7 +100,7 @@
 //! 1/n, the fleet stays near the global limit instead of `n` times it (fail open) or zero (fail
 //! closed). Such decisions are marked [`Decision::degraded`](crate::rate_limit::Decision::degraded),
 //! counted ([`LimiterStats::degraded`](crate::telemetry::LimiterStats::degraded), the metric
-//! `ratelimit_degraded_total`) and logged at `debug`. A [quota per
+//! `ratelimit_decisions_total{source="local"}`) and logged at `debug`. A [quota per
 //! request](super::operating#quotas-per-request) is divided the same way; a refund of a degraded
 //! decision goes to the local share. An algorithm that cannot be divided (a custom one without
 //! [`Algorithm::local_share`](crate::algorithm::Algorithm::local_share)) makes `Local` a

@@ -3,28 +3,83 @@
 //!
 //! # What the limiter reports
 //!
+//! Every decision is counted once, whatever answered it, under a
+//! [`Verdict`](crate::telemetry::Verdict) and a [`Source`](crate::telemetry::Source):
+//!
+//! | verdict (`decision` label) | meaning |
+//! |---|---|
+//! | `allowed` | the request goes on (its units were taken, or the store failed and the failure policy lets requests through) |
+//! | `denied` | the request was refused: exactly the `429`s (gRPC `RESOURCE_EXHAUSTED`) a layer served |
+//! | `would_deny` | a policy in shadow mode would have refused it; it went on |
+//! | `unavailable` | the store failed and the failure policy refused it (`503`) |
+//!
+//! | source | what answered |
+//! |---|---|
+//! | `store` | the store (Redis, or the in-memory store), asked for this check |
+//! | `deny_cache` | the local deny cache, repeating a denial the store gave |
+//! | `unit_lease` | units of the key reserved ahead (a unit lease) |
+//! | `local` | the local share, while the store was unavailable ([`FailurePolicy::Local`](crate::FailurePolicy::Local)) |
+//! | `failure_policy` | nobody could decide: the failure policy answered |
+//!
 //! **Counters.** [`RateLimiter::stats`](crate::RateLimiter::stats) and
 //! [`ConcurrencyLimiter::stats`](crate::concurrency::ConcurrencyLimiter::stats) give a
 //! [`LimiterStats`](crate::telemetry::LimiterStats) snapshot since the limiter was built,
-//! without any recorder: decisions `allowed` and `denied` (wherever decided, the deny cache
-//! and the local share included), `store_errors`, `short_circuited` (checks the circuit
-//! breaker refused), `breaker_opened`, `degraded` (decisions at the local share),
-//! `deny_cache_hits`, `shadow_denials`, `refunds` and `refund_errors`. They are shared by
-//! the limiter's clones, so a health check can read them from a clone kept aside
+//! without any recorder: `allowed`, `denied`, `would_deny`, `unavailable`, and each verdict by
+//! source ([`decisions`](crate::telemetry::LimiterStats::decisions)); `store_errors`,
+//! `short_circuited` (checks the circuit breaker refused), `breaker_opened`, `degraded`
+//! (decisions at the local share), `deny_cache_hits`, `refunds` and `refund_errors`. They are
+//! shared by the limiter's clones, so a health check can read them from a clone kept aside
 //! ([`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter) gives the default policy's).
 //! An adaptive throttle has its own ([`ThrottleLayer::adaptive_stats`](crate::throttle::ThrottleLayer::adaptive_stats)).
 //!
 //! ```
 //! use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+//! use tower_redis_ratelimit::telemetry::{Source, Verdict};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1))?)?;
 //! let watched = limiter.clone();
 //! limiter.check("k", 1).await?;
-//! limiter.check("k", 1).await?;
+//! limiter.check("k", 1).await?; // the store denies, and the deny cache keeps the denial
+//! limiter.check("k", 1).await?; // the deny cache denies
 //! let stats = watched.stats();
-//! assert_eq!((stats.allowed, stats.denied, stats.store_errors), (1, 1, 0));
+//! assert_eq!((stats.allowed, stats.denied, stats.store_errors), (1, 2, 0));
+//! assert_eq!(stats.decisions(Verdict::Denied, Source::DenyCache), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! **Which rule fired.** A [`Decision`](crate::rate_limit::Decision) carries its `policy`, its
+//! [`source`](crate::rate_limit::Decision::source), its
+//! [`verdict`](crate::rate_limit::Decision::verdict) and, for a
+//! [`MultiLimit`](crate::algorithm::MultiLimit), the part that denied
+//! ([`binding`](crate::rate_limit::Decision::binding)). A custom rejection
+//! ([`on_limited`](crate::RateLimitLayer::on_limited)) is given it; handlers get it with
+//! [`decision_extension`](crate::RateLimitLayer::decision_extension); and a decision that
+//! does not simply let its request go on records `rate_limit.policy`,
+//! `rate_limit.decision`, `rate_limit.source` and `rate_limit.limit` on the request's span,
+//! when the span declares them (see [`telemetry`](crate::telemetry)).
+//!
+//! **Who is being limited.** [`RateLimiter::top_keys`](crate::RateLimiter::top_keys) lists the
+//! keys this instance denied (or would have, in shadow mode) most since it started, with their
+//! counts: an approximate top list (the Space-Saving algorithm) in fixed memory whatever the
+//! number of keys, exact while fewer keys than it tracks (128 unless
+//! [`top_keys`](crate::rate_limit::RateLimiterBuilder::top_keys) says otherwise) were denied,
+//! and never missing a key denied more than total / capacity times. Each instance counts its
+//! own: add up the instances' lists. For a few keys you care about by name (your biggest
+//! customers), [`metric_keys`](crate::rate_limit::RateLimiterBuilder::metric_keys) gives them
+//! a metric of their own; no other key ever becomes a label.
+//!
+//! ```
+//! # use tower_redis_ratelimit::*;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(2))?)?;
+//! for key in ["tenant-a", "tenant-a", "tenant-a", "tenant-a", "tenant-b"] {
+//!     limiter.check(key, 1).await?;
+//! }
+//! let top = limiter.top_keys(10);
+//! assert_eq!((top[0].key.as_str(), top[0].denied), ("tenant-a", 2));
 //! # Ok(()) }
 //! ```
 //!
@@ -33,48 +88,54 @@
 //!
 //! | level | event |
 //! |---|---|
-//! | `debug` | each decision a store or a unit lease answered (`rate limit: decided`: policy, allowed, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
-//! | `info` | a denial let through in shadow mode (`rate limit: would deny (shadow mode)`); the circuit breaker closing |
+//! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
+//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, source, limit, remaining, retry time); the circuit breaker closing |
 //! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
 //! | `error` | a request classified under a policy handle of another layer |
 //!
-//! **Metrics.** With the `metrics` feature the limiters record through the
+//! **Metrics.** With the `metrics` feature (on by default) the limiters record through the
 //! [`metrics`](https://docs.rs/metrics) facade; install any recorder (a Prometheus exporter,
-//! say). The names are constants in [`telemetry`](crate::telemetry):
+//! say) before the first request. The names are constants in
+//! [`telemetry`](crate::telemetry):
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `ratelimit_decisions_total` | counter | `policy`, `decision` = `allowed` / `denied` |
+//! | `ratelimit_decisions_total` | counter | `policy`, `decision`, `source` (the tables above) |
+//! | `ratelimit_key_decisions_total` | counter | `policy`, `key`, `decision`: only the keys given to `metric_keys` |
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
-//! | `ratelimit_degraded_total` | counter | `policy` |
-//! | `ratelimit_shadow_denials_total` | counter | `policy` |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
-//! | `ratelimit_store_latency_seconds` | histogram | `policy` |
+//! | `ratelimit_store_latency_seconds` | histogram | `policy`: the decisions that waited for the store |
 //!
-//! `ratelimit_decisions_total` and the `debug` decision event cover the decisions a store or a
-//! unit lease answered, and a concurrency limit's acquires; denials answered by the deny
-//! cache are in [`LimiterStats::deny_cache_hits`](crate::telemetry::LimiterStats::deny_cache_hits)
-//! (and `denied`) only, and decisions at the local share in `ratelimit_degraded_total`. A
-//! store that decides without waiting (a `MemoryStore`) reports a latency of zero.
+//! Useful queries: the share of requests refused,
+//! `sum by (policy) (rate(ratelimit_decisions_total{decision="denied"}[5m])) / sum by (policy)
+//! (rate(ratelimit_decisions_total[5m]))`; a new limit in shadow mode,
+//! `rate(ratelimit_decisions_total{decision="would_deny"}[5m])`; Redis trouble,
+//! `ratelimit_decisions_total{source=~"local|failure_policy"}`. The gateway demo's
+//! `--admin-listen ADDR` serves `/metrics` (Prometheus text) and `/top?n=N` (JSON) as a worked
+//! example (see `examples/gateway.rs`).
 //!
 //! # Shadow mode
 //!
 //! Roll out a new limit without enforcing it:
 //! [`RateLimiterBuilder::shadow`](crate::rate_limit::RateLimiterBuilder::shadow)`(true)` makes
 //! a policy decide and record everything (the [`Decision`](crate::rate_limit::Decision), the
-//! counters, the logs, the metrics), but the layer never rejects under it. An over-limit
-//! request is served, with the rate-limit headers of the denial (`RateLimit:
-//! "default";r=0;t=12`) but no `Retry-After`, logged at `info` and counted
-//! ([`LimiterStats::shadow_denials`](crate::telemetry::LimiterStats::shadow_denials),
-//! `ratelimit_shadow_denials_total`). A denial spends nothing, so the counts are what
-//! enforcing would see. A store failure lets the request through whatever the failure
-//! policy. Each policy of a layer has its own setting, so a new log-in limit can shadow next
-//! to enforced ones. A [throttle](super::throttle) on a shadow limiter never waits nor fails;
-//! [`RateLimiter::check`](crate::RateLimiter::check) still returns the real decision (read
-//! [`RateLimiter::is_shadow`](crate::RateLimiter::is_shadow)). The demo's `--shadow` turns
-//! it on.
+//! counters, the logs, the metrics, the top keys), and change nothing a client sees: every
+//! request is served, and no response gets a `RateLimit`, `RateLimit-Policy`,
+//! `X-RateLimit-*` or `Retry-After` field from it (clients that adapt to those fields, like
+//! this crate's own [adaptive throttle](super::throttle), would otherwise slow down for a
+//! limit nobody enforces). An over-limit request is a would-be denial: counted
+//! (`would_deny`), its key in [`top_keys`](crate::RateLimiter::top_keys), and logged at
+//! `info`. A denial spends nothing, so the counts are what enforcing would see: read
+//! `would_deny` and the top keys to learn who the new limit would hit before enforcing it. A
+//! store failure lets the request through whatever the failure policy. Each policy of a
+//! layer has its own setting, so a new log-in limit can shadow next to enforced ones.
+//! [`shadow_headers`](crate::rate_limit::RateLimiterBuilder::shadow_headers)`(true)` writes the
+//! fields after all (never a `Retry-After`), for those who want clients to see them. A
+//! [throttle](super::throttle) on a shadow limiter never waits nor fails;
+//! [`RateLimiter::check`](crate::RateLimiter::check) still returns the real decision (with
+//! [`shadow`](crate::rate_limit::Decision::shadow) set). The demo's `--shadow` turns it on.
 //!
 //! # The deny cache
 //!

@@ -144,7 +144,7 @@ impl RedisStore {
                 tracing::warn!(
                     namespace = key.namespace(),
                     paused = ?Duration::from_micros(paused),
-                    "concurrency limit: redis lost the slots held (a restart, a flush); admitting no new request while the running ones put theirs back"
+                    "concurrency limit: redis lost the permits held (a restart, a flush); admitting no new request while the running ones put theirs back"
                 );
             }
             Ok(acquired)
