@@ -10,10 +10,11 @@
 //! ```
 //!
 //! Without arguments it starts the server on a free port, makes four calls with one key and
-//! prints what each got. With `--listen ADDR` it serves `/demo.Greeter/SayHello` on ADDR until
-//! it is stopped (ctrl-c, SIGTERM), so that any gRPC client can call it: it prints
-//! `listening on http://ADDR` on stdout first (the bound address: port 0 gives the real one),
-//! and logs on stderr. Any other argument: a usage line on stderr, exit status 2.
+//! prints what each got. With `--listen ADDR` it serves `/demo.Greeter/SayHello` on ADDR
+//! until it is stopped (ctrl-c, SIGTERM: calls still open then get 5 s to finish), so that
+//! any gRPC client can call it: it prints `listening on http://ADDR` on stdout first (the
+//! bound address: port 0 gives the real one), and logs on stderr. Any other argument: a
+//! usage line on stderr, exit status 2.
 //!
 //! The service and codec are hand-written: a message is its UTF-8 text as the raw bytes of
 //! the gRPC frame (not protobuf), so the example needs no `protoc`; a tonic-build service
@@ -233,7 +234,11 @@ async fn demo() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// Serves on `addr` until ctrl-c or SIGTERM.
+/// How long calls and connections still open when the server is stopped get to finish.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves on `addr` until ctrl-c or SIGTERM, then lets open calls finish for at most
+/// [`STOP_GRACE`] (a client that never closes its connection cannot hold the stop).
 async fn listen(addr: SocketAddr) -> Result<(), Box<dyn Error>> {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -243,7 +248,22 @@ async fn listen(addr: SocketAddr) -> Result<(), Box<dyn Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     tracing::info!("serving {SAY_HELLO}, 3 calls a minute per x-api-key");
-    serve_until(listener, limiter, stopped()).await?;
+    let (stop, stopping) = tokio::sync::oneshot::channel();
+    let server = serve_until(listener, limiter, async {
+        stopped().await;
+        let _ = stop.send(());
+    });
+    let grace_over = async {
+        let _ = stopping.await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        () = grace_over => tracing::warn!(
+            "connections still open {} s after the stop: closed",
+            STOP_GRACE.as_secs()
+        ),
+    }
     tracing::info!("stopped");
     Ok(())
 }
