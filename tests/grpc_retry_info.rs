@@ -96,6 +96,18 @@ async fn tonic_client_reads_retry_info_from_the_example() {
         .unwrap_or_else(|| panic!("no RetryInfo in {status:?}"));
     let delay = info.retry_delay.expect("a retry delay");
     assert_same_wait(delay, status.metadata().as_ref());
+    stop_served_until_now(server).await;
+}
+
+/// The example served until it was stopped, stops on SIGTERM, and printed nothing on stdout
+/// but its first line. (The wait runs off the test's runtime, which drives the clients'
+/// connections as they close.)
+async fn stop_served_until_now(mut server: TonicExample) {
+    let (status, rest) = tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(rest.is_empty(), "stdout after the first line: {rest:?}");
 }
 
 /// `SayHello("h2")` with the API key `raw-client`.
@@ -138,6 +150,7 @@ async fn hand_written_h2_client_reads_retry_info_from_the_example() {
     assert_eq!(type_url, RETRY_INFO_TYPE_URL);
     let delay = grpc::decode_retry_delay(retry_info);
     assert_same_wait(delay, &res.headers);
+    stop_served_until_now(server).await;
 }
 
 /// Through the layer in process, on Redis: a denial's RetryInfo is the decision's wait, and a

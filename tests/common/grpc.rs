@@ -7,9 +7,9 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use base64::Engine as _;
@@ -22,34 +22,39 @@ pub struct TonicExample {
     child: Child,
     /// The address from its `listening on http://ADDR` line.
     pub addr: SocketAddr,
+    /// Its stdout, line by line; closed at its end.
+    stdout: mpsc::Receiver<String>,
 }
 
 impl TonicExample {
     pub fn start() -> Self {
         let bin = example_bin_up_to_date("tonic");
-        let child = Command::new(&bin)
+        let mut child = Command::new(&bin)
             .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         // Owned by the guard at once, so the process is killed on every path.
         let mut example = TonicExample {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            stdout: rx,
         };
-        let stdout = example.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut first = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut first);
-            let _ = tx.send(first);
-        });
-        let first = rx
+        let first = example
+            .stdout
             .recv_timeout(Duration::from_secs(30))
-            .expect("the tonic example printed nothing within 30 s");
+            .expect("the tonic example printed no line within 30 s");
         let addr = first
-            .trim_end()
             .strip_prefix("listening on http://")
             .unwrap_or_else(|| panic!("first line is not `listening on http://ADDR`: {first:?}"));
         example.addr = addr.parse().unwrap_or_else(|e| panic!("{addr:?}: {e}"));
@@ -59,6 +64,36 @@ impl TonicExample {
             "the bound port, not the one asked for"
         );
         example
+    }
+
+    /// Stops it as an operator would (SIGTERM), after checking that it was still running:
+    /// how it exited, and the lines it printed on stdout after the first.
+    pub fn stop(&mut self) -> (ExitStatus, Vec<String>) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the example exited before it was stopped"
+        );
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(killed, "kill -TERM {} failed", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running 30 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut rest = Vec::new();
+        while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(30)) {
+            rest.push(line);
+        }
+        (status, rest)
     }
 
     pub fn pid(&self) -> u32 {
@@ -113,9 +148,9 @@ pub fn run_example(name: &str, args: &[&str]) -> (bool, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
+        if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             panic!("{name} {args:?} still running after 30 s");
