@@ -1,19 +1,32 @@
-//! A gRPC service behind the rate limiter, keyed by the `x-api-key` metadata. A client over its
-//! quota gets `Code::ResourceExhausted`, with `retry-after` (and the `ratelimit` fields) in the
-//! response metadata.
+//! A gRPC service behind the rate limiter, keyed by the `x-api-key` metadata: 3 calls a
+//! minute per key (GCRA, in memory). A client over its quota gets `Code::ResourceExhausted`
+//! with the wait in three forms: `google.rpc.RetryInfo` in `grpc-status-details-bin` (read
+//! it with `tonic_types::StatusExt::get_details_retry_info`), `grpc-retry-pushback-ms` (read
+//! by gRPC retry policies) and `retry-after` in seconds, besides the `ratelimit` fields.
 //!
 //! ```text
 //! cargo run --example tonic
+//! cargo run --example tonic -- --listen 127.0.0.1:50051
 //! ```
 //!
-//! The service and codec are hand-written (a UTF-8 string message instead of protobuf), so the
-//! example needs no `protoc`; a tonic-build service plugs in the same way.
+//! Without arguments it starts the server on a free port, makes four calls with one key and
+//! prints what each got. With `--listen ADDR` it serves `/demo.Greeter/SayHello` on ADDR
+//! until it is stopped (ctrl-c, SIGTERM: calls still open then get 5 s to finish), so that
+//! any gRPC client can call it: it prints `listening on http://ADDR` on stdout first (the
+//! bound address: port 0 gives the real one), and logs on stderr. Any other argument: a
+//! usage line on stderr, exit status 2.
+//!
+//! The service and codec are hand-written: a message is its UTF-8 text as the raw bytes of
+//! the gRPC frame (not protobuf), so the example needs no `protoc`; a tonic-build service
+//! plugs in the same way. `SayHello` answers `NAME` with `hello, NAME`.
 
 use std::{
     convert::Infallible,
+    error::Error,
     future::Future,
     net::SocketAddr,
     pin::Pin,
+    process::ExitCode,
     task::{Context, Poll},
     time::Duration,
 };
@@ -120,11 +133,20 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: RateLimiter<Gcra>,
 ) -> Result<(), tonic::transport::Error> {
+    serve_until(listener, limiter, std::future::pending()).await
+}
+
+/// [`serve`] until `stop` completes; calls in flight are finished first.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    limiter: RateLimiter<Gcra>,
+    stop: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let key = HeaderKey::new("x-api-key").expect("a valid header name");
     Server::builder()
         .layer(RateLimitLayer::new(limiter, key))
         .add_service(Greeter)
-        .serve_with_incoming(TcpIncoming::from(listener))
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), stop)
         .await
 }
 
@@ -150,11 +172,45 @@ pub async fn say_hello(
     .await
 }
 
-#[tokio::main]
-#[allow(dead_code)]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // 3 calls per minute per API key.
-    let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(3))?)?;
+const USAGE: &str = "usage: tonic [--listen ADDR]";
+
+/// What the command line asks for.
+enum Mode {
+    /// Four calls against a server on a free port, then exit.
+    Demo,
+    /// Serve on this address until stopped.
+    Listen(SocketAddr),
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Mode, String> {
+    let mut mode = Mode::Demo;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--listen" => {
+                let addr = args.next().ok_or("--listen needs an address")?;
+                let addr = addr
+                    .parse()
+                    .map_err(|e| format!("--listen {addr:?}: {e}"))?;
+                mode = Mode::Listen(addr);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(mode)
+}
+
+/// 3 calls per minute per API key.
+fn limiter() -> Result<RateLimiter<Gcra>, Box<dyn Error>> {
+    Ok(RateLimiter::new(
+        MemoryStore::new(),
+        Gcra::new(Quota::per_minute(3))?,
+    )?)
+}
+
+/// Starts the server on a free port and makes four calls with one key: three are served, the
+/// fourth is over the quota.
+async fn demo() -> Result<(), Box<dyn Error>> {
+    let limiter = limiter()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
     println!("listening on http://{addr}");
@@ -176,4 +232,84 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// How long calls and connections still open when the server is stopped get to finish.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves on `addr` until ctrl-c or SIGTERM, then lets open calls finish for at most
+/// [`STOP_GRACE`] (a client that never closes its connection cannot hold the stop).
+async fn listen(addr: SocketAddr) -> Result<(), Box<dyn Error>> {
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    let limiter = limiter()?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    tracing::info!("serving {SAY_HELLO}, 3 calls a minute per x-api-key");
+    let (stop, stopping) = tokio::sync::oneshot::channel();
+    let server = serve_until(listener, limiter, async {
+        stopped().await;
+        let _ = stop.send(());
+    });
+    let grace_over = async {
+        let _ = stopping.await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        () = grace_over => tracing::warn!(
+            "connections still open {} s after the stop: closed",
+            STOP_GRACE.as_secs()
+        ),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Completes on ctrl-c or, on Unix, SIGTERM.
+async fn stopped() {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("ctrl-c: stopping"),
+        () = terminate => tracing::info!("SIGTERM: stopping"),
+    }
+}
+
+#[tokio::main]
+#[allow(dead_code)]
+async fn main() -> ExitCode {
+    let mode = match parse_args(std::env::args().skip(1)) {
+        Ok(mode) => mode,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match mode {
+        Mode::Demo => demo().await,
+        Mode::Listen(addr) => listen(addr).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -41,9 +41,10 @@ use crate::{
 /// A request over the limit never reaches the inner service: `429 Too Many Requests`
 /// (gRPC requests: HTTP 200 with `grpc-status: 8`, RESOURCE_EXHAUSTED) with the same headers
 /// (`r=0`) and a plain-text or, with [`problem_details`](Self::problem_details), an RFC 9457
-/// body, as [`RateLimitLayer`](crate::RateLimitLayer) answers. No `Retry-After`: a permit frees
-/// when a request of the key ends, which nothing can predict (a crashed holder's within one
-/// time to live, a live one's whenever it finishes).
+/// body, as [`RateLimitLayer`](crate::RateLimitLayer) answers. No `Retry-After` (nor gRPC's
+/// `RetryInfo` or `grpc-retry-pushback-ms`): a permit frees when a request of the key ends,
+/// which nothing can predict (a crashed holder's within one time to live, a live one's
+/// whenever it finishes).
 ///
 /// When the store fails, the limiter's [`FailurePolicy`](crate::FailurePolicy) decides:
 /// `Open` lets the request through unlimited and without headers, `Closed` answers `503` with

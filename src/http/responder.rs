@@ -1,11 +1,12 @@
 //! Responses the limiter writes itself: rejections and store-failure answers.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Duration};
 
+use base64::Engine as _;
 use bytes::Bytes;
 use http::{
     header::{CONTENT_TYPE, RETRY_AFTER},
-    HeaderMap, HeaderValue, Response, StatusCode,
+    HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
 };
 
 use super::{
@@ -23,6 +24,31 @@ pub(crate) type RejectFn<T> = dyn Fn(&T) -> Response<BoxBody> + Send + Sync;
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 /// gRPC status code UNAVAILABLE.
 const GRPC_UNAVAILABLE: &str = "14";
+/// RESOURCE_EXHAUSTED as a number, in `google.rpc.Status`.
+const RESOURCE_EXHAUSTED_CODE: u8 = 8;
+
+/// `grpc-message` of a rate limit's denial that can succeed later.
+const GRPC_DENIED: &str = "rate limit exceeded";
+/// `grpc-message` of a rate limit's denial that can never succeed.
+const GRPC_NEVER: &str = "request cost exceeds the rate-limit quota";
+/// `grpc-message` of a concurrency limit's refusal.
+const GRPC_BUSY: &str = "concurrency limit exceeded";
+/// `grpc-message` when the store failed and the policy is closed.
+const GRPC_UNAVAILABLE_MESSAGE: &str = "rate limiter unavailable";
+
+/// The status with its details (gRPC's richer error model): a serialized `google.rpc.Status`,
+/// base64 without padding, as gRPC writes binary metadata (and tonic emits it).
+const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+/// How long a gRPC client's retry policy waits before its next attempt, in milliseconds;
+/// negative: do not retry (gRFC A6).
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// The `Any` type of `google.rpc.RetryInfo`.
+const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
+/// The longest `google.protobuf.Duration` (10,000 years).
+const MAX_RETRY_DELAY: Duration = Duration::new(315_576_000_000, 999_999_999);
+/// The longest pushback written: `i32::MAX` ms (24.8 days), the most that gRPC clients
+/// parsing it as a 32-bit integer (grpc-java) read as a wait rather than "do not retry".
+const MAX_PUSHBACK_MS: u64 = i32::MAX as u64;
 
 /// The RFC 9457 problem type for a request over its quota (draft-ietf-httpapi-ratelimit-headers).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -128,14 +154,113 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// A "trailers-only" gRPC response: HTTP 200 with the status in the headers. `message` is
+/// written as it is: it must be printable ASCII without `%`, which `grpc-message` carries
+/// unencoded (anything else would need percent-encoding).
 fn grpc_response<B>(status: &'static str, message: &'static str) -> Response<ResponseBody<B>> {
-    // A "trailers-only" gRPC response: HTTP 200 with the status in the headers.
     let mut res = Response::new(ResponseBody::full(Bytes::new()));
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     h.insert("grpc-status", HeaderValue::from_static(status));
     h.insert("grpc-message", HeaderValue::from_static(message));
     res
+}
+
+/// A rate limit's gRPC denial: `RESOURCE_EXHAUSTED` with, when the request can succeed later,
+/// the wait as a `google.rpc.RetryInfo` in `grpc-status-details-bin` (to the nanosecond) and
+/// as `grpc-retry-pushback-ms` (rounded up); when it never can, a pushback of `-1` (do not
+/// retry) and no details. The wait is at least 1 ms: a denial never asks for a retry at once.
+fn grpc_denial<B>(d: &Decision) -> Response<ResponseBody<B>> {
+    let Some(wait) = d.retry_after else {
+        let mut res = grpc_response(GRPC_RESOURCE_EXHAUSTED, GRPC_NEVER);
+        res.headers_mut()
+            .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+        return res;
+    };
+    let wait = wait.clamp(Duration::from_millis(1), MAX_RETRY_DELAY);
+    let mut res = grpc_response(GRPC_RESOURCE_EXHAUSTED, GRPC_DENIED);
+    let h = res.headers_mut();
+    h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback_ms(wait)));
+    let details = retry_info_status(RESOURCE_EXHAUSTED_CODE, GRPC_DENIED, wait);
+    let details = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
+    h.insert(
+        GRPC_STATUS_DETAILS,
+        HeaderValue::try_from(details).expect("base64 is a valid header value"),
+    );
+    res
+}
+
+/// `wait` in whole milliseconds, rounded up, at most [`MAX_PUSHBACK_MS`].
+fn pushback_ms(wait: Duration) -> u64 {
+    let ms = wait.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).map_or(MAX_PUSHBACK_MS, |ms| ms.min(MAX_PUSHBACK_MS))
+}
+
+/// The protobuf encoding of `google.rpc.Status { code, message, details: [Any {
+/// type_url: RetryInfo's, value: RetryInfo { retry_delay: Duration { seconds, nanos } } }] }`.
+/// Each nested message is its parent's last field, so once every length is known the bytes
+/// are written front to back, into one buffer of the exact size. Zero numbers are left out,
+/// as proto3 writes them.
+fn retry_info_status(code: u8, message: &str, delay: Duration) -> Vec<u8> {
+    let (secs, nanos) = (delay.as_secs(), u64::from(delay.subsec_nanos()));
+    let duration = int_field_len(secs) + int_field_len(nanos);
+    let retry_info = len_field_len(duration);
+    let any = len_field_len(RETRY_INFO_TYPE_URL.len()) + len_field_len(retry_info);
+    let status = int_field_len(code.into()) + len_field_len(message.len()) + len_field_len(any);
+    let mut out = Vec::with_capacity(status);
+    int_field(&mut out, 1, code.into()); // Status.code
+    len_field(&mut out, 2, message.len()); // Status.message
+    out.extend_from_slice(message.as_bytes());
+    len_field(&mut out, 3, any); // Status.details[0]: Any
+    len_field(&mut out, 1, RETRY_INFO_TYPE_URL.len()); // Any.type_url
+    out.extend_from_slice(RETRY_INFO_TYPE_URL.as_bytes());
+    len_field(&mut out, 2, retry_info); // Any.value: RetryInfo
+    len_field(&mut out, 1, duration); // RetryInfo.retry_delay: Duration
+    int_field(&mut out, 1, secs); // Duration.seconds
+    int_field(&mut out, 2, nanos); // Duration.nanos
+    debug_assert_eq!(out.len(), status);
+    out
+}
+
+/// Appends `v` as a protobuf varint: 7 bits a byte, low bits first.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The bytes of `v` as a varint.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Appends field `field` (1 to 15: a one-byte key) as a varint, unless it is zero.
+fn int_field(out: &mut Vec<u8>, field: u8, v: u64) {
+    if v != 0 {
+        out.push(field << 3); // wire type 0, varint
+        varint(out, v);
+    }
+}
+
+fn int_field_len(v: u64) -> usize {
+    if v == 0 {
+        0
+    } else {
+        1 + varint_len(v)
+    }
+}
+
+/// Appends the key and length of field `field` (1 to 15), length-delimited; `len` bytes of
+/// content follow.
+fn len_field(out: &mut Vec<u8>, field: u8, len: usize) {
+    out.push(field << 3 | 2); // wire type 2, length-delimited
+    varint(out, len as u64);
+}
+
+fn len_field_len(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
 }
 
 fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>> {
@@ -152,7 +277,7 @@ impl<T: ?Sized> Responder<T> {
     /// The response when the store failed and the policy is closed.
     pub(crate) fn unavailable<B>(&self, grpc: bool) -> Response<ResponseBody<B>> {
         let mut res = if grpc {
-            grpc_response(GRPC_UNAVAILABLE, "rate limiter unavailable")
+            grpc_response(GRPC_UNAVAILABLE, GRPC_UNAVAILABLE_MESSAGE)
         } else {
             text_response(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -199,7 +324,8 @@ impl Responder<Decision> {
         }
     }
 
-    /// The response to a denied request.
+    /// The response to a denied request. A gRPC denial also carries the wait as
+    /// `google.rpc.RetryInfo` and `grpc-retry-pushback-ms` (see [`grpc_denial`]).
     pub(crate) fn denied<B>(
         &self,
         d: &Decision,
@@ -209,12 +335,7 @@ impl Responder<Decision> {
         // Responses built here carry no rate-limit header of their own: render straight into
         // them. A custom rejection's own headers win (merged below).
         let mut res = if grpc {
-            let message = if d.is_never() {
-                "request cost exceeds the rate-limit quota"
-            } else {
-                "rate limit exceeded"
-            };
-            grpc_response(GRPC_RESOURCE_EXHAUSTED, message)
+            grpc_denial(d)
         } else if let Some(reject) = &self.reject {
             let mut headers = HeaderMap::new();
             render_with(self.style, d, pk, &mut headers);
@@ -244,7 +365,9 @@ impl<T: ?Sized> Responder<T> {
     /// The response to a request refused by a concurrency limit (`refusal`, what a custom
     /// rejection is given): `429` (gRPC: `RESOURCE_EXHAUSTED`) in the style of a rate limit's
     /// denial, with the concurrency headers (no permit free) and no `Retry-After`: when a
-    /// permit frees depends on the requests in flight.
+    /// permit frees depends on the requests in flight. For the same reason a gRPC refusal
+    /// has no `google.rpc.RetryInfo` and no `grpc-retry-pushback-ms`: a client's retry policy
+    /// backs off as it is configured to.
     pub(crate) fn busy<B>(
         &self,
         refusal: &T,
@@ -258,7 +381,7 @@ impl<T: ?Sized> Responder<T> {
             return Self::merge_headers(headers, reject(refusal).map(ResponseBody::boxed));
         }
         let mut res = if grpc {
-            grpc_response(GRPC_RESOURCE_EXHAUSTED, "concurrency limit exceeded")
+            grpc_response(GRPC_RESOURCE_EXHAUSTED, GRPC_BUSY)
         } else if self.problem_details {
             let detail = format!(
                 "{limit} requests of this key are in flight, the most allowed at once; retry when one ends"
@@ -307,6 +430,173 @@ mod tests {
         assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(res.headers()["retry-after"], "3");
         assert_eq!(json_string("a\"b\\c\n"), r#""a\"b\\c\u000a""#);
+    }
+
+    fn denial(retry_after: Option<Duration>) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 3,
+            remaining: 0,
+            reset_after: Duration::from_secs(60),
+            retry_after,
+            window: Duration::from_secs(60),
+            cost: 1,
+            policy: Arc::from("default"),
+            degraded: false,
+            limits: Vec::new(),
+            charge: None,
+        }
+    }
+
+    /// The gRPC denial of `d` as tonic's client reads it, with the response's headers.
+    fn grpc_denied(d: &Decision) -> (tonic::Status, HeaderMap) {
+        let r: Responder<Decision> = Responder::default();
+        let res: Response<ResponseBody<http_body_util_free::Empty>> = r.denied(d, true, None);
+        assert_eq!(res.status(), 200);
+        let status = tonic::Status::from_header_map(res.headers()).expect("a grpc-status");
+        (status, res.headers().clone())
+    }
+
+    /// What tonic-types (prost) writes for the same status, and what it reads back from ours.
+    fn check_encoding(delay: Duration) {
+        use prost::Message as _;
+        use tonic_types::{pb, ErrorDetails, StatusExt as _};
+
+        let ours = retry_info_status(RESOURCE_EXHAUSTED_CODE, GRPC_DENIED, delay);
+        let reference = tonic::Status::with_error_details(
+            tonic::Code::ResourceExhausted,
+            GRPC_DENIED,
+            ErrorDetails::with_retry_info(Some(delay)),
+        );
+        assert_eq!(ours, reference.details(), "{delay:?}");
+
+        let status = pb::Status::decode(&ours[..]).unwrap();
+        assert_eq!(status.code, tonic::Code::ResourceExhausted as i32);
+        assert_eq!(status.message, GRPC_DENIED);
+        assert_eq!(status.details.len(), 1);
+        assert_eq!(status.details[0].type_url, tonic_types::RetryInfo::TYPE_URL);
+        let info = pb::RetryInfo::decode(&status.details[0].value[..]).unwrap();
+        let d = info.retry_delay.expect("a retry delay");
+        assert_eq!(
+            (d.seconds, d.nanos),
+            (delay.as_secs() as i64, delay.subsec_nanos() as i32)
+        );
+    }
+
+    #[test]
+    fn retry_info_status_is_what_prost_writes() {
+        for delay in [
+            Duration::from_millis(1),
+            Duration::from_nanos(1_000_001),
+            Duration::from_millis(2_500),
+            Duration::from_secs(20),
+            Duration::new(19, 999_999_999),
+            Duration::new(86_400 * 365, 1),
+            MAX_RETRY_DELAY,
+        ] {
+            check_encoding(delay);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_delay_is_encoded_as_prost_does(
+            secs in 0..=MAX_RETRY_DELAY.as_secs(),
+            nanos in 0..1_000_000_000u32,
+        ) {
+            check_encoding(Duration::new(secs, nanos));
+        }
+    }
+
+    #[test]
+    fn grpc_denial_carries_retry_info_and_pushback() {
+        use tonic_types::StatusExt as _;
+
+        let (status, headers) = grpc_denied(&denial(Some(Duration::from_micros(2_500_001))));
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status.message(), GRPC_DENIED);
+        let info = status.get_details_retry_info().expect("RetryInfo");
+        assert_eq!(info.retry_delay, Some(Duration::from_micros(2_500_001)));
+        assert_eq!(headers[&GRPC_RETRY_PUSHBACK_MS], "2501");
+        assert_eq!(headers[RETRY_AFTER], "3");
+        assert_eq!(headers["ratelimit"], "\"default\";r=0;t=3");
+        // Binary metadata is written as gRPC does: base64 without padding.
+        let details = headers[&GRPC_STATUS_DETAILS].to_str().unwrap();
+        assert!(!details.contains('='), "{details}");
+    }
+
+    #[test]
+    fn grpc_pushback_rounds_up_to_whole_milliseconds() {
+        use tonic_types::StatusExt as _;
+
+        for (wait, pushback, delay) in [
+            (Duration::from_nanos(1), 1, Duration::from_millis(1)),
+            (Duration::ZERO, 1, Duration::from_millis(1)),
+            (Duration::from_millis(1), 1, Duration::from_millis(1)),
+            (
+                Duration::from_micros(1_001),
+                2,
+                Duration::from_micros(1_001),
+            ),
+            (Duration::from_secs(20), 20_000, Duration::from_secs(20)),
+            (
+                Duration::from_secs(30 * 86_400),
+                MAX_PUSHBACK_MS,
+                Duration::from_secs(30 * 86_400),
+            ),
+            (
+                Duration::from_secs(2 * MAX_RETRY_DELAY.as_secs()),
+                MAX_PUSHBACK_MS,
+                MAX_RETRY_DELAY,
+            ),
+        ] {
+            let (status, headers) = grpc_denied(&denial(Some(wait)));
+            assert_eq!(
+                headers[&GRPC_RETRY_PUSHBACK_MS],
+                pushback.to_string().as_str(),
+                "{wait:?}"
+            );
+            let info = status.get_details_retry_info().expect("RetryInfo");
+            assert_eq!(info.retry_delay, Some(delay), "{wait:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_denial_that_can_never_succeed_says_do_not_retry() {
+        let (status, headers) = grpc_denied(&denial(None));
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status.message(), GRPC_NEVER);
+        assert!(status.details().is_empty(), "{:?}", status.details());
+        assert!(!headers.contains_key(&GRPC_STATUS_DETAILS));
+        assert_eq!(headers[&GRPC_RETRY_PUSHBACK_MS], "-1");
+        assert!(!headers.contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn grpc_refusal_of_a_concurrency_limit_has_no_wait() {
+        let r: Responder<()> = Responder::default();
+        let res: Response<ResponseBody<http_body_util_free::Empty>> =
+            r.busy(&(), "default", 2, true);
+        let h = res.headers();
+        assert_eq!(h["grpc-status"], GRPC_RESOURCE_EXHAUSTED);
+        assert_eq!(h["grpc-message"], GRPC_BUSY);
+        for name in [GRPC_STATUS_DETAILS, GRPC_RETRY_PUSHBACK_MS, RETRY_AFTER] {
+            assert!(!h.contains_key(&name), "{name}: {h:?}");
+        }
+    }
+
+    /// `grpc-message` is percent-encoded, except printable ASCII other than `%`: the messages
+    /// are written as they are, so they must be in that set.
+    #[test]
+    fn grpc_messages_need_no_percent_encoding() {
+        for message in [GRPC_DENIED, GRPC_NEVER, GRPC_BUSY, GRPC_UNAVAILABLE_MESSAGE] {
+            assert!(
+                message
+                    .bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b'%'),
+                "{message}"
+            );
+        }
     }
 
     mod http_body_util_free {

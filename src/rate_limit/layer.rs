@@ -28,7 +28,9 @@ use crate::{
 /// An allowed request goes to the inner service and its response gets the rate-limit headers;
 /// a denied request never reaches the inner service and gets `429 Too Many Requests` with the
 /// headers and `Retry-After` (gRPC requests: HTTP 200 with `grpc-status: 8`,
-/// RESOURCE_EXHAUSTED). When the store fails, the policy's
+/// RESOURCE_EXHAUSTED, the same headers, and the wait as `google.rpc.RetryInfo` in
+/// `grpc-status-details-bin` and as `grpc-retry-pushback-ms`, or a pushback of `-1` when the
+/// request can never fit the quota). When the store fails, the policy's
 /// [`FailurePolicy`](crate::FailurePolicy) decides (set on its limiter with
 /// [`RateLimiterBuilder::on_store_error`](crate::rate_limit::RateLimiterBuilder::on_store_error)).
 ///
