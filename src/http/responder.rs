@@ -443,6 +443,9 @@ mod tests {
             cost: 1,
             policy: Arc::from("default"),
             degraded: false,
+            source: crate::decision::Source::Store,
+            shadow: false,
+            binding: 0,
             limits: Vec::new(),
             charge: None,
         }
