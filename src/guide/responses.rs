@@ -74,7 +74,7 @@
 //! - for gRPC requests (`content-type: application/grpc…`), HTTP 200 with
 //!   `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and a `grpc-message`, so tonic clients see
 //!   `Code::ResourceExhausted`; the rate-limit fields and `retry-after` are in the
-//!   metadata.
+//!   metadata (see *gRPC clients* below).
 //!
 //! ```
 //! use axum::{http::StatusCode, response::IntoResponse};
@@ -90,6 +90,20 @@
 //! # let _ = layer;
 //! # Ok(()) }
 //! ```
+//!
+//! **gRPC clients.** A gRPC request over its limit is answered `RESOURCE_EXHAUSTED` (HTTP 200,
+//! trailers-only) with the wait in three forms: `google.rpc.RetryInfo` in
+//! `grpc-status-details-bin`, the standard richer-error detail (tonic:
+//! `status.get_details_retry_info()` from `tonic_types::StatusExt`; Go: `status.Details()`;
+//! Java: `StatusProto.fromThrowable`), precise to below a millisecond;
+//! `grpc-retry-pushback-ms`, which gRPC's built-in retry policies read, in whole milliseconds
+//! rounded up; and `retry-after` in seconds with the `RateLimit` fields. A request whose cost
+//! exceeds the whole quota gets a pushback of `-1`, which tells retry policies not to retry,
+//! and no `RetryInfo`. A concurrency limit's refusal carries no wait (when a permit frees
+//! depends on the requests in flight), so the client's own backoff applies. Built-in retries
+//! only wait on the pushback when `RESOURCE_EXHAUSTED` is in the service config's
+//! `retryableStatusCodes`. `cargo run --example tonic -- --listen 127.0.0.1:50051` serves the
+//! example's greeter to try any client against.
 //!
 //! When the store fails and the policy's [failure policy](super::failure_modes) is
 //! `Closed`, the answer is `503 Service Unavailable` with `Retry-After: 1` (gRPC:
