@@ -215,6 +215,10 @@ pub(crate) fn undecided(policy: &str, verdict: Verdict) {
 
 /// Records a decision on the current span, which keeps the fields it declared.
 fn on_span(policy: &str, verdict: Verdict, source: Source, limit: &str) {
+    // No subscriber, no span: nothing to look up.
+    if tracing::level_filters::LevelFilter::current() == tracing::level_filters::LevelFilter::OFF {
+        return;
+    }
     let span = tracing::Span::current();
     if span.is_disabled() {
         return;
