@@ -79,8 +79,13 @@ pub(crate) struct TopKeys {
     /// Mixed into every hash, so that nobody can choose keys that collide in advance (a
     /// table of a few hundred places, so at worst a slower lookup).
     seed: u64,
-    lanes: Box<[Mutex<Tracker>]>,
+    lanes: Box<[Lane]>,
 }
+
+/// One lane's tracker, on cache lines of its own (two cores denying at once do not share a
+/// line).
+#[repr(align(128))]
+struct Lane(Mutex<Tracker>);
 
 /// How many trackers a limit's denials are split into (by thread).
 const TOP_LANES: usize = 4;
@@ -125,10 +130,10 @@ impl TopKeys {
             ),
             lanes: (0..TOP_LANES)
                 .map(|_| {
-                    Mutex::new(Tracker {
+                    Lane(Mutex::new(Tracker {
                         slots: Vec::new(),
                         index: HashTable::new(),
-                    })
+                    }))
                 })
                 .collect(),
         }
@@ -147,7 +152,7 @@ impl TopKeys {
             false => id,
         };
         let hash = mix(self.seed, id);
-        let mut guard = match self.lanes[lane() % TOP_LANES].lock() {
+        let mut guard = match self.lanes[lane() % TOP_LANES].0.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
@@ -211,7 +216,7 @@ impl TopKeys {
         }
         let mut sums: HashMap<Box<[u8]>, Sum> = HashMap::new();
         for lane in self.lanes.iter() {
-            let guard = match lane.lock() {
+            let guard = match lane.0.lock() {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
             };
@@ -253,7 +258,7 @@ impl TopKeys {
         self.lanes
             .iter()
             .map(|lane| {
-                let guard = lane.lock().unwrap();
+                let guard = lane.0.lock().unwrap();
                 guard.slots.capacity() * std::mem::size_of::<Slot>()
                     + guard.slots.iter().map(|s| s.text.capacity()).sum::<usize>()
                     + guard.index.allocation_size()
