@@ -1,0 +1,16 @@
+//! The examples run as processes, the way users run them (the binaries `cargo test` builds
+//! with the examples): the gateway demo with its flags and output lines, on memory, Redis,
+//! Cluster, TLS and Sentinel; the outbound and backfill examples. The flags and lines tested
+//! here are contracts: a test names them exactly as a user types or reads them.
+//!
+//! See `tests/README.md` for where a new test goes.
+
+mod common;
+mod servers;
+
+#[path = "outside/gateway.rs"]
+mod gateway;
+#[path = "outside/gateway_production.rs"]
+mod gateway_production;
+#[path = "outside/outbound.rs"]
+mod outbound;
