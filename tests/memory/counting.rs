@@ -60,8 +60,8 @@ async fn counting_needs_an_algorithm_that_can_give_back() {
     assert_eq!(layer.add_policy(custom).unwrap_err().field(), "count_if");
 }
 
-/// A set that counts nothing would limit nothing: refused, naming the field. (Review
-/// finding: `StatusSet::new().with_class(6)` was accepted and turned the limit off.)
+/// A set that counts nothing would limit nothing: refused, naming the field (a status class
+/// beyond 5, `StatusSet::new().with_class(6)`, counts nothing).
 #[test]
 fn counting_nothing_is_a_config_error() {
     let limiter =

@@ -98,7 +98,7 @@ proptest! {
         );
     }
 
-    /// Issue 10: whatever the client writes left of the entry our proxy appended (quotes,
+    /// Whatever the client writes left of the entry our proxy appended (quotes,
     /// commas, bytes that are not UTF-8), the key is the address the proxy appended.
     #[test]
     fn client_written_prefix_never_moves_the_key(

@@ -127,9 +127,9 @@ fn trusted_proxy_and_failure_policy_flags() {
     );
 }
 
-/// Issue 10: a `"` or a non-UTF-8 byte in the client-written part of X-Forwarded-For made the
-/// whole header count as garbage, so the request was keyed by the trusted proxy's address and
-/// a client that had spent its quota got a fresh one.
+/// A `"` or a non-UTF-8 byte in the client-written part of X-Forwarded-For does not make the
+/// whole header count as garbage: the request is still keyed by the client's entry, not by
+/// the trusted proxy's address, so a client that spent its quota gets no fresh one.
 #[test]
 fn garbage_left_of_the_client_entry_does_not_reset_its_quota() {
     let gw = start_gateway(&[
@@ -308,8 +308,8 @@ fn no_limit_serves_without_the_layer() {
     }
 }
 
-/// Issue 10, defect 1, as reported: Redis closes idle connections after a second, and an
-/// endpoint called more sparsely than that must not fail (503 under `closed`).
+/// Redis closes idle connections after a second: an endpoint called more sparsely than that
+/// does not fail (no 503 under `closed`).
 #[test]
 fn sparse_traffic_survives_redis_closing_idle_connections() {
     let redis = RedisServer::start_with(&["--timeout", "1"]);
@@ -331,8 +331,8 @@ fn sparse_traffic_survives_redis_closing_idle_connections() {
     assert_eq!(statuses, [200, 200, 200, 200]);
 }
 
-/// Issue 10, defect 2, as reported: a primary demoted to a replica answers READONLY to every
-/// key; under `--on-redis-error local` requests are decided at the local share, not 503.
+/// A primary demoted to a replica answers READONLY to every key: under
+/// `--on-redis-error local` requests are decided at the local share, not 503.
 #[test]
 fn a_demoted_primary_is_an_unavailable_store_for_the_local_policy() {
     let redis = RedisServer::start();
@@ -363,9 +363,9 @@ fn a_demoted_primary_is_an_unavailable_store_for_the_local_policy() {
     assert_eq!(statuses, [200, 200, 429]);
 }
 
-/// Issue 10, defect 4, as reported: `--timeout-ms` above 500 was cut to about 500 ms by
-/// redis-rs' own response timeout. With Redis hung, a request waits out the timeout given,
-/// above and below 500 ms, and then gets the closed policy's 503.
+/// `--timeout-ms` is the timeout in force, also above redis-rs' own 500 ms response timeout:
+/// with Redis hung, a request waits out the timeout given, above and below 500 ms, and then
+/// gets the closed policy's 503.
 #[test]
 fn timeout_ms_is_the_timeout_in_force() {
     let redis = RedisServer::start();
@@ -855,7 +855,7 @@ fn concurrency_caps_the_requests_of_a_key_in_flight() {
         (vec!["--concurrency", "0"], "--concurrency"),
         (vec!["--concurrency", "2", "--lease-ms", "5"], "lease"),
         (vec!["--lease-ms", "5000"], "--concurrency"),
-        // Review finding: --shadow promised never to reject, but the concurrency layer did.
+        // --shadow promises never to reject, which a concurrency limit would.
         (vec!["--concurrency", "1", "--shadow"], "--shadow"),
     ] {
         assert_refused(&args, says);
@@ -1062,7 +1062,8 @@ fn slow_uncounted_requests_give_back_nothing_drained(
     (statuses, bound)
 }
 
-/// The issue's attack through the gateway, time-scaled (a quota per 2 s): GCRA on Redis and
+/// Slow uncounted requests against counted ones, through the gateway, time-scaled (a quota
+/// per 2 s): GCRA on Redis and
 /// in memory, the token bucket with a larger burst on Redis and in memory, each on its own
 /// gateway at once. The first 401s take the burst; the slow requests' refunds give none of
 /// it back (were each to give back its unit, the key would serve about twice its burst).

@@ -89,8 +89,8 @@ async fn connect_sentinel_finds_the_primary_and_checks_are_exact() {
 
 /// A primary that freezes (SIGSTOP: the socket stays open, nothing answers) is failed over
 /// by the Sentinels; the store notices that nothing answers, asks the Sentinels again and
-/// follows the promoted replica. Before the fix, the connection to the frozen primary was
-/// kept for ever and every check timed out.
+/// follows the promoted replica, instead of keeping the connection to the frozen primary
+/// and timing out every check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_primary_is_left_for_the_promoted_replica() {
     let setup = SentinelSetup::start();

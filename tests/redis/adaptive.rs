@@ -471,8 +471,8 @@ fn retrying(
     )
 }
 
-/// `Retry-After: 0` on every 429: a request is sent at most three times, a pause apart
-/// (before the fix: 1,183 sends of one GET within a second).
+/// `Retry-After: 0` on every 429: a request is sent at most three times, a pause apart, not
+/// again and again as fast as the upstream answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_retry_after_does_not_make_a_retry_storm() {
     let redis = RedisServer::start();

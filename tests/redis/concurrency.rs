@@ -773,7 +773,7 @@ async fn an_acquire_abandoned_in_flight_gives_its_slot_back() {
 }
 
 /// A connection cut after the acquire ran (the answer never came): the slot Redis gave
-/// is released, not held for the whole lease. Before the fix, only a timeout released.
+/// is released, not held until its lease ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_connection_after_the_acquire_ran_does_not_leak_the_slot() {
     let redis = RedisServer::start();
@@ -813,8 +813,8 @@ async fn a_cut_connection_after_the_acquire_ran_does_not_leak_the_slot() {
 }
 
 /// The acquire script run twice for one holder (a cluster client resends after a cut
-/// connection): admitted both times, one slot held. Before the fix the second run
-/// answered "full" while the holder kept its slot.
+/// connection): admitted both times, one slot held (not "full" for the second run while the
+/// holder keeps its slot).
 #[test]
 fn an_acquire_resent_for_the_same_holder_is_admitted_once() {
     let redis = RedisServer::start();
@@ -851,7 +851,7 @@ fn an_acquire_resent_for_the_same_holder_is_admitted_once() {
 }
 
 /// The in-memory key cap never forgets a key whose slots are held: a flood of other keys
-/// is refused instead. Before the fix the victim's count was reset and it admitted 2.
+/// is refused instead, and the held key never admits more than its limit.
 #[tokio::test]
 async fn the_memory_key_cap_never_evicts_live_holders() {
     let limiter =

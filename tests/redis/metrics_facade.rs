@@ -57,7 +57,7 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
 
     let mut redis = RedisServer::start();
     let limiter = RateLimiter::builder(redis.store().await, Gcra::new(Quota::per_hour(2)).unwrap())
-        .policy_name("m")
+        .policy_name("metrics-facade")
         .store_timeout(Duration::from_millis(100))
         .circuit_breaker(CircuitBreaker::disabled())
         .on_store_error(FailurePolicy::Local)
@@ -93,29 +93,42 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
     assert_eq!(
         counter(
             telemetry::DECISIONS,
-            &[("policy", "m"), ("decision", "allowed")]
+            &[("policy", "metrics-facade"), ("decision", "allowed")]
         ),
         4
     );
     assert_eq!(
         counter(
             telemetry::DECISIONS,
-            &[("policy", "m"), ("decision", "denied")]
+            &[("policy", "metrics-facade"), ("decision", "denied")]
         ),
         1
     );
-    // Two failed checks (the direct one and the layer's), whatever their kind label.
+    // Two failed checks (the direct one and the layer's), whatever their kind label. (The
+    // recorder is the process's: other tests of this binary record into it too.)
     let store_errors: u64 = snapshot
         .iter()
-        .filter(|(k, ..)| k.key().name() == telemetry::STORE_ERRORS)
+        .filter(|(k, ..)| {
+            k.key().name() == telemetry::STORE_ERRORS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "policy" && l.value() == "metrics-facade")
+        })
         .map(|(_, _, _, v)| match v {
             DebugValue::Counter(n) => *n,
             _ => 0,
         })
         .sum();
     assert_eq!(store_errors, 2);
-    assert_eq!(counter(telemetry::DEGRADED, &[("policy", "m")]), 2);
-    match find(&snapshot, telemetry::STORE_LATENCY, &[("policy", "m")]) {
+    assert_eq!(
+        counter(telemetry::DEGRADED, &[("policy", "metrics-facade")]),
+        2
+    );
+    match find(
+        &snapshot,
+        telemetry::STORE_LATENCY,
+        &[("policy", "metrics-facade")],
+    ) {
         Some(Seen::Histogram(n)) => assert!(n >= 4, "{n} latency samples"),
         other => panic!("latency histogram: {other:?}"),
     }

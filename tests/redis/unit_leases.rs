@@ -359,9 +359,9 @@ async fn limiter(
     b.build().unwrap()
 }
 
-/// A key checked once, ever, is cold ("fewer than 4 checks per lifetime ... stay exact,
-/// nothing is given back"). With a cost of 8, its very first check takes a lease of 18 units
-/// from Redis (the table counts units, not checks, and a new slot reads as one lifetime old).
+/// A key checked once, ever, is cold (fewer than 4 checks per lifetime): even with a cost of
+/// 8, its first check takes only its cost from Redis, not a lease (the table counts checks,
+/// not units, and a new slot has no past demand).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_check_of_cost_8_on_a_fresh_key_takes_only_its_cost() {
     let redis = RedisServer::start();
@@ -387,10 +387,10 @@ async fn a_single_check_of_cost_8_on_a_fresh_key_takes_only_its_cost() {
     );
 }
 
-/// A key that was hot and then rests (here 6 lifetimes; an hour behaves the same: the
-/// estimate halves per reservation, not per unit of time) is checked once: that single check
-/// takes a large block of the key's units from Redis (held by this instance, away from the
-/// others, for a whole lifetime) instead of its cost.
+/// A key that was hot and then rests for 6 lifetimes (an hour would do the same) is cold
+/// again: the one check after the rest takes its cost from Redis, not a block of the key's
+/// units held away from the other instances for a lifetime (a key is hot only while its last
+/// 4 checks fall within one lifetime, and a cold key's past demand is forgotten).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_that_rested_is_cold_again() {
     const LIFETIME: Duration = Duration::from_secs(1);
@@ -417,8 +417,9 @@ async fn a_key_that_rested_is_cold_again() {
     );
 }
 
-/// With batching on, concurrent checks of many cold keys share script calls. A lease sends
-/// each cold key's check as a reservation, which is never batched: one call per check.
+/// With batching on, concurrent checks of many cold keys share script calls, with a lease as
+/// without: a cold key's check is an ordinary (batched) check, not a reservation (which is
+/// never batched, one call per check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_keys_keep_the_stores_batching() {
     let redis = RedisServer::start();
@@ -467,9 +468,9 @@ async fn cold_keys_keep_the_stores_batching() {
 }
 
 /// Two checks in a row on a fresh key (a page load: two requests a millisecond apart, then
-/// nothing) are "2 checks per lifetime", cold. The second check's demand is extrapolated from
-/// the interval since the first (one check in a millisecond = 10,000 per 10 s lifetime), so
-/// it takes a full lease (125 units) from Redis and holds it away from the other instances.
+/// nothing) are 2 checks per lifetime, cold: they take two units from Redis, not a full lease
+/// (125 units) extrapolated from the interval between them (one check in a millisecond would
+/// read as 10,000 per 10 s lifetime).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_checks_in_a_row_take_only_two_units() {
     let redis = RedisServer::start();
@@ -493,7 +494,7 @@ async fn two_checks_in_a_row_take_only_two_units() {
     );
 }
 
-/// (Verification, passes) Refunding decisions answered from a lease gives their units back
+/// Refunding decisions answered from a lease gives their units back
 /// to Redis once, and the lease's own return adds only what it did not hand out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_of_leased_decisions_and_the_return_add_up() {
@@ -523,10 +524,10 @@ async fn refunds_of_leased_decisions_and_the_return_add_up() {
     assert!((1_000..=1_001).contains(&found), "found {found} of 1,000");
 }
 
-/// A client spraying keys (one check per key per lifetime: keys that are cold and never
-/// leased) fills the lease table, and a hot key that comes later is never tracked: every one
-/// of its checks is a Redis call, as if leases were off. The table keeps cold keys as firmly
-/// as hot ones (a slot is "idle" only after a whole lifetime without a check).
+/// A client spraying keys (one check per key per lifetime: cold keys, never leased) does not
+/// shut a hot key that comes later out of the lease table: a cold key holding nothing gives
+/// its slot to a new key, so the hot key's checks are answered from leases, not one Redis call
+/// each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_sprayed_once_do_not_shut_hot_keys_out_of_leases() {
     let redis = RedisServer::start();
@@ -550,8 +551,9 @@ async fn keys_sprayed_once_do_not_shut_hot_keys_out_of_leases() {
     );
 }
 
-/// Bursty but cold keys (a page load: 2 requests at once, then nothing for a while) cost more
-/// Redis calls with a lease than without: each burst reserves a block and gives it back.
+/// Bursty but cold keys (a page load: 2 requests at once, then nothing for a while) cost no
+/// more Redis calls with a lease than without: a burst of two neither reserves a block nor
+/// gives one back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_two_costs_no_more_calls_than_without_a_lease() {
     const LIFETIME: Duration = Duration::from_millis(100);
