@@ -22,7 +22,5 @@ mod layer;
 mod manual_clock;
 #[path = "memory/quotas.rs"]
 mod quotas;
-#[path = "memory/shadow.rs"]
-mod shadow;
 #[path = "memory/unit_leases.rs"]
 mod unit_leases;
