@@ -40,6 +40,33 @@ fn script_calls(redis: &RedisServer) -> u64 {
     command_calls(&mut redis.conn(), |name| name.starts_with("eval"))
 }
 
+/// Tasks alive on this test's runtime (a limiter's connections; the leases' returns while
+/// they wait or run).
+fn tasks_alive() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Lets `d` pass on tokio's clock, the one unit leases run on, without waiting for it: on
+/// this test's current-thread runtime, with no Redis call in flight, the clock is paused,
+/// moved on and resumed. Then waits (in real time, bounded) until no more than `idle` tasks
+/// are alive: the leases' returns that the time woke have made their Redis calls.
+async fn let_time_pass(d: Duration, idle: usize) {
+    tokio::time::pause();
+    tokio::time::advance(d).await;
+    tokio::time::resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tasks_alive() > idle {
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks still alive, {idle} when idle",
+            tasks_alive()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Runs `tasks` tasks per limiter, each checking `key` until `until` (or `per_task` allowed
 /// checks), and returns the time of every admission.
 async fn hammer<A: Algorithm + Clone>(
@@ -261,7 +288,7 @@ async fn a_hot_allowed_key_costs_under_a_tenth_of_a_call_per_check() {
 
 /// A cold key (a check now and then) is checked in Redis exactly, one call per check, with
 /// nothing reserved beyond its cost: a lease does not change what it sees.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_cold_key_is_checked_exactly() {
     let redis = RedisServer::start();
     // Leases of up to 125 units could be had: the key is cold, so none is taken.
@@ -270,13 +297,14 @@ async fn a_cold_key_is_checked_exactly() {
     let limiters = instances(&redis, &gcra, "cold", Some(lease), 1).await;
     let l = &limiters[0];
     // Loads the script (a first EVALSHA answers NOSCRIPT, then EVAL), so calls count checks.
+    let idle = tasks_alive();
     l.check("warm-up", 1).await.unwrap();
     let before = script_calls(&redis);
     for i in 0..10u64 {
         let d = l.check("k", 1).await.unwrap();
         assert!(d.allowed);
         assert_eq!(d.remaining, 999 - i, "exact remaining for a cold key");
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        let_time_pass(Duration::from_millis(30), idle).await;
     }
     // One call per check: no reservation beyond the cost, nothing to give back.
     assert_eq!(script_calls(&redis) - before, 10);
@@ -390,22 +418,24 @@ async fn a_single_check_of_cost_8_on_a_fresh_key_takes_only_its_cost() {
 /// A key that was hot and then rests for 6 lifetimes (an hour would do the same) is cold
 /// again: the one check after the rest takes its cost from Redis, not a block of the key's
 /// units held away from the other instances for a lifetime (a key is hot only while its last
-/// 4 checks fall within one lifetime, and a cold key's past demand is forgotten).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// 4 checks fall within one lifetime, and a cold key's past demand is forgotten). The
+/// lifetimes pass on a paused clock.
+#[tokio::test]
 async fn a_key_that_rested_is_cold_again() {
     const LIFETIME: Duration = Duration::from_secs(1);
     let redis = RedisServer::start();
     let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
     let leasing = limiter(&redis, &gcra, "rest", Some(UnitLease::up_to(LIFETIME))).await;
     let exact = limiter(&redis, &gcra, "rest", None).await;
+    let idle = tasks_alive();
     // Hot: 300 checks in a row.
     for _ in 0..300 {
         assert!(leasing.check("k", 1).await.unwrap().allowed);
     }
     // Every lease ends and goes back; the key then rests.
-    tokio::time::sleep(LIFETIME * 2).await;
+    let_time_pass(LIFETIME * 2, idle).await;
     let before = exact.check("k", 1).await.unwrap().remaining;
-    tokio::time::sleep(LIFETIME * 6).await;
+    let_time_pass(LIFETIME * 6, idle).await;
     // One check after the rest.
     assert!(leasing.check("k", 1).await.unwrap().allowed);
     let after = exact.check("k", 1).await.unwrap().remaining;
@@ -496,13 +526,14 @@ async fn two_checks_in_a_row_take_only_two_units() {
 
 /// Refunding decisions answered from a lease gives their units back
 /// to Redis once, and the lease's own return adds only what it did not hand out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn refunds_of_leased_decisions_and_the_return_add_up() {
     const LIFETIME: Duration = Duration::from_millis(200);
     let redis = RedisServer::start();
     let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
     let leasing = limiter(&redis, &gcra, "refund", Some(UnitLease::up_to(LIFETIME))).await;
     let exact = limiter(&redis, &gcra, "refund", None).await;
+    let idle = tasks_alive();
     let before = script_calls(&redis);
     let mut decisions = Vec::new();
     for _ in 0..100 {
@@ -514,9 +545,10 @@ async fn refunds_of_leased_decisions_and_the_return_add_up() {
     for d in &mut decisions {
         assert!(leasing.refund("k", d).await.unwrap());
     }
-    // The limiter is dropped with its lease live: the return still runs.
+    // The limiter is dropped with its lease live: the return still runs. (The dropped
+    // limiter's connection ends too: fewer tasks than before when all is done.)
     drop(leasing);
-    tokio::time::sleep(LIFETIME * 3).await;
+    let_time_pass(LIFETIME * 3, idle).await;
     let mut found = 0;
     while exact.check("k", 1).await.unwrap().allowed {
         found += 1;
@@ -554,22 +586,23 @@ async fn keys_sprayed_once_do_not_shut_hot_keys_out_of_leases() {
 /// Bursty but cold keys (a page load: 2 requests at once, then nothing for a while) cost no
 /// more Redis calls with a lease than without: a burst of two neither reserves a block nor
 /// gives one back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_burst_of_two_costs_no_more_calls_than_without_a_lease() {
     const LIFETIME: Duration = Duration::from_millis(100);
     let redis = RedisServer::start();
     let gcra = Gcra::new(Quota::per_hour(1_000)).unwrap();
     let l = limiter(&redis, &gcra, "burst3", Some(UnitLease::up_to(LIFETIME))).await;
+    let idle = tasks_alive();
     l.check("warm-up", 1).await.unwrap();
     l.check("warm-up", 1).await.unwrap();
-    tokio::time::sleep(LIFETIME * 3).await;
+    let_time_pass(LIFETIME * 3, idle).await;
     let before = script_calls(&redis);
     for user in 0..10 {
         for _ in 0..2 {
             assert!(l.check(format!("user-{user}"), 1).await.unwrap().allowed);
         }
     }
-    tokio::time::sleep(LIFETIME * 3).await;
+    let_time_pass(LIFETIME * 3, idle).await;
     let calls = script_calls(&redis) - before;
     assert!(
         calls <= 20,
