@@ -16,6 +16,7 @@ use crate::common::each_algorithm;
 use crate::servers::{dead_redis_url, each_backend};
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
+use tokio::sync::Notify;
 use tower::{service_fn, util::BoxCloneService, ServiceExt};
 use tower_redis_ratelimit::{
     algorithm::Algorithm, rate_limit::ResponseBody, store::Store, FailurePolicy, Gcra, HeaderKey,
@@ -195,6 +196,29 @@ fn slow_layer(limiter: RateLimiter<Gcra>, delay: Duration, fail: bool) -> Svc<&'
     ))
 }
 
+/// The same layer over an app that says when a request is inside it (`inside`) and answers
+/// `200` once told to (`release`).
+fn held_layer(
+    limiter: RateLimiter<Gcra>,
+    inside: Arc<Notify>,
+    release: Arc<Notify>,
+) -> Svc<&'static str> {
+    let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-account").unwrap())
+        .count_only("401".parse().unwrap())
+        .unwrap();
+    BoxCloneService::new(tower::Layer::layer(
+        &layer,
+        service_fn(move |_req: Request<Body>| {
+            let (inside, release) = (Arc::clone(&inside), Arc::clone(&release));
+            async move {
+                inside.notify_one();
+                release.notified().await;
+                Ok(Response::new(Body::empty()))
+            }
+        }),
+    ))
+}
+
 #[tokio::test]
 async fn a_request_that_never_completes_uncounted_counts() {
     let redis = crate::servers::RedisServer::start();
@@ -235,21 +259,24 @@ async fn a_request_that_never_completes_uncounted_counts() {
 
 #[tokio::test]
 async fn a_refund_clears_the_cached_denial_of_its_key() {
-    // One unit: a slow success holds it; a request meanwhile is denied, and the denial
-    // cached; the success is given back, and the next request must not meet the cached
-    // denial.
+    // One unit: a success held in the app holds it; a request meanwhile is denied, and the
+    // denial cached; the success is given back, and the next request must not meet the
+    // cached denial.
     let redis = crate::servers::RedisServer::start();
     let limiter = RateLimiter::builder(redis.store().await, Gcra::new(Quota::per_hour(1)).unwrap())
         .prefix("cnt-deny")
         .store_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let slow = slow_layer(limiter.clone(), Duration::from_millis(300), false);
+    let (inside, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let held = held_layer(limiter.clone(), Arc::clone(&inside), Arc::clone(&release));
     let fast = slow_layer(limiter.clone(), Duration::ZERO, false);
-    let holder = tokio::spawn(slow.oneshot(request(false)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let holder = tokio::spawn(held.oneshot(request(false)));
+    // The holder is in the app: its unit is taken.
+    inside.notified().await;
     let denied = fast.clone().oneshot(request(false)).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    release.notify_one();
     assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
     let next = fast.oneshot(request(false)).await.unwrap();
     assert_eq!(
