@@ -458,10 +458,12 @@ impl Backend {
     pub async fn store(&self) -> RedisStore {
         match self {
             Backend::Standalone(s) => s.store().await,
+            // Each batch call may take as long as the harness's store timeout: on a loaded
+            // machine the default second is not always enough.
             Backend::Batched(s) => s
                 .store()
                 .await
-                .with_batching(Batching::new())
+                .with_batching(Batching::new().call_timeout(Duration::from_secs(10)))
                 .expect("batching"),
             Backend::Cluster(c) => c.store().await,
         }
