@@ -9,6 +9,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/servers/mod.rs"]
+mod servers;
 
 use std::{
     alloc::{GlobalAlloc, Layout, System},
@@ -112,7 +114,7 @@ fn evalsha_stats(conn: &mut redis::Connection) -> (u64, u64) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let redis = common::RedisServer::start();
+    let redis = servers::RedisServer::start();
     let store = redis.store().await;
     let mut conn = redis.conn();
     let q = Quota::per_minute(100);

@@ -18,6 +18,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/servers/mod.rs"]
+mod servers;
 
 use common::limiter;
 
@@ -221,7 +223,7 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
 
 /// Calls of every Redis command so far, from `INFO commandstats` (minus the INFO calls).
 fn redis_calls(conn: &mut redis::Connection) -> u64 {
-    common::command_calls(conn, |name| name != "info")
+    servers::command_calls(conn, |name| name != "info")
 }
 
 #[tokio::main]
@@ -231,11 +233,11 @@ async fn main() {
     let tasks = env("BENCH_TASKS", 64);
     // One server, plain text on its port and TLS on another (certificates made here), so the
     // TLS row differs from the plain one by TLS alone.
-    let certs = common::tls::Certs::make("bench CA");
-    let tls = common::tls::TlsRedis::start(&certs, false, &[]);
+    let certs = servers::tls::Certs::make("bench CA");
+    let tls = servers::tls::TlsRedis::start(&certs, false, &[]);
     let redis = &tls.server;
     let tls_store = RedisStore::builder()
-        .ca_pem(common::tls::Certs::read(&certs.ca))
+        .ca_pem(servers::tls::Certs::read(&certs.ca))
         .connect(&tls.url())
         .await
         .unwrap();

@@ -1,6 +1,6 @@
 //! A throwaway `redis-server` on a free 127.0.0.1 port, stopped by PID on drop.
 //!
-//! A minimal copy of what `tests/common/mod.rs` does, kept here so that this benchmark builds
+//! A minimal copy of what `tests/servers/mod.rs` does, kept here so that this benchmark builds
 //! without the test suite's harness (which needs the test-only dependencies and features of
 //! the day) and `cargo fmt` on this package stays inside `bench/`.
 

@@ -1,26 +1,21 @@
 //! A circuit breaker in front of the store: after repeated failures, stop calling it for a
 //! while, so a dead Redis costs no timeout per request.
 
-use std::{
-    sync::{
-        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
-        OnceLock,
-    },
-    time::Instant,
-};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use tokio::time::Instant;
 
 use crate::store::CircuitBreaker;
 
-fn monotonic_us() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    // +1 so that 0 can mean "closed".
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
-}
-
 /// The breaker's live state.
+///
+/// Its clock is tokio's (the system's monotonic clock, or a test's paused clock), the one the
+/// store timeout runs on.
 #[derive(Debug)]
 pub(crate) struct BreakerState {
     config: CircuitBreaker,
+    /// Times are microseconds since then, plus one (so that 0 can mean "closed").
+    epoch: Instant,
     consecutive: AtomicU32,
     /// 0 when closed; otherwise the monotonic time (µs) until which checks are refused.
     open_until: AtomicU64,
@@ -41,11 +36,16 @@ impl BreakerState {
     pub(crate) fn new(config: CircuitBreaker) -> Self {
         Self {
             config,
+            epoch: Instant::now(),
             consecutive: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
             opened: AtomicU64::new(0),
         }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64 + 1
     }
 
     /// How often the breaker opened.
@@ -63,7 +63,7 @@ impl BreakerState {
                 done: false,
             });
         }
-        if monotonic_us() < until || self.probing.swap(true, Ordering::AcqRel) {
+        if self.now_us() < until || self.probing.swap(true, Ordering::AcqRel) {
             return None;
         }
         Some(Attempt {
@@ -74,7 +74,7 @@ impl BreakerState {
     }
 
     fn open(&self, why: &str) {
-        let until = monotonic_us() + self.config.cool_down.as_micros() as u64;
+        let until = self.now_us() + self.config.cool_down.as_micros() as u64;
         self.open_until.store(until, Ordering::Release);
         self.opened.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
@@ -127,9 +127,10 @@ impl Drop for Attempt<'_> {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tokio::time::advance;
 
-    #[test]
-    fn opens_after_failures_then_probes_once_and_closes() {
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_failures_then_probes_once_and_closes() {
         let s = BreakerState::new(CircuitBreaker::new(3, Duration::from_millis(30)));
         for _ in 0..2 {
             s.attempt().unwrap().finish(false);
@@ -138,13 +139,15 @@ mod tests {
         s.attempt().unwrap().finish(false);
         assert!(s.attempt().is_none(), "did not open after 3 failures");
         assert_eq!(s.times_opened(), 1);
-        std::thread::sleep(Duration::from_millis(40));
+        advance(Duration::from_millis(29)).await;
+        assert!(s.attempt().is_none(), "a probe before the cool-down ended");
+        advance(Duration::from_millis(1)).await;
         let probe = s.attempt().expect("no probe after the cool-down");
         assert!(s.attempt().is_none(), "a second probe at the same time");
         probe.finish(false);
         assert!(s.attempt().is_none(), "a failed probe must re-open");
         assert_eq!(s.times_opened(), 2);
-        std::thread::sleep(Duration::from_millis(40));
+        advance(Duration::from_millis(30)).await;
         s.attempt().unwrap().finish(true);
         assert!(
             s.attempt().is_some() && s.attempt().is_some(),
@@ -152,11 +155,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_abandoned_probe_does_not_wedge_the_breaker() {
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_probe_does_not_wedge_the_breaker() {
         let s = BreakerState::new(CircuitBreaker::new(1, Duration::from_millis(10)));
         s.attempt().unwrap().finish(false);
-        std::thread::sleep(Duration::from_millis(20));
+        advance(Duration::from_millis(10)).await;
         drop(s.attempt().unwrap());
         assert!(s.attempt().is_some());
     }

@@ -82,6 +82,12 @@ use crate::{
     store::{KeyBuf, Reserved, StoreKey},
 };
 
+/// The time leases run on: tokio's clock, on which their returns sleep (the monotonic clock
+/// in production; a test's paused clock under `start_paused` or `time::pause`).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// A limiter's unit leases: the table of the keys it tracks, and whether its store reserves.
 pub(crate) struct Leasing {
     table: Arc<Table>,
@@ -155,7 +161,7 @@ impl Leasing {
     pub(crate) fn take(&self, key: StoreKey<'_>, cost: u32) -> Option<Outcome> {
         let mut compact = KeyBuf::new();
         key.write_key_compact(&mut compact);
-        self.table.take(compact.as_bytes(), cost, Instant::now())
+        self.table.take(compact.as_bytes(), cost, now())
     }
 
     /// Decides a check that no lease answered at once: waits for the reservation of `key`
@@ -181,7 +187,7 @@ impl Leasing {
             }
         };
         let up_to = loop {
-            match self.table.step(id, cost, Instant::now(), waited) {
+            match self.table.step(id, cost, now(), waited) {
                 Step::Taken(outcome) => return Ok((outcome, Source::UnitLease)),
                 Step::Wait(landed) => {
                     landed.await;
@@ -232,7 +238,7 @@ impl Leasing {
         };
         let up_to = u32::try_from(up_to).unwrap_or(u32::MAX);
         // The lifetime runs from here, so it bounds hand-outs however slow the reply.
-        let sent = Instant::now();
+        let sent = now();
         let reserved = core
             .call(|| core.store.reserve(algorithm, key, cost, up_to, None))
             .await;

@@ -21,7 +21,8 @@ static LEARN: LazyLock<Script> = prelude_script!("upstream_learn.lua");
 /// The largest time a script takes: 2^52 µs, as the prelude checks.
 const MAX_US: u64 = 1 << 52;
 
-fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
+/// The script's call on `key`, at `now` (µs since the epoch) when given, else at Redis' time.
+fn call(script: &Script, key: StoreKey<'_>, now: Option<u64>) -> Cmd {
     let mut buf = KeyBuf::new();
     keys::write_key(key, keys::UPSTREAM, &mut buf);
     evalsha(
@@ -30,7 +31,7 @@ fn call(script: &Script, key: StoreKey<'_>) -> Cmd {
         |cmd| {
             cmd.arg(buf.as_bytes());
         },
-        None,
+        now,
     )
 }
 
@@ -55,7 +56,17 @@ impl RedisStore {
         key: StoreKey<'a>,
         cost: u32,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        let mut cmd = call(&TAKE, key);
+        self.take_units_at(key, cost, None)
+    }
+
+    /// [`take_units`](Self::take_units) at `now` (µs since the epoch) when given.
+    fn take_units_at<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        cost: u32,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<Gate, Error>> {
+        let mut cmd = call(&TAKE, key, now);
         cmd.arg(cost);
         Box::pin(async move { parse_gate(self.link.eval(&TAKE, &cmd).await?) })
     }
@@ -66,7 +77,18 @@ impl RedisStore {
         learned: Learned,
         how: Blind,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let mut cmd = call(&LEARN, key);
+        self.learn_said_at(key, learned, how, None)
+    }
+
+    /// [`learn_said`](Self::learn_said) at `now` (µs since the epoch) when given.
+    fn learn_said_at<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        learned: Learned,
+        how: Blind,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let mut cmd = call(&LEARN, key, now);
         let us = |d: Option<Duration>| d.map_or(0, |d| micros(d).min(MAX_US));
         cmd.arg(us(learned.pause));
         match (learned.remaining, learned.reset) {
@@ -113,25 +135,71 @@ mod tests {
 }
 
 /// The scripts and their in-memory twin, call by call on a real Redis and a `MemoryStore`
-/// (the throttle's side is in `tests/adaptive.rs`).
+/// (the throttle's side is in `tests/redis/adaptive.rs`).
 #[cfg(test)]
 mod agreement {
-    use std::{future::Future, sync::Arc};
+    use std::{future::Future, sync::Arc, time::Duration};
 
     use super::super::testing::TestRedis;
     use crate::{
         extract::Key,
-        store::{clock::ManualClock, Backend, Blind, Learned, MemoryStore, Store, StoreKey},
+        store::{
+            clock::ManualClock,
+            redis::RedisStore,
+            upstream::{Blind, Gate, Learned},
+            Backend, MemoryStore, Store, StoreKey,
+        },
     };
-    use std::time::Duration;
 
+    /// One of the two stores on a manual clock: Redis is given the clock's time with each
+    /// call (the scripts' explicit time), the `MemoryStore` is built on the clock.
+    enum OnClock {
+        Redis(RedisStore, ManualClock),
+        Memory(MemoryStore, ManualClock),
+    }
+
+    impl OnClock {
+        async fn take(&self, key: StoreKey<'_>, cost: u32) -> Gate {
+            match self {
+                Self::Redis(store, clock) => store.take_units_at(key, cost, Some(clock.now_us())),
+                Self::Memory(store, _) => store.take(key, cost),
+            }
+            .await
+            .unwrap()
+        }
+
+        async fn learn(&self, key: StoreKey<'_>, learned: Learned, how: Blind) {
+            match self {
+                Self::Redis(store, clock) => {
+                    store.learn_said_at(key, learned, how, Some(clock.now_us()))
+                }
+                Self::Memory(store, _) => store.learn(key, learned, how),
+            }
+            .await
+            .unwrap()
+        }
+
+        fn advance(&self, by: Duration) {
+            match self {
+                Self::Redis(_, clock) | Self::Memory(_, clock) => clock.advance(by),
+            }
+        }
+    }
+
+    /// Runs `f` on Redis, then on memory, each on a clock of its own.
     async fn on_both<F, Fut>(redis: &TestRedis, f: F)
     where
-        F: Fn(Arc<dyn Store>, &'static str) -> Fut,
+        F: Fn(OnClock, &'static str) -> Fut,
         Fut: Future<Output = ()>,
     {
-        f(Arc::new(redis.store().await), "redis").await;
-        f(Arc::new(MemoryStore::new()), "memory").await;
+        f(
+            OnClock::Redis(redis.store().await, ManualClock::new()),
+            "redis",
+        )
+        .await;
+        let clock = ManualClock::new();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        f(OnClock::Memory(memory, clock), "memory").await;
     }
 
     /// An answer that took long to come back (its end looks a second later) never gives
@@ -143,10 +211,10 @@ mod agreement {
             let k = Key::from("late");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             let w = |r| Learned::new().window(r, Duration::from_secs(10));
-            store.learn(key, w(0), Blind::Counted).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            store.learn(key, w(9), Blind::Counted).await.unwrap();
-            assert!(!store.take(key, 1).await.unwrap().go, "{name}");
+            store.learn(key, w(0), Blind::Counted).await;
+            store.advance(Duration::from_millis(1_500));
+            store.learn(key, w(9), Blind::Counted).await;
+            assert!(!store.take(key, 1).await.go, "{name}");
         })
         .await;
     }
@@ -161,19 +229,13 @@ mod agreement {
             let k = Key::from("probe");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             let w = Learned::new().window(5, Duration::from_millis(300));
-            store.learn(key, w, Blind::Counted).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            let first = store.take(key, 1).await.unwrap();
+            store.learn(key, w, Blind::Counted).await;
+            store.advance(Duration::from_millis(400));
+            let first = store.take(key, 1).await;
             assert_eq!((first.go, first.blind), (true, Blind::Probe), "{name}");
-            assert!(
-                !store.take(key, 1).await.unwrap().go,
-                "{name}: waits for the probe"
-            );
-            store
-                .learn(key, Learned::new(), Blind::Probe)
-                .await
-                .unwrap();
-            let next = store.take(key, 1).await.unwrap();
+            assert!(!store.take(key, 1).await.go, "{name}: waits for the probe");
+            store.learn(key, Learned::new(), Blind::Probe).await;
+            let next = store.take(key, 1).await;
             assert_eq!((next.go, next.blind), (true, Blind::Blind), "{name}");
         })
         .await;
@@ -188,15 +250,15 @@ mod agreement {
             let k = Key::from("blind");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             for _ in 0..100 {
-                let g = store.take(key, 1).await.unwrap();
+                let g = store.take(key, 1).await;
                 assert_eq!(g.blind, Blind::Blind, "{name}");
-                store.learn(key, Learned::new(), g.blind).await.unwrap();
+                store.learn(key, Learned::new(), g.blind).await;
             }
-            let g = store.take(key, 1).await.unwrap();
+            let g = store.take(key, 1).await;
             let w = Learned::new().window(50, Duration::from_secs(10));
-            store.learn(key, w, g.blind).await.unwrap();
+            store.learn(key, w, g.blind).await;
             let mut went = 0;
-            while store.take(key, 1).await.unwrap().go {
+            while store.take(key, 1).await.go {
                 went += 1;
                 assert!(went <= 50, "{name}");
             }

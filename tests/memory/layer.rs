@@ -1,0 +1,188 @@
+//! The layer's policies in memory: a policy handle only selects a policy of its own layer,
+//! policy names are unique within a layer, and a store that decides at once is asked once per
+//! request, its errors about one key refusing that request.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::body::Body;
+use http::Request;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_redis_ratelimit::{Gcra, GlobalKey, HeaderKey, Quota, RateLimitLayer, RateLimiter};
+
+use crate::common::{counting, header};
+
+/// A policy handle can only select a policy of the layer that handed it out: another layer's
+/// handle is answered 503 and never decided under a policy it was not meant for.
+#[tokio::test]
+async fn a_policy_handle_of_another_layer_is_refused() {
+    use tower_redis_ratelimit::{rate_limit::Class, MemoryStore};
+    let store = MemoryStore::new();
+    let limiter = |name: &str| {
+        RateLimiter::builder(store.clone(), Gcra::new(Quota::per_hour(5)).unwrap())
+            .policy_name(name)
+            .build()
+            .unwrap()
+    };
+    let mut other = RateLimitLayer::new(limiter("other-default"), GlobalKey);
+    let foreign = other.add_policy(limiter("other-login")).unwrap();
+    let mut layer = RateLimitLayer::new(limiter("default"), GlobalKey);
+    let own = layer.add_policy(limiter("login")).unwrap();
+    assert_ne!(own, foreign);
+    let layer = layer.classify(move |parts| match parts.uri.path() {
+        "/login" => Class::Policy(own),
+        "/mixed-up" => Class::Policy(foreign),
+        _ => Class::Default,
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+    let get = |path: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            svc.oneshot(req).await.unwrap()
+        }
+    };
+    let res = get("/login").await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"login\";q=5;w=3600")
+    );
+    let res = get("/mixed-up").await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Policy names are unique within a layer: each counts apart, so a duplicate would be a
+/// second set of counters under a name the headers cannot tell apart.
+#[tokio::test]
+async fn a_duplicate_policy_name_in_one_layer_is_an_error() {
+    use tower_redis_ratelimit::MemoryStore;
+    let limiter = |store: MemoryStore, name: &str| {
+        RateLimiter::builder(store, Gcra::new(Quota::per_hour(5)).unwrap())
+            .policy_name(name)
+            .build()
+            .unwrap()
+    };
+    let mut layer = RateLimitLayer::new(limiter(MemoryStore::new(), "login"), GlobalKey);
+    let err = layer
+        .add_policy(limiter(MemoryStore::new(), "login"))
+        .unwrap_err();
+    assert_eq!(err.field(), "policy_name");
+}
+
+/// A store that decides at once (in memory) and fails a key (it holds another algorithm's
+/// state): the layer asks it once per request and, the error being about the key rather
+/// than the store's health, refuses the request under `FailurePolicy::Local` without
+/// deciding locally.
+#[tokio::test]
+async fn a_store_deciding_at_once_is_asked_once_per_request() {
+    use tower_redis_ratelimit::{
+        algorithm::{Algorithm, MemoryState, Outcome, Rule},
+        rate_limit::Decision,
+        store::ErrorScope,
+        Error, FailurePolicy, MemoryStore,
+    };
+
+    /// GCRA, counting the store's decisions (its in-memory twin runs once per ask).
+    struct Counted(Gcra, Arc<AtomicUsize>);
+    impl Algorithm for Counted {
+        fn name(&self) -> &'static str {
+            "shared-name"
+        }
+        fn quota(&self) -> u64 {
+            self.0.quota()
+        }
+        fn window(&self) -> Duration {
+            self.0.window()
+        }
+        fn rule(&self) -> Rule<'_> {
+            self.0.rule()
+        }
+        fn decide(
+            &self,
+            state: &mut MemoryState,
+            now_us: u64,
+            cost: u32,
+        ) -> Result<Outcome, Error> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.decide(state, now_us, cost)
+        }
+        fn local_share(&self, instances: std::num::NonZeroU32) -> Option<Arc<dyn Algorithm>> {
+            self.0.local_share(instances)
+        }
+    }
+
+    /// Another algorithm keeping state of its own type under the same name and key.
+    struct Foreign(Gcra);
+    impl Algorithm for Foreign {
+        fn name(&self) -> &'static str {
+            "shared-name"
+        }
+        fn quota(&self) -> u64 {
+            1
+        }
+        fn window(&self) -> Duration {
+            Duration::from_secs(3_600)
+        }
+        fn rule(&self) -> Rule<'_> {
+            self.0.rule()
+        }
+        fn decide(&self, state: &mut MemoryState, now_us: u64, _: u32) -> Result<Outcome, Error> {
+            state.put(String::from("foreign"), now_us, 3_600_000_000);
+            Ok(Outcome::single(true, 0, Some(0), 3_600_000_000))
+        }
+    }
+
+    let store = MemoryStore::new();
+    let foreign = RateLimiter::builder(
+        store.clone(),
+        Foreign(Gcra::new(Quota::per_hour(1)).unwrap()),
+    )
+    .common_counters()
+    .build()
+    .unwrap();
+    let d: Decision = foreign.check("k", 1).await.unwrap();
+    assert!(d.allowed);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let gcra = Gcra::new(Quota::per_hour(4)).unwrap();
+    let limiter = RateLimiter::builder(store, Counted(gcra, asked.clone()))
+        .common_counters()
+        .on_store_error(FailurePolicy::Local)
+        .local_share(2)
+        .build()
+        .unwrap();
+    let e = limiter.check("k", 1).await.unwrap_err();
+    assert!(matches!(e, Error::WrongType), "{e:?}");
+    assert_eq!(e.scope(), ErrorScope::Key);
+    assert_eq!(asked.swap(0, Ordering::SeqCst), 1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            limiter.clone(),
+            HeaderKey::new("x-key").unwrap(),
+        ))
+        .service(counting(calls.clone()));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let req = Request::get("/").header("x-key", "k").body(Body::empty());
+        let res = svc.clone().oneshot(req.unwrap()).await.unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [503, 503, 503]);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        3,
+        "the store was asked more or less than once per request"
+    );
+    assert_eq!(limiter.stats().degraded, 0);
+    assert_eq!(limiter.stats().store_errors, 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,200 @@
+//! MemoryStore and RedisStore make the same decisions for the same random sequences of
+//! (time step, cost, refund), for every algorithm (a property test against real Redis): each
+//! algorithm's check script alone and in its batch form (a batching store), and its refund
+//! script. (Reservations, which no public call makes at an explicit time, are held to the
+//! in-memory twin in `src/store/redis/reserve.rs`.)
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use crate::servers::RedisServer;
+use proptest::{prelude::*, test_runner::TestRunner};
+use tower_redis_ratelimit::{
+    algorithm::Algorithm, rate_limit::Decision, store::redis::Batching, Gcra, MemoryStore, Quota,
+    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+#[derive(Debug, Clone)]
+struct Case {
+    limit: u32,
+    burst: u32,
+    period_s: u64,
+    /// (time step in µs, cost, before the check: the refund of the allowed decision this many
+    /// back, if any)
+    steps: Vec<(u64, u32, Option<usize>)>,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    // Periods of minutes: Redis expires keys on its own (real) clock, so the TTLs must outlast
+    // a test case even though the explicit timeline moves faster.
+    (
+        1u32..12,
+        1u32..16,
+        prop::sample::select(vec![600u64, 3_600]),
+    )
+        .prop_flat_map(|(limit, burst, period_s)| {
+            let interval = period_s * 1_000_000 / u64::from(limit);
+            let step = prop_oneof![
+                3 => Just(0u64),
+                5 => 0..interval,
+                2 => 0..3 * interval,
+                1 => Just(period_s * 1_000_000),
+            ];
+            let max_cost = limit.max(burst) + 2;
+            let refund = prop_oneof![3 => Just(None), 1 => (0usize..4).prop_map(Some)];
+            let steps = prop::collection::vec((step, 1..=max_cost, refund), 1..60);
+            steps.prop_map(move |steps| Case {
+                limit,
+                burst,
+                period_s,
+                steps,
+            })
+        })
+}
+
+static CASE_ID: AtomicU64 = AtomicU64::new(0);
+
+/// The stores of a run: one Redis store sending each call alone, one batching (a check on it
+/// runs the batch form of its algorithm's script).
+struct Stores {
+    single: RedisStore,
+    batched: RedisStore,
+}
+
+async fn agree<A: Algorithm>(redis: &Stores, make: impl Fn() -> A, case: &Case) {
+    let prefix = format!("agree{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
+    let on = |store: &RedisStore, prefix: &str| {
+        RateLimiter::builder(store.clone(), make())
+            .prefix(prefix)
+            .store_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let on_redis = on(&redis.single, &prefix);
+    let batched = on(&redis.batched, &format!("{prefix}b"));
+    let in_memory = RateLimiter::builder(MemoryStore::new(), make())
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let mut now = T0;
+    // Allowed decisions not given back yet: (Redis, batched, in memory).
+    let mut held: Vec<[Decision; 3]> = Vec::new();
+    for (i, &(step, cost, refund)) in case.steps.iter().enumerate() {
+        now += step;
+        if let Some(back) = refund.filter(|&b| b < held.len()) {
+            let [mut r, mut b, mut m] = held.remove(held.len() - 1 - back);
+            let r = on_redis.refund_at("k", &mut r, now).await.unwrap();
+            let b = batched.refund_at("k", &mut b, now).await.unwrap();
+            let m = in_memory.refund_at("k", &mut m, now).await.unwrap();
+            assert_eq!((r, b), (m, m), "refund before step {i} of {case:?}");
+        }
+        let r = on_redis.check_at("k", cost, now).await.unwrap();
+        let b = batched.check_at("k", cost, now).await.unwrap();
+        let m = in_memory.check_at("k", cost, now).await.unwrap();
+        assert_eq!(r, m, "step {i} of {case:?}");
+        assert_eq!(b, m, "step {i} of {case:?}, batched");
+        if m.allowed {
+            held.push([r, b, m]);
+        }
+    }
+}
+
+fn run(name: &str, check: impl Fn(&Stores, &Case) + Send) {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(async {
+        Stores {
+            single: redis.store().await,
+            batched: redis.store().await.with_batching(Batching::new()).unwrap(),
+        }
+    });
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let _guard = rt.enter();
+    runner
+        .run(&cases(), |case| {
+            check(&store, &case);
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+#[test]
+fn gcra_memory_matches_redis() {
+    run("gcra", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        tokio::runtime::Handle::current().block_on(agree(store, || Gcra::new(q).unwrap(), case));
+    });
+}
+
+#[test]
+fn token_bucket_memory_matches_redis() {
+    run("token bucket", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        tokio::runtime::Handle::current().block_on(agree(
+            store,
+            || TokenBucket::new(q).unwrap(),
+            case,
+        ));
+    });
+}
+
+#[test]
+fn sliding_window_memory_matches_redis() {
+    run("sliding window", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s));
+        tokio::runtime::Handle::current().block_on(agree(
+            store,
+            || SlidingWindow::new(q).unwrap(),
+            case,
+        ));
+    });
+}
+
+#[test]
+fn multi_limit_memory_matches_redis() {
+    use tower_redis_ratelimit::algorithm::MultiLimit;
+    run("multi-limit", |store, case| {
+        let fast = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+        // A slower second limit, so either can bind.
+        let slow = Quota::new(case.limit * 3, Duration::from_secs(case.period_s * 6))
+            .burst(case.burst + case.limit);
+        let make = || MultiLimit::new([("fast", fast), ("slow", slow)]).unwrap();
+        tokio::runtime::Handle::current().block_on(agree(store, make, case));
+    });
+}
+
+/// GCRA and the token bucket are the same limiter in two representations.
+#[test]
+fn gcra_matches_token_bucket() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&cases(), |case| {
+            let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+            let g = RateLimiter::new(MemoryStore::new(), Gcra::new(q).unwrap()).unwrap();
+            let tb = RateLimiter::new(MemoryStore::new(), TokenBucket::new(q).unwrap()).unwrap();
+            rt.block_on(async {
+                let mut now = T0;
+                for &(step, cost, _) in &case.steps {
+                    now += step;
+                    let a = g.check_at("k", cost, now).await.unwrap();
+                    let b = tb.check_at("k", cost, now).await.unwrap();
+                    assert_eq!(a, b, "{case:?}");
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+}
