@@ -27,6 +27,7 @@
 //! cost, so it happens in the response future, before the inner service is called.
 
 mod adaptive;
+mod clock;
 mod config;
 mod error;
 mod layer;
