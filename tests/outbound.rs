@@ -10,7 +10,7 @@ use std::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, UNIX_EPOCH},
 };
 
 use axum::{response::IntoResponse, routing::any, Router};
@@ -29,8 +29,18 @@ type Svc = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
 /// Where the test clocks start: a whole second, so the upstream's windows align with it.
 const START: Duration = Duration::from_secs(1_700_000_000);
 
+/// How the test upstream tells its reset.
+#[derive(Debug, Clone, Copy)]
+enum Reset {
+    /// `X-RateLimit-Reset`: whole seconds from now, rounded up.
+    Delta,
+    /// `X-RateLimit-Reset`: the Unix time of the window's end, on an upstream clock `skew`
+    /// seconds off the test's (its `Date` says so).
+    Unix { skew: i64 },
+}
+
 /// An upstream on loopback allowing `limit` calls per one-second window of `clock`, telling
-/// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (whole seconds from now, rounded up).
+/// `X-RateLimit-Remaining` and `X-RateLimit-Reset` as `reset` says, and its `Date`.
 struct Upstream {
     addr: SocketAddr,
     ok: Arc<AtomicU64>,
@@ -46,6 +56,10 @@ impl Drop for Upstream {
 
 impl Upstream {
     async fn fixed_window(clock: ManualClock, limit: u64) -> Self {
+        Self::start(clock, limit, Reset::Delta).await
+    }
+
+    async fn start(clock: ManualClock, limit: u64, style: Reset) -> Self {
         let ok = Arc::new(AtomicU64::new(0));
         let limited = Arc::new(AtomicU64::new(0));
         // (window index, calls in it)
@@ -63,16 +77,27 @@ impl Upstream {
                     if s.0 != index {
                         *s = (index, 0);
                     }
-                    let reset = Duration::from_secs(index + 1) - now;
-                    let reset = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+                    let delta = Duration::from_secs(index + 1) - now;
+                    let delta = delta.as_secs() + u64::from(delta.subsec_nanos() > 0);
+                    let skew = match style {
+                        Reset::Delta => 0,
+                        Reset::Unix { skew } => skew,
+                    };
+                    let theirs = now.as_secs().saturating_add_signed(skew);
+                    let reset = match style {
+                        Reset::Delta => delta,
+                        Reset::Unix { .. } => theirs + 1,
+                    };
                     let mut h = HeaderMap::new();
+                    let date = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(theirs));
+                    h.insert("date", date.parse().unwrap());
                     let status = if s.1 < limit {
                         s.1 += 1;
                         ok.fetch_add(1, Ordering::Relaxed);
                         StatusCode::OK
                     } else {
                         limited.fetch_add(1, Ordering::Relaxed);
-                        h.insert("retry-after", reset.into());
+                        h.insert("retry-after", delta.into());
                         StatusCode::TOO_MANY_REQUESTS
                     };
                     h.insert("x-ratelimit-remaining", (limit - s.1).into());
@@ -262,4 +287,28 @@ async fn an_adaptive_throttle_on_a_manual_clock_learns_and_waits_on_it() {
         "{took:?}"
     );
     assert!(layer.adaptive_stats().unwrap().exhausted >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_resets_are_read_against_an_upstream_clock_an_hour_off() {
+    for skew in [3_600, -3_600] {
+        let clock = ManualClock::starting_at(START);
+        let up = Upstream::start(clock.clone(), 3, Reset::Unix { skew }).await;
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let limiter =
+            RateLimiter::new(store.clone(), Gcra::new(Quota::per_second(1_000)).unwrap()).unwrap();
+        let layer = ThrottleLayer::new(limiter, one_key)
+            .max_wait(Duration::from_secs(120))
+            .unwrap()
+            .adaptive(store);
+        let svc = client(layer);
+        assert_eq!(svc.clone().oneshot(up.get()).await.unwrap(), StatusCode::OK);
+        let calls = Calls::start(&clock, &svc, &up, 8);
+        let took = calls.drive(Duration::from_millis(10)).await;
+        // Ahead, its resets read an hour away would pause every call for `max_pause`; behind,
+        // in our past, the exhausted window would be ignored and the calls refused.
+        assert_eq!(up.limited.load(Ordering::Relaxed), 0, "skew {skew}");
+        assert_eq!(up.ok.load(Ordering::Relaxed), 9, "skew {skew}");
+        assert!(took < Duration::from_secs(3), "skew {skew}: {took:?}");
+    }
 }
