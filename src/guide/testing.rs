@@ -43,9 +43,12 @@
 //!   its deadlines are in real time.
 //! - [Concurrency permits](super::operating#concurrency-limits) expire on the manual clock:
 //!   advance it by the time to live to see a crashed holder's permits come back.
-//! - The clock is the store's, not tokio's: `tokio::time::pause` does not move it, and a
-//!   [`ThrottleLayer`](crate::throttle::ThrottleLayer), which sleeps in real time for its
-//!   quota, does not belong on a manual clock (it would wait for time that never comes).
+//! - The clock is the store's, not tokio's: `tokio::time::pause` does not move it. A
+//!   [`ThrottleLayer`](crate::throttle::ThrottleLayer) on such a store (its limiter's, or the
+//!   adaptive one) waits on the manual clock, its maximum wait counted on it:
+//!   [`ManualClock::sleepers`](crate::store::memory::ManualClock::sleepers) says how many
+//!   calls wait, so a test advances the clock once they all do (see the
+//!   [outbound guide](super::throttle#testing-without-waiting)).
 //! - A [`ManualClock::starting_at`](crate::store::memory::ManualClock::starting_at) a fixed
 //!   time makes every reset time in a test reproducible.
 //!

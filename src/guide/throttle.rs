@@ -77,6 +77,40 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Testing without waiting
+//!
+//! On a [`MemoryStore`](crate::MemoryStore) with a
+//! [`ManualClock`](crate::store::memory::ManualClock), the throttle waits on that clock, not in
+//! real time, adaptive or not; its maximum wait is counted on it too. A test starts its calls,
+//! waits until they all wait ([`sleepers`](crate::store::memory::ManualClock::sleepers)), and
+//! advances the clock:
+//!
+//! ```
+//! use std::{convert::Infallible, time::Duration};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_redis_ratelimit::{
+//!     store::memory::ManualClock, throttle::ThrottleLayer, Gcra, GlobalKey, MemoryStore, Quota,
+//!     RateLimiter,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower::BoxError> {
+//! let clock = ManualClock::new();
+//! let store = MemoryStore::builder().clock(clock.clone()).build()?;
+//! let limiter = RateLimiter::new(store, Gcra::new(Quota::per_minute(1))?)?;
+//! let api = service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(http::Response::new(())) });
+//! let client = ServiceBuilder::new()
+//!     .layer(ThrottleLayer::new(limiter, GlobalKey).max_wait(Duration::from_secs(120))?)
+//!     .service(api);
+//! client.clone().oneshot(http::Request::new(())).await?;
+//! let second = tokio::spawn(client.oneshot(http::Request::new(())));
+//! while clock.sleepers() == 0 {
+//!     tokio::task::yield_now().await;
+//! }
+//! clock.advance(Duration::from_secs(60)); // the next unit, a minute later on the test's clock
+//! second.await??;
+//! # Ok(()) }
+//! ```
+//!
 //! # Learning the upstream's limits
 //!
 //! Real APIs publish their limits in their answers and change them (per plan, per time of

@@ -99,10 +99,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 
     /// True when this store's time is not the wall clock (a `MemoryStore` on a
-    /// [`ManualClock`](super::ManualClock)): limiters built on it keep no deny cache, whose
+    /// [`ManualClock`](super::memory::ManualClock)): limiters built on it keep no deny cache, whose
     /// deadlines are in real time.
     fn manual_clock(&self) -> bool {
         false
+    }
+
+    /// This store's [`ManualClock`](super::memory::ManualClock), when it has one: a
+    /// [`ThrottleLayer`](crate::throttle::ThrottleLayer) on this store waits on it.
+    fn clock(&self) -> Option<super::memory::ManualClock> {
+        None
     }
 
     /// Concurrency slots: admits `holder` (an id unique across instances) under `key` if
@@ -240,6 +246,10 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn manual_clock(&self) -> bool {
         (**self).manual_clock()
+    }
+
+    fn clock(&self) -> Option<super::memory::ManualClock> {
+        (**self).clock()
     }
 
     fn acquire<'a>(

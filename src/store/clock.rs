@@ -2,7 +2,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -39,6 +39,23 @@ use crate::quota::MAX_EXACT;
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     now_us: Arc<AtomicU64>,
+    wake: Arc<Wake>,
+}
+
+/// Who waits on a manual clock.
+#[derive(Debug, Default)]
+struct Wake {
+    notify: tokio::sync::Notify,
+    sleepers: AtomicUsize,
+}
+
+/// Counts a sleeper while it waits (and when its future is dropped).
+struct Sleeper<'a>(&'a AtomicUsize);
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Default for ManualClock {
@@ -61,6 +78,7 @@ impl ManualClock {
     pub fn starting_at(since_epoch: Duration) -> Self {
         Self {
             now_us: Arc::new(AtomicU64::new(micros(since_epoch).min(MAX_EXACT))),
+            wake: Arc::default(),
         }
     }
 
@@ -74,6 +92,33 @@ impl ManualClock {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
                 Some(t.saturating_add(by).min(MAX_EXACT))
             });
+        self.wake.notify.notify_waiters();
+    }
+
+    /// How many tasks are waiting for this clock to move (throttled calls waiting for their
+    /// quota, or for what an upstream said): a test can wait until the calls it started all
+    /// wait, then [`advance`](Self::advance) the clock.
+    pub fn sleepers(&self) -> usize {
+        self.wake.sleepers.load(Ordering::Acquire)
+    }
+
+    /// Waits until the clock reads `until_us` microseconds after the epoch or later.
+    pub(crate) async fn sleep_until_us(&self, until_us: u64) {
+        let until_us = until_us.min(MAX_EXACT);
+        if self.now_us() >= until_us {
+            return;
+        }
+        self.wake.sleepers.fetch_add(1, Ordering::AcqRel);
+        let _sleeper = Sleeper(&self.wake.sleepers);
+        loop {
+            let mut notified = std::pin::pin!(self.wake.notify.notified());
+            // Registered before the clock is read again, so no advance is missed.
+            notified.as_mut().enable();
+            if self.now_us() >= until_us {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// The time since the Unix epoch.
@@ -104,5 +149,23 @@ mod tests {
         assert_eq!(clock.now(), Duration::from_micros(1_001_500_000));
         clock.advance(Duration::MAX);
         assert_eq!(clock.now_us(), MAX_EXACT);
+    }
+
+    #[tokio::test]
+    async fn a_sleeper_wakes_when_the_clock_reaches_its_time() {
+        let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+        let until = clock.now_us() + 2_000_000;
+        let c = clock.clone();
+        let sleeper = tokio::spawn(async move { c.sleep_until_us(until).await });
+        while clock.sleepers() == 0 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(Duration::from_secs(1));
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        assert_eq!(clock.sleepers(), 1);
+        clock.advance(Duration::from_secs(1));
+        sleeper.await.unwrap();
+        assert_eq!(clock.sleepers(), 0);
     }
 }

@@ -380,6 +380,10 @@ impl Backend for MemoryStore {
         self.inner.clock.is_some()
     }
 
+    fn clock(&self) -> Option<ManualClock> {
+        self.inner.clock.clone()
+    }
+
     fn acquire<'a>(
         &'a self,
         key: StoreKey<'a>,

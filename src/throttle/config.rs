@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::adaptive::Adaptive;
+use super::{adaptive::Adaptive, clock::Clock};
 use crate::{extract::CostFn, rate_limit::RateLimiter};
 
 /// The limiter, the key and cost of a request, the longest wait, and what is learned from
@@ -15,6 +15,9 @@ pub(crate) struct Settings<K, A> {
     /// The cap on a pause or a reset learned from a header.
     pub(crate) max_pause: Duration,
     pub(crate) adaptive: Option<Adaptive>,
+    /// Where waits are counted: the manual clock of the limiter's (or the adaptive) store,
+    /// or real time.
+    pub(crate) clock: Clock,
 }
 
 impl<K, A> Clone for Settings<K, A> {
@@ -26,6 +29,7 @@ impl<K, A> Clone for Settings<K, A> {
             max_wait: self.max_wait,
             max_pause: self.max_pause,
             adaptive: self.adaptive.clone(),
+            clock: self.clock.clone(),
         }
     }
 }

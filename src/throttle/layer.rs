@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use super::{
     adaptive::{Adaptive, AdaptiveCounters, AdaptiveStats, DEFAULT_MAX_PAUSE},
+    clock::Clock,
     config::{NoRetry, RetryIdempotent, Settings},
     service::Throttle,
 };
@@ -50,8 +51,15 @@ impl<K, A: Algorithm, R> fmt::Debug for ThrottleLayer<K, A, R> {
 
 impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
     /// Throttles requests under the key `key` gives them; waits at most 10 s by default.
-    /// A request without a key is not throttled.
+    /// A request without a key is not throttled. On a store with a
+    /// [`ManualClock`](crate::store::memory::ManualClock), waits are counted on that clock.
     pub fn new(limiter: RateLimiter<A>, key: K) -> Self {
+        let clock = limiter
+            .engine
+            .core
+            .store
+            .clock()
+            .map_or(Clock::Wall, Clock::Manual);
         Self {
             settings: Settings {
                 limiter,
@@ -60,6 +68,7 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
                 max_wait: Duration::from_secs(10),
                 max_pause: DEFAULT_MAX_PAUSE,
                 adaptive: None,
+                clock,
             },
             _retry: PhantomData,
         }
@@ -120,8 +129,12 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// failure here is logged and counted, and the call goes on under the configured limit.
     ///
     /// Costs one more store call before each request, and one after each answer that says
-    /// something.
+    /// something. When the limiter's store is on the wall clock and `store` has a
+    /// [`ManualClock`](crate::store::memory::ManualClock), waits are counted on that clock.
     pub fn adaptive(mut self, store: impl Store) -> Self {
+        if let (Clock::Wall, Some(manual)) = (&self.settings.clock, store.clock()) {
+            self.settings.clock = Clock::Manual(manual);
+        }
         self.settings.adaptive = Some(Adaptive {
             store: Arc::new(store),
             counters: Arc::default(),

@@ -52,6 +52,18 @@ pub struct Reading {
     pub ignored: u32,
     /// Values beyond the cap (`max_pause`) that were cut down to it.
     pub capped: u32,
+    /// The upstream's stated quota per window (`RateLimit-Policy: "name";q=Q;w=W`): the
+    /// policy the `RateLimit` item read names, else the one with the lowest rate.
+    pub policy: Option<Policy>,
+}
+
+/// A quota per window an upstream states in `RateLimit-Policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Units per window (`q`).
+    pub quota: u64,
+    /// The window (`w`, whole seconds).
+    pub window: Duration,
 }
 
 /// The pause after a 429 that says nothing of when to come back.
@@ -76,6 +88,13 @@ const EPOCH_MILLIS: u64 = 1_000_000_000_000;
 /// 429 or 503 that says to come back at once (`Retry-After: 0`, a date in the past, a window
 /// of none left that resets now or has reset) pauses for [`DEFAULT_429_PAUSE`] too (cut to
 /// `max_pause` when that is shorter).
+///
+/// The IETF fields (`RateLimit`, `RateLimit-Policy`) are read with an RFC 9651 Structured
+/// Field parser, so a policy name like `"a,b"` is one item; a field that does not parse is
+/// ignored whole (and counted). [`Reading::policy`] is the stated quota per window. Absolute
+/// times (a Unix-time reset, an HTTP date in `Retry-After`) are read against the answer's
+/// `Date` when it differs from `now` by more than a second, so an upstream whose clock is
+/// off from ours still pauses for its own window.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -105,8 +124,17 @@ pub fn read_limits(
         pause_from: None,
         ignored: 0,
         capped: 0,
+        policy: None,
     };
-    let window = ietf(headers, &mut r.ignored)
+    // Absolute times (Unix resets, HTTP dates) are the upstream's: read them against its
+    // `Date` when its clock and ours disagree by more than a second.
+    let now = answer_clock(headers, now);
+    let (window, name) = match ietf(headers, &mut r.ignored) {
+        Some((w, name)) => (Some(w), name),
+        None => (None, None),
+    };
+    r.policy = policies(headers, name.as_deref(), &mut r.ignored);
+    let window = window
         .map(|w| (w, Source::Ietf))
         .or_else(|| {
             pair(
@@ -226,43 +254,126 @@ fn bad<T>(ignored: &mut u32) -> Option<T> {
     None
 }
 
-/// `RateLimit: "a";r=5;t=30, "b";r=0;t=7`: the item with the fewest units left.
-fn ietf(headers: &HeaderMap, ignored: &mut u32) -> Option<(u64, Duration)> {
-    let mut best: Option<(u64, Duration)> = None;
-    for value in headers.get_all("ratelimit") {
-        let Ok(text) = value.to_str() else {
+/// The values of a Structured Field list sent on several lines, as one list (RFC 9110
+/// combines field lines with commas); `None` when there is none, or when one is not text
+/// (counted).
+fn sf_list(headers: &HeaderMap, name: &str, ignored: &mut u32) -> Option<sfv::List> {
+    let mut text = String::new();
+    for value in headers.get_all(name) {
+        let Ok(v) = value.to_str() else {
+            *ignored += 1;
+            return None;
+        };
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
+        text.push_str(v);
+    }
+    if text.is_empty() {
+        return None;
+    }
+    match sfv::Parser::new(&text).parse::<sfv::List>() {
+        Ok(list) => Some(list),
+        Err(_) => bad(ignored),
+    }
+}
+
+/// An item's parameter as a count: a non-negative sf-integer (absent: `None`; anything else:
+/// `Err`).
+fn param(item: &sfv::Item, name: &str) -> Result<Option<u64>, ()> {
+    match item.params.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_integer()
+            .and_then(|i| u64::try_from(i64::from(i)).ok())
+            .map(Some)
+            .ok_or(()),
+    }
+}
+
+/// An item's policy name (an sf-string, or a token as some servers send).
+fn item_name(item: &sfv::Item) -> Option<String> {
+    let b = &item.bare_item;
+    b.as_string()
+        .map(|s| s.as_str().to_owned())
+        .or_else(|| b.as_token().map(|t| t.as_str().to_owned()))
+}
+
+/// `RateLimit: "a";r=5;t=30, "b";r=0;t=7`: the item with the fewest units left, and its
+/// policy's name.
+fn ietf(headers: &HeaderMap, ignored: &mut u32) -> Option<((u64, Duration), Option<String>)> {
+    let list = sf_list(headers, "ratelimit", ignored)?;
+    let mut best: Option<((u64, Duration), Option<String>)> = None;
+    for entry in &list {
+        let sfv::ListEntry::Item(item) = entry else {
             *ignored += 1;
             continue;
         };
-        for item in text.split(',') {
-            let (mut r, mut t) = (None, None);
-            let mut valid = true;
-            for param in item.split(';').skip(1) {
-                let Some((name, val)) = param.trim().split_once('=') else {
-                    continue;
-                };
-                let slot = match name.trim() {
-                    "r" => &mut r,
-                    "t" => &mut t,
-                    _ => continue,
-                };
-                match number(val) {
-                    Some(n) => *slot = Some(n),
-                    None => valid = false,
+        match (param(item, "r"), param(item, "t")) {
+            (Ok(Some(r)), Ok(Some(t))) => {
+                if best.as_ref().is_none_or(|((br, _), _)| r < *br) {
+                    best = Some(((r, Duration::from_secs(t)), item_name(item)));
                 }
             }
-            match (valid, r, t) {
-                (true, Some(r), Some(t)) => {
-                    if best.is_none_or(|(br, _)| r < br) {
-                        best = Some((r, Duration::from_secs(t)));
-                    }
-                }
-                (true, None, None) => {}
-                _ => *ignored += 1,
-            }
+            (Ok(None), Ok(None)) => {}
+            _ => *ignored += 1,
         }
     }
     best
+}
+
+/// `RateLimit-Policy: "burst";q=100;w=60, "daily";q=1000;w=86400`: the policy named `name`,
+/// else the one with the lowest rate. A policy without a window (`w`) says no rate.
+fn policies(headers: &HeaderMap, name: Option<&str>, ignored: &mut u32) -> Option<Policy> {
+    let list = sf_list(headers, "ratelimit-policy", ignored)?;
+    let mut named = None;
+    let mut slowest: Option<Policy> = None;
+    for entry in &list {
+        let sfv::ListEntry::Item(item) = entry else {
+            *ignored += 1;
+            continue;
+        };
+        let (Ok(Some(quota)), Ok(w)) = (param(item, "q"), param(item, "w")) else {
+            *ignored += 1;
+            continue;
+        };
+        let Some(w) = w.filter(|&w| w > 0) else {
+            continue;
+        };
+        let p = Policy {
+            quota,
+            window: Duration::from_secs(w),
+        };
+        if name.is_some() && item_name(item).as_deref() == name {
+            named = Some(p);
+        }
+        // quota / window, compared without dividing.
+        let slower = |o: &Policy| {
+            u128::from(p.quota) * o.window.as_millis() < u128::from(o.quota) * p.window.as_millis()
+        };
+        if slowest.as_ref().is_none_or(slower) {
+            slowest = Some(p);
+        }
+    }
+    named.or(slowest)
+}
+
+/// The time to read an answer's absolute times against: its `Date` when that differs from
+/// `now` by more than a second (both in whole seconds), else `now`.
+fn answer_clock(headers: &HeaderMap, now: SystemTime) -> SystemTime {
+    let Some(date) = headers
+        .get(http::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| httpdate::parse_http_date(t.trim()).ok())
+    else {
+        return now;
+    };
+    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if secs(date).abs_diff(secs(now)) > 1 {
+        date
+    } else {
+        now
+    }
 }
 
 /// `Retry-After`: seconds, or an HTTP date (a date in the past is no pause).
@@ -451,5 +562,100 @@ mod tests {
         );
         let r = read(200, &[("ratelimit", "\"a\";r=-3;t=5")]);
         assert_eq!((r.learned.remaining, r.ignored), (None, 1));
+    }
+
+    #[test]
+    fn the_stated_policy_is_read_with_a_structured_field_parser() {
+        let r = read(
+            200,
+            &[
+                (
+                    "ratelimit-policy",
+                    "\"a,b\";q=40;w=1, \"daily\";q=1000;w=86400",
+                ),
+                ("ratelimit", "\"a,b\";r=12;t=1"),
+            ],
+        );
+        // The comma inside the name splits nothing.
+        assert_eq!(r.ignored, 0);
+        assert_eq!(r.learned, Learned::new().window(12, Duration::from_secs(1)));
+        let per_second = Policy {
+            quota: 40,
+            window: Duration::from_secs(1),
+        };
+        assert_eq!(r.policy, Some(per_second));
+        // The policy the `RateLimit` item names, else the slowest.
+        let r = read(
+            200,
+            &[
+                ("ratelimit-policy", "\"fast\";q=100;w=1"),
+                ("ratelimit-policy", "\"hour\";q=3600;w=3600"),
+                ("ratelimit", "\"fast\";r=3;t=1"),
+            ],
+        );
+        assert_eq!(r.policy.map(|p| p.quota), Some(100));
+        let r = read(
+            200,
+            &[(
+                "ratelimit-policy",
+                "\"fast\";q=100;w=1, \"hour\";q=3600;w=3600",
+            )],
+        );
+        assert_eq!(r.policy.map(|p| p.quota), Some(3600));
+        // Malformed fields are ignored and counted, never split by hand.
+        for bad in [
+            "\"a\";q=-1;w=1",
+            "\"a\";q=1.5;w=1",
+            "\"unterminated;q=1",
+            "(\"x\");q=1",
+        ] {
+            let r = read(200, &[("ratelimit-policy", bad)]);
+            assert_eq!((r.policy, r.ignored), (None, 1), "{bad}");
+        }
+    }
+
+    #[test]
+    fn absolute_resets_are_read_against_the_answers_date_when_the_clocks_disagree() {
+        // Our clock reads 1_700_000_000; the upstream's an hour behind.
+        let behind = "Tue, 14 Nov 2023 21:13:20 GMT";
+        let r = read(
+            200,
+            &[
+                ("date", behind),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1699996402"),
+            ],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::from_secs(2)));
+        let r = read(
+            429,
+            &[
+                ("date", behind),
+                ("retry-after", "Tue, 14 Nov 2023 21:13:22 GMT"),
+            ],
+        );
+        assert_eq!(r.learned.pause, Some(Duration::from_secs(2)));
+        // An hour ahead: its reset is not in our past.
+        let r = read(
+            200,
+            &[
+                ("date", "Tue, 14 Nov 2023 23:13:20 GMT"),
+                ("ratelimit-remaining", "0"),
+                ("ratelimit-reset", "1700003605"),
+            ],
+        );
+        assert_eq!(r.learned.reset, Some(Duration::from_secs(5)));
+        // Within a second, and a malformed date: our clock.
+        for date in ["Tue, 14 Nov 2023 22:13:21 GMT", "yesterday"] {
+            let r = read(
+                200,
+                &[
+                    ("date", date),
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", "1700000004"),
+                ],
+            );
+            assert_eq!(r.learned.reset, Some(Duration::from_secs(4)), "{date}");
+        }
     }
 }

@@ -27,6 +27,7 @@
 //! cost, so it happens in the response future, before the inner service is called.
 
 mod adaptive;
+mod clock;
 mod config;
 mod error;
 mod layer;
@@ -38,7 +39,7 @@ pub use self::{
     config::{NoRetry, RetryIdempotent},
     error::ThrottleError,
     layer::ThrottleLayer,
-    learn::{read_limits, Reading, Source, DEFAULT_429_PAUSE},
+    learn::{read_limits, Policy, Reading, Source, DEFAULT_429_PAUSE},
     service::Throttle,
 };
 pub use crate::store::upstream::Learned;

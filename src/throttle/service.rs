@@ -5,7 +5,7 @@ use std::{
     fmt,
     marker::PhantomData,
     task::{Context, Poll},
-    time::{Duration, Instant, SystemTime},
+    time::Duration,
 };
 
 use http::{Method, Request, Response};
@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use super::{
     adaptive::{Adaptive, AdaptiveCounters},
+    clock::Clock,
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
     learn::{at_least_a_moment, read_limits},
@@ -61,10 +62,11 @@ impl<S: fmt::Debug, K, A: Algorithm, R> fmt::Debug for Throttle<S, K, A, R> {
 /// Waits until `key` has `cost` units, by `deadline`. Under a limiter in shadow mode, never
 /// waits nor fails: a denial is counted and logged, a store error logged.
 async fn acquire<A: Algorithm>(
+    clock: &Clock,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
-    deadline: Instant,
+    deadline: Duration,
 ) -> Result<(), ThrottleError> {
     let shadow = limiter.is_shadow();
     loop {
@@ -84,9 +86,9 @@ async fn acquire<A: Algorithm>(
             return Ok(());
         }
         match d.retry_after {
-            Some(wait) if Instant::now() + wait <= deadline => {
+            Some(wait) if fits(clock, wait, deadline) => {
                 tracing::debug!(policy = %d.policy, ?wait, "rate limit: waiting for quota");
-                tokio::time::sleep(wait).await;
+                clock.sleep(wait).await;
             }
             _ => return Err(ThrottleError::WouldExceedMaxWait { decision: d }),
         }
@@ -98,11 +100,12 @@ async fn acquire<A: Algorithm>(
 /// to learn the next window). A store failure lets the call go under the configured limit
 /// (logged and counted).
 async fn upstream_gate<A: Algorithm>(
+    clock: &Clock,
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
-    deadline: Instant,
+    deadline: Duration,
 ) -> Result<Blind, ThrottleError> {
     let engine = &limiter.engine;
     loop {
@@ -113,14 +116,14 @@ async fn upstream_gate<A: Algorithm>(
         if gate.go {
             return Ok(gate.blind);
         }
-        if !fits(gate.wait, deadline) {
+        if !fits(clock, gate.wait, deadline) {
             return Err(ThrottleError::UpstreamPaused { wait: gate.wait });
         }
         tracing::debug!(policy = %engine.core.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
         #[cfg(feature = "metrics")]
         metrics::counter!(crate::core::report::UPSTREAM_WAITS, "policy" => engine.core.policy.to_string())
             .increment(1);
-        tokio::time::sleep(gate.wait).await;
+        clock.sleep(gate.wait).await;
     }
 }
 
@@ -150,6 +153,7 @@ async fn bounded<A: Algorithm, T>(
 /// Reads the answer's limits and counts what they said: what to record, and whether it was
 /// a 429.
 fn observe<A: Algorithm, B>(
+    clock: &Clock,
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     max_pause: Duration,
@@ -157,7 +161,7 @@ fn observe<A: Algorithm, B>(
 ) -> (Learned, bool) {
     let engine = &limiter.engine;
     let counters = &adaptive.counters;
-    let reading = read_limits(res.status(), res.headers(), SystemTime::now(), max_pause);
+    let reading = read_limits(res.status(), res.headers(), clock.system_now(), max_pause);
     AdaptiveCounters::add(&counters.ignored, u64::from(reading.ignored));
     AdaptiveCounters::add(&counters.capped, u64::from(reading.capped));
     if reading.ignored > 0 || reading.capped > 0 {
@@ -201,11 +205,9 @@ fn observe<A: Algorithm, B>(
     (reading.learned, rate_limited)
 }
 
-/// Whether a wait of `wait` from now ends by `deadline` (never overflowing).
-fn fits(wait: Duration, deadline: Instant) -> bool {
-    Instant::now()
-        .checked_add(wait)
-        .is_some_and(|t| t <= deadline)
+/// Whether a wait of `wait` from now on `clock` ends by `deadline` (never overflowing).
+fn fits(clock: &Clock, wait: Duration, deadline: Duration) -> bool {
+    clock.now().checked_add(wait).is_some_and(|t| t <= deadline)
 }
 
 /// Records what an answer said, for every instance sharing the store. The answer to a blind
@@ -273,9 +275,8 @@ where
     let (Some(key), true) = (key, cost > 0) else {
         return inner.call(req).await.map_err(Into::into);
     };
-    let deadline = Instant::now()
-        .checked_add(settings.max_wait)
-        .unwrap_or_else(|| Instant::now() + MAX_WAIT_CAP);
+    let clock = &settings.clock;
+    let deadline = clock.now().saturating_add(settings.max_wait);
     let limiter = &settings.limiter;
     // The last 429, kept while its copy is sent again: the answer when the copy cannot go.
     let mut last_429: Option<Response<RB>> = None;
@@ -283,10 +284,12 @@ where
     loop {
         let waited = async {
             let how = match &settings.adaptive {
-                Some(adaptive) => upstream_gate(adaptive, limiter, &key, cost, deadline).await?,
+                Some(adaptive) => {
+                    upstream_gate(clock, adaptive, limiter, &key, cost, deadline).await?
+                }
                 None => Blind::Counted,
             };
-            acquire(limiter, &key, cost, deadline).await?;
+            acquire(clock, limiter, &key, cost, deadline).await?;
             Ok::<_, ThrottleError>(how)
         }
         .await;
@@ -306,18 +309,18 @@ where
         let Some(adaptive) = &settings.adaptive else {
             return Ok(res);
         };
-        let (learned, rate_limited) = observe(adaptive, limiter, settings.max_pause, &res);
+        let (learned, rate_limited) = observe(clock, adaptive, limiter, settings.max_pause, &res);
         record(adaptive, limiter, &key, learned, how).await;
         // A 429 that says to come back at once still waits the default pause: the store
         // holds it (read_limits), unless `max_pause` cut it to nothing; then the retry waits
         // it here.
         let pause = at_least_a_moment(learned.pause.unwrap_or_default());
         match copy {
-            Some(copy) if rate_limited && fits(pause, deadline) => {
+            Some(copy) if rate_limited && fits(clock, pause, deadline) => {
                 AdaptiveCounters::add(&adaptive.counters.retried, 1);
                 tracing::debug!(policy = %limiter.engine.core.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
                 if learned.pause.is_none_or(|p| p.is_zero()) {
-                    tokio::time::sleep(pause).await;
+                    clock.sleep(pause).await;
                 }
                 last_429 = Some(res);
                 req = copy;
@@ -329,9 +332,6 @@ where
 
 /// A request is sent at most this many times (once, and again after 429s).
 const MAX_SENDS: u32 = 3;
-
-/// The deadline when `max_wait` is beyond what an `Instant` can hold.
-const MAX_WAIT_CAP: Duration = Duration::from_secs(86_400);
 
 impl<S, K, A, B, RB> Service<Request<B>> for Throttle<S, K, A, NoRetry>
 where
