@@ -22,5 +22,7 @@ mod layer;
 mod manual_clock;
 #[path = "memory/quotas.rs"]
 mod quotas;
+#[path = "memory/throttle_clock.rs"]
+mod throttle_clock;
 #[path = "memory/unit_leases.rs"]
 mod unit_leases;

@@ -2,8 +2,6 @@
 //! adaptive store and an axum upstream on loopback alike, so that every wait ends when the test
 //! advances the clock, never in real time.
 
-mod common;
-
 use std::{
     net::SocketAddr,
     sync::{
