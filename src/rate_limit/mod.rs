@@ -38,6 +38,6 @@ pub use self::{
 };
 pub use crate::{
     core::UnitLease,
-    decision::{Charge, Decision, LimitState},
+    decision::{Charge, Decision, KeyState, LimitState},
     http::{BoxError, HeaderStyle, ResponseBody},
 };
