@@ -63,7 +63,8 @@ pub struct Decision {
     /// cache repeating the store's answer).
     pub banned: bool,
     /// The index in `limits` of the limit the fields above describe.
-    pub(crate) binding: usize,
+    /// (At most 8 limits: a byte keeps the decision small.)
+    pub(crate) binding: u8,
     /// What an allowed check took, for [`RateLimiter::refund`](crate::RateLimiter::refund).
     pub(crate) charge: Option<Charge>,
 }
@@ -347,7 +348,7 @@ impl Decision {
             source,
             shadow: false,
             banned: o.banned,
-            binding: o.binding,
+            binding: u8::try_from(o.binding).unwrap_or(u8::MAX),
             charge: o.allowed.then_some(Charge {
                 cost,
                 quota: None,
@@ -400,7 +401,7 @@ impl Decision {
     /// rule that fired); when allowed, the one with the fewest units left. `None` for a single
     /// limit, whose name is the [`policy`](Self::policy).
     pub fn binding(&self) -> Option<&LimitState> {
-        self.limits.get(self.binding)
+        self.limits.get(usize::from(self.binding))
     }
 
     /// True when the request was denied and can never succeed: its cost exceeds the quota.
