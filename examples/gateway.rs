@@ -14,7 +14,7 @@
 //!     [--headers ietf|legacy|both|none]
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
-//!     [--no-limit] [--admin-listen ADDR]
+//!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //! ```
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
@@ -48,7 +48,24 @@
 //!   `failure_policy`);
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
 //!   `[{"key": "...", "policy": "default", "denied": N, "would_deny": M}, ...]`, sorted by
-//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied.
+//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied;
+//! - `GET /keys/{key}`: the key's state, spending nothing, as JSON, `{"key": "...", "policy":
+//!   "default", "limit": N, "remaining": N, "reset_ms": N, "banned_ms": N}` (`remaining` and
+//!   `reset_ms` as a check of cost 0 would show them; `banned_ms` 0 when not banned);
+//! - `DELETE /keys/{key}` (204): forgets what the key spent (not its ban) and frees its
+//!   concurrency slots; every gateway sharing the store decides it afresh within 1 s;
+//! - `PUT /bans/{key}?seconds=N` (1 to 86,400, else 400; 204): every gateway sharing the store
+//!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
+//!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s.
+//!
+//! `{key}` is the text the key extractor produces, percent-encoded: a header's value with
+//! `--key header:NAME`, the client address with `--key ip` (an IPv6 client as its network,
+//! `2001:db8::/64`; a whole IPv6 address is taken to its network), `global` with `--key
+//! global`. `--admin-token TOKEN` or `--admin-token-file FILE` (the token on the file's first
+//! line, out of sight of `ps`): every admin request needs `Authorization: Bearer TOKEN`, else
+//! 401; one of them is required when `--admin-listen` is not a loopback address. Each change
+//! is logged once at `info` (`admin:` what, the key, the peer's address). The admin listener
+//! never shares the public one: without `--admin-listen`, none of this is reachable.
 //!
 //! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
@@ -86,19 +103,26 @@
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
 
-use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
-    extract::{Path, Query},
+    extract::{ConnectInfo, Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, put},
     Router,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    extract::Key,
     rate_limit::{HeaderStyle, StatusSet, UnitLease},
     store::redis::Batching,
     store::Store,
@@ -114,7 +138,7 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
-[--batch] [--no-limit] [--admin-listen ADDR]";
+[--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -160,8 +184,12 @@ struct Args {
     lease: Option<Duration>,
     /// `--unit-lease-ms N`: unit leases for hot allowed keys, handed out for at most N ms.
     unit_lease: Option<Duration>,
-    /// `--admin-listen ADDR`: the operators' listener (`/metrics`, `/top`).
+    /// `--admin-listen ADDR`: the operators' listener (`/metrics`, `/top`, `/keys`, `/bans`).
     admin_listen: Option<SocketAddr>,
+    /// `--admin-token TOKEN`: what admin requests must carry.
+    admin_token: Option<String>,
+    /// `--admin-token-file FILE`: the same, read from a file.
+    admin_token_file: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -230,6 +258,8 @@ fn parse_args() -> Result<Args, String> {
         lease: None,
         unit_lease: None,
         admin_listen: None,
+        admin_token: None,
+        admin_token_file: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -281,6 +311,8 @@ fn parse_args() -> Result<Args, String> {
             "--lease-ms",
             "--unit-lease-ms",
             "--admin-listen",
+            "--admin-token",
+            "--admin-token-file",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -300,6 +332,8 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
                 )
             }
+            "--admin-token" => a.admin_token = Some(value),
+            "--admin-token-file" => a.admin_token_file = Some(value),
             "--redis" => a.redis = Some(value),
             "--redis-cluster" => {
                 a.redis_cluster = Some(
@@ -499,28 +533,237 @@ fn rate_limiter(
     })
 }
 
-/// The operators' listener: `/metrics` (Prometheus text) and `/top?n=N` (JSON).
-fn admin_router(metrics: PrometheusHandle, limiter: RateLimiter<Arc<dyn Algorithm>>) -> Router {
+/// What the operators' listener serves from: the metrics, the limiters, how a key is
+/// written, and the token its requests must carry.
+#[derive(Clone)]
+struct AdminState {
+    metrics: PrometheusHandle,
+    limiter: RateLimiter<Arc<dyn Algorithm>>,
+    concurrency: Option<ConcurrencyLimiter>,
+    keys: KeyText,
+    token: Option<Arc<[u8]>>,
+}
+
+/// How the key extractor writes a key, so that an operator's text names the same key.
+#[derive(Clone, Copy)]
+enum KeyText {
+    /// `--key ip`: an address, an IPv6 client as its /N network.
+    Ip { ipv6_prefix: u8 },
+    /// `--key header:NAME` and `--key global`: the text itself.
+    Text,
+}
+
+impl KeyText {
+    fn of(args: &Args) -> Self {
+        match args.key.as_str() {
+            "ip" => KeyText::Ip {
+                ipv6_prefix: args.ipv6_prefix,
+            },
+            _ => KeyText::Text,
+        }
+    }
+
+    /// The key `text` names, or why it names none.
+    fn key(self, text: &str) -> Result<Key<'static>, String> {
+        let KeyText::Ip { ipv6_prefix } = self else {
+            return Ok(Key::from(text.to_owned()));
+        };
+        let not = || format!("{text:?} is not an address or ADDRESS/BITS");
+        match text.split_once('/') {
+            Some((ip, bits)) => {
+                let ip: IpAddr = ip.parse().map_err(|_| not())?;
+                let max = if ip.is_ipv4() { 32 } else { 128 };
+                match bits.parse::<u8>() {
+                    Ok(bits) if bits <= max => Ok(Key::network(ip, bits)),
+                    _ => Err(not()),
+                }
+            }
+            None => match text.parse::<IpAddr>().map_err(|_| not())? {
+                // As the extractor keys a client: an IPv6 address by its network.
+                ip @ IpAddr::V6(_) => Ok(Key::network(ip, ipv6_prefix)),
+                ip => Ok(Key::ip(ip)),
+            },
+        }
+    }
+}
+
+/// The operators' listener: `/metrics` (Prometheus text), `/top?n=N` (JSON), `/keys/{key}`
+/// (`GET` the state, `DELETE` to reset) and `/bans/{key}` (`PUT ?seconds=N`, `DELETE`),
+/// every route behind the token when there is one.
+fn admin_router(state: AdminState) -> Router {
+    let guard = state.token.clone();
     Router::new()
         .route(
             "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        metrics.render(),
-                    )
-                }
+            get(|State(s): State<AdminState>| async move {
+                (
+                    [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    s.metrics.render(),
+                )
             }),
         )
         .route(
             "/top",
-            get(move |Query(query): Query<HashMap<String, String>>| {
-                let limiter = limiter.clone();
-                async move { top(&limiter, query.get("n").map(String::as_str)) }
-            }),
+            get(
+                |State(s): State<AdminState>, Query(query): Query<HashMap<String, String>>| async move {
+                    top(&s.limiter, query.get("n").map(String::as_str))
+                },
+            ),
         )
+        .route("/keys/{*key}", get(peek_key).delete(reset_key))
+        .route("/bans/{*key}", put(ban_key).delete(unban_key))
+        .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let guard = guard.clone();
+            async move {
+                match guard {
+                    Some(token) if !authorized(&req, &token) => (
+                        StatusCode::UNAUTHORIZED,
+                        [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                        "an admin token is required: Authorization: Bearer TOKEN\n",
+                    )
+                        .into_response(),
+                    _ => next.run(req).await,
+                }
+            }
+        }))
+        .with_state(state)
+}
+
+/// Whether `req` carries `Authorization: Bearer TOKEN`, compared in constant time (no timing
+/// tells how much of a guess was right).
+fn authorized(req: &axum::extract::Request, token: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(given) = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.ct_eq(token))
+}
+
+/// An admin call that failed: 400 for a key that names none, 503 when the store failed.
+fn admin_error(status: StatusCode, e: impl std::fmt::Display) -> Response {
+    (status, format!("{e}\n")).into_response()
+}
+
+/// `GET /keys/{key}`: the key's state, spending nothing.
+async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    let ms = |d: Duration| d.as_micros().div_ceil(1_000) as u64;
+    match s.limiter.peek(key).await {
+        Ok(state) => axum::Json(serde_json::json!({
+            "key": text,
+            "policy": &*state.policy,
+            "limit": state.limit,
+            "remaining": state.remaining,
+            "reset_ms": ms(state.reset_after),
+            "banned_ms": state.banned_for.map_or(0, ms),
+        }))
+        .into_response(),
+        Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e)),
+    }
+}
+
+/// `DELETE /keys/{key}`: forgets what the key spent, and its concurrency slots.
+async fn reset_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.reset(key.clone()).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    if let Some(concurrency) = &s.concurrency {
+        if let Err(e) = concurrency.reset(key).await {
+            return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+        }
+    }
+    tracing::info!(key = %text, peer = %peer, "admin: key reset");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `PUT /bans/{key}?seconds=N`: bans the key for N seconds, 1 to 86,400.
+async fn ban_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let seconds = match query.get("seconds").map(|n| n.parse::<u64>()) {
+        Some(Ok(n)) if (1..=86_400).contains(&n) => n,
+        _ => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                "seconds is a whole number from 1 to 86400",
+            )
+        }
+    };
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.ban(key, Duration::from_secs(seconds)).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    tracing::info!(key = %text, seconds, peer = %peer, "admin: key banned");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `DELETE /bans/{key}`: lifts the key's ban.
+async fn unban_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.unban(key).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    tracing::info!(key = %text, peer = %peer, "admin: ban lifted");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The admin token: `--admin-token`, or the first line of `--admin-token-file`; required
+/// when the admin listener is not on a loopback address.
+fn admin_token(args: &Args) -> Result<Option<Arc<[u8]>>, String> {
+    let token = match (&args.admin_token, &args.admin_token_file) {
+        (Some(_), Some(_)) => return Err("give one of --admin-token and --admin-token-file".into()),
+        (Some(token), None) => Some(token.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--admin-token-file {path}: {e}"))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        (None, None) => None,
+    };
+    let Some(addr) = args.admin_listen else {
+        if token.is_some() {
+            return Err("--admin-token and --admin-token-file guard --admin-listen: give --admin-listen ADDR".into());
+        }
+        return Ok(None);
+    };
+    match token {
+        Some(t) if t.is_empty() || t.len() > 4096 || t.bytes().any(|b| !b.is_ascii_graphic()) => Err(
+            "the admin token must be 1 to 4096 visible ASCII characters (no spaces)".into(),
+        ),
+        Some(t) => Ok(Some(t.into_bytes().into())),
+        None if addr.ip().is_loopback() => Ok(None),
+        None => Err(format!(
+            "--admin-listen {addr} is not a loopback address: give --admin-token or --admin-token-file"
+        )),
+    }
 }
 
 /// `GET /top?n=N`: the instance's most denied keys, as JSON; `n` from 1 to 10,000 (default
@@ -561,6 +804,7 @@ async fn serve(
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
     let limiter = rate_limiter(&args, store, algorithm)?;
     let watched = limiter.clone();
+    let admin_concurrency = concurrency.clone();
     if let Some(lifetime) = args.unit_lease {
         println!(
             "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",
@@ -621,8 +865,15 @@ async fn serve(
     if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
         let admin = tokio::net::TcpListener::bind(addr).await?;
         println!("admin listening on http://{}", admin.local_addr()?);
-        let app = admin_router(metrics, watched);
+        let app = admin_router(AdminState {
+            metrics,
+            limiter: watched,
+            concurrency: admin_concurrency,
+            keys: KeyText::of(&args),
+            token: admin_token(&args)?,
+        });
         tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             if let Err(e) = axum::serve(admin, app).await {
                 tracing::error!(error = %e, "admin listener stopped");
             }
@@ -675,6 +926,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     };
     rate_limiter(&args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
     key_extractor(&args)?;
+    admin_token(&args)?;
     if args.shadow && args.concurrency.is_some() {
         return Err(
             "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"

@@ -1,0 +1,499 @@
+//! Steering the limiter at run time: a key's state read without spending, a reset, a ban and
+//! its end; the gateway demo's admin endpoints (`/keys/{key}`, `/bans/{key}`) and their guard,
+//! checked from outside on several instances sharing one Redis.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::{
+    gateway::{assert_refused, gateway_bin},
+    RedisServer,
+};
+
+/// A gateway demo with its admin listener, and what it wrote on stderr so far.
+struct Gw {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gw {
+    /// Starts the gateway with `args` and `--admin-listen 127.0.0.1:0`, and reads both of its
+    /// `listening on` lines.
+    fn start(args: &[&str]) -> Gw {
+        let child = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut gw = Gw {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log: Arc::default(),
+        };
+        let stderr = gw.child.stderr.take().unwrap();
+        let log = Arc::clone(&gw.log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = gw.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no `listening on` lines; got {seen:?}, {}", gw.log()));
+            if let Some(addr) = line.strip_prefix("listening on http://") {
+                gw.addr = addr.trim().parse().unwrap();
+                let next = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                let admin = next
+                    .strip_prefix("admin listening on http://")
+                    .unwrap_or_else(|| panic!("the line after `listening on`: {next:?}"));
+                gw.admin = admin.trim().parse().unwrap();
+                return gw;
+            }
+            seen.push(line);
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// A request to the public listener with key `k` (header `x-k`).
+    fn call(&self, k: &str) -> Reply {
+        send(self.addr, "GET", "/", &[("x-k", k)])
+    }
+
+    /// An admin request, with the token when given.
+    fn admin(&self, method: &str, path: &str, token: Option<&str>) -> Reply {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", &**a)).collect();
+        send(self.admin, method, path, &headers)
+    }
+
+    /// `GET /keys/{key}` (no token), as JSON.
+    fn peek(&self, key: &str) -> serde_json::Value {
+        let r = self.admin("GET", &format!("/keys/{key}"), None);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.head.contains("content-type: application/json"), "{r:?}");
+        serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {r:?}"))
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    /// Lower-cased.
+    head: String,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            (n == name).then(|| v.trim())
+        })
+    }
+}
+
+/// One request over a fresh connection.
+fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("content-length: 0\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    Reply {
+        status,
+        head: head.to_ascii_lowercase(),
+        body: body.to_owned(),
+    }
+}
+
+/// Asks every gateway for key `k` until each answers `want`, and returns how long the slowest
+/// took from `since`. Each gateway is asked at most once every 20 ms, for at most 10 s.
+fn until_all(gws: &[Gw], k: &str, want: u16, since: Instant) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for (i, gw) in gws.iter().enumerate() {
+        loop {
+            let r = gw.call(k);
+            if r.status == want {
+                slowest = slowest.max(since.elapsed());
+                break;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "gateway {i} still answers {} for {k:?}: {r:?}",
+                r.status
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    slowest
+}
+
+/// What the demo states: every gateway sees a reset, a ban or an unban within 1 s (a cached
+/// denial answers for at most 1 s before Redis is asked again). The margin is for a loaded
+/// machine, not for the limiter.
+const BOUND: Duration = Duration::from_secs(1);
+const MARGIN: Duration = Duration::from_millis(1_500);
+
+fn three(redis: &RedisServer, extra: &[&str]) -> Vec<Gw> {
+    let url = redis.url();
+    let mut args = vec!["--redis", &url, "--key", "header:x-k"];
+    args.extend_from_slice(extra);
+    (0..3).map(|_| Gw::start(&args)).collect()
+}
+
+#[test]
+fn a_peek_spends_nothing_and_shows_what_a_check_would() {
+    let redis = RedisServer::start();
+    let gws = three(
+        &redis,
+        &[
+            "--algorithm",
+            "sliding-window",
+            "--limit",
+            "3",
+            "--per",
+            "1h",
+        ],
+    );
+    let fresh = gws[0].peek("alice");
+    assert_eq!(fresh["key"], "alice");
+    assert_eq!(fresh["policy"], "default");
+    assert_eq!(
+        (
+            &fresh["limit"],
+            &fresh["remaining"],
+            &fresh["reset_ms"],
+            &fresh["banned_ms"]
+        ),
+        (&3.into(), &3.into(), &0.into(), &0.into()),
+        "{fresh}"
+    );
+    for _ in 0..5 {
+        assert_eq!(gws[1].peek("alice")["remaining"], 3, "a peek spent a unit");
+    }
+    assert_eq!(gws[2].call("alice").status, 200);
+    let after = gws[0].peek("alice");
+    assert_eq!(after["remaining"], 2, "{after}");
+    let reset = after["reset_ms"].as_u64().unwrap();
+    assert!((3_599_000..=3_600_000).contains(&reset), "{after}");
+    // What the check's headers say, the peek says.
+    let r = gws[1].call("alice");
+    assert!(r.head.contains("ratelimit: \"default\";r=1;"), "{r:?}");
+    assert_eq!(gws[2].peek("alice")["remaining"], 1);
+}
+
+#[test]
+fn a_reset_frees_a_key_blocked_for_an_hour_on_every_instance_within_a_second() {
+    let redis = RedisServer::start();
+    let gws = three(
+        &redis,
+        &[
+            "--algorithm",
+            "sliding-window",
+            "--limit",
+            "3",
+            "--per",
+            "1h",
+            "--concurrency",
+            "5",
+        ],
+    );
+    for gw in &gws {
+        assert_eq!(gw.call("bob").status, 200);
+    }
+    // Every instance has now had the store deny bob, and caches the denial.
+    for gw in &gws {
+        for _ in 0..3 {
+            let r = gw.call("bob");
+            assert_eq!(r.status, 429, "{r:?}");
+            let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+            assert!(retry > 3_500, "{r:?}");
+        }
+    }
+    // A reset of a key never seen is a 204 too.
+    assert_eq!(gws[2].admin("DELETE", "/keys/nobody", None).status, 204);
+    let since = Instant::now();
+    let r = gws[1].admin("DELETE", "/keys/bob", None);
+    assert_eq!(r.status, 204, "{r:?}");
+    let took = until_all(&gws, "bob", 200, since);
+    assert!(
+        took < BOUND + MARGIN,
+        "a reset took {took:?} to reach every instance"
+    );
+    // Each instance took one unit since: the quota is bob's again, not more.
+    assert_eq!(gws[0].peek("bob")["remaining"], 0);
+    assert_eq!(gws[0].call("bob").status, 429);
+    let logged = gws[1].log();
+    assert_eq!(
+        logged.matches("admin: key reset").count(),
+        1,
+        "one line per change: {logged}"
+    );
+    let line = logged
+        .lines()
+        .find(|l| l.contains("admin: key reset"))
+        .unwrap();
+    assert!(
+        line.contains("key=bob") && line.contains("peer=127.0.0.1:"),
+        "{line}"
+    );
+    assert!(
+        !gws[0].log().contains("admin:"),
+        "only the instance asked logs it"
+    );
+}
+
+#[test]
+fn a_ban_holds_on_every_instance_until_it_ends_and_an_unban_lifts_it() {
+    let redis = RedisServer::start();
+    let gws = three(&redis, &["--limit", "100", "--per", "1m"]);
+    assert_eq!(gws[0].call("eve").status, 200);
+    let since = Instant::now();
+    let r = gws[0].admin("PUT", "/bans/eve?seconds=2", None);
+    assert_eq!(r.status, 204, "{r:?}");
+    let took = until_all(&gws, "eve", 429, since);
+    assert!(
+        took < BOUND + MARGIN,
+        "a ban took {took:?} to reach every instance"
+    );
+    for gw in &gws {
+        let r = gw.call("eve");
+        assert_eq!(r.status, 429, "{r:?}");
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=2).contains(&retry), "{r:?}");
+    }
+    let state = gws[1].peek("eve");
+    let banned = state["banned_ms"].as_u64().unwrap();
+    assert!(banned > 0 && banned <= 2_000, "{state}");
+    assert_eq!(state["remaining"], 99, "a ban takes nothing: {state}");
+    // The ban ends on time, everywhere.
+    let ends = since + Duration::from_secs(2);
+    std::thread::sleep(ends.saturating_duration_since(Instant::now()));
+    let took = until_all(&gws, "eve", 200, ends);
+    assert!(took < BOUND + MARGIN, "a ban ended {took:?} late");
+    assert_eq!(gws[2].peek("eve")["banned_ms"], 0);
+
+    // An hour-long ban, lifted.
+    assert_eq!(
+        gws[2]
+            .admin("PUT", "/bans/mallory?seconds=3600", None)
+            .status,
+        204
+    );
+    until_all(&gws, "mallory", 429, Instant::now());
+    let r = gws[0].call("mallory");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry > 3_590, "{r:?}");
+    let since = Instant::now();
+    assert_eq!(gws[1].admin("DELETE", "/bans/mallory", None).status, 204);
+    let took = until_all(&gws, "mallory", 200, since);
+    assert!(
+        took < BOUND + MARGIN,
+        "an unban took {took:?} to reach every instance"
+    );
+    let logged = gws[2].log();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("admin: key banned"))
+        .unwrap_or_else(|| panic!("{logged}"));
+    assert!(
+        line.contains("key=mallory") && line.contains("seconds=3600"),
+        "{line}"
+    );
+    assert!(gws[1].log().contains("admin: ban lifted"));
+
+    // Bans take 1 to 86,400 seconds.
+    for bad in [
+        "?seconds=0",
+        "?seconds=86401",
+        "?seconds=x",
+        "",
+        "?seconds=-1",
+    ] {
+        let r = gws[0].admin("PUT", &format!("/bans/eve{bad}"), None);
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+    }
+    assert_eq!(gws[0].call("eve").status, 200, "a refused ban bans nothing");
+}
+
+#[test]
+fn keys_are_named_as_the_extractor_writes_them_percent_encoded() {
+    let redis = RedisServer::start();
+    let gws = three(&redis, &["--limit", "5", "--per", "1m"]);
+    // A header value with a space and a slash.
+    assert_eq!(gws[0].call("a b/c").status, 200);
+    assert_eq!(gws[1].peek("a%20b%2Fc")["remaining"], 4);
+    assert_eq!(gws[1].peek("a%20b%2Fc")["key"], "a b/c");
+    drop(gws);
+
+    // --key ip behind a trusted proxy: IPv6 clients by their /64, IPv4 clients by address.
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--key",
+        "ip",
+        "--trusted-proxy",
+        "127.0.0.1/32",
+        "--limit",
+        "5",
+        "--per",
+        "1m",
+        "--prefix",
+        "ipkeys",
+    ];
+    let gw = Gw::start(&args);
+    let from = |ip: &str| send(gw.addr, "GET", "/", &[("x-forwarded-for", ip)]);
+    assert_eq!(
+        gw.admin("PUT", "/bans/2001:db8:1:2::%2F64?seconds=60", None)
+            .status,
+        204
+    );
+    assert_eq!(from("2001:db8:1:2::77").status, 429);
+    assert_eq!(from("2001:db8:1:3::77").status, 200);
+    assert_eq!(from("203.0.113.9").status, 200);
+    let state = gw.peek("203.0.113.9");
+    assert_eq!(
+        (&state["remaining"], &state["banned_ms"]),
+        (&4.into(), &0.into())
+    );
+    // A whole IPv6 address names its network, as the extractor keys the client.
+    assert!(gw.peek("2001:db8:1:2::1")["banned_ms"].as_u64().unwrap() > 0);
+    assert_eq!(
+        gw.admin("DELETE", "/bans/2001:db8:1:2::1", None).status,
+        204
+    );
+    assert_eq!(from("2001:db8:1:2::77").status, 200);
+    assert_eq!(gw.admin("GET", "/keys/not-an-address", None).status, 400);
+}
+
+#[test]
+fn the_admin_listener_is_guarded() {
+    // Not on a loopback address: refused at start-up without a token, in one line.
+    let stderr = assert_refused(
+        &["--admin-listen", "0.0.0.0:0"],
+        "--admin-listen 0.0.0.0:0 is not a loopback address",
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert_refused(&["--admin-token", "t0k3n"], "give --admin-listen ADDR");
+    assert_refused(
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            "a",
+            "--admin-token-file",
+            "/dev/null",
+        ],
+        "give one of --admin-token and --admin-token-file",
+    );
+    assert_refused(
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            "/dev/null",
+        ],
+        "the admin token must be",
+    );
+
+    let dir = std::env::temp_dir().join(format!("steer-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cr3t-from-a-file\n").unwrap();
+    let by_flag = Gw::start(&["--admin-token", "s3cr3t-on-the-line", "--key", "header:x-k"]);
+    let by_file = Gw::start(&[
+        "--admin-token-file",
+        file.to_str().unwrap(),
+        "--key",
+        "header:x-k",
+    ]);
+    for (gw, token) in [
+        (&by_flag, "s3cr3t-on-the-line"),
+        (&by_file, "s3cr3t-from-a-file"),
+    ] {
+        for (method, path) in [
+            ("GET", "/keys/k"),
+            ("DELETE", "/keys/k"),
+            ("PUT", "/bans/k?seconds=60"),
+            ("DELETE", "/bans/k"),
+            ("GET", "/metrics"),
+            ("GET", "/top"),
+        ] {
+            let r = gw.admin(method, path, None);
+            assert_eq!(r.status, 401, "{method} {path} without a token: {r:?}");
+            let r = gw.admin(method, path, Some("wrong"));
+            assert_eq!(r.status, 401, "{method} {path} with a wrong token: {r:?}");
+            let r = gw.admin(method, path, Some(&token[..token.len() - 1]));
+            assert_eq!(r.status, 401, "{method} {path} with a prefix of it: {r:?}");
+        }
+        assert_eq!(gw.call("k").status, 200, "nothing was banned");
+        let r = gw.admin("PUT", "/bans/k?seconds=60", Some(token));
+        assert_eq!(r.status, 204, "{r:?}");
+        assert_eq!(gw.call("k").status, 429);
+        assert_eq!(gw.admin("GET", "/keys/k", Some(token)).status, 200);
+        assert_eq!(gw.admin("GET", "/metrics", Some(token)).status, 200);
+        assert!(!gw.log().contains(token), "the token is never logged");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without --admin-listen nothing of this is on the public listener.
+    let gw = common::gateway::start_gateway(&["--key", "header:x-k"]);
+    for (method, path) in [
+        ("GET", "/keys/k"),
+        ("DELETE", "/keys/k"),
+        ("PUT", "/bans/k?seconds=60"),
+    ] {
+        let r = send(gw.addr, method, path, &[("x-k", "k")]);
+        assert_eq!(r.status, 404, "{method} {path}: {r:?}");
+    }
+    let gw2 = Gw::start(&["--key", "header:x-k"]);
+    let r = send(gw2.addr, "PUT", "/bans/k?seconds=60", &[("x-k", "k")]);
+    assert_eq!(
+        r.status, 404,
+        "the public listener is not the admin one: {r:?}"
+    );
+    assert_eq!(gw2.call("k").status, 200);
+}
