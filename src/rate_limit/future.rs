@@ -253,6 +253,15 @@ where
         }
     }
 
+    /// Refused before any limit (the deny list): the limiter answers `response`.
+    pub(crate) fn refused(response: Response<ResponseBody<Infallible>>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+
     pub(crate) fn unchecked(request: Request<B>, service: &mut S) -> Self {
         Self {
             state: State::Calling {

@@ -12,6 +12,7 @@ use super::{
     counting::StatusSet,
     engine::RateEngine,
     limiter::RateLimiter,
+    lists::{AccessList, Lists},
     service::RateLimit,
 };
 use crate::{
@@ -86,6 +87,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
                 extension: false,
+                lists: None,
             },
             default: limiter,
         }
@@ -319,6 +321,46 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         Arc::make_mut(&mut self.config.responder).reject =
             Some(Arc::new(move |d: &Decision| reject(d).map(box_body)));
         self
+    }
+
+    /// Keys and client networks that no limit of this layer applies to: their requests go
+    /// straight to the inner service, with no store call and no rate-limit field (see
+    /// [`AccessList`] for how entries match). The deny list wins over it: a request on both is
+    /// refused. For keys that must never be throttled: health checks, your own services.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::AccessList, *};
+    ///
+    /// # fn run(limiter: RateLimiter<Gcra>) -> Result<(), ConfigError> {
+    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+    ///     .allow(AccessList::parse(["internal-batch", "10.0.0.0/8"])?);
+    /// # Ok(()) }
+    /// ```
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.lists_mut().allow = list;
+        self
+    }
+
+    /// Keys and client networks this layer always refuses, before any limit and without a
+    /// store call: `403 Forbidden` (`application/problem+json` with
+    /// [`problem_details`](Self::problem_details); gRPC `PERMISSION_DENIED`), with no
+    /// rate-limit field. A request is checked against the deny list first, then the allow
+    /// list, then a ban ([`RateLimiter::ban`]), then the limits.
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.lists_mut().deny = list;
+        self
+    }
+
+    /// How the lists find a request's client address, for their networks: the peer address
+    /// unless this [`ClientIp`](crate::ClientIp) trusts proxies (default: `ClientIp::new()`,
+    /// the peer). Give the one your key extractor is, when it is a `ClientIp`.
+    pub fn list_addresses(mut self, client: crate::ClientIp) -> Self {
+        self.lists_mut().client = client;
+        self
+    }
+
+    fn lists_mut(&mut self) -> &mut Lists {
+        Arc::make_mut(self.config.lists.get_or_insert_with(Arc::default))
     }
 
     /// Answers denied requests (other than gRPC) with an RFC 9457 `application/problem+json`

@@ -16,6 +16,7 @@ mod engine;
 mod future;
 mod layer;
 mod limiter;
+mod lists;
 mod service;
 
 /// The rate-limit header fields, and how this crate renders them.
@@ -34,6 +35,7 @@ pub use self::{
     future::ResponseFuture,
     layer::RateLimitLayer,
     limiter::RateLimiter,
+    lists::AccessList,
     service::RateLimit,
 };
 pub use crate::{

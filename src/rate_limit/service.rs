@@ -13,11 +13,12 @@ use tower_service::Service;
 use super::{
     config::{Config, Selected},
     future::{Answer, Refund, ResponseFuture, Shadow},
+    lists::Listed,
 };
 use crate::{
     error::Error,
     extract::{Key, KeyExtractor},
-    http::{headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
+    http::{forbidden, headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
     store::FailurePolicy,
     store::{BoxFuture, KeyBuf},
 };
@@ -94,6 +95,22 @@ where
         let responder = &config.responder;
 
         let (parts, body) = req.into_parts();
+        if let Some(lists) = &config.lists {
+            let key = config.key.extract(&parts);
+            match lists.check(&parts, key.as_ref()) {
+                Listed::Denied => {
+                    drop(key);
+                    let grpc = is_grpc(&parts.headers);
+                    return ResponseFuture::refused(forbidden(responder.problem_details, grpc));
+                }
+                Listed::Allowed => {
+                    drop(key);
+                    let req = Request::from_parts(parts, body);
+                    return ResponseFuture::unchecked(req, inner);
+                }
+                Listed::No => {}
+            }
+        }
         let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let policy = match selected {
