@@ -15,7 +15,15 @@
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
+//!     [--allow LIST] [--deny LIST]
 //! ```
+//!
+//! `--allow LIST` and `--deny LIST` (comma-separated keys, addresses and CIDRs, e.g.
+//! `vip,10.0.0.0/8,2001:db8::/32`): requests whose key, or whose client address (as `--key ip`
+//! finds it, `--trusted-proxy` included, whatever `--key` is), is on the allow list are served
+//! without a store call and without rate-limit fields; those on the deny list get 403. Deny
+//! wins over allow, allow over a ban, a ban over the limit. Not with `--concurrency`, which
+//! would still count allowed keys.
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
 //! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`. Each KEY has one plan; with
@@ -123,7 +131,7 @@ use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     extract::Key,
-    rate_limit::{HeaderStyle, StatusSet, UnitLease},
+    rate_limit::{AccessList, HeaderStyle, StatusSet, UnitLease},
     store::redis::Batching,
     store::Store,
     ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
@@ -138,7 +146,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
-[--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]";
+[--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
+[--allow LIST] [--deny LIST]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -190,6 +199,10 @@ struct Args {
     admin_token: Option<String>,
     /// `--admin-token-file FILE`: the same, read from a file.
     admin_token_file: Option<String>,
+    /// `--allow LIST`: keys and networks never limited.
+    allow: Option<AccessList>,
+    /// `--deny LIST`: keys and networks always refused.
+    deny: Option<AccessList>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -260,6 +273,8 @@ fn parse_args() -> Result<Args, String> {
         admin_listen: None,
         admin_token: None,
         admin_token_file: None,
+        allow: None,
+        deny: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -313,6 +328,8 @@ fn parse_args() -> Result<Args, String> {
             "--admin-listen",
             "--admin-token",
             "--admin-token-file",
+            "--allow",
+            "--deny",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag}"));
@@ -331,6 +348,14 @@ fn parse_args() -> Result<Args, String> {
                         .parse()
                         .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
                 )
+            }
+            "--allow" | "--deny" => {
+                let list = AccessList::parse(value.split(','))
+                    .map_err(|e| format!("{flag} {value}: {e}"))?;
+                match flag.as_str() {
+                    "--allow" => a.allow = Some(list),
+                    _ => a.deny = Some(list),
+                }
             }
             "--admin-token" => a.admin_token = Some(value),
             "--admin-token-file" => a.admin_token_file = Some(value),
@@ -476,15 +501,18 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     Ok(match args.key.as_str() {
         "global" => Arc::new(GlobalKey),
-        "ip" => {
-            let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
-            for cidr in &args.trusted {
-                ip = ip.trust(cidr)?;
-            }
-            Arc::new(ip)
-        }
+        "ip" => Arc::new(client_ip(args)?),
         header => Arc::new(HeaderKey::new(&header["header:".len()..])?),
     })
+}
+
+/// The client address as `--key ip` finds it: the peer, or what `--trusted-proxy` forwarded.
+fn client_ip(args: &Args) -> Result<ClientIp, BoxError> {
+    let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
+    for cidr in &args.trusted {
+        ip = ip.trust(cidr)?;
+    }
+    Ok(ip)
 }
 
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
@@ -812,6 +840,25 @@ async fn serve(
         );
     }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    if args.allow.is_some() || args.deny.is_some() {
+        layer = layer.list_addresses(client_ip(&args)?);
+    }
+    if let Some(list) = args.allow.clone() {
+        println!(
+            "allow list: {} keys and {} networks served without a limit",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.allow(list);
+    }
+    if let Some(list) = args.deny.clone() {
+        println!(
+            "deny list: {} keys and {} networks refused (403)",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.deny(list);
+    }
     if let Some(statuses) = args.count_only {
         println!(
             "counting only responses with status {statuses}; the others give their units back"
@@ -930,6 +977,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if args.shadow && args.concurrency.is_some() {
         return Err(
             "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"
+                .into(),
+        );
+    }
+    if (args.allow.is_some() || args.deny.is_some()) && args.concurrency.is_some() {
+        return Err(
+            "--allow and --deny cover the rate limit only: --concurrency would still count and refuse listed keys; give one or the other"
                 .into(),
         );
     }

@@ -497,3 +497,185 @@ fn the_admin_listener_is_guarded() {
     );
     assert_eq!(gw2.call("k").status, 200);
 }
+
+/// A request from `ip` with key `k` (header `x-k`).
+fn request_from(ip: &str, k: &str) -> http::Request<axum::body::Body> {
+    let mut req = http::Request::get("/")
+        .header("x-k", k)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    req.extensions_mut().insert(SocketAddr::new(ip, 40000));
+    req
+}
+
+/// The allow list skips every limit with no store call (a store that cannot answer, under a
+/// closed failure policy, would refuse); the deny list refuses first; a ban comes after both.
+#[tokio::test]
+async fn allow_and_deny_lists_come_before_bans_and_limits() {
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_redis_ratelimit::{
+        rate_limit::AccessList, ClientIp, FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota,
+        RateLimitLayer, RateLimiter, RedisStore,
+    };
+    let ok = service_fn(|_req: http::Request<axum::body::Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from("ok")))
+    });
+    // Nothing answers at this address: every store call fails, and is refused (503).
+    let dead = RedisStore::connect_lazy(&common::dead_redis_url()).unwrap();
+    let limiter = RateLimiter::builder(dead, Gcra::new(Quota::per_minute(1)).unwrap())
+        .on_store_error(FailurePolicy::Closed)
+        .store_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let lists = |layer: RateLimitLayer<HeaderKey, Gcra>| {
+        layer
+            .allow(AccessList::parse(["vip", "both", "10.0.0.0/8", "2001:db8::/32"]).unwrap())
+            .deny(AccessList::parse(["evil", "both", "10.6.6.0/24"]).unwrap())
+    };
+    let layer = lists(RateLimitLayer::new(limiter, HeaderKey::new("x-k").unwrap()));
+    let svc = ServiceBuilder::new().layer(layer).service(ok);
+    for (ip, k) in [
+        ("198.51.100.1", "vip"),
+        ("10.1.2.3", "anyone"),
+        ("2001:db8::9", "x"),
+    ] {
+        let res = svc.clone().oneshot(request_from(ip, k)).await.unwrap();
+        assert_eq!(res.status(), 200, "{ip} {k}");
+        assert!(
+            res.headers()
+                .keys()
+                .all(|h| !h.as_str().contains("ratelimit")),
+            "{ip} {k}: {:?}",
+            res.headers()
+        );
+    }
+    let res = svc
+        .clone()
+        .oneshot(request_from("198.51.100.1", "other"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503, "an unlisted key asks the store");
+    for (ip, k) in [
+        ("198.51.100.1", "evil"),
+        ("198.51.100.1", "both"),
+        ("10.6.6.6", "vip"),
+    ] {
+        let res = svc.clone().oneshot(request_from(ip, k)).await.unwrap();
+        assert_eq!(res.status(), 403, "{ip} {k}: deny wins");
+        assert_eq!(res.headers()["content-type"], "text/plain; charset=utf-8");
+    }
+
+    // Allow beats a ban; a ban beats the limit; problem+json for a denial when asked.
+    let limiter = RateLimiter::new(
+        MemoryStore::new(),
+        Gcra::new(Quota::per_minute(100)).unwrap(),
+    )
+    .unwrap();
+    let admin = limiter.clone();
+    let layer = lists(RateLimitLayer::new(limiter, HeaderKey::new("x-k").unwrap()))
+        .problem_details()
+        .list_addresses(ClientIp::new().trust("127.0.0.1/32").unwrap());
+    let svc = ServiceBuilder::new().layer(layer).service(ok);
+    for k in ["vip", "banned"] {
+        admin.ban(k, Duration::from_secs(60)).await.unwrap();
+    }
+    let res = svc
+        .clone()
+        .oneshot(request_from("198.51.100.1", "vip"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "allow wins over a ban");
+    let res = svc
+        .clone()
+        .oneshot(request_from("198.51.100.1", "banned"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((59..=60).contains(&retry), "{retry}");
+    let res = svc
+        .clone()
+        .oneshot(request_from("198.51.100.1", "evil"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    // Behind a trusted proxy, the forwarded client address is the one listed.
+    let mut req = request_from("127.0.0.1", "nobody");
+    req.headers_mut()
+        .insert("x-forwarded-for", "10.6.6.1".parse().unwrap());
+    assert_eq!(svc.clone().oneshot(req).await.unwrap().status(), 403);
+    let mut req = request_from("127.0.0.1", "nobody");
+    req.headers_mut()
+        .insert("x-forwarded-for", "10.9.9.9".parse().unwrap());
+    let res = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers().get("ratelimit").is_none(),
+        "allowed by address"
+    );
+    assert_eq!(admin.peek("nobody").await.unwrap().remaining, 100);
+}
+
+#[test]
+fn the_gateway_lists_keys_and_networks() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gw = Gw::start(&[
+        "--redis",
+        &url,
+        "--key",
+        "header:x-k",
+        "--trusted-proxy",
+        "127.0.0.1/32",
+        "--limit",
+        "1",
+        "--per",
+        "1h",
+        "--allow",
+        "vip,10.0.0.0/8,2001:db8:aa::/48",
+        "--deny",
+        "evil,203.0.113.0/24,2001:db8:bad::/48",
+    ]);
+    let call =
+        |k: &str, ip: &str| send(gw.addr, "GET", "/", &[("x-k", k), ("x-forwarded-for", ip)]);
+    for _ in 0..3 {
+        for (k, ip) in [
+            ("vip", "198.51.100.1"),
+            ("x", "10.0.0.7"),
+            ("y", "2001:db8:aa:1::1"),
+        ] {
+            let r = call(k, ip);
+            assert_eq!(r.status, 200, "{k} {ip}: {r:?}");
+            assert!(!r.head.contains("ratelimit"), "{k} {ip}: {r:?}");
+        }
+        for (k, ip) in [
+            ("evil", "198.51.100.1"),
+            ("vip", "203.0.113.5"),
+            ("z", "2001:db8:bad::2"),
+        ] {
+            let r = call(k, ip);
+            assert_eq!(r.status, 403, "{k} {ip}: {r:?}");
+            assert!(!r.head.contains("ratelimit"), "{k} {ip}: {r:?}");
+        }
+    }
+    // Nothing of the listed keys reached Redis; an unlisted key is limited as before.
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    assert_eq!(call("plain", "198.51.100.1").status, 200);
+    assert_eq!(call("plain", "198.51.100.1").status, 429);
+    assert_refused(
+        &["--allow", "10.0.0.0/33"],
+        "--allow 10.0.0.0/33: invalid list: \"10.0.0.0/33\" is not a CIDR",
+    );
+    assert_refused(
+        &["--deny", "x", "--concurrency", "2"],
+        "--allow and --deny cover the rate limit only",
+    );
+}
