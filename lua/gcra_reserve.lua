@@ -3,7 +3,7 @@
 -- would deny a check of `cost`. The TAT moves by granted * emission, as if `granted` checks
 -- of one unit had run.
 -- KEYS[1]  TAT
--- KEYS[2]  the key's ban (see gcra.lua)
+-- KEYS[2]  (optional) the key's ban (see gcra.lua)
 -- ARGV     now|'', cost, emission_us, burst, up_to
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
 --          when granted, then `now` (the units lie just before now + reset_after_us);
@@ -16,7 +16,7 @@ local now, tat, available, wait = gcra(ARGV[1], cost, emission, tonumber(ARGV[4]
 if not tat then
   return redis.error_reply(available) -- the error's message
 end
-local ban = redis.call('GET', KEYS[2])
+local ban = KEYS[2] and redis.call('GET', KEYS[2])
 if ban then
   ban = tonumber(ban)
   if ban == nil or ban % 1 ~= 0 or ban < 0 or ban > 4503599627370496 then

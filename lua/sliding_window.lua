@@ -7,7 +7,7 @@
 -- KEYS[2]  hash: a = running total of the newest member, r = running total of the newest
 --          expired member, l = time of the newest member (the log never moves backwards in
 --          time), s = the last sequence number given
--- KEYS[3]  the key's ban (see prelude.lua)
+-- KEYS[3]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, window_us, limit
 -- Reply    the shared 4 integers; when admitted, then the member's time and sequence number.
 -- Units in the window are a - r: no loop over members, O(log n) per call. A refund

@@ -2,7 +2,7 @@
 -- Tokens are credited one emission interval at a time, so all arithmetic is on integers.
 -- A missing key is a full bucket; the key expires when the bucket would be full again.
 -- KEYS[1]  the bucket hash
--- KEYS[2]  the key's ban (see prelude.lua)
+-- KEYS[2]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, emission_us, burst
 -- Reply    the shared 4 integers; when admitted, then `now` (the bucket is full again at
 --          now + reset_after_us: GCRA's time, which a refund needs, see refund_ledger.lua)

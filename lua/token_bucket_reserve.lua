@@ -2,7 +2,7 @@
 -- the bucket holds, at least `cost`; else denies exactly as token_bucket.lua would deny a
 -- check of `cost`.
 -- KEYS[1]  the bucket hash
--- KEYS[2]  the key's ban (see prelude.lua)
+-- KEYS[2]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, emission_us, burst, up_to
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
 --          when granted, then `now` (the bucket is full again at now + reset_after_us);
