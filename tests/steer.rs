@@ -679,3 +679,59 @@ fn the_gateway_lists_keys_and_networks() {
         "--allow and --deny cover the rate limit only",
     );
 }
+
+/// Two instances on one Redis, each with unit leases: a ban made on one is seen by the other
+/// once the lease it holds of the key has ended (at most the lease's lifetime), and at once
+/// by the instance that made it; a reset is seen by both at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_reaches_an_instance_holding_a_unit_lease_within_the_lease_lifetime() {
+    use tower_redis_ratelimit::{rate_limit::UnitLease, Gcra, Quota, RateLimiter, RedisStore};
+    let redis = RedisServer::start();
+    let lifetime = Duration::from_millis(400);
+    let instance = |store: RedisStore| {
+        RateLimiter::builder(store, Gcra::new(Quota::per_second(10_000)).unwrap())
+            .lease(UnitLease::up_to(lifetime))
+            .build()
+            .unwrap()
+    };
+    let a = instance(RedisStore::connect(&redis.url()).await.unwrap());
+    let b = instance(RedisStore::connect(&redis.url()).await.unwrap());
+    // The key turns hot on b: b reserves blocks of its units.
+    for _ in 0..50 {
+        assert!(b.check("hot", 1).await.unwrap().allowed);
+    }
+    let leased = b.stats().decisions(
+        tower_redis_ratelimit::telemetry::Verdict::Allowed,
+        tower_redis_ratelimit::telemetry::Source::UnitLease,
+    );
+    assert!(leased > 0, "b answers the hot key from a lease");
+    let since = Instant::now();
+    a.ban("hot", Duration::from_secs(30)).await.unwrap();
+    assert!(
+        a.check("hot", 1).await.unwrap().banned,
+        "at once where it was made"
+    );
+    loop {
+        let d = b.check("hot", 1).await.unwrap();
+        if !d.allowed {
+            assert!(d.banned, "{d:?}");
+            break;
+        }
+        assert!(
+            since.elapsed() < lifetime + MARGIN,
+            "b still admits the banned key after {:?}",
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = since.elapsed();
+    assert!(took < lifetime + MARGIN, "{took:?}");
+    // The ban holds on b from then on, and an unban and a reset are seen at once.
+    for _ in 0..20 {
+        assert!(b.check("hot", 1).await.unwrap().banned);
+    }
+    b.unban("hot").await.unwrap();
+    assert!(b.check("hot", 1).await.unwrap().allowed);
+    b.reset("hot").await.unwrap();
+    assert_eq!(a.peek("hot").await.unwrap().remaining, 10_000);
+}
