@@ -735,3 +735,43 @@ async fn a_ban_reaches_an_instance_holding_a_unit_lease_within_the_lease_lifetim
     b.reset("hot").await.unwrap();
     assert_eq!(a.peek("hot").await.unwrap().remaining, 10_000);
 }
+
+/// On a Redis Cluster, keys of every slot: a peek, a ban, a reset and an unban each reach the
+/// node that holds the key (every key of one key's state shares its hash slot).
+#[tokio::test]
+async fn peeks_bans_and_resets_work_on_a_cluster() {
+    use tower_redis_ratelimit::{Quota, RateLimiter, RedisStore, SlidingWindow};
+    let cluster = common::RedisCluster::start(3, 0);
+    let store = RedisStore::connect_cluster(&cluster.urls()).await.unwrap();
+    let limiter = RateLimiter::new(store, SlidingWindow::new(Quota::per_hour(2)).unwrap()).unwrap();
+    for i in 0..24 {
+        let key = format!("tenant-{i}");
+        for _ in 0..2 {
+            assert!(limiter.check(key.as_str(), 1).await.unwrap().allowed);
+        }
+        assert!(!limiter.check(key.as_str(), 1).await.unwrap().allowed);
+        assert_eq!(limiter.peek(key.as_str()).await.unwrap().remaining, 0);
+        limiter.reset(key.as_str()).await.unwrap();
+        assert_eq!(
+            limiter.peek(key.as_str()).await.unwrap().remaining,
+            2,
+            "{key}"
+        );
+        limiter
+            .ban(key.as_str(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let state = limiter.peek(key.as_str()).await.unwrap();
+        assert!(state.banned_for.unwrap() > Duration::from_secs(59), "{key}");
+        assert!(limiter.check(key.as_str(), 1).await.unwrap().banned);
+        limiter.unban(key.as_str()).await.unwrap();
+        assert!(
+            limiter.check(key.as_str(), 1).await.unwrap().allowed,
+            "{key}"
+        );
+    }
+    // Nothing but the bans' keys were deleted: each key holds its one admitted check.
+    let logs = cluster.keys_with_pttl("*:l2");
+    assert_eq!(logs.len(), 24, "{logs:?}");
+    assert!(cluster.keys_with_pttl("*:x").is_empty());
+}
