@@ -775,3 +775,86 @@ async fn peeks_bans_and_resets_work_on_a_cluster() {
     assert_eq!(logs.len(), 24, "{logs:?}");
     assert!(cluster.keys_with_pttl("*:x").is_empty());
 }
+
+/// Live limits: a new quota, plans, lists and shadow mode take effect for the next request,
+/// counters carried over; a replacement that cannot work changes nothing.
+#[tokio::test]
+async fn live_limits_are_replaced_whole_and_keep_counters() {
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_redis_ratelimit::{
+        rate_limit::{AccessList, Limits},
+        HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, SlidingWindow,
+    };
+    let ok = service_fn(|_req: http::Request<axum::body::Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from("ok")))
+    });
+    let hour = Duration::from_secs(3600);
+    // A sliding window carries a key's spent units over to a new quota (see the guide's
+    // table of quotas per request).
+    let window = SlidingWindow::new(Quota::new(3, hour)).unwrap();
+    let limiter = RateLimiter::new(MemoryStore::new(), window).unwrap();
+    let (layer, live) = RateLimitLayer::new(limiter, HeaderKey::new("x-k").unwrap())
+        .live(Limits::new(Quota::new(3, hour)).plan("gold", Quota::new(5, hour)))
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer).service(ok);
+    let call = |k: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(request_from("198.51.100.1", k)).await.unwrap();
+            let policy = res
+                .headers()
+                .get("ratelimit-policy")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (res.status().as_u16(), policy)
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(call("k").await.0, 200);
+    }
+    assert_eq!(call("k").await.0, 429);
+    for _ in 0..5 {
+        assert_eq!(call("gold").await.0, 200);
+    }
+    let (status, policy) = call("gold").await;
+    assert_eq!(status, 429);
+    assert!(
+        policy.unwrap().contains("q=5"),
+        "a plan's quota in the headers"
+    );
+
+    // A replacement that cannot work is refused whole: the plan's bad quota too.
+    let bad = Limits::new(Quota::new(6, hour)).plan("gold", Quota::new(0, hour));
+    let err = live.replace(bad).unwrap_err();
+    assert_eq!(err.field(), "plans", "{err}");
+    assert_eq!(live.limits().quota(), Quota::new(3, hour));
+    assert_eq!(call("k").await.0, 429, "the old limits still hold");
+
+    // Raised to 6: k has 3 more, not 6 (its 3 spent units carry over).
+    live.replace(Limits::new(Quota::new(6, hour)).deny(AccessList::parse(["evil"]).unwrap()))
+        .unwrap();
+    let statuses: Vec<u16> = futures_statuses(&call, "k", 5).await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "counters carried over");
+    assert_eq!(call("evil").await.0, 403);
+    // gold has no plan any more: the default quota, with its 5 spent units.
+    assert_eq!(call("gold").await.0, 200);
+    assert_eq!(call("gold").await.0, 429);
+    // Shadow mode on: served, and no rate-limit field.
+    live.replace(Limits::new(Quota::new(6, hour)).shadow(true))
+        .unwrap();
+    assert_eq!(call("k").await, (200, None));
+    assert_eq!(call("evil").await.0, 200, "the deny list is gone");
+    live.replace(Limits::new(Quota::new(6, hour))).unwrap();
+    assert_eq!(call("k").await.0, 429);
+}
+
+async fn futures_statuses<F, Fut>(call: &F, k: &'static str, n: usize) -> Vec<u16>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = (u16, Option<String>)>,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(call(k).await.0);
+    }
+    out
+}

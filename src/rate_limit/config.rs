@@ -11,7 +11,7 @@ use std::{
 
 use http::request::Parts;
 
-use super::{counting::CountFn, engine::RateEngine, lists::Lists};
+use super::{counting::CountFn, engine::RateEngine, lists::Lists, live::LiveLimits};
 use crate::{
     decision::Decision,
     extract::{CostFn, MissingKey},
@@ -98,6 +98,8 @@ pub(crate) struct Config<K> {
     pub(crate) extension: bool,
     /// Allow and deny lists, when the layer has any.
     pub(crate) lists: Option<Arc<Lists>>,
+    /// Limits replaced while the layer runs (they hold its lists then).
+    pub(crate) live: Option<LiveLimits>,
 }
 
 impl<K> Clone for Config<K> {
@@ -115,6 +117,7 @@ impl<K> Clone for Config<K> {
             responder: Arc::clone(&self.responder),
             extension: self.extension,
             lists: self.lists.clone(),
+            live: self.live.clone(),
         }
     }
 }

@@ -6,7 +6,10 @@
 
 use std::{
     num::NonZeroU32,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -27,8 +30,9 @@ pub(crate) struct RateEngine {
     pub(crate) algorithm: Arc<dyn Algorithm>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) leasing: Option<Leasing>,
-    /// Shadow mode: a layer never rejects under this policy.
-    pub(crate) shadow: bool,
+    /// Shadow mode: a layer never rejects under this policy. Atomic: live limits
+    /// ([`LiveLimits`](super::LiveLimits)) turn it on and off while the limit runs.
+    pub(crate) shadow: AtomicBool,
     /// In shadow mode, whether responses still get the rate-limit headers.
     pub(crate) shadow_headers: bool,
     /// The keys this limit denies most.
@@ -44,6 +48,11 @@ impl RateEngine {
     /// The store key of `key` (`None`: the quota keyless requests share).
     pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
         self.core.store_key(key)
+    }
+
+    /// Whether the limit is in shadow mode now.
+    pub(crate) fn shadow(&self) -> bool {
+        self.shadow.load(Ordering::Relaxed)
     }
 
     /// The policy name.
@@ -68,7 +77,7 @@ impl RateEngine {
         compact: Option<&[u8]>,
         latency: Option<Duration>,
     ) {
-        d.shadow = self.shadow;
+        d.shadow = self.shadow();
         if !self.core.reports {
             return;
         }
@@ -95,7 +104,7 @@ impl RateEngine {
     /// policy, then returned.
     fn undecided(&self, e: Error) -> Error {
         if self.core.reports {
-            self.core.undecided(self.shadow);
+            self.core.undecided(self.shadow());
         }
         e
     }
@@ -606,6 +615,11 @@ pub(crate) struct Quoted {
 }
 
 impl Quoted {
+    /// Whether this quota runs exactly as `algorithm` does (the limiter's own quota).
+    pub(crate) fn same_rule(&self, algorithm: &dyn Algorithm) -> bool {
+        format!("{:?}", self.algorithm.rule()) == format!("{:?}", algorithm.rule())
+    }
+
     /// The same quota divided among `instances`, for the local share (same tag and quota:
     /// it stands for the quota given); `None` when the algorithm cannot be divided.
     fn divided(&self, instances: NonZeroU32) -> Option<Quoted> {

@@ -73,7 +73,7 @@ pub(crate) enum Shadow {
 
 impl Shadow {
     pub(crate) fn of(engine: &RateEngine) -> Self {
-        match (engine.shadow, engine.shadow_headers) {
+        match (engine.shadow(), engine.shadow_headers) {
             (false, _) => Shadow::Off,
             (true, false) => Shadow::Quiet,
             (true, true) => Shadow::WithHeaders,

@@ -13,6 +13,7 @@ use super::{
     engine::RateEngine,
     limiter::RateLimiter,
     lists::{AccessList, Lists},
+    live::{Limits, LiveLimits},
     service::RateLimit,
 };
 use crate::{
@@ -88,6 +89,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 responder: Arc::new(Responder::default()),
                 extension: false,
                 lists: None,
+                live: None,
             },
             default: limiter,
         }
@@ -357,6 +359,45 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     pub fn list_addresses(mut self, client: crate::ClientIp) -> Self {
         self.lists_mut().client = client;
         self
+    }
+
+    /// Takes the default policy's quota, plans, allow and deny lists and shadow mode from
+    /// `limits`, and returns the handle that replaces them while the layer runs
+    /// ([`LiveLimits::replace`]): a new limit without a restart, counters kept. Lists set
+    /// before with [`allow`](Self::allow) and [`deny`](Self::deny) give way to the limits'
+    /// (the addresses are still found as [`list_addresses`](Self::list_addresses) said, so
+    /// call it first). Errors (naming the field) when a quota does not build the limiter's
+    /// algorithm, or when the layer chooses quotas with [`quota_fn`](Self::quota_fn).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, *};
+    ///
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
+    /// let (layer, live) = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+    ///     .live(Limits::new(Quota::per_minute(10)).plan("gold", Quota::per_minute(100)))?;
+    /// // Later, from a reload: checked whole, then in force for the next request.
+    /// live.replace(Limits::new(Quota::per_minute(20)).deny(AccessList::parse(["abuser"])?))?;
+    /// assert!(live.replace(Limits::new(Quota::per_minute(0))).is_err());
+    /// assert_eq!(live.limits().quota(), Quota::per_minute(20));
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn live(mut self, limits: Limits) -> Result<(Self, LiveLimits), ConfigError> {
+        if self.config.quota.is_some() {
+            return Err(ConfigError::new(
+                "quota_fn",
+                "live limits choose each request's quota; quota_fn would too",
+            ));
+        }
+        let client = self
+            .config
+            .lists
+            .take()
+            .map_or_else(crate::ClientIp::new, |l| l.client.clone());
+        let engine = std::sync::Arc::clone(&self.config.policies[0].engine);
+        let live = LiveLimits::new(engine, client, limits)?;
+        self.config.live = Some(live.clone());
+        Ok((self, live))
     }
 
     fn lists_mut(&mut self) -> &mut Lists {

@@ -60,7 +60,7 @@ impl<A> fmt::Debug for RateLimiter<A> {
             .field("policy", &e.core.policy)
             .field("timeout", &e.core.timeout)
             .field("on_store_error", &e.core.failure)
-            .field("shadow", &e.shadow)
+            .field("shadow", &e.shadow())
             .finish()
     }
 }
@@ -363,6 +363,6 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Whether the limiter is in shadow mode (see
     /// [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
     pub fn is_shadow(&self) -> bool {
-        self.engine.shadow
+        self.engine.shadow()
     }
 }

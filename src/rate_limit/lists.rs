@@ -121,13 +121,18 @@ impl AccessList {
             }
         }
         match key {
-            Some(key) if !self.keys.is_empty() => match key.repr() {
-                Repr::Text(t) => self.keys.contains(t.as_bytes()),
-                Repr::Bytes(b) => self.keys.contains(&b[..]),
-                _ => self.keys.contains(key.to_string().as_bytes()),
-            },
+            Some(key) if !self.keys.is_empty() => key_text(key, |text| self.keys.contains(text)),
             _ => false,
         }
+    }
+}
+
+/// `f` of `key`'s text as the key extractor wrote it (without a copy for text and bytes).
+pub(crate) fn key_text<R>(key: &Key<'_>, f: impl FnOnce(&[u8]) -> R) -> R {
+    match key.repr() {
+        Repr::Text(t) => f(t.as_bytes()),
+        Repr::Bytes(b) => f(b),
+        _ => f(key.to_string().as_bytes()),
     }
 }
 

@@ -17,6 +17,7 @@ mod future;
 mod layer;
 mod limiter;
 mod lists;
+mod live;
 mod service;
 
 /// The rate-limit header fields, and how this crate renders them.
@@ -36,6 +37,7 @@ pub use self::{
     layer::RateLimitLayer,
     limiter::RateLimiter,
     lists::AccessList,
+    live::{Limits, LiveLimits},
     service::RateLimit,
 };
 pub use crate::{
