@@ -15,8 +15,24 @@
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
-//!     [--allow LIST] [--deny LIST]
+//!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //! ```
+//!
+//! `--config FILE`: the limit settings in TOML, one key per flag with the flag's name
+//! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
+//! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
+//! table, `gold = "100/1m"`), `count_only`, `concurrency`, `lease_ms`, `unit_lease_ms`,
+//! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; a key given
+//! as a flag too is refused at start-up; every other flag stays a flag, and is refused in the
+//! file. The file is read again on `SIGHUP` and when its content changes (looked at every
+//! 200 ms), with one stderr line: `config reloaded: FILE: limit QUOTA`, or `config refused:
+//! REASON`, when the file does not parse (a half-written one included) or changes a setting
+//! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
+//! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
+//! effect for the next request, drops no connection and keeps every counter (a key's state
+//! is read under the new quota, see the guide's quotas per request).
+//! `--check-config FILE` prints `ok` and exits 0 when the file would start the gateway, or
+//! prints the error (the line and the field) on stderr and exits 1.
 //!
 //! `--allow LIST` and `--deny LIST` (comma-separated keys, addresses and CIDRs, e.g.
 //! `vip,10.0.0.0/8,2001:db8::/32`): requests whose key, or whose client address (as `--key ip`
@@ -130,8 +146,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    config::{self, FileError},
     extract::Key,
-    rate_limit::{AccessList, HeaderStyle, StatusSet, UnitLease},
+    rate_limit::{AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease},
     store::redis::Batching,
     store::Store,
     ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
@@ -147,11 +164,12 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
-[--allow LIST] [--deny LIST]";
+[--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+#[derive(Clone)]
 struct Args {
     listen: SocketAddr,
     redis: Option<String>,
@@ -203,6 +221,12 @@ struct Args {
     allow: Option<AccessList>,
     /// `--deny LIST`: keys and networks always refused.
     deny: Option<AccessList>,
+    /// `--config FILE`: the limit settings, reloaded while the gateway runs.
+    config: Option<String>,
+    /// `--check-config FILE`: check the file and exit.
+    check_config: Option<String>,
+    /// The flags given on the command line (the file may not give them again).
+    given: Vec<String>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -275,207 +299,466 @@ fn parse_args() -> Result<Args, String> {
         admin_token_file: None,
         allow: None,
         deny: None,
+        config: None,
+        check_config: None,
+        given: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }
-        if flag == "--no-limit" {
-            a.no_limit = true;
-            continue;
-        }
-        if flag == "--batch" {
-            a.batch = true;
-            continue;
-        }
-        if flag == "--shadow" {
-            a.shadow = true;
-            continue;
-        }
-        if flag == "--lazy-connect" {
-            a.lazy_connect = true;
-            continue;
-        }
-        const FLAGS: &[&str] = &[
-            "--listen",
-            "--redis",
-            "--redis-cluster",
-            "--redis-sentinel",
-            "--sentinel-master",
-            "--redis-ca",
-            "--redis-cert",
-            "--redis-key",
-            "--connect-timeout-ms",
-            "--algorithm",
-            "--limit",
-            "--per",
-            "--burst",
-            "--key",
-            "--trusted-proxy",
-            "--ipv6-prefix",
-            "--on-redis-error",
-            "--local-share",
-            "--timeout-ms",
-            "--headers",
-            "--prefix",
-            "--log",
-            "--plan",
-            "--count-only",
-            "--concurrency",
-            "--lease-ms",
-            "--unit-lease-ms",
-            "--admin-listen",
-            "--admin-token",
-            "--admin-token-file",
-            "--allow",
-            "--deny",
-        ];
-        if !FLAGS.contains(&flag.as_str()) {
+        let value = if BOOLEAN_FLAGS.contains(&flag.as_str()) {
+            None
+        } else if VALUE_FLAGS.contains(&flag.as_str()) {
+            Some(it.next().ok_or_else(|| format!("{flag} needs a value"))?)
+        } else {
             return Err(format!("unknown flag {flag}"));
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
-        match flag.as_str() {
-            "--listen" => {
-                a.listen = value
-                    .parse()
-                    .map_err(|_| bad("an address like 127.0.0.1:3000"))?
-            }
-            "--admin-listen" => {
-                a.admin_listen = Some(
-                    value
-                        .parse()
-                        .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
-                )
-            }
-            "--allow" | "--deny" => {
-                let list = AccessList::parse(value.split(','))
-                    .map_err(|e| format!("{flag} {value}: {e}"))?;
-                match flag.as_str() {
-                    "--allow" => a.allow = Some(list),
-                    _ => a.deny = Some(list),
-                }
-            }
-            "--admin-token" => a.admin_token = Some(value),
-            "--admin-token-file" => a.admin_token_file = Some(value),
-            "--redis" => a.redis = Some(value),
-            "--redis-cluster" => {
-                a.redis_cluster = Some(
-                    url_list(&value).ok_or_else(|| bad("a comma-separated list of node URLs"))?,
-                )
-            }
-            "--redis-sentinel" => {
-                a.redis_sentinel = Some(
-                    url_list(&value)
-                        .ok_or_else(|| bad("a comma-separated list of Sentinel URLs"))?,
-                )
-            }
-            "--sentinel-master" => a.sentinel_master = Some(value),
-            "--redis-ca" => a.redis_ca = Some(value),
-            "--redis-cert" => a.redis_cert = Some(value),
-            "--redis-key" => a.redis_key = Some(value),
-            "--connect-timeout-ms" => {
-                a.connect_timeout = Duration::from_millis(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &u64| n > 0)
-                        .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
-                )
-            }
-            "--algorithm" => match value.as_str() {
-                "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
-                _ => return Err(bad("token-bucket, gcra or sliding-window")),
-            },
-            "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
-            "--per" => {
-                a.per =
-                    parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
-            }
-            "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
-            "--key" => match value.as_str() {
-                "global" | "ip" => a.key = value,
-                v if v.starts_with("header:") && v.len() > 7 => a.key = value,
-                _ => return Err(bad("global, ip or header:NAME")),
-            },
-            "--trusted-proxy" => a.trusted.push(value),
-            "--ipv6-prefix" => {
-                a.ipv6_prefix = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=128).contains(n))
-                    .ok_or_else(|| bad("a prefix length from 1 to 128"))?
-            }
-            "--on-redis-error" => {
-                a.on_error = match value.as_str() {
-                    "open" => FailurePolicy::Open,
-                    "closed" => FailurePolicy::Closed,
-                    "local" => FailurePolicy::Local,
-                    _ => return Err(bad("open, closed or local")),
-                }
-            }
-            "--local-share" => {
-                a.local_share = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| bad("a whole number of instances, at least 1"))?
-            }
-            "--timeout-ms" => {
-                a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
-            }
-            "--headers" => {
-                a.headers = match value.as_str() {
-                    "ietf" => HeaderStyle::Ietf,
-                    "legacy" => HeaderStyle::Legacy,
-                    "both" => HeaderStyle::Both,
-                    "none" => HeaderStyle::None,
-                    _ => return Err(bad("ietf, legacy, both or none")),
-                }
-            }
-            "--prefix" => a.prefix = value,
-            "--plan" => {
-                let plan = value.rsplit_once('=').and_then(|(key, quota)| {
-                    let (n, per) = quota.split_once('/')?;
-                    let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
-                    (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
-                });
-                a.plans
-                    .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
-            }
-            "--count-only" => {
-                let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
-                a.count_only = Some(set);
-            }
-            "--concurrency" => {
-                a.concurrency = Some(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &u32| n > 0)
-                        .ok_or_else(|| bad("a whole number of requests, at least 1"))?,
-                )
-            }
-            "--lease-ms" => {
-                a.lease = Some(Duration::from_millis(
-                    value
-                        .parse()
-                        .map_err(|_| bad("a whole number of milliseconds"))?,
-                ))
-            }
-            "--unit-lease-ms" => {
-                a.unit_lease = Some(Duration::from_millis(
-                    value
-                        .parse()
-                        .map_err(|_| bad("a whole number of milliseconds"))?,
-                ))
-            }
-            "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
-            _ => unreachable!("checked against FLAGS above"),
-        }
+        };
+        a.given.push(flag.clone());
+        apply_flag(&mut a, &flag, value)?;
     }
     Ok(a)
+}
+
+/// The flags that take no value.
+const BOOLEAN_FLAGS: &[&str] = &["--no-limit", "--batch", "--shadow", "--lazy-connect"];
+
+/// The flags that take a value.
+const VALUE_FLAGS: &[&str] = &[
+    "--listen",
+    "--redis",
+    "--redis-cluster",
+    "--redis-sentinel",
+    "--sentinel-master",
+    "--redis-ca",
+    "--redis-cert",
+    "--redis-key",
+    "--connect-timeout-ms",
+    "--algorithm",
+    "--limit",
+    "--per",
+    "--burst",
+    "--key",
+    "--trusted-proxy",
+    "--ipv6-prefix",
+    "--on-redis-error",
+    "--local-share",
+    "--timeout-ms",
+    "--headers",
+    "--prefix",
+    "--log",
+    "--plan",
+    "--count-only",
+    "--concurrency",
+    "--lease-ms",
+    "--unit-lease-ms",
+    "--admin-listen",
+    "--admin-token",
+    "--admin-token-file",
+    "--allow",
+    "--deny",
+    "--config",
+    "--check-config",
+];
+
+/// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
+fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), String> {
+    let Some(value) = value else {
+        match flag {
+            "--no-limit" => a.no_limit = true,
+            "--batch" => a.batch = true,
+            "--shadow" => a.shadow = true,
+            "--lazy-connect" => a.lazy_connect = true,
+            _ => unreachable!("checked against BOOLEAN_FLAGS"),
+        }
+        return Ok(());
+    };
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    match flag {
+        "--listen" => {
+            a.listen = value
+                .parse()
+                .map_err(|_| bad("an address like 127.0.0.1:3000"))?
+        }
+        "--admin-listen" => {
+            a.admin_listen = Some(
+                value
+                    .parse()
+                    .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
+            )
+        }
+        "--allow" | "--deny" => {
+            let list =
+                AccessList::parse(value.split(',')).map_err(|e| format!("{flag} {value}: {e}"))?;
+            match flag {
+                "--allow" => a.allow = Some(list),
+                _ => a.deny = Some(list),
+            }
+        }
+        "--config" => a.config = Some(value),
+        "--check-config" => a.check_config = Some(value),
+        "--admin-token" => a.admin_token = Some(value),
+        "--admin-token-file" => a.admin_token_file = Some(value),
+        "--redis" => a.redis = Some(value),
+        "--redis-cluster" => {
+            a.redis_cluster =
+                Some(url_list(&value).ok_or_else(|| bad("a comma-separated list of node URLs"))?)
+        }
+        "--redis-sentinel" => {
+            a.redis_sentinel = Some(
+                url_list(&value).ok_or_else(|| bad("a comma-separated list of Sentinel URLs"))?,
+            )
+        }
+        "--sentinel-master" => a.sentinel_master = Some(value),
+        "--redis-ca" => a.redis_ca = Some(value),
+        "--redis-cert" => a.redis_cert = Some(value),
+        "--redis-key" => a.redis_key = Some(value),
+        "--connect-timeout-ms" => {
+            a.connect_timeout = Duration::from_millis(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u64| n > 0)
+                    .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
+            )
+        }
+        "--algorithm" => match value.as_str() {
+            "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
+            _ => return Err(bad("token-bucket, gcra or sliding-window")),
+        },
+        "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
+        "--per" => {
+            a.per = parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
+        }
+        "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
+        "--key" => match value.as_str() {
+            "global" | "ip" => a.key = value,
+            v if v.starts_with("header:") && v.len() > 7 => a.key = value,
+            _ => return Err(bad("global, ip or header:NAME")),
+        },
+        "--trusted-proxy" => a.trusted.push(value),
+        "--ipv6-prefix" => {
+            a.ipv6_prefix = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=128).contains(n))
+                .ok_or_else(|| bad("a prefix length from 1 to 128"))?
+        }
+        "--on-redis-error" => {
+            a.on_error = match value.as_str() {
+                "open" => FailurePolicy::Open,
+                "closed" => FailurePolicy::Closed,
+                "local" => FailurePolicy::Local,
+                _ => return Err(bad("open, closed or local")),
+            }
+        }
+        "--local-share" => {
+            a.local_share = value
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad("a whole number of instances, at least 1"))?
+        }
+        "--timeout-ms" => {
+            a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
+        }
+        "--headers" => {
+            a.headers = match value.as_str() {
+                "ietf" => HeaderStyle::Ietf,
+                "legacy" => HeaderStyle::Legacy,
+                "both" => HeaderStyle::Both,
+                "none" => HeaderStyle::None,
+                _ => return Err(bad("ietf, legacy, both or none")),
+            }
+        }
+        "--prefix" => a.prefix = value,
+        "--plan" => {
+            let plan = value.rsplit_once('=').and_then(|(key, quota)| {
+                let (n, per) = quota.split_once('/')?;
+                let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
+                (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
+            });
+            a.plans
+                .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
+        }
+        "--count-only" => {
+            let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
+            a.count_only = Some(set);
+        }
+        "--concurrency" => {
+            a.concurrency = Some(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u32| n > 0)
+                    .ok_or_else(|| bad("a whole number of requests, at least 1"))?,
+            )
+        }
+        "--lease-ms" => {
+            a.lease = Some(Duration::from_millis(
+                value
+                    .parse()
+                    .map_err(|_| bad("a whole number of milliseconds"))?,
+            ))
+        }
+        "--unit-lease-ms" => {
+            a.unit_lease = Some(Duration::from_millis(
+                value
+                    .parse()
+                    .map_err(|_| bad("a whole number of milliseconds"))?,
+            ))
+        }
+        "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
+        _ => unreachable!("checked against VALUE_FLAGS"),
+    }
+    Ok(())
+}
+
+/// The keys of a `--config` file: the limit settings' flags, dashes as underscores.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFlags {
+    algorithm: Option<String>,
+    limit: Option<u32>,
+    per: Option<String>,
+    burst: Option<u32>,
+    key: Option<String>,
+    trusted_proxy: Option<Vec<String>>,
+    ipv6_prefix: Option<u8>,
+    on_redis_error: Option<String>,
+    local_share: Option<u32>,
+    timeout_ms: Option<u64>,
+    headers: Option<String>,
+    plans: Option<std::collections::BTreeMap<String, String>>,
+    count_only: Option<String>,
+    concurrency: Option<u32>,
+    lease_ms: Option<u64>,
+    unit_lease_ms: Option<u64>,
+    shadow: Option<bool>,
+    allow: Option<Vec<String>>,
+    deny: Option<Vec<String>>,
+}
+
+/// Flags that stay flags: refused in a file, with a word on where they go.
+const NOT_IN_FILE: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "admin_token",
+    "admin_token_file",
+    "redis",
+    "redis_cluster",
+    "redis_sentinel",
+    "sentinel_master",
+    "redis_ca",
+    "redis_cert",
+    "redis_key",
+    "connect_timeout_ms",
+    "lazy_connect",
+    "prefix",
+    "log",
+    "batch",
+    "no_limit",
+    "config",
+    "check_config",
+];
+
+/// The settings of `base` (the command line) with those of the file at `path`: every error
+/// names the file, and the line and the field; a flag given on the command line and in the
+/// file is refused.
+fn with_file(base: &Args, path: &str) -> Result<Args, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+    let in_file = |e: FileError| format!("--config {path}: {e}");
+    let file: FileFlags = config::from_toml(&text).map_err(|mut e| {
+        if let Some(field) = e.field().filter(|f| NOT_IN_FILE.contains(f)) {
+            let flag = format!("--{}", field.replace('_', "-"));
+            e = FileError::field_error(
+                &text,
+                field,
+                format!("{flag} stays a flag: give it on the command line"),
+            );
+        }
+        in_file(e)
+    })?;
+    let mut pairs: Vec<(&str, String, Option<String>)> = Vec::new();
+    let mut put = |key: &'static str, value: Option<String>| {
+        pairs.push((key, format!("--{}", key.replace('_', "-")), value))
+    };
+    let shown = |v: &dyn std::fmt::Display| Some(v.to_string());
+    if let Some(v) = &file.algorithm {
+        put("algorithm", shown(v));
+    }
+    if let Some(v) = file.limit {
+        put("limit", shown(&v));
+    }
+    if let Some(v) = &file.per {
+        put("per", shown(v));
+    }
+    if let Some(v) = file.burst {
+        put("burst", shown(&v));
+    }
+    if let Some(v) = &file.key {
+        put("key", shown(v));
+    }
+    for v in file.trusted_proxy.iter().flatten() {
+        put("trusted_proxy", shown(v));
+    }
+    if let Some(v) = file.ipv6_prefix {
+        put("ipv6_prefix", shown(&v));
+    }
+    if let Some(v) = &file.on_redis_error {
+        put("on_redis_error", shown(v));
+    }
+    if let Some(v) = file.local_share {
+        put("local_share", shown(&v));
+    }
+    if let Some(v) = file.timeout_ms {
+        put("timeout_ms", shown(&v));
+    }
+    if let Some(v) = &file.headers {
+        put("headers", shown(v));
+    }
+    for (k, v) in file.plans.iter().flatten() {
+        put("plans", Some(format!("{k}={v}")));
+    }
+    if let Some(v) = &file.count_only {
+        put("count_only", shown(v));
+    }
+    if let Some(v) = file.concurrency {
+        put("concurrency", shown(&v));
+    }
+    if let Some(v) = file.lease_ms {
+        put("lease_ms", shown(&v));
+    }
+    if let Some(v) = file.unit_lease_ms {
+        put("unit_lease_ms", shown(&v));
+    }
+    if file.shadow == Some(true) {
+        put("shadow", None);
+    }
+    if let Some(v) = &file.allow {
+        put("allow", Some(v.join(",")));
+    }
+    if let Some(v) = &file.deny {
+        put("deny", Some(v.join(",")));
+    }
+    let mut a = base.clone();
+    for (key, flag, value) in pairs {
+        // `plans` is the file's name for `--plan`.
+        let flag = if key == "plans" {
+            "--plan".to_owned()
+        } else {
+            flag
+        };
+        if base.given.contains(&flag) {
+            return Err(in_file(FileError::field_error(
+                &text,
+                key,
+                format!("{flag} is given on the command line too: give it in one place"),
+            )));
+        }
+        apply_flag(&mut a, &flag, value).map_err(|e| {
+            // The flag's own message, without the flag's name: the field says which.
+            let e = e
+                .strip_prefix(&format!("{flag}: "))
+                .map_or(e.clone(), str::to_owned);
+            in_file(FileError::field_error(&text, key, e))
+        })?;
+    }
+    Ok(a)
+}
+
+/// The settings a reload may change: those of [`Limits`]. The others (the algorithm, the key
+/// and the rest) need a restart.
+fn fixed(a: &Args) -> [(&'static str, String); 12] {
+    [
+        ("algorithm", a.algorithm.clone()),
+        ("key", a.key.clone()),
+        ("trusted_proxy", format!("{:?}", a.trusted)),
+        ("ipv6_prefix", a.ipv6_prefix.to_string()),
+        ("on_redis_error", format!("{:?}", a.on_error)),
+        ("local_share", a.local_share.to_string()),
+        ("timeout_ms", format!("{:?}", a.timeout)),
+        ("headers", format!("{:?}", a.headers)),
+        (
+            "count_only",
+            a.count_only.map(|s| s.to_string()).unwrap_or_default(),
+        ),
+        ("concurrency", format!("{:?}", a.concurrency)),
+        ("lease_ms", format!("{:?}", a.lease)),
+        ("unit_lease_ms", format!("{:?}", a.unit_lease)),
+    ]
+}
+
+/// The limits `a` sets, for the layer's live limits.
+fn limits_of(a: &Args) -> Limits {
+    let mut quota = Quota::new(a.limit, a.per);
+    if let Some(b) = a.burst {
+        quota = quota.burst(b);
+    }
+    let mut limits = Limits::new(quota).shadow(a.shadow);
+    for (key, plan, _) in &a.plans {
+        limits = limits.plan(key, *plan);
+    }
+    limits
+        .allow(a.allow.clone().unwrap_or_default())
+        .deny(a.deny.clone().unwrap_or_default())
+}
+
+/// Reads the file again: the new limits in force, or the reason they are not (the running
+/// ones stay). One stderr line either way.
+fn reload(base: &Args, path: &str, running: &mut Args, live: &LiveLimits) {
+    let outcome = with_file(base, path).and_then(|next| {
+        for ((field, now), (_, then)) in fixed(running).iter().zip(fixed(&next).iter()) {
+            if now != then {
+                return Err(format!(
+                    "{field} cannot change without a restart ({now} in force, {then} in the file)"
+                ));
+            }
+        }
+        check(&next).map_err(|e| e.to_string())?;
+        live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
+        Ok(next)
+    });
+    match outcome {
+        Ok(next) => {
+            *running = next;
+            eprintln!(
+                "config reloaded: {path}: limit {}",
+                limits_of(running).quota()
+            );
+        }
+        Err(reason) => eprintln!("config refused: {reason}"),
+    }
+}
+
+/// Reloads the file at `path` on SIGHUP and when its content changes (looked at every 200 ms),
+/// for as long as the gateway runs.
+fn watch(base: Args, path: String, mut running: Args, live: LiveLimits) {
+    tokio::spawn(async move {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("config: no SIGHUP reloads ({e}); the file is still watched");
+                None
+            }
+        };
+        let read = |path: &str| std::fs::read(path).ok();
+        let mut seen = read(&path);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            let signalled = tokio::select! {
+                Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                _ = tick.tick() => false,
+            };
+            let now = read(&path);
+            if signalled || now != seen {
+                seen = now;
+                reload(&base, &path, &mut running, &live);
+            }
+        }
+    });
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -824,6 +1107,7 @@ fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
 }
 
 async fn serve(
+    base: Args,
     args: Args,
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
@@ -840,7 +1124,7 @@ async fn serve(
         );
     }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
-    if args.allow.is_some() || args.deny.is_some() {
+    if args.allow.is_some() || args.deny.is_some() || args.config.is_some() {
         layer = layer.list_addresses(client_ip(&args)?);
     }
     if let Some(list) = args.allow.clone() {
@@ -865,7 +1149,14 @@ async fn serve(
         );
         layer = layer.count_only(statuses)?;
     }
-    if let Some(header) = args
+    let mut watched_file = None;
+    if let Some(path) = &args.config {
+        // The limits from the file, replaced on each reload (plans and lists included).
+        let (live_layer, live) = layer.live(limits_of(&args))?;
+        layer = live_layer;
+        println!("config: {path} (reloaded on SIGHUP and when it changes)");
+        watched_file = Some((path.clone(), live));
+    } else if let Some(header) = args
         .key
         .strip_prefix("header:")
         .filter(|_| !args.plans.is_empty())
@@ -907,6 +1198,9 @@ async fn serve(
         }
         None => app,
     };
+    if let Some((path, live)) = watched_file {
+        watch(base, path, args.clone(), live);
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
     if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
@@ -960,7 +1254,9 @@ async fn sleep(Path(ms): Path<String>) -> Response {
     }
 }
 
-async fn run(args: Args) -> Result<(), BoxError> {
+/// Everything that can be checked before connecting to anything: the quota and the algorithm
+/// it builds, or the first setting that cannot work (at start-up, `--check-config`, a reload).
+fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), BoxError> {
     let mut quota = Quota::new(args.limit, args.per);
     if let Some(b) = args.burst {
         quota = quota.burst(b);
@@ -971,9 +1267,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
         _ => Arc::new(Gcra::new(quota)?),
     };
-    rate_limiter(&args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
-    key_extractor(&args)?;
-    admin_token(&args)?;
+    rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
+    key_extractor(args)?;
+    admin_token(args)?;
     if args.shadow && args.concurrency.is_some() {
         return Err(
             "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"
@@ -989,7 +1285,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if args.lease.is_some() && args.concurrency.is_none() {
         return Err("--lease-ms is the lease of --concurrency: give --concurrency N".into());
     }
-    concurrency_limiter(&args, Arc::new(MemoryStore::new()))?;
+    concurrency_limiter(args, Arc::new(MemoryStore::new()))?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err("--plan gives a quota per key of --key header:NAME".into());
     }
@@ -1006,6 +1302,32 @@ async fn run(args: Args) -> Result<(), BoxError> {
             .with_quota(*plan)
             .map_err(|e| format!("--plan {given}: {e}"))?;
     }
+    Ok((quota, algorithm))
+}
+
+/// `--check-config FILE`: `ok` on stdout, or the error on stderr.
+fn check_config(args: &Args, path: &str) -> ExitCode {
+    match with_file(args, path)
+        .map_err(BoxError::from)
+        .and_then(|a| check(&a))
+    {
+        Ok(_) => {
+            println!("ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", chain(&*e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(base: Args) -> Result<(), BoxError> {
+    let args = match &base.config {
+        Some(path) => with_file(&base, path)?,
+        None => base.clone(),
+    };
+    let (quota, algorithm) = check(&args)?;
     let redis_flags = [
         args.redis.is_some(),
         args.redis_cluster.is_some(),
@@ -1125,7 +1447,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         ),
         None => None,
     };
-    serve(args, store, algorithm, metrics).await
+    serve(base, args, store, algorithm, metrics).await
 }
 
 #[tokio::main]
@@ -1140,6 +1462,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(path) = &args.check_config {
+        return check_config(&args, path);
+    }
     tracing_subscriber::fmt()
         .with_max_level(args.log)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -858,3 +858,162 @@ where
     }
     out
 }
+
+/// Waits until the gateway's stderr holds `n` lines containing `what` (at most 10 s).
+fn wait_lines(gw: &Gw, what: &str, n: usize) -> String {
+    let since = Instant::now();
+    loop {
+        let log = gw.log();
+        if log.lines().filter(|l| l.contains(what)).count() >= n {
+            return log;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "no {n} `{what}` lines: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Replaces the file at `path` at once (as an editor that renames does).
+fn write_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn a_reload_under_load_changes_the_limit_keeps_counters_and_refuses_a_broken_file() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("steer-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    let limits = |limit: u32| {
+        format!(
+            "algorithm = \"sliding-window\"\nlimit = {limit}\nper = \"1h\"\nkey = \"header:x-k\"\n"
+        )
+    };
+    write_file(&file, &limits(3));
+    let url = redis.url();
+    let gw = Gw::start(&["--redis", &url, "--config", file.to_str().unwrap()]);
+    for _ in 0..2 {
+        assert_eq!(gw.call("k").status, 200);
+    }
+    // Clients keep coming while the file changes: none may fail.
+    let stop = AtomicBool::new(false);
+    let (served, failed) = (AtomicU64::new(0), Mutex::new(Vec::new()));
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (stop, served, failed, addr) = (&stop, &served, &failed, gw.addr);
+            s.spawn(move || {
+                for i in 0..5_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = format!("load-{t}-{}", i % 7);
+                    let r = std::panic::catch_unwind(|| send(addr, "GET", "/", &[("x-k", &key)]));
+                    match r {
+                        Ok(r) if r.status == 200 || r.status == 429 => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(r) => failed.lock().unwrap().push(format!("{r:?}")),
+                        Err(_) => failed.lock().unwrap().push("no answer".to_owned()),
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+        }
+        // Raised to 5: k has 3 more, not 5: its counter was kept.
+        write_file(&file, &limits(5));
+        wait_lines(&gw, "config reloaded", 1);
+        let statuses: Vec<u16> = (0..4).map(|_| gw.call("k").status).collect();
+        assert_eq!(statuses, [200, 200, 200, 429], "{}", gw.log());
+        let r = gw.call("fresh");
+        assert!(
+            r.head.contains("ratelimit-policy: \"default\";q=5;"),
+            "{r:?}"
+        );
+        // A half-written file is refused; the limits in force stay.
+        write_file(&file, "algorithm = \"sliding-window\"\nlimit = ");
+        let log = wait_lines(&gw, "config refused", 1);
+        let refused = log.lines().find(|l| l.contains("config refused")).unwrap();
+        assert!(refused.contains("line 2"), "{refused}");
+        assert_eq!(gw.call("k").status, 429);
+        for _ in 0..4 {
+            assert_eq!(gw.call("fresh").status, 200, "the limit of 5 holds");
+        }
+        assert_eq!(gw.call("fresh").status, 429);
+        // The algorithm cannot change without a restart, even on SIGHUP.
+        write_file(&file, &limits(5).replace("sliding-window", "gcra"));
+        let log = wait_lines(&gw, "config refused", 2);
+        assert!(
+            log.contains("config refused: algorithm cannot change"),
+            "{log}"
+        );
+        common::signal(gw.child.id(), "-HUP");
+        wait_lines(&gw, "config refused", 3);
+        // A good file again, read on SIGHUP too.
+        write_file(&file, &limits(6));
+        wait_lines(&gw, "config reloaded", 2);
+        common::signal(gw.child.id(), "-HUP");
+        wait_lines(&gw, "config reloaded", 3);
+        assert_eq!(gw.call("k").status, 200, "one more under 6");
+        assert_eq!(gw.call("k").status, 429);
+        stop.store(true, Ordering::Relaxed);
+    });
+    let failed = failed.into_inner().unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(served.load(Ordering::Relaxed) > 20);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_config_file_is_checked_and_its_flags_given_once() {
+    let dir = std::env::temp_dir().join(format!("steer-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(gateway_bin())
+            .args(["--check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let good = "algorithm = \"gcra\"\nlimit = 3\nper = \"1h\"\nburst = 3\nkey = \"header:x-k\"\nshadow = false\nallow = [\"vip\", \"10.0.0.0/8\"]\ndeny = [\"evil\"]\n\n[plans]\ngold = \"100/1m\"\n";
+    assert_eq!(
+        check("good.toml", good),
+        (Some(0), "ok\n".to_owned(), String::new())
+    );
+    for (text, line, field) in [
+        ("limit = 3\nper = \"soon\"\n", 2, "per"),
+        ("limit = \"x\"\n", 1, "limit"),
+        ("limit = 3\nlisten = \"127.0.0.1:1\"\n", 2, "listen"),
+        ("limit = 3\nallow = [\"10.0.0.0/33\"]\n", 2, "allow"),
+        ("key = \"ip\"\n[plans]\ngold = \"100/1m\"\n", 0, "plan"),
+        ("limit = 3\nper = \"1", 2, "per"),
+    ] {
+        let (code, stdout, stderr) = check("bad.toml", text);
+        assert_eq!((code, stdout.as_str()), (Some(1), ""), "{text:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        if line > 0 {
+            assert!(
+                stderr.contains(&format!("line {line}, field `{field}`")),
+                "{text:?}: {stderr}"
+            );
+        } else {
+            assert!(stderr.contains(field), "{stderr}");
+        }
+    }
+    let path = dir.join("good.toml");
+    assert_refused(
+        &["--config", path.to_str().unwrap(), "--limit", "4"],
+        "field `limit`: --limit is given on the command line too",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
