@@ -221,12 +221,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Limits that change without a restart.**
+//! [`RateLimitLayer::live`](crate::RateLimitLayer::live)`(limits)` takes the default
+//! policy's quota, per-key plans, allow and deny lists and shadow mode from a
+//! [`Limits`](crate::rate_limit::Limits), and gives a
+//! [`LiveLimits`](crate::rate_limit::LiveLimits) handle whose
+//! [`replace`](crate::rate_limit::LiveLimits::replace) checks new limits whole (every quota
+//! must build the limiter's algorithm) and swaps them in atomically: each request is decided
+//! entirely under the old limits or the new, no connection is dropped, and counters carry over
+//! as the table in [Quotas per request](#quotas-per-request) says. The algorithm and the key
+//! cannot change this way (they decide what the counters mean): build a new layer. With the
+//! `config` feature, [`LimitsFile`](crate::config::LimitsFile) reads them from TOML, whole,
+//! each error naming its line and field, so a reload from a file half written or wrong is
+//! refused and the limits in force stay; `LimitsFile::from_toml` alone is the validation entry
+//! point. Watching the file and calling `replace` is the app's (the demo's `--config FILE`
+//! does it on `SIGHUP` and when the file changes).
+//!
 //! The gateway demo's admin listener (`--admin-listen ADDR`) serves these as `GET` and
 //! `DELETE /keys/{key}`, `PUT /bans/{key}?seconds=N` and `DELETE /bans/{key}`, behind
 //! `--admin-token` or `--admin-token-file` (required off loopback, compared in constant time,
 //! each change logged once with the key and the caller's address), and takes `--allow` and
-//! `--deny` lists (see `examples/gateway.rs`). Never put admin endpoints on the public
-//! listener.
+//! `--deny` lists, and `--config FILE` (see `examples/gateway.rs`). Never put admin
+//! endpoints on the public listener.
 //!
 //! # Several policies on one layer
 //!
