@@ -22,8 +22,11 @@
 //! let limits = file.limits(Quota::per_second(10))?;
 //! assert_eq!(limits.quota(), Quota::per_minute(5));
 //!
-//! let err = LimitsFile::from_toml("limit = 5\nper = \"soon\"\n").unwrap_err();
+//! let file = LimitsFile::from_toml("limit = 5\nper = \"soon\"\n")?;
+//! let err = file.limits(Quota::per_second(10)).unwrap_err();
 //! assert_eq!((err.line(), err.field()), (Some(2), Some("per")));
+//! let err = LimitsFile::from_toml("limit = 5\nburst = \"x\"\n").unwrap_err();
+//! assert_eq!((err.line(), err.field()), (Some(2), Some("burst")));
 //! # Ok::<(), tower_redis_ratelimit::config::FileError>(())
 //! ```
 

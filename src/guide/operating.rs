@@ -199,9 +199,10 @@
 //! call (at once for a key it does not hold a denial or a lease of); and a **unit lease** of
 //! the key keeps handing out what it holds for at most its lifetime
 //! ([`UnitLease`](crate::rate_limit::UnitLease)), so with leases a ban reaches every instance
-//! within the lease lifetime (a reset is seen at once: a lease only admits). Nothing is
-//! published between instances: the bound comes from the cache's age, so keep the deny
-//! cache's one second if you need it.
+//! within the lease lifetime; after a reset, the units another instance still holds in a
+//! lease of the key are handed out on top of the key's fresh quota, for at most that
+//! lifetime. Nothing is published between instances: the bound comes from the cache's age,
+//! so keep the deny cache's one second if you need it.
 //!
 //! ```
 //! # use std::time::Duration;
