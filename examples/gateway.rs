@@ -14,8 +14,32 @@
 //!     [--headers ietf|legacy|both|none]
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
-//!     [--no-limit] [--admin-listen ADDR]
+//!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
+//!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //! ```
+//!
+//! `--config FILE`: the limit settings in TOML, one key per flag with the flag's name
+//! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
+//! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
+//! table, `gold = "100/1m"`), `count_only`, `concurrency`, `lease_ms`, `unit_lease_ms`,
+//! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; a key given
+//! as a flag too is refused at start-up; every other flag stays a flag, and is refused in the
+//! file. The file is read again on `SIGHUP` and when its content changes (looked at every
+//! 200 ms), with one stderr line: `config reloaded: FILE: limit QUOTA`, or `config refused:
+//! REASON`, when the file does not parse (a half-written one included) or changes a setting
+//! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
+//! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
+//! effect for the next request, drops no connection and keeps every counter (a key's state
+//! is read under the new quota, see the guide's quotas per request).
+//! `--check-config FILE` prints `ok` and exits 0 when the file would start the gateway, or
+//! prints the error (the line and the field) on stderr and exits 1.
+//!
+//! `--allow LIST` and `--deny LIST` (comma-separated keys, addresses and CIDRs, e.g.
+//! `vip,10.0.0.0/8,2001:db8::/32`): requests whose key, or whose client address (as `--key ip`
+//! finds it, `--trusted-proxy` included, whatever `--key` is), is on the allow list are served
+//! without a store call and without rate-limit fields; those on the deny list get 403. Deny
+//! wins over allow, allow over a ban, a ban over the limit. Not with `--concurrency`, which
+//! would still count allowed keys.
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
 //! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`. Each KEY has one plan; with
@@ -48,7 +72,24 @@
 //!   `failure_policy`);
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
 //!   `[{"key": "...", "policy": "default", "denied": N, "would_deny": M}, ...]`, sorted by
-//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied.
+//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied;
+//! - `GET /keys/{key}`: the key's state, spending nothing, as JSON, `{"key": "...", "policy":
+//!   "default", "limit": N, "remaining": N, "reset_ms": N, "banned_ms": N}` (`remaining` and
+//!   `reset_ms` as a check of cost 0 would show them; `banned_ms` 0 when not banned);
+//! - `DELETE /keys/{key}` (204): forgets what the key spent (not its ban) and frees its
+//!   concurrency slots; every gateway sharing the store decides it afresh within 1 s;
+//! - `PUT /bans/{key}?seconds=N` (1 to 86,400, else 400; 204): every gateway sharing the store
+//!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
+//!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s.
+//!
+//! `{key}` is the text the key extractor produces, percent-encoded: a header's value with
+//! `--key header:NAME`, the client address with `--key ip` (an IPv6 client as its network,
+//! `2001:db8::/64`; a whole IPv6 address is taken to its network), `global` with `--key
+//! global`. `--admin-token TOKEN` or `--admin-token-file FILE` (the token on the file's first
+//! line, out of sight of `ps`): every admin request needs `Authorization: Bearer TOKEN`, else
+//! 401; one of them is required when `--admin-listen` is not a loopback address. Each change
+//! is logged once at `info` (`admin:` what, the key, the peer's address). The admin listener
+//! never shares the public one: without `--admin-listen`, none of this is reachable.
 //!
 //! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
@@ -86,20 +127,28 @@
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
 
-use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
-    extract::{Path, Query},
+    extract::{ConnectInfo, Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, put},
     Router,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
-    rate_limit::{HeaderStyle, StatusSet, UnitLease},
+    config::{self, FileError},
+    extract::Key,
+    rate_limit::{AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease},
     store::redis::Batching,
     store::Store,
     ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
@@ -114,11 +163,13 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
-[--batch] [--no-limit] [--admin-listen ADDR]";
+[--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
+[--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+#[derive(Clone)]
 struct Args {
     listen: SocketAddr,
     redis: Option<String>,
@@ -160,8 +211,22 @@ struct Args {
     lease: Option<Duration>,
     /// `--unit-lease-ms N`: unit leases for hot allowed keys, handed out for at most N ms.
     unit_lease: Option<Duration>,
-    /// `--admin-listen ADDR`: the operators' listener (`/metrics`, `/top`).
+    /// `--admin-listen ADDR`: the operators' listener (`/metrics`, `/top`, `/keys`, `/bans`).
     admin_listen: Option<SocketAddr>,
+    /// `--admin-token TOKEN`: what admin requests must carry.
+    admin_token: Option<String>,
+    /// `--admin-token-file FILE`: the same, read from a file.
+    admin_token_file: Option<String>,
+    /// `--allow LIST`: keys and networks never limited.
+    allow: Option<AccessList>,
+    /// `--deny LIST`: keys and networks always refused.
+    deny: Option<AccessList>,
+    /// `--config FILE`: the limit settings, reloaded while the gateway runs.
+    config: Option<String>,
+    /// `--check-config FILE`: check the file and exit.
+    check_config: Option<String>,
+    /// The flags given on the command line (the file may not give them again).
+    given: Vec<String>,
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -230,193 +295,470 @@ fn parse_args() -> Result<Args, String> {
         lease: None,
         unit_lease: None,
         admin_listen: None,
+        admin_token: None,
+        admin_token_file: None,
+        allow: None,
+        deny: None,
+        config: None,
+        check_config: None,
+        given: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }
-        if flag == "--no-limit" {
-            a.no_limit = true;
-            continue;
-        }
-        if flag == "--batch" {
-            a.batch = true;
-            continue;
-        }
-        if flag == "--shadow" {
-            a.shadow = true;
-            continue;
-        }
-        if flag == "--lazy-connect" {
-            a.lazy_connect = true;
-            continue;
-        }
-        const FLAGS: &[&str] = &[
-            "--listen",
-            "--redis",
-            "--redis-cluster",
-            "--redis-sentinel",
-            "--sentinel-master",
-            "--redis-ca",
-            "--redis-cert",
-            "--redis-key",
-            "--connect-timeout-ms",
-            "--algorithm",
-            "--limit",
-            "--per",
-            "--burst",
-            "--key",
-            "--trusted-proxy",
-            "--ipv6-prefix",
-            "--on-redis-error",
-            "--local-share",
-            "--timeout-ms",
-            "--headers",
-            "--prefix",
-            "--log",
-            "--plan",
-            "--count-only",
-            "--concurrency",
-            "--lease-ms",
-            "--unit-lease-ms",
-            "--admin-listen",
-        ];
-        if !FLAGS.contains(&flag.as_str()) {
+        let value = if BOOLEAN_FLAGS.contains(&flag.as_str()) {
+            None
+        } else if VALUE_FLAGS.contains(&flag.as_str()) {
+            Some(it.next().ok_or_else(|| format!("{flag} needs a value"))?)
+        } else {
             return Err(format!("unknown flag {flag}"));
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
-        match flag.as_str() {
-            "--listen" => {
-                a.listen = value
-                    .parse()
-                    .map_err(|_| bad("an address like 127.0.0.1:3000"))?
-            }
-            "--admin-listen" => {
-                a.admin_listen = Some(
-                    value
-                        .parse()
-                        .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
-                )
-            }
-            "--redis" => a.redis = Some(value),
-            "--redis-cluster" => {
-                a.redis_cluster = Some(
-                    url_list(&value).ok_or_else(|| bad("a comma-separated list of node URLs"))?,
-                )
-            }
-            "--redis-sentinel" => {
-                a.redis_sentinel = Some(
-                    url_list(&value)
-                        .ok_or_else(|| bad("a comma-separated list of Sentinel URLs"))?,
-                )
-            }
-            "--sentinel-master" => a.sentinel_master = Some(value),
-            "--redis-ca" => a.redis_ca = Some(value),
-            "--redis-cert" => a.redis_cert = Some(value),
-            "--redis-key" => a.redis_key = Some(value),
-            "--connect-timeout-ms" => {
-                a.connect_timeout = Duration::from_millis(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &u64| n > 0)
-                        .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
-                )
-            }
-            "--algorithm" => match value.as_str() {
-                "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
-                _ => return Err(bad("token-bucket, gcra or sliding-window")),
-            },
-            "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
-            "--per" => {
-                a.per =
-                    parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
-            }
-            "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
-            "--key" => match value.as_str() {
-                "global" | "ip" => a.key = value,
-                v if v.starts_with("header:") && v.len() > 7 => a.key = value,
-                _ => return Err(bad("global, ip or header:NAME")),
-            },
-            "--trusted-proxy" => a.trusted.push(value),
-            "--ipv6-prefix" => {
-                a.ipv6_prefix = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=128).contains(n))
-                    .ok_or_else(|| bad("a prefix length from 1 to 128"))?
-            }
-            "--on-redis-error" => {
-                a.on_error = match value.as_str() {
-                    "open" => FailurePolicy::Open,
-                    "closed" => FailurePolicy::Closed,
-                    "local" => FailurePolicy::Local,
-                    _ => return Err(bad("open, closed or local")),
-                }
-            }
-            "--local-share" => {
-                a.local_share = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| bad("a whole number of instances, at least 1"))?
-            }
-            "--timeout-ms" => {
-                a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
-            }
-            "--headers" => {
-                a.headers = match value.as_str() {
-                    "ietf" => HeaderStyle::Ietf,
-                    "legacy" => HeaderStyle::Legacy,
-                    "both" => HeaderStyle::Both,
-                    "none" => HeaderStyle::None,
-                    _ => return Err(bad("ietf, legacy, both or none")),
-                }
-            }
-            "--prefix" => a.prefix = value,
-            "--plan" => {
-                let plan = value.rsplit_once('=').and_then(|(key, quota)| {
-                    let (n, per) = quota.split_once('/')?;
-                    let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
-                    (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
-                });
-                a.plans
-                    .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
-            }
-            "--count-only" => {
-                let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
-                a.count_only = Some(set);
-            }
-            "--concurrency" => {
-                a.concurrency = Some(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &u32| n > 0)
-                        .ok_or_else(|| bad("a whole number of requests, at least 1"))?,
-                )
-            }
-            "--lease-ms" => {
-                a.lease = Some(Duration::from_millis(
-                    value
-                        .parse()
-                        .map_err(|_| bad("a whole number of milliseconds"))?,
-                ))
-            }
-            "--unit-lease-ms" => {
-                a.unit_lease = Some(Duration::from_millis(
-                    value
-                        .parse()
-                        .map_err(|_| bad("a whole number of milliseconds"))?,
-                ))
-            }
-            "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
-            _ => unreachable!("checked against FLAGS above"),
-        }
+        };
+        a.given.push(flag.clone());
+        apply_flag(&mut a, &flag, value)?;
     }
     Ok(a)
+}
+
+/// The flags that take no value.
+const BOOLEAN_FLAGS: &[&str] = &["--no-limit", "--batch", "--shadow", "--lazy-connect"];
+
+/// The flags that take a value.
+const VALUE_FLAGS: &[&str] = &[
+    "--listen",
+    "--redis",
+    "--redis-cluster",
+    "--redis-sentinel",
+    "--sentinel-master",
+    "--redis-ca",
+    "--redis-cert",
+    "--redis-key",
+    "--connect-timeout-ms",
+    "--algorithm",
+    "--limit",
+    "--per",
+    "--burst",
+    "--key",
+    "--trusted-proxy",
+    "--ipv6-prefix",
+    "--on-redis-error",
+    "--local-share",
+    "--timeout-ms",
+    "--headers",
+    "--prefix",
+    "--log",
+    "--plan",
+    "--count-only",
+    "--concurrency",
+    "--lease-ms",
+    "--unit-lease-ms",
+    "--admin-listen",
+    "--admin-token",
+    "--admin-token-file",
+    "--allow",
+    "--deny",
+    "--config",
+    "--check-config",
+];
+
+/// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
+fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), String> {
+    let Some(value) = value else {
+        match flag {
+            "--no-limit" => a.no_limit = true,
+            "--batch" => a.batch = true,
+            "--shadow" => a.shadow = true,
+            "--lazy-connect" => a.lazy_connect = true,
+            _ => unreachable!("checked against BOOLEAN_FLAGS"),
+        }
+        return Ok(());
+    };
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    match flag {
+        "--listen" => {
+            a.listen = value
+                .parse()
+                .map_err(|_| bad("an address like 127.0.0.1:3000"))?
+        }
+        "--admin-listen" => {
+            a.admin_listen = Some(
+                value
+                    .parse()
+                    .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
+            )
+        }
+        "--allow" | "--deny" => {
+            let list =
+                AccessList::parse(value.split(',')).map_err(|e| format!("{flag} {value}: {e}"))?;
+            match flag {
+                "--allow" => a.allow = Some(list),
+                _ => a.deny = Some(list),
+            }
+        }
+        "--config" => a.config = Some(value),
+        "--check-config" => a.check_config = Some(value),
+        "--admin-token" => a.admin_token = Some(value),
+        "--admin-token-file" => a.admin_token_file = Some(value),
+        "--redis" => a.redis = Some(value),
+        "--redis-cluster" => {
+            a.redis_cluster =
+                Some(url_list(&value).ok_or_else(|| bad("a comma-separated list of node URLs"))?)
+        }
+        "--redis-sentinel" => {
+            a.redis_sentinel = Some(
+                url_list(&value).ok_or_else(|| bad("a comma-separated list of Sentinel URLs"))?,
+            )
+        }
+        "--sentinel-master" => a.sentinel_master = Some(value),
+        "--redis-ca" => a.redis_ca = Some(value),
+        "--redis-cert" => a.redis_cert = Some(value),
+        "--redis-key" => a.redis_key = Some(value),
+        "--connect-timeout-ms" => {
+            a.connect_timeout = Duration::from_millis(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u64| n > 0)
+                    .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
+            )
+        }
+        "--algorithm" => match value.as_str() {
+            "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
+            _ => return Err(bad("token-bucket, gcra or sliding-window")),
+        },
+        "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
+        "--per" => {
+            a.per = parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
+        }
+        "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
+        "--key" => match value.as_str() {
+            "global" | "ip" => a.key = value,
+            v if v.starts_with("header:") && v.len() > 7 => a.key = value,
+            _ => return Err(bad("global, ip or header:NAME")),
+        },
+        "--trusted-proxy" => a.trusted.push(value),
+        "--ipv6-prefix" => {
+            a.ipv6_prefix = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=128).contains(n))
+                .ok_or_else(|| bad("a prefix length from 1 to 128"))?
+        }
+        "--on-redis-error" => {
+            a.on_error = match value.as_str() {
+                "open" => FailurePolicy::Open,
+                "closed" => FailurePolicy::Closed,
+                "local" => FailurePolicy::Local,
+                _ => return Err(bad("open, closed or local")),
+            }
+        }
+        "--local-share" => {
+            a.local_share = value
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad("a whole number of instances, at least 1"))?
+        }
+        "--timeout-ms" => {
+            a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
+        }
+        "--headers" => {
+            a.headers = match value.as_str() {
+                "ietf" => HeaderStyle::Ietf,
+                "legacy" => HeaderStyle::Legacy,
+                "both" => HeaderStyle::Both,
+                "none" => HeaderStyle::None,
+                _ => return Err(bad("ietf, legacy, both or none")),
+            }
+        }
+        "--prefix" => a.prefix = value,
+        "--plan" => {
+            let plan = value.rsplit_once('=').and_then(|(key, quota)| {
+                let (n, per) = quota.split_once('/')?;
+                let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
+                (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
+            });
+            a.plans
+                .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
+        }
+        "--count-only" => {
+            let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
+            a.count_only = Some(set);
+        }
+        "--concurrency" => {
+            a.concurrency = Some(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u32| n > 0)
+                    .ok_or_else(|| bad("a whole number of requests, at least 1"))?,
+            )
+        }
+        "--lease-ms" => {
+            a.lease = Some(Duration::from_millis(
+                value
+                    .parse()
+                    .map_err(|_| bad("a whole number of milliseconds"))?,
+            ))
+        }
+        "--unit-lease-ms" => {
+            a.unit_lease = Some(Duration::from_millis(
+                value
+                    .parse()
+                    .map_err(|_| bad("a whole number of milliseconds"))?,
+            ))
+        }
+        "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
+        _ => unreachable!("checked against VALUE_FLAGS"),
+    }
+    Ok(())
+}
+
+/// The keys of a `--config` file: the limit settings' flags, dashes as underscores.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFlags {
+    algorithm: Option<String>,
+    limit: Option<u32>,
+    per: Option<String>,
+    burst: Option<u32>,
+    key: Option<String>,
+    trusted_proxy: Option<Vec<String>>,
+    ipv6_prefix: Option<u8>,
+    on_redis_error: Option<String>,
+    local_share: Option<u32>,
+    timeout_ms: Option<u64>,
+    headers: Option<String>,
+    plans: Option<std::collections::BTreeMap<String, String>>,
+    count_only: Option<String>,
+    concurrency: Option<u32>,
+    lease_ms: Option<u64>,
+    unit_lease_ms: Option<u64>,
+    shadow: Option<bool>,
+    allow: Option<Vec<String>>,
+    deny: Option<Vec<String>>,
+}
+
+/// Flags that stay flags: refused in a file, with a word on where they go.
+const NOT_IN_FILE: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "admin_token",
+    "admin_token_file",
+    "redis",
+    "redis_cluster",
+    "redis_sentinel",
+    "sentinel_master",
+    "redis_ca",
+    "redis_cert",
+    "redis_key",
+    "connect_timeout_ms",
+    "lazy_connect",
+    "prefix",
+    "log",
+    "batch",
+    "no_limit",
+    "config",
+    "check_config",
+];
+
+/// The settings of `base` (the command line) with those of the file at `path`: every error
+/// names the file, and the line and the field; a flag given on the command line and in the
+/// file is refused.
+fn with_file(base: &Args, path: &str) -> Result<Args, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+    let in_file = |e: FileError| format!("--config {path}: {e}");
+    let file: FileFlags = config::from_toml(&text).map_err(|mut e| {
+        if let Some(field) = e.field().filter(|f| NOT_IN_FILE.contains(f)) {
+            let flag = format!("--{}", field.replace('_', "-"));
+            e = FileError::field_error(
+                &text,
+                field,
+                format!("{flag} stays a flag: give it on the command line"),
+            );
+        }
+        in_file(e)
+    })?;
+    let mut pairs: Vec<(&str, String, Option<String>)> = Vec::new();
+    let mut put = |key: &'static str, value: Option<String>| {
+        pairs.push((key, format!("--{}", key.replace('_', "-")), value))
+    };
+    let shown = |v: &dyn std::fmt::Display| Some(v.to_string());
+    if let Some(v) = &file.algorithm {
+        put("algorithm", shown(v));
+    }
+    if let Some(v) = file.limit {
+        put("limit", shown(&v));
+    }
+    if let Some(v) = &file.per {
+        put("per", shown(v));
+    }
+    if let Some(v) = file.burst {
+        put("burst", shown(&v));
+    }
+    if let Some(v) = &file.key {
+        put("key", shown(v));
+    }
+    for v in file.trusted_proxy.iter().flatten() {
+        put("trusted_proxy", shown(v));
+    }
+    if let Some(v) = file.ipv6_prefix {
+        put("ipv6_prefix", shown(&v));
+    }
+    if let Some(v) = &file.on_redis_error {
+        put("on_redis_error", shown(v));
+    }
+    if let Some(v) = file.local_share {
+        put("local_share", shown(&v));
+    }
+    if let Some(v) = file.timeout_ms {
+        put("timeout_ms", shown(&v));
+    }
+    if let Some(v) = &file.headers {
+        put("headers", shown(v));
+    }
+    for (k, v) in file.plans.iter().flatten() {
+        put("plans", Some(format!("{k}={v}")));
+    }
+    if let Some(v) = &file.count_only {
+        put("count_only", shown(v));
+    }
+    if let Some(v) = file.concurrency {
+        put("concurrency", shown(&v));
+    }
+    if let Some(v) = file.lease_ms {
+        put("lease_ms", shown(&v));
+    }
+    if let Some(v) = file.unit_lease_ms {
+        put("unit_lease_ms", shown(&v));
+    }
+    if file.shadow == Some(true) {
+        put("shadow", None);
+    }
+    if let Some(v) = &file.allow {
+        put("allow", Some(v.join(",")));
+    }
+    if let Some(v) = &file.deny {
+        put("deny", Some(v.join(",")));
+    }
+    let mut a = base.clone();
+    for (key, flag, value) in pairs {
+        // `plans` is the file's name for `--plan`.
+        let flag = if key == "plans" {
+            "--plan".to_owned()
+        } else {
+            flag
+        };
+        if base.given.contains(&flag) {
+            return Err(in_file(FileError::field_error(
+                &text,
+                key,
+                format!("{flag} is given on the command line too: give it in one place"),
+            )));
+        }
+        apply_flag(&mut a, &flag, value).map_err(|e| {
+            // The flag's own message, without the flag's name: the field says which.
+            let e = e
+                .strip_prefix(&format!("{flag}: "))
+                .map_or(e.clone(), str::to_owned);
+            in_file(FileError::field_error(&text, key, e))
+        })?;
+    }
+    Ok(a)
+}
+
+/// The settings a reload may change: those of [`Limits`]. The others (the algorithm, the key
+/// and the rest) need a restart.
+fn fixed(a: &Args) -> [(&'static str, String); 12] {
+    [
+        ("algorithm", a.algorithm.clone()),
+        ("key", a.key.clone()),
+        ("trusted_proxy", format!("{:?}", a.trusted)),
+        ("ipv6_prefix", a.ipv6_prefix.to_string()),
+        ("on_redis_error", format!("{:?}", a.on_error)),
+        ("local_share", a.local_share.to_string()),
+        ("timeout_ms", format!("{:?}", a.timeout)),
+        ("headers", format!("{:?}", a.headers)),
+        (
+            "count_only",
+            a.count_only.map(|s| s.to_string()).unwrap_or_default(),
+        ),
+        ("concurrency", format!("{:?}", a.concurrency)),
+        ("lease_ms", format!("{:?}", a.lease)),
+        ("unit_lease_ms", format!("{:?}", a.unit_lease)),
+    ]
+}
+
+/// The limits `a` sets, for the layer's live limits.
+fn limits_of(a: &Args) -> Limits {
+    let mut quota = Quota::new(a.limit, a.per);
+    if let Some(b) = a.burst {
+        quota = quota.burst(b);
+    }
+    let mut limits = Limits::new(quota).shadow(a.shadow);
+    for (key, plan, _) in &a.plans {
+        limits = limits.plan(key, *plan);
+    }
+    limits
+        .allow(a.allow.clone().unwrap_or_default())
+        .deny(a.deny.clone().unwrap_or_default())
+}
+
+/// Reads the file again: the new limits in force, or the reason they are not (the running
+/// ones stay). One stderr line either way.
+fn reload(base: &Args, path: &str, running: &mut Args, live: &LiveLimits) {
+    let outcome = with_file(base, path).and_then(|next| {
+        for ((field, now), (_, then)) in fixed(running).iter().zip(fixed(&next).iter()) {
+            if now != then {
+                return Err(format!(
+                    "{field} cannot change without a restart ({now} in force, {then} in the file)"
+                ));
+            }
+        }
+        check(&next).map_err(|e| e.to_string())?;
+        live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
+        Ok(next)
+    });
+    match outcome {
+        Ok(next) => {
+            *running = next;
+            eprintln!(
+                "config reloaded: {path}: limit {}",
+                limits_of(running).quota()
+            );
+        }
+        Err(reason) => eprintln!("config refused: {reason}"),
+    }
+}
+
+/// Reloads the file at `path` on SIGHUP and when its content changes (looked at every 200 ms),
+/// for as long as the gateway runs.
+fn watch(base: Args, path: String, mut running: Args, live: LiveLimits) {
+    tokio::spawn(async move {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("config: no SIGHUP reloads ({e}); the file is still watched");
+                None
+            }
+        };
+        let read = |path: &str| std::fs::read(path).ok();
+        let mut seen = read(&path);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            let signalled = tokio::select! {
+                Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                _ = tick.tick() => false,
+            };
+            let now = read(&path);
+            if signalled || now != seen {
+                seen = now;
+                reload(&base, &path, &mut running, &live);
+            }
+        }
+    });
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -442,15 +784,18 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
     Ok(match args.key.as_str() {
         "global" => Arc::new(GlobalKey),
-        "ip" => {
-            let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
-            for cidr in &args.trusted {
-                ip = ip.trust(cidr)?;
-            }
-            Arc::new(ip)
-        }
+        "ip" => Arc::new(client_ip(args)?),
         header => Arc::new(HeaderKey::new(&header["header:".len()..])?),
     })
+}
+
+/// The client address as `--key ip` finds it: the peer, or what `--trusted-proxy` forwarded.
+fn client_ip(args: &Args) -> Result<ClientIp, BoxError> {
+    let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
+    for cidr in &args.trusted {
+        ip = ip.trust(cidr)?;
+    }
+    Ok(ip)
 }
 
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
@@ -499,28 +844,237 @@ fn rate_limiter(
     })
 }
 
-/// The operators' listener: `/metrics` (Prometheus text) and `/top?n=N` (JSON).
-fn admin_router(metrics: PrometheusHandle, limiter: RateLimiter<Arc<dyn Algorithm>>) -> Router {
+/// What the operators' listener serves from: the metrics, the limiters, how a key is
+/// written, and the token its requests must carry.
+#[derive(Clone)]
+struct AdminState {
+    metrics: PrometheusHandle,
+    limiter: RateLimiter<Arc<dyn Algorithm>>,
+    concurrency: Option<ConcurrencyLimiter>,
+    keys: KeyText,
+    token: Option<Arc<[u8]>>,
+}
+
+/// How the key extractor writes a key, so that an operator's text names the same key.
+#[derive(Clone, Copy)]
+enum KeyText {
+    /// `--key ip`: an address, an IPv6 client as its /N network.
+    Ip { ipv6_prefix: u8 },
+    /// `--key header:NAME` and `--key global`: the text itself.
+    Text,
+}
+
+impl KeyText {
+    fn of(args: &Args) -> Self {
+        match args.key.as_str() {
+            "ip" => KeyText::Ip {
+                ipv6_prefix: args.ipv6_prefix,
+            },
+            _ => KeyText::Text,
+        }
+    }
+
+    /// The key `text` names, or why it names none.
+    fn key(self, text: &str) -> Result<Key<'static>, String> {
+        let KeyText::Ip { ipv6_prefix } = self else {
+            return Ok(Key::from(text.to_owned()));
+        };
+        let not = || format!("{text:?} is not an address or ADDRESS/BITS");
+        match text.split_once('/') {
+            Some((ip, bits)) => {
+                let ip: IpAddr = ip.parse().map_err(|_| not())?;
+                let max = if ip.is_ipv4() { 32 } else { 128 };
+                match bits.parse::<u8>() {
+                    Ok(bits) if bits <= max => Ok(Key::network(ip, bits)),
+                    _ => Err(not()),
+                }
+            }
+            None => match text.parse::<IpAddr>().map_err(|_| not())? {
+                // As the extractor keys a client: an IPv6 address by its network.
+                ip @ IpAddr::V6(_) => Ok(Key::network(ip, ipv6_prefix)),
+                ip => Ok(Key::ip(ip)),
+            },
+        }
+    }
+}
+
+/// The operators' listener: `/metrics` (Prometheus text), `/top?n=N` (JSON), `/keys/{key}`
+/// (`GET` the state, `DELETE` to reset) and `/bans/{key}` (`PUT ?seconds=N`, `DELETE`),
+/// every route behind the token when there is one.
+fn admin_router(state: AdminState) -> Router {
+    let guard = state.token.clone();
     Router::new()
         .route(
             "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        metrics.render(),
-                    )
-                }
+            get(|State(s): State<AdminState>| async move {
+                (
+                    [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    s.metrics.render(),
+                )
             }),
         )
         .route(
             "/top",
-            get(move |Query(query): Query<HashMap<String, String>>| {
-                let limiter = limiter.clone();
-                async move { top(&limiter, query.get("n").map(String::as_str)) }
-            }),
+            get(
+                |State(s): State<AdminState>, Query(query): Query<HashMap<String, String>>| async move {
+                    top(&s.limiter, query.get("n").map(String::as_str))
+                },
+            ),
         )
+        .route("/keys/{*key}", get(peek_key).delete(reset_key))
+        .route("/bans/{*key}", put(ban_key).delete(unban_key))
+        .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let guard = guard.clone();
+            async move {
+                match guard {
+                    Some(token) if !authorized(&req, &token) => (
+                        StatusCode::UNAUTHORIZED,
+                        [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                        "an admin token is required: Authorization: Bearer TOKEN\n",
+                    )
+                        .into_response(),
+                    _ => next.run(req).await,
+                }
+            }
+        }))
+        .with_state(state)
+}
+
+/// Whether `req` carries `Authorization: Bearer TOKEN`, compared in constant time (no timing
+/// tells how much of a guess was right).
+fn authorized(req: &axum::extract::Request, token: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(given) = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.ct_eq(token))
+}
+
+/// An admin call that failed: 400 for a key that names none, 503 when the store failed.
+fn admin_error(status: StatusCode, e: impl std::fmt::Display) -> Response {
+    (status, format!("{e}\n")).into_response()
+}
+
+/// `GET /keys/{key}`: the key's state, spending nothing.
+async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    let ms = |d: Duration| d.as_micros().div_ceil(1_000) as u64;
+    match s.limiter.peek(key).await {
+        Ok(state) => axum::Json(serde_json::json!({
+            "key": text,
+            "policy": &*state.policy,
+            "limit": state.limit,
+            "remaining": state.remaining,
+            "reset_ms": ms(state.reset_after),
+            "banned_ms": state.banned_for.map_or(0, ms),
+        }))
+        .into_response(),
+        Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e)),
+    }
+}
+
+/// `DELETE /keys/{key}`: forgets what the key spent, and its concurrency slots.
+async fn reset_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.reset(key.clone()).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    if let Some(concurrency) = &s.concurrency {
+        if let Err(e) = concurrency.reset(key).await {
+            return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+        }
+    }
+    tracing::info!(key = %text, peer = %peer, "admin: key reset");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `PUT /bans/{key}?seconds=N`: bans the key for N seconds, 1 to 86,400.
+async fn ban_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let seconds = match query.get("seconds").map(|n| n.parse::<u64>()) {
+        Some(Ok(n)) if (1..=86_400).contains(&n) => n,
+        _ => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                "seconds is a whole number from 1 to 86400",
+            )
+        }
+    };
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.ban(key, Duration::from_secs(seconds)).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    tracing::info!(key = %text, seconds, peer = %peer, "admin: key banned");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `DELETE /bans/{key}`: lifts the key's ban.
+async fn unban_key(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(text): Path<String>,
+) -> Response {
+    let key = match s.keys.key(&text) {
+        Ok(key) => key,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Err(e) = s.limiter.unban(key).await {
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+    }
+    tracing::info!(key = %text, peer = %peer, "admin: ban lifted");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The admin token: `--admin-token`, or the first line of `--admin-token-file`; required
+/// when the admin listener is not on a loopback address.
+fn admin_token(args: &Args) -> Result<Option<Arc<[u8]>>, String> {
+    let token = match (&args.admin_token, &args.admin_token_file) {
+        (Some(_), Some(_)) => return Err("give one of --admin-token and --admin-token-file".into()),
+        (Some(token), None) => Some(token.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--admin-token-file {path}: {e}"))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        (None, None) => None,
+    };
+    let Some(addr) = args.admin_listen else {
+        if token.is_some() {
+            return Err("--admin-token and --admin-token-file guard --admin-listen: give --admin-listen ADDR".into());
+        }
+        return Ok(None);
+    };
+    match token {
+        Some(t) if t.is_empty() || t.len() > 4096 || t.bytes().any(|b| !b.is_ascii_graphic()) => Err(
+            "the admin token must be 1 to 4096 visible ASCII characters (no spaces)".into(),
+        ),
+        Some(t) => Ok(Some(t.into_bytes().into())),
+        None if addr.ip().is_loopback() => Ok(None),
+        None => Err(format!(
+            "--admin-listen {addr} is not a loopback address: give --admin-token or --admin-token-file"
+        )),
+    }
 }
 
 /// `GET /top?n=N`: the instance's most denied keys, as JSON; `n` from 1 to 10,000 (default
@@ -553,6 +1107,7 @@ fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
 }
 
 async fn serve(
+    base: Args,
     args: Args,
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
@@ -561,6 +1116,7 @@ async fn serve(
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
     let limiter = rate_limiter(&args, store, algorithm)?;
     let watched = limiter.clone();
+    let admin_concurrency = concurrency.clone();
     if let Some(lifetime) = args.unit_lease {
         println!(
             "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",
@@ -568,13 +1124,39 @@ async fn serve(
         );
     }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    if args.allow.is_some() || args.deny.is_some() || args.config.is_some() {
+        layer = layer.list_addresses(client_ip(&args)?);
+    }
+    if let Some(list) = args.allow.clone() {
+        println!(
+            "allow list: {} keys and {} networks served without a limit",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.allow(list);
+    }
+    if let Some(list) = args.deny.clone() {
+        println!(
+            "deny list: {} keys and {} networks refused (403)",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.deny(list);
+    }
     if let Some(statuses) = args.count_only {
         println!(
             "counting only responses with status {statuses}; the others give their units back"
         );
         layer = layer.count_only(statuses)?;
     }
-    if let Some(header) = args
+    let mut watched_file = None;
+    if let Some(path) = &args.config {
+        // The limits from the file, replaced on each reload (plans and lists included).
+        let (live_layer, live) = layer.live(limits_of(&args))?;
+        layer = live_layer;
+        println!("config: {path} (reloaded on SIGHUP and when it changes)");
+        watched_file = Some((path.clone(), live));
+    } else if let Some(header) = args
         .key
         .strip_prefix("header:")
         .filter(|_| !args.plans.is_empty())
@@ -616,13 +1198,23 @@ async fn serve(
         }
         None => app,
     };
+    if let Some((path, live)) = watched_file {
+        watch(base, path, args.clone(), live);
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
     if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
         let admin = tokio::net::TcpListener::bind(addr).await?;
         println!("admin listening on http://{}", admin.local_addr()?);
-        let app = admin_router(metrics, watched);
+        let app = admin_router(AdminState {
+            metrics,
+            limiter: watched,
+            concurrency: admin_concurrency,
+            keys: KeyText::of(&args),
+            token: admin_token(&args)?,
+        });
         tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             if let Err(e) = axum::serve(admin, app).await {
                 tracing::error!(error = %e, "admin listener stopped");
             }
@@ -662,7 +1254,9 @@ async fn sleep(Path(ms): Path<String>) -> Response {
     }
 }
 
-async fn run(args: Args) -> Result<(), BoxError> {
+/// Everything that can be checked before connecting to anything: the quota and the algorithm
+/// it builds, or the first setting that cannot work (at start-up, `--check-config`, a reload).
+fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), BoxError> {
     let mut quota = Quota::new(args.limit, args.per);
     if let Some(b) = args.burst {
         quota = quota.burst(b);
@@ -673,18 +1267,25 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
         _ => Arc::new(Gcra::new(quota)?),
     };
-    rate_limiter(&args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
-    key_extractor(&args)?;
+    rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
+    key_extractor(args)?;
+    admin_token(args)?;
     if args.shadow && args.concurrency.is_some() {
         return Err(
             "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"
                 .into(),
         );
     }
+    if (args.allow.is_some() || args.deny.is_some()) && args.concurrency.is_some() {
+        return Err(
+            "--allow and --deny cover the rate limit only: --concurrency would still count and refuse listed keys; give one or the other"
+                .into(),
+        );
+    }
     if args.lease.is_some() && args.concurrency.is_none() {
         return Err("--lease-ms is the lease of --concurrency: give --concurrency N".into());
     }
-    concurrency_limiter(&args, Arc::new(MemoryStore::new()))?;
+    concurrency_limiter(args, Arc::new(MemoryStore::new()))?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err("--plan gives a quota per key of --key header:NAME".into());
     }
@@ -701,6 +1302,32 @@ async fn run(args: Args) -> Result<(), BoxError> {
             .with_quota(*plan)
             .map_err(|e| format!("--plan {given}: {e}"))?;
     }
+    Ok((quota, algorithm))
+}
+
+/// `--check-config FILE`: `ok` on stdout, or the error on stderr.
+fn check_config(args: &Args, path: &str) -> ExitCode {
+    match with_file(args, path)
+        .map_err(BoxError::from)
+        .and_then(|a| check(&a))
+    {
+        Ok(_) => {
+            println!("ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", chain(&*e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(base: Args) -> Result<(), BoxError> {
+    let args = match &base.config {
+        Some(path) => with_file(&base, path)?,
+        None => base.clone(),
+    };
+    let (quota, algorithm) = check(&args)?;
     let redis_flags = [
         args.redis.is_some(),
         args.redis_cluster.is_some(),
@@ -820,7 +1447,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         ),
         None => None,
     };
-    serve(args, store, algorithm, metrics).await
+    serve(base, args, store, algorithm, metrics).await
 }
 
 #[tokio::main]
@@ -835,6 +1462,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(path) = &args.check_config {
+        return check_config(&args, path);
+    }
     tracing_subscriber::fmt()
         .with_max_level(args.log)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

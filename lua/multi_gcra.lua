@@ -2,13 +2,14 @@
 -- admitted only if every limit admits it, and then takes its cost from all of them; if any
 -- limit refuses, nothing is taken from any. One TAT per limit; all keys share the caller's
 -- hash tag.
--- KEYS[i]  TAT of limit i
+-- KEYS[i]  TAT of limit i; the last key: the key's ban (see gcra.lua)
 -- ARGV     now|'', cost, then emission_us, burst for each limit
 -- Reply: the shared 4 integers for the binding limit (denied: the longest wait; allowed: the
 -- fewest units left), its 0-based index, then remaining, retry_after_us (0 = this limit would
 -- admit, -1 = never), reset_after_us for each limit; when admitted, then `now` (each limit's
--- charge lies just before now + its reset_after_us, which a refund needs).
-local n = #KEYS
+-- charge lies just before now + its reset_after_us, which a refund needs). While the key is
+-- banned: {2, 0, left_us, left_us}, nothing taken.
+local n = #KEYS - 1
 if n < 1 or #ARGV ~= 2 + 2 * n then
   return redis.error_reply('ERR tower-redis-ratelimit: invalid argument count')
 end
@@ -22,6 +23,16 @@ for i = 1, n do
     return redis.error_reply(bad)
   end
   now = checked
+end
+
+local ban = redis.call('GET', KEYS[n + 1])
+if ban then
+  ban = tonumber(ban)
+  if ban == nil or ban % 1 ~= 0 or ban < 0 or ban > 4503599627370496 then
+    return redis.error_reply('ERR tower-redis-ratelimit: corrupted ban under ' .. KEYS[n + 1])
+  elseif ban > now then
+    return { 2, 0, ban - now, ban - now }
+  end
 end
 
 local tat, remaining, retry = {}, {}, {}

@@ -9,7 +9,10 @@
 --     check, the reservation and the refund of each algorithm.
 --   * Every other argument is a positive integer; all are validated here, before any write.
 --   * All arithmetic stays on integers below 2^52, where Lua's doubles are exact.
---   * The reply is {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us}.
+--   * The reply is {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us};
+--     a check of a banned key answers {2, 0, left_us, left_us} and takes nothing. The ban's
+--     key comes last in KEYS; the limiters always give it, a script called without it
+--     reads no ban.
 local MAX = 4503599627370496 -- 2^52
 
 local function fail(msg)
@@ -39,6 +42,23 @@ local function stored_int(v, what)
     fail('corrupted ' .. what .. ' under ' .. KEYS[1])
   end
   return n
+end
+
+-- The time left at `now` of the ban under `key` (its end in microseconds, see keys.rs), or 0
+-- when the key is not banned or no ban key was given (a caller of the script's own).
+local function ban_left(key, now)
+  if key == nil then
+    return 0
+  end
+  local ban = redis.call('GET', key)
+  if not ban then
+    return 0
+  end
+  ban = stored_int(ban, 'ban')
+  if ban > now then
+    return ban - now
+  end
+  return 0
 end
 
 local function fmt(n)

@@ -7,6 +7,7 @@
 -- KEYS[2]  hash: a = running total of the newest member, r = running total of the newest
 --          expired member, l = time of the newest member (the log never moves backwards in
 --          time), s = the last sequence number given
+-- KEYS[3]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, window_us, limit
 -- Reply    the shared 4 integers; when admitted, then the member's time and sequence number.
 -- Units in the window are a - r: no loop over members, O(log n) per call. A refund
@@ -16,6 +17,10 @@ local now = clock()
 local window = int_arg(3, 'window', 1000)
 local limit = int_arg(4, 'limit', 1)
 local cost = int_arg(2, 'cost', 1)
+local banned = ban_left(KEYS[3], now)
+if banned > 0 then
+  return { 2, 0, banned, banned }
+end
 
 local added, removed, last, seq = 0, 0, 0, 0
 local meta = redis.call('HMGET', KEYS[2], 'a', 'r', 'l', 's')

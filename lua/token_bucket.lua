@@ -2,10 +2,15 @@
 -- Tokens are credited one emission interval at a time, so all arithmetic is on integers.
 -- A missing key is a full bucket; the key expires when the bucket would be full again.
 -- KEYS[1]  the bucket hash
+-- KEYS[2]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, emission_us, burst
 -- Reply    the shared 4 integers; when admitted, then `now` (the bucket is full again at
 --          now + reset_after_us: GCRA's time, which a refund needs, see refund_ledger.lua)
 local now, emission, burst, cost, tolerance = bucket_args()
+local banned = ban_left(KEYS[2], now)
+if banned > 0 then
+  return { 2, 0, banned, banned }
+end
 
 local tokens, ts, t_eff = stored_bucket(now, emission, burst)
 

@@ -2,13 +2,20 @@
 -- the bucket holds, at least `cost`; else denies exactly as token_bucket.lua would deny a
 -- check of `cost`.
 -- KEYS[1]  the bucket hash
+-- KEYS[2]  (optional) the key's ban (see prelude.lua)
 -- ARGV     now|'', cost, emission_us, burst, up_to
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us, granted};
---          when granted, then `now` (the bucket is full again at now + reset_after_us)
+--          when granted, then `now` (the bucket is full again at now + reset_after_us);
+--          {2, 0, left_us, left_us, 0} while the key is banned
 local now, emission, burst, cost, tolerance = bucket_args()
 local up_to = int_arg(5, 'up_to', 1)
 if up_to < cost then
   up_to = cost
+end
+
+local banned = ban_left(KEYS[2], now)
+if banned > 0 then
+  return { 2, 0, banned, banned, 0 }
 end
 
 local tokens, ts, t_eff = stored_bucket(now, emission, burst)

@@ -57,8 +57,14 @@ pub struct Decision {
     /// Whether the decision's policy is in shadow mode: a denial is then only reported
     /// ([`Verdict::WouldDeny`]), and the request goes on.
     pub shadow: bool,
+    /// True when the key is banned ([`RateLimiter::ban`](crate::RateLimiter::ban)): the
+    /// request was denied without taking anything, `retry_after` is the time the ban has
+    /// left, and `remaining` is 0. `source` still says what answered (the store, or the deny
+    /// cache repeating the store's answer).
+    pub banned: bool,
     /// The index in `limits` of the limit the fields above describe.
-    pub(crate) binding: usize,
+    /// (At most 8 limits: a byte keeps the decision small.)
+    pub(crate) binding: u8,
     /// What an allowed check took, for [`RateLimiter::refund`](crate::RateLimiter::refund).
     pub(crate) charge: Option<Charge>,
 }
@@ -222,6 +228,73 @@ pub struct LimitState {
     pub retry_after: Option<Duration>,
 }
 
+/// A key's state as a check would see it, read without spending anything
+/// ([`RateLimiter::peek`](crate::RateLimiter::peek)).
+///
+/// `remaining` and `reset_after` are what a check of cost 0 would show: a key never seen (or
+/// rested, or reset) has `remaining` = `limit` and `reset_after` zero. A ban does not change
+/// them (it takes nothing): `banned_for` says how long it has left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyState {
+    /// The policy name.
+    pub policy: Arc<str>,
+    /// The quota (for a multi-limit, the limit with the fewest units left).
+    pub limit: u64,
+    /// Units a check could take now, ban aside.
+    pub remaining: u64,
+    /// Time until the full quota is available again.
+    pub reset_after: Duration,
+    /// The quota's window.
+    pub window: Duration,
+    /// The time the key's ban has left; `None` when it is not banned.
+    pub banned_for: Option<Duration>,
+    /// Every limit's state, for a [`MultiLimit`](crate::algorithm::MultiLimit); empty
+    /// otherwise.
+    pub limits: Vec<LimitState>,
+    /// True when the store was unavailable and this is the local share's state in this
+    /// process ([`FailurePolicy::Local`](crate::FailurePolicy::Local)).
+    pub degraded: bool,
+}
+
+impl KeyState {
+    pub(crate) fn from_outcome(
+        o: Outcome,
+        banned_us: u64,
+        limit: u64,
+        window: Duration,
+        policy: Arc<str>,
+        parts: &[PartInfo],
+    ) -> Self {
+        let d = Decision::from_outcome(
+            o,
+            limit,
+            window,
+            1,
+            Arc::clone(&policy),
+            parts,
+            Source::Store,
+        );
+        Self {
+            policy,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after: d.reset_after,
+            window: d.window,
+            banned_for: (banned_us > 0).then(|| Duration::from_micros(banned_us)),
+            limits: d
+                .limits
+                .into_iter()
+                .map(|mut l| {
+                    l.retry_after = None;
+                    l
+                })
+                .collect(),
+            degraded: false,
+        }
+    }
+}
+
 impl LimitState {
     /// True when this limit is one of those that denied the request.
     pub fn violated(&self) -> bool {
@@ -274,7 +347,8 @@ impl Decision {
             degraded: false,
             source,
             shadow: false,
-            binding: o.binding,
+            banned: o.banned,
+            binding: u8::try_from(o.binding).unwrap_or(u8::MAX),
             charge: o.allowed.then_some(Charge {
                 cost,
                 quota: None,
@@ -305,6 +379,7 @@ impl Decision {
             degraded: false,
             source: Source::DenyCache,
             shadow: false,
+            banned: false,
             binding: 0,
             limits: Vec::new(),
             charge: None,
@@ -326,7 +401,7 @@ impl Decision {
     /// rule that fired); when allowed, the one with the fewest units left. `None` for a single
     /// limit, whose name is the [`policy`](Self::policy).
     pub fn binding(&self) -> Option<&LimitState> {
-        self.limits.get(self.binding)
+        self.limits.get(usize::from(self.binding))
     }
 
     /// True when the request was denied and can never succeed: its cost exceeds the quota.

@@ -19,3 +19,5 @@ mod grpc_retry_info;
 mod operators;
 #[path = "outside/outbound.rs"]
 mod outbound;
+#[path = "outside/steer.rs"]
+mod steer;

@@ -26,6 +26,7 @@ mod gcra;
 mod held;
 mod multi;
 mod outcome;
+mod peek;
 mod rate;
 mod scripted;
 mod sliding_window;
@@ -45,6 +46,7 @@ pub use self::{
 pub(crate) use self::{
     held::Placed,
     outcome::{LogEntry, Position},
+    peek::peek,
 };
 pub use crate::quota::Quota;
 

@@ -158,6 +158,7 @@ pub(crate) fn decide(
         reset_after_us: p.reset_after_us,
         parts,
         binding: b,
+        banned: false,
         position: placed.map_or(Position::Unknown, Position::Placed),
     }
 }

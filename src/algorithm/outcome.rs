@@ -29,6 +29,9 @@ pub struct Outcome {
     pub parts: Vec<PartOutcome>,
     /// Index of the binding part in `parts` (0 when there are none).
     pub binding: usize,
+    /// True when the key is banned: nothing was taken, and `retry_after_us` is the time the
+    /// ban has left (see [`RateLimiter::ban`](crate::RateLimiter::ban)).
+    pub banned: bool,
     /// Where the store put the units of an admitted check, for a refund.
     pub(crate) position: Position,
 }
@@ -150,8 +153,18 @@ impl Outcome {
             reset_after_us,
             parts,
             binding,
+            banned: false,
             position: Position::Unknown,
         })
+    }
+
+    /// A denial because the key is banned for `left_us` more microseconds: nothing left, and
+    /// the request can go again (and the key is rested, as far as the ban says) when the ban
+    /// ends.
+    pub(crate) fn banned(left_us: u64) -> Self {
+        let mut o = Self::single(false, 0, Some(left_us), left_us);
+        o.banned = true;
+        o
     }
 
     /// A single-limit outcome.
@@ -168,6 +181,7 @@ impl Outcome {
             reset_after_us,
             parts: Vec::new(),
             binding: 0,
+            banned: false,
             position: Position::Unknown,
         }
     }

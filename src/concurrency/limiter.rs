@@ -89,6 +89,30 @@ impl ConcurrencyLimiter {
         Box::pin(Arc::clone(&self.semaphore).acquire(key))
     }
 
+    /// Frees every slot `key` holds in the store, through the circuit breaker and within the
+    /// store timeout: new requests of the key are admitted up to the limit again, on every
+    /// instance. A request still running keeps its permit, and its next renewal (every third
+    /// of the [permit TTL](Self::permit_ttl)) counts it again, even over the limit; a request
+    /// that has gone away without releasing (a crashed instance) no longer holds a slot.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = ConcurrencyLimiter::builder(MemoryStore::new(), 1).build()?;
+    /// let held = limiter.acquire("report").await?.expect("a slot");
+    /// assert!(limiter.acquire("report").await?.is_none());
+    /// limiter.reset("report").await?;
+    /// assert!(limiter.acquire("report").await?.is_some());
+    /// # drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset<'k>(&self, key: impl Into<Key<'k>>) -> Result<(), Error> {
+        let key = key.into();
+        let core = &self.semaphore.core;
+        let store_key = self.semaphore.store_key(Some(&key));
+        core.call(|| core.store.release_all(store_key)).await
+    }
+
     /// The Redis key holding `key`'s permits: `{prefix:policy:key}:c` (see
     /// [`RateLimiter::storage_key`](crate::RateLimiter::storage_key) for how keys are written).
     ///

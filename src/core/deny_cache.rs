@@ -33,6 +33,8 @@ struct Entry {
     until: Instant,
     /// When the whole quota is available again.
     reset: Instant,
+    /// A ban: it answers checks of every cost.
+    banned: bool,
 }
 
 /// Microseconds since a fixed instant of this process, for the map's sweeps.
@@ -75,6 +77,8 @@ struct Padded(AtomicUsize);
 pub(crate) struct Hit {
     pub(crate) retry_after: Duration,
     pub(crate) reset_after: Duration,
+    /// The denial is a ban's.
+    pub(crate) banned: bool,
 }
 
 impl DenyCache {
@@ -106,22 +110,26 @@ impl DenyCache {
         (now < e.valid).then(|| Hit {
             retry_after: e.until - now,
             reset_after: e.reset.saturating_duration_since(now),
+            banned: e.banned,
         })
     }
 
     /// Records that a cost-1 check of `key`, sent at `sent`, was denied with no units left:
-    /// one unit frees after `retry_after`, the quota after `reset_after`.
+    /// one unit frees after `retry_after`, the quota after `reset_after`. Or, `banned`, that
+    /// the key is banned for `retry_after` (from `sent`): the entry then answers every cost.
     pub(crate) fn insert(
         &self,
         key: &[u8],
         sent: Instant,
         retry_after: Duration,
         reset_after: Duration,
+        banned: bool,
     ) {
         let entry = Entry {
             valid: sent + retry_after.min(MAX_AGE),
             until: sent + retry_after,
             reset: sent + reset_after,
+            banned,
         };
         // Before the entry is visible: a lookup that finds it must not skip it. `micros` is
         // monotonic, and an entry rounded down ends no later than it would have.
@@ -177,6 +185,7 @@ mod tests {
             sent,
             Duration::from_millis(100),
             Duration::from_secs(5),
+            false,
         );
         let hit = c.get(b"k", || sent + Duration::from_millis(40)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(60));
@@ -189,6 +198,7 @@ mod tests {
             sent,
             Duration::from_secs(3_600),
             Duration::from_secs(7_200),
+            false,
         );
         let hit = c.get(b"day", || sent + Duration::from_millis(500)).unwrap();
         assert_eq!(hit.retry_after, Duration::from_millis(3_599_500));
@@ -203,15 +213,15 @@ mod tests {
         let sent = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(c.live(|| sent), None, "nothing held");
-        c.insert(b"long", sent, ms(300), ms(300));
-        c.insert(b"short", sent, ms(10), ms(10));
+        c.insert(b"long", sent, ms(300), ms(300), false);
+        c.insert(b"short", sent, ms(10), ms(10), false);
         assert!(c.get(b"long", || sent + ms(50)).is_some());
         assert_eq!(c.get(b"short", || sent + ms(50)), None);
         assert_eq!(c.live(|| sent + ms(299)), Some(sent + ms(299)));
         assert_eq!(c.live(|| sent + ms(301)), None, "every entry is dead");
         assert_eq!(c.get(b"long", || sent + ms(301)), None);
         // Replacing an entry extends it too.
-        c.insert(b"short", sent + ms(400), ms(100), ms(100));
+        c.insert(b"short", sent + ms(400), ms(100), ms(100), false);
         assert!(c.get(b"short", || sent + ms(450)).is_some());
         assert_eq!(c.get(b"long", || sent + ms(450)), None);
         assert_eq!(c.live(|| sent + ms(501)), None);
@@ -227,6 +237,7 @@ mod tests {
                 long_ago,
                 Duration::from_secs(1),
                 Duration::from_secs(1),
+                false,
             );
         }
         assert!(c.len() <= 160);
@@ -237,6 +248,7 @@ mod tests {
                 now,
                 Duration::from_secs(60),
                 Duration::from_secs(60),
+                false,
             );
         }
         assert!(c.len() <= 160, "{}", c.len());

@@ -1,5 +1,6 @@
-//! Operating the limiter: what it reports, shadow mode, the deny cache, several policies and
-//! plans, quotas per request, counting by response status, unit leases, concurrency limits.
+//! Operating the limiter: what it reports, shadow mode, the deny cache, steering it at run
+//! time (a key's state, resets, bans, allow and deny lists), several policies and plans,
+//! quotas per request, counting by response status, unit leases, concurrency limits.
 //!
 //! # What the limiter reports
 //!
@@ -151,11 +152,98 @@
 //!
 //! On by default, at most 100,000 live denials per limiter;
 //! [`deny_cache`](crate::rate_limit::RateLimiterBuilder::deny_cache)`(0)` switches it off.
-//! Other costs, multi-limits and explicit test times always ask the store; denials under a
+//! Other costs (but for a ban, which answers every cost), multi-limits and explicit test
+//! times always ask the store; denials under a
 //! [quota per request](#quotas-per-request) are kept per key *and* quota; a refund on this
 //! instance forgets the key's entry (other instances' entries end by themselves, so they
 //! deny a little longer, never admit more). A limiter on a store with a
 //! [manual clock](super::testing) keeps no deny cache.
+//!
+//! # Steering the limiter
+//!
+//! What a support engineer needs without knowing the Redis key layout, on every instance at
+//! once:
+//!
+//! - **Look at a key without spending**:
+//!   [`RateLimiter::peek`](crate::RateLimiter::peek) gives a
+//!   [`KeyState`](crate::rate_limit::KeyState): the quota, the units a check could take now,
+//!   the time until the quota is full, and the time a ban has left. One read-only script per
+//!   algorithm, the same arithmetic as a check with no write, so its numbers are the next
+//!   check's; a key never seen has `remaining` = `limit`.
+//! - **Reset a key**: [`reset`](crate::RateLimiter::reset) deletes its state in the store
+//!   (not its ban), so its next check on any instance finds a rested key.
+//! - **Ban a key**: [`ban`](crate::RateLimiter::ban)`(key, duration)` (1 ms to 366 days)
+//!   denies every check of the key, whatever its cost and quota, until the ban ends. The ban
+//!   is read by the limit's own script (no extra round trip) and takes nothing: when it ends,
+//!   the key has what its quota held. A banned check is a denial like any other (`429`,
+//!   `Retry-After` = the ban's time left, counted as `denied` under its source) with
+//!   [`Decision::banned`](crate::rate_limit::Decision::banned) set.
+//!   [`unban`](crate::RateLimiter::unban) lifts it. A custom algorithm's script reads no
+//!   ban: banning under it is an error.
+//! - **Free a key's concurrency slots**:
+//!   [`ConcurrencyLimiter::reset`](crate::concurrency::ConcurrencyLimiter::reset).
+//! - **Never limit, or always refuse**: a layer's
+//!   [`allow`](crate::RateLimitLayer::allow) and [`deny`](crate::RateLimitLayer::deny) lists
+//!   of keys and client networks ([`AccessList`](crate::rate_limit::AccessList)). An allowed
+//!   request goes straight on: no store call, no rate-limit field, every policy of the layer
+//!   skipped. A denied one gets `403` (problem+json with
+//!   [`problem_details`](crate::RateLimitLayer::problem_details)). Deny first, then allow, then
+//!   a ban, then the limits; networks match the client address as a
+//!   [`ClientIp`](crate::ClientIp) finds it, whatever the key.
+//!
+//! **How soon other instances see it.** The instance that makes the change forgets its own
+//! cached denial and unit lease of the key at once, and caches a ban at once. Every other
+//! instance asks the store on the key's next check, except that:
+//! a cached denial answers for at most **1 s** (the deny cache's bound), so a reset or an
+//! unban reaches every instance within 1 s, and a ban reaches an instance on its next store
+//! call (at once for a key it does not hold a denial or a lease of); and a **unit lease** of
+//! the key keeps handing out what it holds for at most its lifetime
+//! ([`UnitLease`](crate::rate_limit::UnitLease)), so with leases a ban reaches every instance
+//! within the lease lifetime; after a reset, the units another instance still holds in a
+//! lease of the key are handed out on top of the key's fresh quota, for at most that
+//! lifetime. Nothing is published between instances: the bound comes from the cache's age,
+//! so keep the deny cache's one second if you need it.
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use tower_redis_ratelimit::*;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(3))?)?;
+//! for _ in 0..4 {
+//!     limiter.check("customer-7", 1).await?;
+//! }
+//! assert_eq!(limiter.peek("customer-7").await?.remaining, 0);
+//! limiter.reset("customer-7").await?; // wrongly limited: free them
+//! assert_eq!(limiter.peek("customer-7").await?.remaining, 3);
+//! limiter.ban("scraper", Duration::from_secs(3600)).await?; // abusive: stop them now
+//! let d = limiter.check("scraper", 1).await?;
+//! assert!(d.banned && d.retry_after > Some(Duration::from_secs(3599)));
+//! # Ok(()) }
+//! ```
+//!
+//! **Limits that change without a restart.**
+//! [`RateLimitLayer::live`](crate::RateLimitLayer::live)`(limits)` takes the default
+//! policy's quota, per-key plans, allow and deny lists and shadow mode from a
+//! [`Limits`](crate::rate_limit::Limits), and gives a
+//! [`LiveLimits`](crate::rate_limit::LiveLimits) handle whose
+//! [`replace`](crate::rate_limit::LiveLimits::replace) checks new limits whole (every quota
+//! must build the limiter's algorithm) and swaps them in atomically: each request is decided
+//! entirely under the old limits or the new, no connection is dropped, and counters carry over
+//! as the table in [Quotas per request](#quotas-per-request) says. The algorithm and the key
+//! cannot change this way (they decide what the counters mean): build a new layer. With the
+//! `config` feature, [`LimitsFile`](crate::config::LimitsFile) reads them from TOML, whole,
+//! each error naming its line and field, so a reload from a file half written or wrong is
+//! refused and the limits in force stay; `LimitsFile::from_toml` alone is the validation entry
+//! point. Watching the file and calling `replace` is the app's (the demo's `--config FILE`
+//! does it on `SIGHUP` and when the file changes).
+//!
+//! The gateway demo's admin listener (`--admin-listen ADDR`) serves these as `GET` and
+//! `DELETE /keys/{key}`, `PUT /bans/{key}?seconds=N` and `DELETE /bans/{key}`, behind
+//! `--admin-token` or `--admin-token-file` (required off loopback, compared in constant time,
+//! each change logged once with the key and the caller's address), and takes `--allow` and
+//! `--deny` lists, and `--config FILE` (see `examples/gateway.rs`). Never put admin
+//! endpoints on the public listener.
 //!
 //! # Several policies on one layer
 //!

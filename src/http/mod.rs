@@ -4,6 +4,7 @@
 //! concurrency permit) until it ends.
 
 mod body;
+mod forbidden;
 pub(crate) mod headers;
 mod key;
 mod responder;
@@ -11,6 +12,7 @@ mod stamp;
 
 pub(crate) use self::{
     body::box_body,
+    forbidden::forbidden,
     key::{key_of, Keyed},
     responder::{is_grpc, Responder},
     stamp::{PolicyField, Stamp},

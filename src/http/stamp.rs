@@ -150,6 +150,7 @@ mod tests {
             degraded: false,
             source: crate::decision::Source::Store,
             shadow: false,
+            banned: false,
             binding: 0,
             limits: Vec::new(),
             charge: None,

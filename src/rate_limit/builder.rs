@@ -1,6 +1,9 @@
 //! Building a [`RateLimiter`]: every option validated at once, with an error naming the field.
 
-use std::{fmt, sync::Arc};
+use std::{
+    fmt,
+    sync::{atomic::AtomicBool, Arc},
+};
 
 use super::{engine::RateEngine, limiter::RateLimiter};
 use crate::{
@@ -251,7 +254,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                     algorithm: shared,
                     deny_cache: None,
                     leasing: None,
-                    shadow: false,
+                    shadow: AtomicBool::new(false),
                     shadow_headers: false,
                     top: None,
                     key_meters: KeyMeters::default(),
@@ -279,7 +282,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             algorithm: dyn_algorithm,
             deny_cache,
             leasing,
-            shadow: self.shadow,
+            shadow: AtomicBool::new(self.shadow),
             shadow_headers: self.shadow_headers,
             top: (self.top_keys > 0).then(|| TopKeys::new(self.top_keys)),
             key_meters: KeyMeters::new(self.metric_keys),

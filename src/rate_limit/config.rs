@@ -11,7 +11,7 @@ use std::{
 
 use http::request::Parts;
 
-use super::{counting::CountFn, engine::RateEngine};
+use super::{counting::CountFn, engine::RateEngine, lists::Lists, live::LiveLimits};
 use crate::{
     decision::Decision,
     extract::{CostFn, MissingKey},
@@ -96,6 +96,10 @@ pub(crate) struct Config<K> {
     pub(crate) responder: Arc<Responder<Decision>>,
     /// Whether a request that goes on carries its decision in its extensions.
     pub(crate) extension: bool,
+    /// Allow and deny lists, when the layer has any.
+    pub(crate) lists: Option<Arc<Lists>>,
+    /// Limits replaced while the layer runs (they hold its lists then).
+    pub(crate) live: Option<LiveLimits>,
 }
 
 impl<K> Clone for Config<K> {
@@ -112,6 +116,8 @@ impl<K> Clone for Config<K> {
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),
             extension: self.extension,
+            lists: self.lists.clone(),
+            live: self.live.clone(),
         }
     }
 }

@@ -6,7 +6,10 @@
 
 use std::{
     num::NonZeroU32,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -14,7 +17,7 @@ use crate::{
     algorithm::{Algorithm, Outcome, Rule},
     core::report::{self, KeyMeters},
     core::{Core, DenyCache, KeyCount, Leasing, Return, TopKeys},
-    decision::{Charge, Decision, Source},
+    decision::{Charge, Decision, KeyState, Source},
     error::{Chain, ConfigError, Error},
     extract::{Key, Out},
     quota::{Quota, MAX_EXACT},
@@ -27,8 +30,9 @@ pub(crate) struct RateEngine {
     pub(crate) algorithm: Arc<dyn Algorithm>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) leasing: Option<Leasing>,
-    /// Shadow mode: a layer never rejects under this policy.
-    pub(crate) shadow: bool,
+    /// Shadow mode: a layer never rejects under this policy. Atomic: live limits
+    /// ([`LiveLimits`](super::LiveLimits)) turn it on and off while the limit runs.
+    pub(crate) shadow: AtomicBool,
     /// In shadow mode, whether responses still get the rate-limit headers.
     pub(crate) shadow_headers: bool,
     /// The keys this limit denies most.
@@ -44,6 +48,11 @@ impl RateEngine {
     /// The store key of `key` (`None`: the quota keyless requests share).
     pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
         self.core.store_key(key)
+    }
+
+    /// Whether the limit is in shadow mode now.
+    pub(crate) fn shadow(&self) -> bool {
+        self.shadow.load(Ordering::Relaxed)
     }
 
     /// The policy name.
@@ -68,7 +77,7 @@ impl RateEngine {
         compact: Option<&[u8]>,
         latency: Option<Duration>,
     ) {
-        d.shadow = self.shadow;
+        d.shadow = self.shadow();
         if !self.core.reports {
             return;
         }
@@ -95,7 +104,7 @@ impl RateEngine {
     /// policy, then returned.
     fn undecided(&self, e: Error) -> Error {
         if self.core.reports {
-            self.core.undecided(self.shadow);
+            self.core.undecided(self.shadow());
         }
         e
     }
@@ -356,6 +365,125 @@ impl RateEngine {
         result
     }
 
+    /// `key`'s state as a check would see it, spending nothing: through the core's circuit
+    /// breaker and within the store timeout; under
+    /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) and a store-wide failure, the
+    /// local share's state, marked degraded.
+    pub(crate) async fn peek(
+        &self,
+        key: Option<&Key<'_>>,
+        now_us: Option<u64>,
+    ) -> Result<KeyState, Error> {
+        check_time(now_us)?;
+        let store_key = self.store_key(key);
+        let core = &self.core;
+        let algorithm = &*self.algorithm;
+        let peeked = core
+            .call(|| core.store.peek(algorithm, store_key, now_us))
+            .await;
+        let (peeked, degraded, algorithm) = match peeked {
+            Ok(p) => (p, false, algorithm),
+            Err(e) => match self.local.as_ref().filter(|_| core.decides_locally(&e)) {
+                Some(local) => {
+                    let algorithm = &*local.algorithm;
+                    let p = local.core.store.peek(algorithm, store_key, now_us).await?;
+                    (p, true, algorithm)
+                }
+                None => return Err(e),
+            },
+        };
+        let mut state = KeyState::from_outcome(
+            peeked.outcome,
+            peeked.banned_us,
+            algorithm.quota(),
+            algorithm.window(),
+            Arc::clone(&core.policy),
+            algorithm.parts(),
+        );
+        state.degraded = degraded;
+        Ok(state)
+    }
+
+    /// Removes `key`'s state in the store (not its ban), through the core like a check, and
+    /// forgets what this process holds of it: its cached denial, its unit lease, its state at
+    /// the local share. Other processes see it within the deny cache's `MAX_AGE` (1 s)
+    /// (their cached denials) or their unit leases' lifetime.
+    pub(crate) async fn reset(&self, key: Option<&Key<'_>>) -> Result<(), Error> {
+        let store_key = self.store_key(key);
+        let core = &self.core;
+        let algorithm = &*self.algorithm;
+        core.call(|| core.store.reset(algorithm, store_key)).await?;
+        self.forget_locally(store_key);
+        if let Some(local) = &self.local {
+            local.core.store.reset(&*local.algorithm, store_key).await?;
+        }
+        Ok(())
+    }
+
+    /// Bans `key` for `duration` in the store (replacing a ban it has), and in this
+    /// process's deny cache and local share at once.
+    pub(crate) async fn ban(
+        &self,
+        key: Option<&Key<'_>>,
+        duration: Duration,
+        now_us: Option<u64>,
+    ) -> Result<(), Error> {
+        check_time(now_us)?;
+        if matches!(self.algorithm.rule(), Rule::Script(_)) {
+            return Err(Error::Unsupported(
+                "a custom algorithm's script reads no ban",
+            ));
+        }
+        if !(MIN_BAN..=MAX_BAN).contains(&duration) {
+            return Err(Error::Config(ConfigError::new(
+                "ban.duration",
+                format!(
+                    "must be from 1 ms to {} days, not {duration:?}",
+                    MAX_BAN.as_secs() / 86_400
+                ),
+            )));
+        }
+        let store_key = self.store_key(key);
+        let core = &self.core;
+        let us = duration.as_micros() as u64;
+        let sent = Instant::now();
+        core.call(|| core.store.ban(store_key, us, now_us)).await?;
+        self.forget_locally(store_key);
+        if let (Some(cache), None) = (&self.deny_cache, now_us) {
+            let mut compact = KeyBuf::new();
+            cache_key(store_key, None, &mut compact);
+            cache.insert(compact.as_bytes(), sent, duration, duration, true);
+        }
+        if let Some(local) = &self.local {
+            local.core.store.ban(store_key, us, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Lifts `key`'s ban in the store and in this process.
+    pub(crate) async fn unban(&self, key: Option<&Key<'_>>) -> Result<(), Error> {
+        let store_key = self.store_key(key);
+        let core = &self.core;
+        core.call(|| core.store.unban(store_key)).await?;
+        self.forget_locally(store_key);
+        if let Some(local) = &self.local {
+            local.core.store.unban(store_key).await?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the cached denial and the unit lease of `key` in this process.
+    fn forget_locally(&self, key: StoreKey<'_>) {
+        if let Some(cache) = &self.deny_cache {
+            let mut compact = KeyBuf::new();
+            cache_key(key, None, &mut compact);
+            cache.remove(compact.as_bytes());
+        }
+        if let Some(leasing) = &self.leasing {
+            leasing.forget(key);
+        }
+    }
+
     /// A denial answered by the deny cache (see
     /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
     fn cached_denial(
@@ -364,12 +492,15 @@ impl RateEngine {
         cost: u32,
         quoted: Option<&Quoted>,
     ) -> Option<Decision> {
-        let cache = self.deny_cache.as_ref().filter(|_| cost == 1)?;
+        let cache = self.deny_cache.as_ref()?;
         // No key to build while no denial is held (the common case).
         let now = cache.live(Instant::now)?;
         let mut compact = KeyBuf::new();
         cache_key(key, quoted, &mut compact);
-        let hit = cache.get(compact.as_bytes(), || now)?;
+        // A denial for lack of units answers cost-1 checks only; a ban answers every cost.
+        let hit = cache
+            .get(compact.as_bytes(), || now)
+            .filter(|hit| cost == 1 || hit.banned)?;
         let algorithm = self.algorithm(quoted);
         let mut d = Decision::cached_denial(
             algorithm.quota(),
@@ -378,6 +509,8 @@ impl RateEngine {
             hit.retry_after,
             hit.reset_after,
         );
+        d.cost = cost;
+        d.banned = hit.banned;
         // The cache key ends with the key's compact form.
         let id = &compact.as_bytes()[cache_key_prefix(quoted)..];
         self.record(&mut d, key, Some(id), None);
@@ -421,18 +554,34 @@ impl RateEngine {
             charge.quota = Some(q.quota);
         }
         self.record(&mut d, key, None, started.map(|s| s.elapsed()));
-        // Only what cannot change before its deadline: a cost-1 denial with nothing left,
-        // on the store's clock (never for explicit test times), for single-limit algorithms.
+        // Only what cannot change before its deadline (but by an operator, whose reset or
+        // unban is seen here within MAX_AGE): a cost-1 denial with nothing left, on the
+        // store's clock (never for explicit test times), for single-limit algorithms; a ban.
         if let (Some(cache), None, Some(retry)) = (&self.deny_cache, now_us, d.retry_after) {
-            if cost == 1 && d.remaining == 0 && d.limits.is_empty() {
+            if d.banned || (cost == 1 && d.remaining == 0 && d.limits.is_empty()) {
                 let sent = started.unwrap_or_else(Instant::now);
                 let mut compact = KeyBuf::new();
                 cache_key(key, quoted, &mut compact);
-                cache.insert(compact.as_bytes(), sent, retry, d.reset_after);
+                cache.insert(compact.as_bytes(), sent, retry, d.reset_after, d.banned);
             }
         }
         Ok(d)
     }
+}
+
+/// The shortest ban.
+const MIN_BAN: Duration = Duration::from_millis(1);
+/// The longest ban: a year and a day.
+const MAX_BAN: Duration = Duration::from_secs(366 * 86_400);
+
+/// An explicit time must be one the scripts take.
+fn check_time(now_us: Option<u64>) -> Result<(), Error> {
+    if now_us.is_some_and(|t| t > MAX_EXACT) {
+        return Err(Error::InvalidInput(
+            "explicit time must be under 2^52 microseconds",
+        ));
+    }
+    Ok(())
 }
 
 /// The length of what [`cache_key`] writes before the key.
@@ -466,6 +615,11 @@ pub(crate) struct Quoted {
 }
 
 impl Quoted {
+    /// Whether this quota runs exactly as `algorithm` does (the limiter's own quota).
+    pub(crate) fn same_rule(&self, algorithm: &dyn Algorithm) -> bool {
+        format!("{:?}", self.algorithm.rule()) == format!("{:?}", algorithm.rule())
+    }
+
     /// The same quota divided among `instances`, for the local share (same tag and quota:
     /// it stands for the quota given); `None` when the algorithm cannot be divided.
     fn divided(&self, instances: NonZeroU32) -> Option<Quoted> {

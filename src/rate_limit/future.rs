@@ -73,7 +73,7 @@ pub(crate) enum Shadow {
 
 impl Shadow {
     pub(crate) fn of(engine: &RateEngine) -> Self {
-        match (engine.shadow, engine.shadow_headers) {
+        match (engine.shadow(), engine.shadow_headers) {
             (false, _) => Shadow::Off,
             (true, false) => Shadow::Quiet,
             (true, true) => Shadow::WithHeaders,
@@ -249,6 +249,15 @@ where
         Self {
             state: State::Checking {
                 pending: Some(pending),
+            },
+        }
+    }
+
+    /// Refused before any limit (the deny list): the limiter answers `response`.
+    pub(crate) fn refused(response: Response<ResponseBody<Infallible>>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
             },
         }
     }

@@ -12,6 +12,8 @@ use super::{
     counting::StatusSet,
     engine::RateEngine,
     limiter::RateLimiter,
+    lists::{AccessList, Lists},
+    live::{Limits, LiveLimits},
     service::RateLimit,
 };
 use crate::{
@@ -88,6 +90,8 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
                 extension: false,
+                lists: None,
+                live: None,
             },
             default: limiter,
         }
@@ -321,6 +325,85 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         Arc::make_mut(&mut self.config.responder).reject =
             Some(Arc::new(move |d: &Decision| reject(d).map(box_body)));
         self
+    }
+
+    /// Keys and client networks that no limit of this layer applies to: their requests go
+    /// straight to the inner service, with no store call and no rate-limit field (see
+    /// [`AccessList`] for how entries match). The deny list wins over it: a request on both is
+    /// refused. For keys that must never be throttled: health checks, your own services.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::AccessList, *};
+    ///
+    /// # fn run(limiter: RateLimiter<Gcra>) -> Result<(), ConfigError> {
+    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+    ///     .allow(AccessList::parse(["internal-batch", "10.0.0.0/8"])?);
+    /// # Ok(()) }
+    /// ```
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.lists_mut().allow = list;
+        self
+    }
+
+    /// Keys and client networks this layer always refuses, before any limit and without a
+    /// store call: `403 Forbidden` (`application/problem+json` with
+    /// [`problem_details`](Self::problem_details); gRPC `PERMISSION_DENIED`), with no
+    /// rate-limit field. A request is checked against the deny list first, then the allow
+    /// list, then a ban ([`RateLimiter::ban`]), then the limits.
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.lists_mut().deny = list;
+        self
+    }
+
+    /// How the lists find a request's client address, for their networks: the peer address
+    /// unless this [`ClientIp`](crate::ClientIp) trusts proxies (default: `ClientIp::new()`,
+    /// the peer). Give the one your key extractor is, when it is a `ClientIp`.
+    pub fn list_addresses(mut self, client: crate::ClientIp) -> Self {
+        self.lists_mut().client = client;
+        self
+    }
+
+    /// Takes the default policy's quota, plans, allow and deny lists and shadow mode from
+    /// `limits`, and returns the handle that replaces them while the layer runs
+    /// ([`LiveLimits::replace`]): a new limit without a restart, counters kept. Lists set
+    /// before with [`allow`](Self::allow) and [`deny`](Self::deny) give way to the limits'
+    /// (the addresses are still found as [`list_addresses`](Self::list_addresses) said, so
+    /// call it first). Errors (naming the field) when a quota does not build the limiter's
+    /// algorithm, or when the layer chooses quotas with [`quota_fn`](Self::quota_fn).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, *};
+    ///
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
+    /// let (layer, live) = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+    ///     .live(Limits::new(Quota::per_minute(10)).plan("gold", Quota::per_minute(100)))?;
+    /// // Later, from a reload: checked whole, then in force for the next request.
+    /// live.replace(Limits::new(Quota::per_minute(20)).deny(AccessList::parse(["abuser"])?))?;
+    /// assert!(live.replace(Limits::new(Quota::per_minute(0))).is_err());
+    /// assert_eq!(live.limits().quota(), Quota::per_minute(20));
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn live(mut self, limits: Limits) -> Result<(Self, LiveLimits), ConfigError> {
+        if self.config.quota.is_some() {
+            return Err(ConfigError::new(
+                "quota_fn",
+                "live limits choose each request's quota; quota_fn would too",
+            ));
+        }
+        let client = self
+            .config
+            .lists
+            .take()
+            .map_or_else(crate::ClientIp::new, |l| l.client.clone());
+        let engine = std::sync::Arc::clone(&self.config.policies[0].engine);
+        let live = LiveLimits::new(engine, client, limits)?;
+        self.config.live = Some(live.clone());
+        Ok((self, live))
+    }
+
+    fn lists_mut(&mut self) -> &mut Lists {
+        Arc::make_mut(self.config.lists.get_or_insert_with(Arc::default))
     }
 
     /// Answers denied requests (other than gRPC) with an RFC 9457 `application/problem+json`

@@ -6,7 +6,7 @@ use super::engine::RateEngine;
 use crate::{
     algorithm::Algorithm,
     core::{KeyCount, LimiterStats},
-    decision::Decision,
+    decision::{Decision, KeyState},
     error::Error,
     extract::Key,
     quota::Quota,
@@ -60,7 +60,7 @@ impl<A> fmt::Debug for RateLimiter<A> {
             .field("policy", &e.core.policy)
             .field("timeout", &e.core.timeout)
             .field("on_store_error", &e.core.failure)
-            .field("shadow", &e.shadow)
+            .field("shadow", &e.shadow())
             .finish()
     }
 }
@@ -202,6 +202,92 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.refund(Some(&key), &charge, Some(now_us)).await
     }
 
+    /// `key`'s state as its next check would see it, spending nothing: the quota, the units
+    /// left and the time until the quota is full again (what a check of cost 0 would show),
+    /// and the time its ban has left. One read-only script call in Redis (nothing in memory),
+    /// through the circuit breaker and within the store timeout; under
+    /// [`FailurePolicy::Local`] with the store unavailable, the local share's state (marked
+    /// [`degraded`](KeyState::degraded)). A key never seen has `remaining` = `limit`.
+    /// [`Error::Unsupported`] for a custom algorithm.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)?;
+    /// assert_eq!(limiter.peek("alice").await?.remaining, 5);
+    /// limiter.check("alice", 2).await?;
+    /// let state = limiter.peek("alice").await?;
+    /// assert_eq!((state.limit, state.remaining, state.banned_for), (5, 3, None));
+    /// assert_eq!(limiter.peek("alice").await?.remaining, 3, "a peek spends nothing");
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {
+        let key = key.into();
+        self.engine.peek(Some(&key), None).await
+    }
+
+    /// Forgets what `key` spent: its state in the store is deleted, so its next check, on
+    /// any instance sharing the store, finds a rested key. A ban stays (see
+    /// [`unban`](Self::unban)). This process forgets its cached denial and unit lease of the
+    /// key at once; another instance may still answer the key from its deny cache for at
+    /// most 1 s (a cached denial never answers longer before the store is asked again), or
+    /// hand out what is left of its unit lease of the key, for at most the lease's lifetime.
+    /// Under a quota given per request, only the limiter's own quota's cached denials are
+    /// forgotten here; the others end within the same 1 s.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), SlidingWindow::new(Quota::per_hour(1))?)?;
+    /// assert!(limiter.check("bob", 1).await?.allowed);
+    /// assert!(!limiter.check("bob", 1).await?.allowed);
+    /// limiter.reset("bob").await?; // a support engineer frees bob
+    /// assert!(limiter.check("bob", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset<'k>(&self, key: impl Into<Key<'k>>) -> Result<(), Error> {
+        let key = key.into();
+        self.engine.reset(Some(&key)).await
+    }
+
+    /// Denies every check of `key` for `duration` (from 1 ms to 366 days; anything else is an
+    /// [`Error::Config`] naming `ban.duration`), whatever its quota holds, replacing a ban it
+    /// has. The ban is checked by the limit's own script in the store (no extra round trip),
+    /// so every instance sharing the store denies the key from its next check on; this
+    /// process at once (its deny cache). A banned check takes nothing from the quota and
+    /// is denied with [`Decision::banned`], `remaining` 0 and `retry_after` = the time the ban
+    /// has left (`Retry-After` in a layer's 429). The ban and the limit are separate: when
+    /// the ban ends, the key has what its quota held. The ban is per key and namespace, so
+    /// it holds for every limiter on the same prefix and policy name. In a
+    /// [`MemoryStore`](crate::MemoryStore), only this process. [`Error::Unsupported`] for a
+    /// custom algorithm (its script does not read bans).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(100))?)?;
+    /// limiter.ban("scraper", Duration::from_secs(600)).await?;
+    /// let d = limiter.check("scraper", 1).await?;
+    /// assert!(d.banned && !d.allowed);
+    /// assert!(d.retry_after.unwrap() > Duration::from_secs(599));
+    /// assert!(limiter.ban("scraper", Duration::ZERO).await.is_err());
+    /// limiter.unban("scraper").await?;
+    /// assert!(limiter.check("scraper", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    pub async fn ban<'k>(&self, key: impl Into<Key<'k>>, duration: Duration) -> Result<(), Error> {
+        let key = key.into();
+        self.engine.ban(Some(&key), duration, None).await
+    }
+
+    /// Lifts `key`'s ban (nothing when it has none): this process at once, other instances
+    /// within 1 s (their cached denial of the key, see [`reset`](Self::reset)).
+    pub async fn unban<'k>(&self, key: impl Into<Key<'k>>) -> Result<(), Error> {
+        let key = key.into();
+        self.engine.unban(Some(&key)).await
+    }
+
     /// The base of the Redis keys under which `key`'s state is stored: `{prefix:policy:key}`
     /// (the Redis key layout is in `src/store/redis/keys.rs`): text longer than the bound (or
     /// starting with `#`) replaced by `#` and its SHA-1, addresses as `#ip:ADDR`, numbers as
@@ -277,6 +363,6 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Whether the limiter is in shadow mode (see
     /// [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
     pub fn is_shadow(&self) -> bool {
-        self.engine.shadow
+        self.engine.shadow()
     }
 }

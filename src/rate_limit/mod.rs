@@ -16,6 +16,8 @@ mod engine;
 mod future;
 mod layer;
 mod limiter;
+mod lists;
+mod live;
 mod service;
 
 /// The rate-limit header fields, and how this crate renders them.
@@ -34,10 +36,12 @@ pub use self::{
     future::ResponseFuture,
     layer::RateLimitLayer,
     limiter::RateLimiter,
+    lists::AccessList,
+    live::{Limits, LiveLimits},
     service::RateLimit,
 };
 pub use crate::{
     core::UnitLease,
-    decision::{Charge, Decision, LimitState},
+    decision::{Charge, Decision, KeyState, LimitState},
     http::{BoxError, HeaderStyle, ResponseBody},
 };

@@ -13,11 +13,13 @@ use tower_service::Service;
 use super::{
     config::{Config, Selected},
     future::{Answer, Refund, ResponseFuture, Shadow},
+    lists::Listed,
+    live::LiveLimits,
 };
 use crate::{
     error::Error,
     extract::{Key, KeyExtractor},
-    http::{headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
+    http::{forbidden, headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
     store::FailurePolicy,
     store::{BoxFuture, KeyBuf},
 };
@@ -94,6 +96,27 @@ where
         let responder = &config.responder;
 
         let (parts, body) = req.into_parts();
+        let live = config.live.as_ref().map(LiveLimits::load);
+        let lists = match &live {
+            Some(live) => live.lists.as_ref(),
+            None => config.lists.as_deref(),
+        };
+        if let Some(lists) = lists {
+            let key = config.key.extract(&parts);
+            match lists.check(&parts, key.as_ref()) {
+                Listed::Denied => {
+                    drop(key);
+                    let grpc = is_grpc(&parts.headers);
+                    return ResponseFuture::refused(forbidden(responder.problem_details, grpc));
+                }
+                Listed::Allowed => {
+                    drop(key);
+                    let req = Request::from_parts(parts, body);
+                    return ResponseFuture::unchecked(req, inner);
+                }
+                Listed::No => {}
+            }
+        }
         let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
         let policy = match selected {
@@ -121,6 +144,7 @@ where
                 return ResponseFuture::decided(Err(e), req, inner, responder, answer, field);
             }
         };
+        let selected_policy = policy;
         let field = &policy.field;
         let policy = &policy.engine;
         // The key borrows from the request head: decide what can be decided at once before
@@ -145,10 +169,19 @@ where
                 .write_key_compact(&mut compact);
             partition_key(secret, compact.as_bytes())
         });
-        let quoted = config.quota.as_ref().and_then(|f| {
+        let live_quota = match &live {
+            // Live limits are the default policy's.
+            Some(live) if std::ptr::eq(selected_policy, &config.policies[0]) => {
+                Some(live.quoted(key.as_ref()).cloned())
+            }
+            _ => None,
+        };
+        drop(live);
+        let quoted = live_quota.unwrap_or_else(|| config.quota.as_ref().and_then(|f| {
             let quota = f(&parts)?;
             policy
                 .quoted(quota)
+                .map(Arc::new)
                 .inspect_err(|e| {
                     tracing::warn!(
                         policy = %policy.policy(),
@@ -158,7 +191,7 @@ where
                     );
                 })
                 .ok()
-        });
+        }));
         let refund = config.count.as_ref().map(|count| Refund {
             policy: Arc::clone(policy),
             key: key.as_ref().map(|k| k.clone().into_owned()),
@@ -173,7 +206,7 @@ where
             extension: config.extension,
         };
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_ref()) {
+        if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_deref()) {
             drop(key);
             // Only an answer the limiter writes itself depends on the protocol.
             let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
@@ -190,7 +223,7 @@ where
         let inner = std::mem::replace(inner, clone);
         let policy = Arc::clone(policy);
         let check: BoxFuture<'static, _> =
-            Box::pin(async move { policy.check(key.as_ref(), cost, quoted.as_ref()).await });
+            Box::pin(async move { policy.check(key.as_ref(), cost, quoted.as_deref()).await });
         let responder = Arc::clone(responder);
         ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }

@@ -15,6 +15,14 @@ use crate::{
     error::Error,
 };
 
+/// What [`Backend::peek`] found: the key's state as a check would see it (a denial that took
+/// nothing), and the time its ban has left (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Peeked {
+    pub(crate) outcome: Outcome,
+    pub(crate) banned_us: u64,
+}
+
 /// A boxed, sendable future, as the store's calls return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -90,6 +98,54 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reserved, Error>> {
         let _ = (algorithm, key, cost, up_to, now_us);
         unsupported("this store cannot reserve units")
+    }
+
+    /// `key`'s state as a check would see it, spending nothing and writing nothing (see
+    /// [`peek`](crate::algorithm::peek)), and the time its ban has left. [`Error::Unsupported`]
+    /// for a custom algorithm.
+    fn peek<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Peeked, Error>> {
+        let _ = (algorithm, key, now_us);
+        unsupported("this store cannot show a key's state")
+    }
+
+    /// Removes `key`'s state under `algorithm` (its refund ledgers included, not its ban):
+    /// the key's next check starts from a rested key.
+    fn reset<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (algorithm, key);
+        unsupported("this store cannot reset a key")
+    }
+
+    /// Bans `key` for `duration_us` from now (replacing a ban it has): until then, every
+    /// check of it is denied by the check's own script, without taking anything.
+    fn ban<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        duration_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (key, duration_us, now_us);
+        unsupported("this store cannot ban a key")
+    }
+
+    /// Lifts `key`'s ban, if it has one.
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = key;
+        unsupported("this store cannot ban a key")
+    }
+
+    /// Removes every concurrency holder of `key`.
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = key;
+        unsupported("this store keeps no concurrency slots")
     }
 
     /// The namespaces of the limiters built on this store, so that two limiters with the same
@@ -238,6 +294,40 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Reserved, Error>> {
         (**self).reserve(algorithm, key, cost, up_to, now_us)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Peeked, Error>> {
+        (**self).peek(algorithm, key, now_us)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).reset(algorithm, key)
+    }
+
+    fn ban<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        duration_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).ban(key, duration_us, now_us)
+    }
+
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).unban(key)
+    }
+
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).release_all(key)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -3,16 +3,19 @@
 pub use super::clock::ManualClock;
 
 use std::{
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Sharded, SlotTerms,
-    Store, StoreKey,
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Sharded,
+    SlotTerms, Store, StoreKey,
 };
 use crate::{
-    algorithm::{Algorithm, MemoryState, Outcome},
+    algorithm::{Algorithm, MemoryState, Outcome, Rule},
     decision::Charge,
     error::{ConfigError, Error},
 };
@@ -63,6 +66,10 @@ struct Inner {
     leases: Sharded<leases::Holders>,
     /// What upstreams said, per key (see [`Backend::take`]).
     upstreams: Sharded<upstream::Said>,
+    /// Bans, per key (see [`Backend::ban`]): when each ends.
+    bans: Sharded<Ban>,
+    /// Bans held (live or not yet swept): while none is, a check looks none up.
+    bans_held: AtomicUsize,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
     /// The store's time, when not the wall clock.
@@ -89,6 +96,15 @@ impl Entry {
         let out = f(&mut self.state);
         let grown = self.entries() as isize - before as isize;
         (out, grown, self.state.is_empty())
+    }
+}
+
+/// When a key's ban ends, in microseconds on the store's clock.
+struct Ban(u64);
+
+impl super::Expiring for Ban {
+    fn expires_at(&self) -> u64 {
+        self.0
     }
 }
 
@@ -181,6 +197,12 @@ impl MemoryStore {
         cost: u32,
         now: u64,
     ) -> Result<Outcome, Error> {
+        // As in the scripts: a custom algorithm's checks read no ban.
+        if !matches!(algorithm.rule(), Rule::Script(_)) {
+            if let Some(left) = self.ban_left(key, now) {
+                return Ok(Outcome::banned(left));
+            }
+        }
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         self.decide_compact(algorithm, compact.as_bytes(), cost, now)
@@ -285,6 +307,8 @@ impl MemoryStoreBuilder {
                 states: Sharded::new(SHARDS, self.max_keys),
                 leases: Sharded::new(SHARDS, self.max_keys),
                 upstreams: Sharded::new(SHARDS, self.max_keys),
+                bans: Sharded::new(SHARDS, self.max_keys),
+                bans_held: AtomicUsize::new(0),
                 max_entries_per_shard: self.max_log_entries.div_ceil(SHARDS).max(1),
                 namespaces: Namespaces::new(),
                 clock: self.clock,
@@ -294,6 +318,92 @@ impl MemoryStoreBuilder {
 }
 
 impl MemoryStore {
+    /// The time `key`'s ban has left at `now`, if it is banned.
+    fn ban_left(&self, key: StoreKey<'_>, now: u64) -> Option<u64> {
+        if self.inner.bans_held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut compact = KeyBuf::new();
+        key.write_compact("ban", &mut compact);
+        let bans = &self.inner.bans;
+        let slot = bans.slot(compact.as_bytes());
+        let mut shard = bans.lock(slot);
+        let ends = shard.get_mut(slot, compact.as_bytes())?.0;
+        (ends > now).then(|| ends - now)
+    }
+
+    /// Bans `key` until `ends`, or lifts its ban (`None`).
+    fn set_ban(&self, key: StoreKey<'_>, ends: Option<u64>, now: u64) -> Result<(), Error> {
+        let mut compact = KeyBuf::new();
+        key.write_compact("ban", &mut compact);
+        let inner = &*self.inner;
+        let slot = inner.bans.slot(compact.as_bytes());
+        let mut shard = inner.bans.lock(slot);
+        let before = shard.len();
+        match ends {
+            Some(ends) => {
+                if let Some(ban) = shard.get_mut(slot, compact.as_bytes()) {
+                    ban.0 = ends;
+                } else if shard.room_without_eviction(now) {
+                    shard.insert(slot, compact.as_bytes(), Ban(ends));
+                } else {
+                    return Err(Error::Unsupported(
+                        "the store holds as many bans as its key cap allows",
+                    ));
+                }
+            }
+            None => {
+                shard.remove(slot, compact.as_bytes());
+            }
+        }
+        let after = shard.len();
+        if after >= before {
+            inner.bans_held.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            inner.bans_held.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// `key`'s state as a check at `now` would see it, spending nothing.
+    fn peek_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        now: u64,
+    ) -> Result<Peeked, Error> {
+        let banned_us = self.ban_left(key, now).unwrap_or(0);
+        let mut compact = KeyBuf::new();
+        key.write_compact(algorithm.name(), &mut compact);
+        let key = compact.as_bytes();
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        let outcome = match shard.get_mut(slot, key) {
+            Some(entry) => {
+                let (outcome, grown, _) =
+                    entry.run(now, |s| crate::algorithm::peek(algorithm, s, now));
+                shard.weight = shard.weight.wrapping_add_signed(grown);
+                outcome?
+            }
+            None => crate::algorithm::peek(algorithm, &mut MemoryState::default(), now)?,
+        };
+        Ok(Peeked { outcome, banned_us })
+    }
+
+    /// Removes `key`'s state under `algorithm`.
+    fn reset_now(&self, algorithm: &dyn Algorithm, key: StoreKey<'_>) {
+        let mut compact = KeyBuf::new();
+        key.write_compact(algorithm.name(), &mut compact);
+        let key = compact.as_bytes();
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        if let Some(entry) = shard.remove(slot, key) {
+            shard.weight = shard.weight.saturating_sub(entry.entries());
+        }
+    }
+
     /// The algorithm's refund twin on `key`'s state, if it holds one.
     fn give_back(
         &self,
@@ -374,6 +484,46 @@ impl Backend for MemoryStore {
 
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.inner.namespaces)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<Peeked, Error>> {
+        let result = self.peek_now(algorithm, key, now.unwrap_or_else(|| self.now_us()));
+        Box::pin(std::future::ready(result))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.reset_now(algorithm, key);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn ban<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        duration_us: u64,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let now = now.unwrap_or_else(|| self.now_us());
+        let result = self.set_ban(key, Some(now.saturating_add(duration_us)), now);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        let result = self.set_ban(key, None, self.now_us());
+        Box::pin(std::future::ready(result))
+    }
+
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        self.release_every_holder(key);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn manual_clock(&self) -> bool {

@@ -20,7 +20,7 @@ pub(crate) mod upstream;
 
 pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
-    backend::{Backend, BoxFuture},
+    backend::{Backend, BoxFuture, Peeked},
     clock::micros,
     key::{KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},

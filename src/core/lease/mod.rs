@@ -157,6 +157,13 @@ impl Leasing {
         !self.unsupported.load(Ordering::Relaxed)
     }
 
+    /// Drops `key`'s lease in this process (the key was reset or banned in the store).
+    pub(crate) fn forget(&self, key: StoreKey<'_>) {
+        let mut compact = KeyBuf::new();
+        key.write_key_compact(&mut compact);
+        self.table.forget(compact.as_bytes());
+    }
+
     /// A check of `cost` answered from `key`'s live lease, if it holds that many units now.
     pub(crate) fn take(&self, key: StoreKey<'_>, cost: u32) -> Option<Outcome> {
         let mut compact = KeyBuf::new();

@@ -293,6 +293,17 @@ impl Table {
         }
     }
 
+    /// Drops `key`'s lease and its demand (the key was reset or banned): the units it held
+    /// are not handed out, nor given back (they may no longer exist in the store).
+    pub(crate) fn forget(&self, key: &[u8]) {
+        let at = self.keys.slot(key);
+        let mut shard = self.keys.lock(at);
+        if let Some(tracked) = shard.get_mut(at, key) {
+            let _ = tracked.lease.take_rest();
+            tracked.per_lifetime = 0;
+        }
+    }
+
     /// The key's emission interval.
     pub(crate) fn emission_us(&self) -> u64 {
         self.emission_us

@@ -127,6 +127,11 @@ impl MemoryStore {
     pub(super) fn release_holder(&self, key: StoreKey<'_>, holder: &str) {
         self.with_holders(key, false, |h, _| h.held.retain(|(id, _)| **id != *holder));
     }
+
+    /// Gives every slot of `key` back.
+    pub(super) fn release_every_holder(&self, key: StoreKey<'_>) {
+        self.with_holders(key, false, |h, _| h.held.clear());
+    }
 }
 
 #[cfg(test)]

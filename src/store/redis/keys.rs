@@ -18,6 +18,7 @@
 //! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua` | as `:g` |
 //! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua` | 30 s |
+//! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by lease deadline | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
@@ -59,6 +60,8 @@ pub(crate) const LIMIT: &str = ":q:";
 pub(crate) const LIMIT_LEDGER: &str = ":qr:";
 /// A refund's marker, before the refund's id.
 pub(crate) const REFUND_MARKER: &str = ":rf:";
+/// The key's ban: when it ends.
+pub(crate) const BAN: &str = ":x";
 /// Concurrency holders.
 pub(crate) const HOLDERS: &str = ":c";
 /// Holders released while a renewal of theirs got no answer.

@@ -50,6 +50,8 @@ mod reply;
 mod reserve;
 mod scripts;
 #[cfg(test)]
+mod steering;
+#[cfg(test)]
 pub(crate) mod testing;
 #[cfg(feature = "tls")]
 mod tls;
@@ -77,8 +79,8 @@ use self::{
     scripts::Wire,
 };
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, Learned, Namespaces, Reserved, SlotTerms, Store,
-    StoreKey,
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved,
+    SlotTerms, Store, StoreKey,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -270,6 +272,30 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Deletes `keys` (all of one base key, so of one hash slot) in one script call.
+    fn forget(&self, keys: Vec<Vec<u8>>) -> BoxFuture<'_, Result<(), Error>> {
+        let cmd = link::evalsha(
+            &scripts::FORGET,
+            keys.len(),
+            |cmd| {
+                for k in &keys {
+                    cmd.arg(k.as_slice());
+                }
+            },
+            None,
+        );
+        Box::pin(async move {
+            match self.link.eval(&scripts::FORGET, &cmd).await? {
+                redis::Value::Int(_) => Ok(()),
+                other => Err(Error::InvalidReply(format!(
+                    "a deletion answered {other:?}"
+                ))),
+            }
+        })
+    }
+}
+
 impl Store for RedisStore {}
 
 impl Backend for RedisStore {
@@ -333,6 +359,68 @@ impl Backend for RedisStore {
 
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.namespaces)
+    }
+
+    /// One read-only script call, never batched.
+    fn peek<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Peeked, Error>> {
+        let wire = match Wire::peek(algorithm) {
+            Ok(wire) => wire,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let cmd = wire.command(key, now_us);
+        let script = wire.script;
+        Box::pin(async move { scripts::parse_peek(algorithm, self.link.eval(script, &cmd).await?) })
+    }
+
+    fn reset<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.forget(Wire::state_keys(algorithm, key))
+    }
+
+    fn ban<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        duration_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let mut ban = KeyBuf::new();
+        keys::write_key(key, keys::BAN, &mut ban);
+        let mut cmd = link::evalsha(
+            &scripts::BAN,
+            1,
+            |cmd| {
+                cmd.arg(ban.as_bytes());
+            },
+            now_us,
+        );
+        cmd.arg(duration_us);
+        Box::pin(async move {
+            let ends = self.link.eval(&scripts::BAN, &cmd).await?;
+            match ends {
+                redis::Value::Int(_) => Ok(()),
+                other => Err(Error::InvalidReply(format!("a ban answered {other:?}"))),
+            }
+        })
+    }
+
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        let mut ban = KeyBuf::new();
+        keys::write_key(key, keys::BAN, &mut ban);
+        self.forget(vec![ban.as_bytes().to_vec()])
+    }
+
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        let mut holders = KeyBuf::new();
+        keys::write_key(key, keys::HOLDERS, &mut holders);
+        self.forget(vec![holders.as_bytes().to_vec()])
     }
 
     fn acquire<'a>(

@@ -9,7 +9,7 @@ use redis::Script;
 
 use super::{keys, link::evalsha, reply};
 use crate::{
-    algorithm::{Algorithm, Rule},
+    algorithm::{Algorithm, Outcome, Rule},
     error::Error,
     store::{KeyBuf, Reserved, StoreKey},
 };
@@ -37,11 +37,13 @@ pub(crate) fn command(
     };
     let mut buf = KeyBuf::new();
     keys::write_key(key, suffix, &mut buf);
+    let mut ban = KeyBuf::new();
+    keys::write_key(key, keys::BAN, &mut ban);
     let mut cmd = evalsha(
         script,
-        1,
+        2,
         |cmd| {
-            cmd.arg(buf.as_bytes());
+            cmd.arg(buf.as_bytes()).arg(ban.as_bytes());
         },
         now_us,
     );
@@ -54,7 +56,16 @@ pub(crate) fn command(
 
 /// Reads a reservation's reply (see [`Reserved::from_ints`]).
 pub(crate) fn parse(reply: redis::Value, cost: u32, up_to: u32) -> Result<Reserved, Error> {
-    Reserved::from_ints(&reply::ints(reply)?, cost, up_to)
+    let ints = reply::ints(reply)?;
+    if let [2, 0, left, reset, 0] = *ints.as_slice() {
+        if left > 0 && left == reset {
+            return Ok(Reserved {
+                outcome: Outcome::banned(left as u64),
+                granted: 0,
+            });
+        }
+    }
+    Reserved::from_ints(&ints, cost, up_to)
 }
 
 /// The reservation scripts against the in-memory twin, on a real Redis: a reservation of up to

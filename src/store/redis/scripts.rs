@@ -15,11 +15,13 @@ use redis::Script;
 
 use super::{batch::batch_form, custom, keys, link::evalsha_sized, reply};
 use crate::{
-    algorithm::{Algorithm, BucketRate, LogEntry, Outcome, PartInfo, Placed, Position, Rule},
+    algorithm::{
+        Algorithm, BucketRate, LogEntry, Outcome, PartInfo, PartOutcome, Placed, Position, Rule,
+    },
     decision::Charge,
     error::Error,
     extract::Out,
-    store::{KeyBuf, StoreKey},
+    store::{KeyBuf, Peeked, StoreKey},
     unique_id,
 };
 
@@ -63,6 +65,15 @@ static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua", after "prelude.lua")
 static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua", after "prelude.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
 
+/// The peek scripts: a key read without a check (one call each, never batched).
+static GCRA_PEEK: LazyLock<Script> = prelude_script!("gcra_peek.lua");
+static TOKEN_BUCKET_PEEK: LazyLock<Script> = prelude_script!("token_bucket_peek.lua");
+static SLIDING_WINDOW_PEEK: LazyLock<Script> = prelude_script!("sliding_window_peek.lua");
+/// A ban, and the deletion of a key's state, ban or holders.
+pub(crate) static BAN: LazyLock<Script> = prelude_script!("ban.lua");
+pub(crate) static FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/forget.lua")));
+
 /// The refund scripts (one call each, never batched).
 static GCRA_REFUND: LazyLock<Script> =
     prelude_script!("gcra_refund.lua", after "refund_ledger.lua");
@@ -81,6 +92,8 @@ pub(crate) struct Wire<'a> {
     /// A refund's marker key, `:rf:ID` after the state's keys, so that a resent refund gives
     /// nothing back (see `first_run` in `lua/prelude.lua`).
     marker: Option<String>,
+    /// Whether the key's ban (`:x`) follows the state's keys: a built-in check, or a peek.
+    ban: bool,
 }
 
 /// A check's keys: the base key with suffixes (a built-in's, or a custom algorithm's).
@@ -108,6 +121,7 @@ impl<'a> Wire<'a> {
             keys,
             args,
             marker: None,
+            ban: true,
         };
         match algorithm.rule() {
             Rule::Gcra(r) => builtin(
@@ -138,6 +152,7 @@ impl<'a> Wire<'a> {
                     keys: Keys::Suffixes(s.key_suffixes()),
                     args: Args::List(s.args(cost)),
                     marker: None,
+                    ban: false,
                 }
             }
         }
@@ -165,6 +180,7 @@ impl<'a> Wire<'a> {
                 keys,
                 args: Args::List(args),
                 marker: resendable.then(unique_id::next),
+                ban: false,
             }))
         };
         // Where the charge lies on each limit's time: when admitted, and the time it left.
@@ -198,6 +214,7 @@ impl<'a> Wire<'a> {
                     keys: Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
                     args: Args::List(vec![c, w.window_us(), w.limit(), e.at_us, e.seq]),
                     marker: None,
+                    ban: false,
                 })),
                 _ => Ok(None),
             },
@@ -216,6 +233,83 @@ impl<'a> Wire<'a> {
             },
             Rule::Script(_) => Err(Error::Unsupported("a custom script cannot give units back")),
         }
+    }
+
+    /// How a peek of `key` under `algorithm` goes to Redis (its reply: [`parse_peek`]); an
+    /// [`Error::Unsupported`] for a custom script.
+    pub(crate) fn peek(algorithm: &'a dyn Algorithm) -> Result<Self, Error> {
+        let read = |script: &'static Script, keys: Keys<'a>, args: Vec<u64>| {
+            Ok(Wire {
+                script,
+                batch: None,
+                keys,
+                args: Args::List(args),
+                marker: None,
+                ban: true,
+            })
+        };
+        match algorithm.rule() {
+            Rule::Gcra(r) => read(
+                &GCRA_PEEK,
+                Keys::Suffixes(&[keys::GCRA]),
+                vec![r.emission_us(), r.burst()],
+            ),
+            Rule::TokenBucket(r) => read(
+                &TOKEN_BUCKET_PEEK,
+                Keys::Suffixes(&[keys::BUCKET]),
+                vec![r.emission_us(), r.burst()],
+            ),
+            Rule::SlidingWindow(w) => read(
+                &SLIDING_WINDOW_PEEK,
+                Keys::Suffixes(&[keys::LOG, keys::LOG_TOTALS]),
+                vec![w.window_us(), w.limit()],
+            ),
+            Rule::Multi(rates) => read(
+                &GCRA_PEEK,
+                Keys::Parts(algorithm.parts()),
+                rates
+                    .iter()
+                    .flat_map(|r| [r.emission_us(), r.burst()])
+                    .collect(),
+            ),
+            Rule::Script(_) => Err(Error::Unsupported(
+                "a custom algorithm cannot be read without a check",
+            )),
+        }
+    }
+
+    /// The keys a reset of `key` under `algorithm` deletes: its state and refund ledgers
+    /// (refund markers expire by themselves), never its ban. A custom algorithm's: its key
+    /// suffixes.
+    pub(crate) fn state_keys(algorithm: &dyn Algorithm, key: StoreKey<'_>) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut put = |suffix: &str, name: Option<&str>| {
+            let mut buf = KeyBuf::new();
+            keys::write_key(key, suffix, &mut buf);
+            if let Some(name) = name {
+                buf.put(name.as_bytes());
+            }
+            out.push(buf.as_bytes().to_vec());
+        };
+        match algorithm.rule() {
+            Rule::Gcra(_) => [keys::GCRA, keys::GCRA_LEDGER]
+                .iter()
+                .for_each(|s| put(s, None)),
+            Rule::TokenBucket(_) => [keys::BUCKET, keys::BUCKET_LEDGER]
+                .iter()
+                .for_each(|s| put(s, None)),
+            Rule::SlidingWindow(_) => [keys::LOG, keys::LOG_TOTALS]
+                .iter()
+                .for_each(|s| put(s, None)),
+            Rule::Multi(_) => {
+                for p in algorithm.parts() {
+                    put(keys::LIMIT, Some(&p.name));
+                    put(keys::LIMIT_LEDGER, Some(&p.name));
+                }
+            }
+            Rule::Script(s) => s.key_suffixes().iter().for_each(|x| put(x, None)),
+        }
+        out
     }
 
     /// The `EVALSHA` of this call on `key`, at `now_us` (`None`: the server's clock).
@@ -243,7 +337,7 @@ impl<'a> Wire<'a> {
             Keys::Parts(p) => p.len(),
             Keys::PartsAndLedgers(p) => 2 * p.len(),
         };
-        state + usize::from(self.marker.is_some())
+        state + usize::from(self.marker.is_some()) + usize::from(self.ban)
     }
 
     /// Calls `f` with each of the check's keys, in order.
@@ -282,6 +376,11 @@ impl<'a> Wire<'a> {
             buf.put(marker.as_bytes());
             f(buf.as_bytes());
         }
+        if self.ban {
+            buf.clear();
+            keys::write_key(key, keys::BAN, &mut buf);
+            f(buf.as_bytes());
+        }
     }
 
     /// The arguments after `ARGV[1]`.
@@ -307,12 +406,34 @@ fn multi_args(cost: u64, rates: &[BucketRate]) -> Args {
 
 /// Reads a script's reply for `algorithm`.
 pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Outcome, Error> {
-    match algorithm.rule() {
+    let rule = algorithm.rule();
+    if !matches!(rule, Rule::Script(_)) {
+        if let Some(banned) = parse_banned(&reply) {
+            return banned;
+        }
+    }
+    match rule {
         Rule::Script(s) => s.parse_reply(&reply::ints(reply)?),
         Rule::SlidingWindow(_) => parse_logged(reply),
         Rule::Multi(_) => parse_multi(reply),
         Rule::Gcra(_) | Rule::TokenBucket(_) => parse_placed(reply),
     }
+}
+
+/// A built-in script's answer for a banned key, `{2, 0, left_us, left_us}` (`None`: another
+/// answer).
+pub(crate) fn parse_banned(reply: &redis::Value) -> Option<Result<Outcome, Error>> {
+    use redis::Value::{Array, Int};
+    let Array(items) = reply else { return None };
+    if !matches!(items.first(), Some(Int(2))) {
+        return None;
+    }
+    Some(match items.as_slice() {
+        [_, Int(0), Int(left), Int(reset)] if *left > 0 && left == reset => {
+            Ok(Outcome::banned(*left as u64))
+        }
+        _ => Err(Error::InvalidReply(format!("a ban answered {items:?}"))),
+    })
 }
 
 /// A reply's integers, read without collecting them into a `Vec` when they are up to `N`
@@ -400,6 +521,45 @@ fn parse_logged(reply: redis::Value) -> Result<Outcome, Error> {
             "expected 4 integers, or 6 when admitted, in {items:?}"
         ))),
     }
+}
+
+/// Reads a peek script's reply for `algorithm`: `{ban_left_us, then remaining,
+/// reset_after_us per limit}` as a denial that took nothing (for several limits, the binding
+/// one is the one with the fewest units left).
+pub(crate) fn parse_peek(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Peeked, Error> {
+    let items = reply::ints(reply)?;
+    let bad = || Error::InvalidReply(format!("a peek answered {items:?}"));
+    let n = algorithm.parts().len().max(1);
+    let (&[banned], rest) = items.split_at(items.len().min(1)) else {
+        return Err(bad());
+    };
+    if rest.len() != 2 * n || banned < 0 || rest.iter().any(|&i| i < 0) {
+        return Err(bad());
+    }
+    let parts: Vec<PartOutcome> = rest
+        .chunks_exact(2)
+        .map(|p| PartOutcome {
+            remaining: p[0] as u64,
+            retry_after_us: None,
+            reset_after_us: p[1] as u64,
+        })
+        .collect();
+    let mut binding = 0;
+    for (i, p) in parts.iter().enumerate() {
+        if p.remaining < parts[binding].remaining {
+            binding = i;
+        }
+    }
+    let b = parts[binding];
+    let mut outcome = Outcome::single(false, b.remaining, None, b.reset_after_us);
+    if !algorithm.parts().is_empty() {
+        outcome.parts = parts;
+        outcome.binding = binding;
+    }
+    Ok(Peeked {
+        outcome,
+        banned_us: banned as u64,
+    })
 }
 
 /// Reads a refund script's reply: whether anything was given back.

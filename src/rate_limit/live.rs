@@ -1,0 +1,209 @@
+//! Limits that change while a layer runs: its quota, per-key plans, allow and deny lists and
+//! shadow mode, swapped atomically.
+
+use std::{collections::HashMap, fmt, sync::Arc};
+
+use arc_swap::ArcSwap;
+
+use super::{
+    engine::{Quoted, RateEngine},
+    lists::{key_text, AccessList, Lists},
+};
+use crate::{error::ConfigError, extract::Key, quota::Quota, ClientIp};
+
+/// What a layer's [`LiveLimits`] hold: the default policy's quota, quotas per key (plans),
+/// the allow and deny lists, and shadow mode. Built and checked whole, then swapped in at
+/// once ([`LiveLimits::replace`]).
+///
+/// ```
+/// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, Quota};
+///
+/// let limits = Limits::new(Quota::per_minute(100))
+///     .plan("gold", Quota::per_minute(1_000))
+///     .allow(AccessList::parse(["10.0.0.0/8"])?)
+///     .shadow(false);
+/// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limits {
+    quota: Quota,
+    plans: HashMap<Box<[u8]>, Quota>,
+    allow: AccessList,
+    deny: AccessList,
+    shadow: bool,
+}
+
+impl Limits {
+    /// `quota` for every key without a plan; no plan, empty lists, enforcing.
+    pub fn new(quota: Quota) -> Self {
+        Self {
+            quota,
+            plans: HashMap::new(),
+            allow: AccessList::new(),
+            deny: AccessList::new(),
+            shadow: false,
+        }
+    }
+
+    /// `quota` for requests whose key is `key` (its text as the key extractor produces it).
+    pub fn plan(mut self, key: impl AsRef<[u8]>, quota: Quota) -> Self {
+        self.plans.insert(key.as_ref().into(), quota);
+        self
+    }
+
+    /// Keys and networks never limited (see [`RateLimitLayer::allow`](super::RateLimitLayer::allow)).
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.allow = list;
+        self
+    }
+
+    /// Keys and networks always refused (see [`RateLimitLayer::deny`](super::RateLimitLayer::deny)).
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.deny = list;
+        self
+    }
+
+    /// Shadow mode (see [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// The quota of keys without a plan.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// Whether shadow mode is on.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+}
+
+/// The limits a layer reads on every request, replaced atomically while it runs: made by
+/// [`RateLimitLayer::live`](super::RateLimitLayer::live). Cloning shares them.
+///
+/// A replacement is checked whole before anything changes (every quota must build the
+/// limiter's algorithm, as a quota per request must), then swapped in at once: a request is
+/// decided entirely under the old limits or entirely under the new. Counters carry over, as
+/// for [quotas per request](crate::guide::operating#quotas-per-request): a key's state in the
+/// store stays, read under the new quota.
+#[derive(Clone)]
+pub struct LiveLimits {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    current: ArcSwap<Resolved>,
+    /// The default policy's engine: what quotas are checked against, and whose shadow mode
+    /// follows the limits.
+    engine: Arc<RateEngine>,
+    /// How the lists find a client's address.
+    client: ClientIp,
+}
+
+/// Limits checked and ready: each quota as the algorithm that runs it.
+pub(crate) struct Resolved {
+    pub(crate) limits: Limits,
+    /// `None`: the limiter's own quota (no quota per request to build).
+    own: Option<Arc<Quoted>>,
+    plans: HashMap<Box<[u8]>, Arc<Quoted>>,
+    pub(crate) lists: Option<Lists>,
+}
+
+impl fmt::Debug for LiveLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveLimits")
+            .field("limits", &self.inner.current.load().limits)
+            .finish()
+    }
+}
+
+impl LiveLimits {
+    pub(crate) fn new(
+        engine: Arc<RateEngine>,
+        client: ClientIp,
+        limits: Limits,
+    ) -> Result<Self, ConfigError> {
+        let resolved = resolve(&engine, &client, limits)?;
+        engine
+            .shadow
+            .store(resolved.limits.shadow, std::sync::atomic::Ordering::Relaxed);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                current: ArcSwap::from_pointee(resolved),
+                engine,
+                client,
+            }),
+        })
+    }
+
+    /// Replaces the limits, or leaves them as they are and says why not: a quota (the
+    /// default or a plan's) that the limiter's algorithm does not take is a [`ConfigError`]
+    /// naming the quota's field (`quota.limit`, ...) or `plans` (with the plan's key).
+    pub fn replace(&self, limits: Limits) -> Result<(), ConfigError> {
+        let resolved = resolve(&self.inner.engine, &self.inner.client, limits)?;
+        let shadow = resolved.limits.shadow;
+        self.inner.current.store(Arc::new(resolved));
+        self.inner
+            .engine
+            .shadow
+            .store(shadow, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.inner.current.load().limits.clone()
+    }
+
+    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<Resolved>> {
+        self.inner.current.load()
+    }
+}
+
+impl Resolved {
+    /// The quota for a request of `key` (`None`: the limiter's own).
+    pub(crate) fn quoted(&self, key: Option<&Key<'_>>) -> Option<&Arc<Quoted>> {
+        if !self.plans.is_empty() {
+            if let Some(key) = key {
+                if let Some(plan) = key_text(key, |text| self.plans.get(text)) {
+                    return Some(plan);
+                }
+            }
+        }
+        self.own.as_ref()
+    }
+}
+
+/// Checks `limits` against `engine`'s algorithm and builds what requests will use.
+fn resolve(
+    engine: &RateEngine,
+    client: &ClientIp,
+    limits: Limits,
+) -> Result<Resolved, ConfigError> {
+    let own = Arc::new(engine.quoted(limits.quota)?);
+    // The limiter's own quota needs no quota per request (and keeps its unit leases).
+    let own = (!own.same_rule(&*engine.algorithm)).then_some(own);
+    let mut plans = HashMap::with_capacity(limits.plans.len());
+    for (key, quota) in &limits.plans {
+        let quoted = engine.quoted(*quota).map_err(|e| {
+            ConfigError::new(
+                "plans",
+                format!("plan {:?}: {e}", String::from_utf8_lossy(key)),
+            )
+        })?;
+        plans.insert(key.clone(), Arc::new(quoted));
+    }
+    let lists = (!limits.allow.is_empty() || !limits.deny.is_empty()).then(|| Lists {
+        allow: limits.allow.clone(),
+        deny: limits.deny.clone(),
+        client: client.clone(),
+    });
+    Ok(Resolved {
+        limits,
+        own,
+        plans,
+        lists,
+    })
+}
