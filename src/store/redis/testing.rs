@@ -1,6 +1,6 @@
 //! For the crate's own tests of what a store does (its crate-private calls): a real
 //! `redis-server` on a free 127.0.0.1 port, stopped by PID when dropped (its PID recorded for
-//! `scripts/test`, as `tests/common` does). A server that cannot start fails the test.
+//! `scripts/test`, as `tests/servers` does). A server that cannot start fails the test.
 
 use std::{
     net::TcpListener,
