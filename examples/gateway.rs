@@ -146,9 +146,11 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
-    config::{self, FileError},
     extract::Key,
-    rate_limit::{AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease},
+    rate_limit::{
+        file::{from_toml, FileError},
+        AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
+    },
     store::redis::Batching,
     store::Store,
     ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
@@ -569,7 +571,7 @@ const NOT_IN_FILE: &[&str] = &[
 fn with_file(base: &Args, path: &str) -> Result<Args, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
     let in_file = |e: FileError| format!("--config {path}: {e}");
-    let file: FileFlags = config::from_toml(&text).map_err(|mut e| {
+    let file: FileFlags = from_toml(&text).map_err(|mut e| {
         if let Some(field) = e.field().filter(|f| NOT_IN_FILE.contains(f)) {
             let flag = format!("--{}", field.replace('_', "-"));
             e = FileError::field_error(

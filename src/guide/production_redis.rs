@@ -74,11 +74,11 @@
 //! once per request. Not available for a Cluster.
 //!
 //! **Bring your own.** [`connect_client`](crate::store::redis::RedisStoreBuilder::connect_client)
-//! uses a `redis::Client` you built (RESP3, a credentials provider, any option of redis-rs);
+//! uses a redis-rs `Client` you built (RESP3, a credentials provider, any option of redis-rs);
 //! the store still replaces a connection that failed and bounds connecting by the connect
 //! timeout, but a connection Redis closed while idle is noticed only when a check fails on
 //! it. [`RedisStore::from_connection`](crate::RedisStore::from_connection) takes a
-//! `redis::aio::ConnectionManager` (which reconnects by itself) or a `MultiplexedConnection`
+//! redis-rs `ConnectionManager` (which reconnects by itself) or a `MultiplexedConnection`
 //! (which is never replaced when it breaks); [`RedisStore::from_cluster`](crate::RedisStore::from_cluster)
 //! a `ClusterConnection` from your `ClusterClient`; [`RedisStore::from_pool`](crate::RedisStore::from_pool)
 //! your bb8-redis pool (keep bb8's default `test_on_check_out(true)`, which replaces

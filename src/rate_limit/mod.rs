@@ -13,6 +13,8 @@ mod builder;
 mod config;
 mod counting;
 mod engine;
+#[cfg(feature = "config")]
+pub mod file;
 mod future;
 mod layer;
 mod limiter;

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! ```
-//! use tower_redis_ratelimit::{config::LimitsFile, Quota};
+//! use tower_redis_ratelimit::{rate_limit::file::LimitsFile, Quota};
 //!
 //! let file = LimitsFile::from_toml("limit = 5\nper = \"1m\"\n[plans]\ngold = \"50/1m\"\n")?;
 //! let limits = file.limits(Quota::per_second(10))?;
@@ -27,17 +27,15 @@
 //! assert_eq!((err.line(), err.field()), (Some(2), Some("per")));
 //! let err = LimitsFile::from_toml("limit = 5\nburst = \"x\"\n").unwrap_err();
 //! assert_eq!((err.line(), err.field()), (Some(2), Some("burst")));
-//! # Ok::<(), tower_redis_ratelimit::config::FileError>(())
+//! # Ok::<(), tower_redis_ratelimit::rate_limit::file::FileError>(())
 //! ```
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
 use serde::{de::DeserializeOwned, Deserialize};
 
-use crate::{
-    quota::Quota,
-    rate_limit::{AccessList, Limits},
-};
+use super::{AccessList, Limits};
+use crate::quota::Quota;
 
 /// What is wrong with a file: the line and the field when known, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,7 +232,7 @@ impl LimitsFile {
 ///
 /// ```
 /// # use std::time::Duration;
-/// use tower_redis_ratelimit::config::parse_duration;
+/// use tower_redis_ratelimit::rate_limit::file::parse_duration;
 /// assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
 /// assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
 /// assert_eq!(parse_duration("soon"), None);
