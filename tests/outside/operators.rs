@@ -4,14 +4,16 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    net::SocketAddr,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use crate::servers::{dead_redis_url, gateway::gateway_bin, RedisServer};
+use crate::servers::{
+    dead_redis_url,
+    gateway::{send, AdminGateway},
+    RedisServer,
+};
 use axum::body::Body;
 use http::Request;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
@@ -22,78 +24,10 @@ use tower_redis_ratelimit::{
     FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
 };
 
-/// A gateway demo with its admin listener.
-struct Admin {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Drop for Admin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts the gateway with `args` and `--admin-listen 127.0.0.1:0`, and reads both of its
-/// `listening on` lines: the main one, then the admin one right after it.
-fn start(args: &[&str]) -> Admin {
-    let child = Command::new(gateway_bin())
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut gw = Admin {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-    };
-    let stdout = gw.child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("no `listening on` lines; got {seen:?}"));
-        if let Some(addr) = line.strip_prefix("listening on http://") {
-            gw.addr = addr.trim().parse().unwrap();
-            let next = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-            let admin = next
-                .strip_prefix("admin listening on http://")
-                .unwrap_or_else(|| panic!("the line after `listening on`: {next:?}"));
-            gw.admin = admin.trim().parse().unwrap();
-            return gw;
-        }
-        seen.push(line);
-    }
-}
-
 /// GET `path` with `headers` over a fresh connection: status, lower-cased head, body.
 fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    s.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    // A chunked body (axum's JSON and text are sent with a length; keep it simple).
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let r = send(addr, "GET", path, headers);
+    (r.status, r.head, r.body)
 }
 
 /// The sum of the samples of `name` whose labels include every pair of `labels`, in a
@@ -113,13 +47,13 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-fn metrics(gw: &Admin) -> String {
+fn metrics(gw: &AdminGateway) -> String {
     let (status, head, body) = get(gw.admin, "/metrics", &[]);
     assert_eq!(status, 200, "{head}");
     body
 }
 
-fn top(gw: &Admin, query: &str) -> Vec<serde_json::Value> {
+fn top(gw: &AdminGateway, query: &str) -> Vec<serde_json::Value> {
     let (status, head, body) = get(gw.admin, &format!("/top{query}"), &[]);
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("content-type: application/json"), "{head}");
@@ -132,7 +66,7 @@ type Served = HashMap<String, (u64, u64)>;
 /// `threads` clients each send `per_thread` requests, user `i % users` and instance
 /// `i % instances` in turn, each on a fresh connection; returns what each instance served
 /// (200s and 429s by user).
-fn flood(gws: &[Admin], users: usize, threads: usize, per_thread: usize) -> Vec<Served> {
+fn flood(gws: &[AdminGateway], users: usize, threads: usize, per_thread: usize) -> Vec<Served> {
     let served: Vec<Arc<Mutex<Served>>> = gws.iter().map(|_| Arc::default()).collect();
     let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.addr).collect();
     std::thread::scope(|s| {
@@ -164,7 +98,7 @@ fn flood(gws: &[Admin], users: usize, threads: usize, per_thread: usize) -> Vec<
 /// Under a flood with the deny cache on (the default), each instance's
 /// `decision="denied"` count is the 429s it served, `allowed` its 200s, and its `/top` names
 /// each user with the 429s it served them.
-fn denials_are_counted_as_served(gws: &[Admin], what: &str) {
+fn denials_are_counted_as_served(gws: &[AdminGateway], what: &str) {
     let users = 4;
     let served = flood(gws, users, 6, 24);
     let mut from_cache = 0;
@@ -214,9 +148,9 @@ fn denials_are_counted_as_served(gws: &[Admin], what: &str) {
 fn denials_counted_equal_the_429s_served_on_three_instances_sharing_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let gws: Vec<Admin> = (0..3)
+    let gws: Vec<AdminGateway> = (0..3)
         .map(|_| {
-            start(&[
+            AdminGateway::start(&[
                 "--redis",
                 &url,
                 "--limit",
@@ -245,7 +179,7 @@ fn denials_counted_equal_the_429s_served_on_three_instances_sharing_redis() {
 
 #[test]
 fn denials_counted_equal_the_429s_served_in_memory() {
-    let gw = start(&["--limit", "5", "--per", "1m", "--key", "header:x-user"]);
+    let gw = AdminGateway::start(&["--limit", "5", "--per", "1m", "--key", "header:x-user"]);
     denials_are_counted_as_served(std::slice::from_ref(&gw), "memory");
 }
 
@@ -255,7 +189,7 @@ fn denials_counted_equal_the_429s_served_in_memory() {
 fn a_shadow_gateway_serves_everything_plainly_and_names_the_keys_it_would_limit() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let memory = [start(&[
+    let memory = [AdminGateway::start(&[
         "--shadow",
         "--limit",
         "5",
@@ -264,9 +198,9 @@ fn a_shadow_gateway_serves_everything_plainly_and_names_the_keys_it_would_limit(
         "--key",
         "header:x-user",
     ])];
-    let shared: Vec<Admin> = (0..3)
+    let shared: Vec<AdminGateway> = (0..3)
         .map(|_| {
-            start(&[
+            AdminGateway::start(&[
                 "--shadow",
                 "--redis",
                 &url,
@@ -319,7 +253,7 @@ fn a_shadow_gateway_serves_everything_plainly_and_names_the_keys_it_would_limit(
 /// (`2001:db8::/64`), an IPv4 address as is; `n` bounds the list; a bad `n` is a 400.
 #[test]
 fn top_names_ip_keys_and_takes_n() {
-    let gw = start(&[
+    let gw = AdminGateway::start(&[
         "--key",
         "ip",
         "--trusted-proxy",
@@ -349,7 +283,7 @@ fn top_names_ip_keys_and_takes_n() {
 /// Requests of a plan count under the policy's own name (`default`).
 #[test]
 fn plans_count_under_the_policy_name() {
-    let gw = start(&[
+    let gw = AdminGateway::start(&[
         "--key",
         "header:x-user",
         "--plan",
@@ -383,7 +317,7 @@ fn plans_count_under_the_policy_name() {
 #[test]
 fn store_failures_answered_503_are_counted_unavailable() {
     let url = dead_redis_url();
-    let gw = start(&[
+    let gw = AdminGateway::start(&[
         "--redis",
         &url,
         "--lazy-connect",

@@ -3,90 +3,18 @@
 //! checked from outside on several instances sharing one Redis.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    net::SocketAddr,
+    process::Command,
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use crate::servers::{
-    gateway::{assert_refused, gateway_bin},
+    gateway::{assert_refused, gateway_bin, send, AdminGateway, Reply},
     RedisServer,
 };
 
-/// A gateway demo with its admin listener, and what it wrote on stderr so far.
-struct Gw {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    log: Arc<Mutex<String>>,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Gw {
-    /// Starts the gateway with `args` and `--admin-listen 127.0.0.1:0`, and reads both of its
-    /// `listening on` lines.
-    fn start(args: &[&str]) -> Gw {
-        let child = Command::new(gateway_bin())
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut gw = Gw {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log: Arc::default(),
-        };
-        let stderr = gw.child.stderr.take().unwrap();
-        let log = Arc::clone(&gw.log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = gw.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut seen = Vec::new();
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("no `listening on` lines; got {seen:?}, {}", gw.log()));
-            if let Some(addr) = line.strip_prefix("listening on http://") {
-                gw.addr = addr.trim().parse().unwrap();
-                let next = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-                let admin = next
-                    .strip_prefix("admin listening on http://")
-                    .unwrap_or_else(|| panic!("the line after `listening on`: {next:?}"));
-                gw.admin = admin.trim().parse().unwrap();
-                return gw;
-            }
-            seen.push(line);
-        }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
+impl AdminGateway {
     /// A request to the public listener with key `k` (header `x-k`).
     fn call(&self, k: &str) -> Reply {
         send(self.addr, "GET", "/", &[("x-k", k)])
@@ -108,47 +36,9 @@ impl Gw {
     }
 }
 
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    /// Lower-cased.
-    head: String,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            (n == name).then(|| v.trim())
-        })
-    }
-}
-
-/// One request over a fresh connection.
-fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("content-length: 0\r\n\r\n");
-    s.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    Reply {
-        status,
-        head: head.to_ascii_lowercase(),
-        body: body.to_owned(),
-    }
-}
-
 /// Asks every gateway for key `k` until each answers `want`, and returns how long the slowest
 /// took from `since`. Each gateway is asked at most once every 20 ms, for at most 10 s.
-fn until_all(gws: &[Gw], k: &str, want: u16, since: Instant) -> Duration {
+fn until_all(gws: &[AdminGateway], k: &str, want: u16, since: Instant) -> Duration {
     let mut slowest = Duration::ZERO;
     for (i, gw) in gws.iter().enumerate() {
         loop {
@@ -174,11 +64,11 @@ fn until_all(gws: &[Gw], k: &str, want: u16, since: Instant) -> Duration {
 const BOUND: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_millis(1_500);
 
-fn three(redis: &RedisServer, extra: &[&str]) -> Vec<Gw> {
+fn three(redis: &RedisServer, extra: &[&str]) -> Vec<AdminGateway> {
     let url = redis.url();
     let mut args = vec!["--redis", &url, "--key", "header:x-k"];
     args.extend_from_slice(extra);
-    (0..3).map(|_| Gw::start(&args)).collect()
+    (0..3).map(|_| AdminGateway::start(&args)).collect()
 }
 
 #[test]
@@ -384,7 +274,7 @@ fn keys_are_named_as_the_extractor_writes_them_percent_encoded() {
         "--prefix",
         "ipkeys",
     ];
-    let gw = Gw::start(&args);
+    let gw = AdminGateway::start(&args);
     let from = |ip: &str| send(gw.addr, "GET", "/", &[("x-forwarded-for", ip)]);
     assert_eq!(
         gw.admin("PUT", "/bans/2001:db8:1:2::%2F64?seconds=60", None)
@@ -443,8 +333,9 @@ fn the_admin_listener_is_guarded() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("token");
     std::fs::write(&file, "s3cr3t-from-a-file\n").unwrap();
-    let by_flag = Gw::start(&["--admin-token", "s3cr3t-on-the-line", "--key", "header:x-k"]);
-    let by_file = Gw::start(&[
+    let by_flag =
+        AdminGateway::start(&["--admin-token", "s3cr3t-on-the-line", "--key", "header:x-k"]);
+    let by_file = AdminGateway::start(&[
         "--admin-token-file",
         file.to_str().unwrap(),
         "--key",
@@ -489,7 +380,7 @@ fn the_admin_listener_is_guarded() {
         let r = send(gw.addr, method, path, &[("x-k", "k")]);
         assert_eq!(r.status, 404, "{method} {path}: {r:?}");
     }
-    let gw2 = Gw::start(&["--key", "header:x-k"]);
+    let gw2 = AdminGateway::start(&["--key", "header:x-k"]);
     let r = send(gw2.addr, "PUT", "/bans/k?seconds=60", &[("x-k", "k")]);
     assert_eq!(
         r.status, 404,
@@ -626,7 +517,7 @@ async fn allow_and_deny_lists_come_before_bans_and_limits() {
 fn the_gateway_lists_keys_and_networks() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let gw = Gw::start(&[
+    let gw = AdminGateway::start(&[
         "--redis",
         &url,
         "--key",
@@ -860,7 +751,7 @@ where
 }
 
 /// Waits until the gateway's stderr holds `n` lines containing `what` (at most 10 s).
-fn wait_lines(gw: &Gw, what: &str, n: usize) -> String {
+fn wait_lines(gw: &AdminGateway, what: &str, n: usize) -> String {
     let since = Instant::now();
     loop {
         let log = gw.log();
@@ -896,7 +787,7 @@ fn a_reload_under_load_changes_the_limit_keeps_counters_and_refuses_a_broken_fil
     };
     write_file(&file, &limits(3));
     let url = redis.url();
-    let gw = Gw::start(&["--redis", &url, "--config", file.to_str().unwrap()]);
+    let gw = AdminGateway::start(&["--redis", &url, "--config", file.to_str().unwrap()]);
     for _ in 0..2 {
         assert_eq!(gw.call("k").status, 200);
     }

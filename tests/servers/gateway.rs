@@ -5,7 +5,7 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{mpsc, Arc, Mutex},
     time::Duration,
 };
 
@@ -120,4 +120,118 @@ pub fn get_path(addr: SocketAddr, path: &str, extra: impl AsRef<[u8]>) -> (u16, 
     s.read_to_string(&mut out).unwrap();
     let status = out[9..12].parse().unwrap();
     (status, out.to_ascii_lowercase())
+}
+
+/// The gateway demo with its admin listener (`--admin-listen 127.0.0.1:0`), and what it wrote
+/// on stderr so far.
+pub struct AdminGateway {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for AdminGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AdminGateway {
+    /// Starts the gateway with `args` and `--admin-listen 127.0.0.1:0`, and reads both of its
+    /// `listening on` lines.
+    pub fn start(args: &[&str]) -> AdminGateway {
+        let child = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut gw = AdminGateway {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log: Arc::default(),
+        };
+        let stderr = gw.child.stderr.take().unwrap();
+        let log = Arc::clone(&gw.log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = gw.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no `listening on` lines; got {seen:?}, {}", gw.log()));
+            if let Some(addr) = line.strip_prefix("listening on http://") {
+                gw.addr = addr.trim().parse().unwrap();
+                let next = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                let admin = next
+                    .strip_prefix("admin listening on http://")
+                    .unwrap_or_else(|| panic!("the line after `listening on`: {next:?}"));
+                gw.admin = admin.trim().parse().unwrap();
+                return gw;
+            }
+            seen.push(line);
+        }
+    }
+
+    /// What the gateway wrote on stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    /// Lower-cased.
+    pub head: String,
+    pub body: String,
+}
+
+impl Reply {
+    /// The value of the header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            (n == name).then(|| v.trim())
+        })
+    }
+}
+
+/// One request over a fresh connection.
+pub fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("content-length: 0\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    Reply {
+        status,
+        head: head.to_ascii_lowercase(),
+        body: body.to_owned(),
+    }
 }
