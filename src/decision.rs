@@ -404,6 +404,29 @@ impl Decision {
         self.limits.get(usize::from(self.binding))
     }
 
+    /// A single-limit decision of the store, for tests: a test sets the fields it needs
+    /// and takes the others from here (`Decision { allowed: false, ..Decision::sample() }`).
+    #[cfg(test)]
+    pub(crate) fn sample() -> Self {
+        Self {
+            allowed: true,
+            limit: 10,
+            remaining: 10,
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            window: Duration::from_secs(1),
+            cost: 1,
+            policy: Arc::from("default"),
+            degraded: false,
+            source: Source::Store,
+            shadow: false,
+            banned: false,
+            binding: 0,
+            limits: Vec::new(),
+            charge: None,
+        }
+    }
+
     /// True when the request was denied and can never succeed: its cost exceeds the quota.
     pub fn is_never(&self) -> bool {
         !self.allowed && self.retry_after.is_none()

@@ -309,13 +309,7 @@ mod tests {
             window: Duration::from_millis(250),
             cost: 1,
             policy: Arc::from("p"),
-            degraded: false,
-            source: crate::decision::Source::Store,
-            shadow: false,
-            banned: false,
-            binding: 0,
-            limits: Vec::new(),
-            charge: None,
+            ..Decision::sample()
         }
     }
 
@@ -458,13 +452,7 @@ mod tests {
             retry_after: retry_us.map(Duration::from_micros),
             window: Duration::from_micros(window_us),
             policy: Arc::from(policy.as_str()),
-            degraded: false,
-            source: crate::decision::Source::Store,
-            shadow: false,
-            banned: false,
-            binding: 0,
-            limits: Vec::new(),
-            charge: None,
+            ..Decision::sample()
         };
         let mut h = HeaderMap::new();
         render(HeaderStyle::Both, &d, &mut h);

@@ -414,13 +414,7 @@ mod tests {
             window: Duration::from_secs(60),
             cost: 3,
             policy: Arc::from("free-tier"),
-            degraded: false,
-            source: crate::decision::Source::Store,
-            shadow: false,
-            banned: false,
-            binding: 0,
-            limits: Vec::new(),
-            charge: None,
+            ..Decision::sample()
         };
         let r: Responder<Decision> = Responder {
             problem_details: true,
@@ -443,13 +437,7 @@ mod tests {
             window: Duration::from_secs(60),
             cost: 1,
             policy: Arc::from("default"),
-            degraded: false,
-            source: crate::decision::Source::Store,
-            shadow: false,
-            banned: false,
-            binding: 0,
-            limits: Vec::new(),
-            charge: None,
+            ..Decision::sample()
         }
     }
 

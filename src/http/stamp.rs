@@ -147,13 +147,7 @@ mod tests {
             window: Duration::from_micros(window_us),
             cost: 1,
             policy: Arc::from(name),
-            degraded: false,
-            source: crate::decision::Source::Store,
-            shadow: false,
-            banned: false,
-            binding: 0,
-            limits: Vec::new(),
-            charge: None,
+            ..Decision::sample()
         }
     }
 
