@@ -586,55 +586,29 @@ fn with_file(base: &Args, path: &str) -> Result<Args, String> {
     let mut put = |key: &'static str, value: Option<String>| {
         pairs.push((key, format!("--{}", key.replace('_', "-")), value))
     };
-    let shown = |v: &dyn std::fmt::Display| Some(v.to_string());
-    if let Some(v) = &file.algorithm {
-        put("algorithm", shown(v));
+    // The fields that are one flag's value as written.
+    macro_rules! put_values {
+        ($($field:ident),*) => {$(
+            if let Some(v) = &file.$field {
+                put(stringify!($field), Some(v.to_string()));
+            }
+        )*};
     }
-    if let Some(v) = file.limit {
-        put("limit", shown(&v));
-    }
-    if let Some(v) = &file.per {
-        put("per", shown(v));
-    }
-    if let Some(v) = file.burst {
-        put("burst", shown(&v));
-    }
-    if let Some(v) = &file.key {
-        put("key", shown(v));
-    }
+    put_values!(algorithm, limit, per, burst, key);
     for v in file.trusted_proxy.iter().flatten() {
-        put("trusted_proxy", shown(v));
+        put("trusted_proxy", Some(v.to_string()));
     }
-    if let Some(v) = file.ipv6_prefix {
-        put("ipv6_prefix", shown(&v));
-    }
-    if let Some(v) = &file.on_redis_error {
-        put("on_redis_error", shown(v));
-    }
-    if let Some(v) = file.local_share {
-        put("local_share", shown(&v));
-    }
-    if let Some(v) = file.timeout_ms {
-        put("timeout_ms", shown(&v));
-    }
-    if let Some(v) = &file.headers {
-        put("headers", shown(v));
-    }
+    put_values!(
+        ipv6_prefix,
+        on_redis_error,
+        local_share,
+        timeout_ms,
+        headers
+    );
     for (k, v) in file.plans.iter().flatten() {
         put("plans", Some(format!("{k}={v}")));
     }
-    if let Some(v) = &file.count_only {
-        put("count_only", shown(v));
-    }
-    if let Some(v) = file.concurrency {
-        put("concurrency", shown(&v));
-    }
-    if let Some(v) = file.lease_ms {
-        put("lease_ms", shown(&v));
-    }
-    if let Some(v) = file.unit_lease_ms {
-        put("unit_lease_ms", shown(&v));
-    }
+    put_values!(count_only, concurrency, lease_ms, unit_lease_ms);
     if file.shadow == Some(true) {
         put("shadow", None);
     }
