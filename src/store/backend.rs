@@ -217,9 +217,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 
     /// What upstreams said: whether an outbound call of `cost` may go now; when it may and the
-    /// units left are known, they are taken.
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        let _ = (key, cost);
+    /// units left are known, they are taken. When the upstream's rate is known, the call's
+    /// place in its pace is kept for it if the wait for it is at most `budget` (see
+    /// `lua/upstream_take.lua`).
+    fn take<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<Gate, Error>> {
+        let _ = (key, cost, budget);
         unsupported("this store keeps nothing of upstreams")
     }
 
@@ -373,8 +380,13 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         (**self).release_now(key, holder)
     }
 
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        (**self).take(key, cost)
+    fn take<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget: Duration,
+    ) -> BoxFuture<'a, Result<Gate, Error>> {
+        (**self).take(key, cost, budget)
     }
 
     fn learn<'a>(

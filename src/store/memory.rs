@@ -571,8 +571,13 @@ impl Backend for MemoryStore {
         Some(Ok(()))
     }
 
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        Box::pin(std::future::ready(Ok(self.take_units(key, cost))))
+    fn take<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Gate, Error>> {
+        Box::pin(std::future::ready(Ok(self.take_units(key, cost, budget))))
     }
 
     fn learn<'a>(

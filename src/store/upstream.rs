@@ -17,6 +17,49 @@ pub struct Learned {
     pub remaining: Option<u64>,
     /// Time until the upstream's window resets.
     pub reset: Option<Duration>,
+    /// The upstream's rate: units per window, stated (`RateLimit-Policy`) or inferred from a
+    /// limit header and the reset (see [`Rate::stated`]).
+    pub rate: Option<Rate>,
+}
+
+/// The longest window of a rate the stores keep (a longer one is taken as this long), and the
+/// largest quota: so that the scripts' arithmetic stays exact.
+pub(crate) const MAX_RATE_WINDOW: Duration = Duration::from_secs(31 * 86_400);
+pub(crate) const MAX_RATE_QUOTA: u64 = 1 << 32;
+
+/// An upstream's rate, which the throttle paces its calls by: `quota` units per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rate {
+    /// Units per window.
+    pub quota: u64,
+    /// The window.
+    pub window: Duration,
+    /// True when the upstream stated the window (`RateLimit-Policy`'s `w`); false when it is
+    /// inferred from a reset (a `RateLimit-Limit` or `X-RateLimit-Limit` with its reset, in
+    /// whole seconds): the store then keeps the longest window seen, as a reset is never
+    /// longer than its window.
+    pub stated: bool,
+}
+
+impl Rate {
+    /// `quota` units per `window`, as the upstream stated it.
+    pub const fn stated(quota: u64, window: Duration) -> Self {
+        Self {
+            quota,
+            window,
+            stated: true,
+        }
+    }
+
+    /// `quota` units per a window at least `window` long (inferred from a reset).
+    pub const fn inferred(quota: u64, window: Duration) -> Self {
+        Self {
+            quota,
+            window,
+            stated: false,
+        }
+    }
 }
 
 impl Learned {
@@ -26,7 +69,14 @@ impl Learned {
             pause: None,
             remaining: None,
             reset: None,
+            rate: None,
         }
+    }
+
+    /// With the upstream's rate.
+    pub const fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
     }
 
     /// With a pause.
@@ -45,16 +95,21 @@ impl Learned {
     /// True when it says nothing a store keeps (a remaining count without its reset time is
     /// not kept: it cannot tell when the units come back).
     pub fn is_empty(&self) -> bool {
-        self.pause.is_none() && (self.remaining.is_none() || self.reset.is_none())
+        self.pause.is_none()
+            && self.rate.is_none()
+            && (self.remaining.is_none() || self.reset.is_none())
     }
 }
 
 /// Whether an outbound call may go now, by what the upstream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gate {
-    /// The call may go (and its cost was taken from the units the upstream said were left).
+    /// The call may go (and its cost was taken from the units the upstream said were left,
+    /// or its place in the upstream's pace was kept for it).
     pub(crate) go: bool,
-    /// When it may not: how long until the pause or the upstream's window ends.
+    /// When it may go: how long until its place in the upstream's pace (zero when it goes at
+    /// once). When it may not: how long until the pause or the upstream's window ends, or
+    /// until the place it would have, beyond the caller's budget.
     pub(crate) wait: Duration,
     /// How the call goes: counted against a known window, blind, or first to learn the next
     /// window. The answer to a blind call is recorded even when it says nothing

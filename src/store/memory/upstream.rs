@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::MemoryStore;
 use crate::store::{
     micros,
-    upstream::{Blind, Gate, Learned},
+    upstream::{Blind, Gate, Learned, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
     Expiring, KeyBuf, StoreKey,
 };
 
@@ -21,8 +21,23 @@ pub(super) struct Said {
     probe: Option<u64>,
     /// `b` and `s`: calls sent blind since then.
     blind: Option<(u64, u64)>,
+    /// `n` and `w`: the upstream's rate (units per window, µs).
+    rate: Option<(u64, u64)>,
+    /// `t`: the next free place in the upstream's pace.
+    pace: u64,
+    /// `x`: the rate was estimated from a 429.
+    estimated: bool,
+    /// `a` and `c`: calls answered without a word since then (while nothing is known).
+    answered: u64,
+    count_start: Option<u64>,
     /// The key's expiry.
     keep_until: u64,
+}
+
+/// One unit's place in the pace of `n` units per `w` µs, a little below the upstream's rate
+/// (as the scripts).
+fn interval(n: u64, w: u64) -> u64 {
+    (w.saturating_mul(100)).div_ceil(n.saturating_mul(97))
 }
 
 /// As the scripts.
@@ -51,9 +66,21 @@ impl Said {
     }
 
     /// As `upstream_take.lua`.
-    fn take(&mut self, now: u64, cost: u64) -> Gate {
+    fn take(&mut self, now: u64, cost: u64, budget: u64) -> Gate {
         if self.paused > now {
             return Gate::new(false, Duration::from_micros(self.paused - now));
+        }
+        if let Some((n, w)) = self.rate {
+            let slot = self.pace.max(now);
+            let wait = slot - now;
+            if wait > budget {
+                return Gate::new(false, Duration::from_micros(wait));
+            }
+            self.pace = slot
+                .saturating_add(interval(n, w).saturating_mul(cost))
+                .min(MAX);
+            self.keep_until = self.pace.saturating_add(KEEP_US);
+            return Gate::new(true, Duration::from_micros(wait));
         }
         let mut blind = Blind::Blind;
         if let Some((left, ends)) = &mut self.window {
@@ -76,6 +103,9 @@ impl Said {
             }
             _ => Some((1, now)),
         };
+        if blind == Blind::Blind && self.count_start.is_none() {
+            self.count_start = Some(now);
+        }
         if self.keep_until <= now {
             self.keep_until = now + KEEP_US;
         }
@@ -93,8 +123,59 @@ impl Said {
                 *count = blind;
             }
         }
-        if let Some(p) = learned.pause.map(micros).filter(|&p| p > 0) {
+        // As the script: a count without its reset is not known.
+        let remaining = learned.remaining.filter(|_| learned.reset.is_some());
+        let rate_told = learned.rate.filter(|r| r.quota > 0 && !r.window.is_zero());
+        let had_rate = self.rate.is_some();
+        let was_estimated = self.estimated;
+        if let Some(rate) = rate_told {
+            let quota = rate.quota.min(MAX_RATE_QUOTA);
+            let mut window = micros(rate.window.min(MAX_RATE_WINDOW));
+            let known = self.rate.map(|(_, w)| w);
+            if self.estimated {
+                self.estimated = false;
+            } else if !rate.stated {
+                window = window.max(known.unwrap_or(0));
+            }
+            self.rate = Some((quota, window));
+            if let (None, Some(r)) = (known, remaining) {
+                // The pace starts (as the script says why).
+                let spent = (quota.saturating_sub(r) + blind).min(quota);
+                self.pace = now
+                    .saturating_add(spent.saturating_mul(interval(quota, window)))
+                    .min(MAX);
+            }
+        }
+        if let (Some(0), Some((n, w))) = (remaining, self.rate) {
+            self.pace = self.pace.max(now).saturating_add(interval(n, w)).min(MAX);
+        }
+        let pause = learned.pause.map(micros).filter(|&p| p > 0);
+        if let Some(p) = pause {
             self.paused = self.paused.max(now.saturating_add(p).min(MAX));
+        }
+        // As the script: a rate estimated from an upstream that tells nothing but pauses.
+        if rate_told.is_none() && remaining.is_none() && !had_rate {
+            if pause.is_some() {
+                match (self.answered, self.count_start) {
+                    (answered @ 1.., Some(start)) => {
+                        let w = self.paused.saturating_sub(start).max(1);
+                        self.rate = Some((answered, w));
+                        self.estimated = true;
+                        self.pace = self.paused;
+                        self.answered = 0;
+                        self.count_start = None;
+                    }
+                    _ => self.count_start = Some(self.paused),
+                }
+            } else if how != Blind::Counted {
+                self.answered += 1;
+            }
+        } else if let (None, true, Some((n, w))) = (rate_told, was_estimated, self.rate) {
+            if pause.is_some() && how == Blind::Counted {
+                self.rate = Some(((n - n / 8).max(1), w));
+            } else if pause.is_none() && how != Blind::Counted && remaining.is_none() {
+                self.rate = Some(((n + 1).min(MAX), w));
+            }
         }
         let known = self.window.is_some_and(|(_, ends)| ends > now);
         match (learned.remaining, learned.reset.map(micros)) {
@@ -157,8 +238,9 @@ impl MemoryStore {
 
 impl MemoryStore {
     /// Whether a call of `cost` may go now (see [`Backend::take`](crate::store::Backend::take)).
-    pub(super) fn take_units(&self, key: StoreKey<'_>, cost: u32) -> Gate {
-        self.with_said(key, |s, now| s.take(now, u64::from(cost)))
+    pub(super) fn take_units(&self, key: StoreKey<'_>, cost: u32, budget: Duration) -> Gate {
+        let budget = micros(budget).min(MAX);
+        self.with_said(key, |s, now| s.take(now, u64::from(cost), budget))
     }
 
     /// Records what an answer said (see [`Backend::learn`](crate::store::Backend::learn)).

@@ -450,8 +450,13 @@ impl Backend for RedisStore {
         self.release_holder(key, holder, late_renewal)
     }
 
-    fn take<'a>(&'a self, key: StoreKey<'a>, cost: u32) -> BoxFuture<'a, Result<Gate, Error>> {
-        self.take_units(key, cost)
+    fn take<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Gate, Error>> {
+        self.take_units(key, cost, budget)
     }
 
     fn learn<'a>(

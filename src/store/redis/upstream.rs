@@ -10,7 +10,7 @@ use crate::{
     error::Error,
     store::{
         micros,
-        upstream::{Blind, Gate, Learned},
+        upstream::{Blind, Gate, Learned, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
         BoxFuture, KeyBuf, StoreKey,
     },
 };
@@ -42,6 +42,7 @@ fn parse_gate(reply: Value) -> Result<Gate, Error> {
             let how = [Blind::Counted, Blind::Blind, Blind::Probe][*how as usize];
             Ok(Gate::new(true, Duration::ZERO).blind(how))
         }
+        [1, wait, 0] if *wait > 0 => Ok(Gate::new(true, Duration::from_micros(*wait as u64))),
         [0, wait, 0] if *wait > 0 => Ok(Gate::new(false, Duration::from_micros(*wait as u64))),
         _ => Err(Error::InvalidReply(format!(
             "take: expected {{0|1, wait, 0|1|2}}: {items:?}"
@@ -55,8 +56,9 @@ impl RedisStore {
         &'a self,
         key: StoreKey<'a>,
         cost: u32,
+        budget: Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        self.take_units_at(key, cost, None)
+        self.take_units_at(key, cost, budget, None)
     }
 
     /// [`take_units`](Self::take_units) at `now` (µs since the epoch) when given.
@@ -64,10 +66,11 @@ impl RedisStore {
         &'a self,
         key: StoreKey<'a>,
         cost: u32,
+        budget: Duration,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
         let mut cmd = call(&TAKE, key, now);
-        cmd.arg(cost);
+        cmd.arg(cost).arg(micros(budget).min(MAX_US));
         Box::pin(async move { parse_gate(self.link.eval(&TAKE, &cmd).await?) })
     }
 
@@ -100,6 +103,13 @@ impl RedisStore {
             Blind::Blind => 1,
             Blind::Probe => 2,
         });
+        match learned.rate.filter(|r| r.quota > 0 && !r.window.is_zero()) {
+            Some(r) => cmd
+                .arg(r.quota.min(MAX_RATE_QUOTA))
+                .arg(us(Some(r.window.min(MAX_RATE_WINDOW))))
+                .arg(u8::from(r.stated)),
+            None => cmd.arg(0).arg(0).arg(0),
+        };
         Box::pin(async move {
             self.link.eval(&LEARN, &cmd).await?;
             Ok(())
@@ -146,7 +156,7 @@ mod agreement {
         store::{
             clock::ManualClock,
             redis::RedisStore,
-            upstream::{Blind, Gate, Learned},
+            upstream::{Blind, Gate, Learned, Rate},
             Backend, MemoryStore, Store, StoreKey,
         },
     };
@@ -160,9 +170,16 @@ mod agreement {
 
     impl OnClock {
         async fn take(&self, key: StoreKey<'_>, cost: u32) -> Gate {
+            self.take_within(key, cost, Duration::from_secs(60)).await
+        }
+
+        /// A take by a caller who may wait `budget` for its place in the upstream's pace.
+        async fn take_within(&self, key: StoreKey<'_>, cost: u32, budget: Duration) -> Gate {
             match self {
-                Self::Redis(store, clock) => store.take_units_at(key, cost, Some(clock.now_us())),
-                Self::Memory(store, _) => store.take(key, cost),
+                Self::Redis(store, clock) => {
+                    store.take_units_at(key, cost, budget, Some(clock.now_us()))
+                }
+                Self::Memory(store, _) => store.take(key, cost, budget),
             }
             .await
             .unwrap()
@@ -200,6 +217,96 @@ mod agreement {
         let clock = ManualClock::new();
         let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         f(OnClock::Memory(memory, clock), "memory").await;
+    }
+
+    /// Every gate of a run of takes and answers with a rate, on Redis and in memory: the
+    /// same places in the pace, to the microsecond.
+    async fn paced_run(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Blind)> {
+        let mut gates = Vec::new();
+        let mut take = |g: Gate| gates.push((g.go, g.wait.as_micros(), g.blind));
+        let rate = |r: u64, stated: bool| {
+            let w = Duration::from_secs(1);
+            let rate = if stated {
+                Rate::stated(40, w)
+            } else {
+                Rate::inferred(40, w)
+            };
+            Learned::new().window(r, w).rate(rate)
+        };
+        // Three calls go blind; the first answer says 37 left of 40 a second: the pace starts
+        // behind the 3 counted and the 2 still on their way.
+        for _ in 0..3 {
+            take(store.take(key, 1).await);
+        }
+        store.learn(key, rate(37, true), Blind::Blind).await;
+        for _ in 0..3 {
+            take(store.take(key, 2).await);
+        }
+        // Beyond the caller's budget: refused, nothing kept.
+        take(store.take_within(key, 1, Duration::from_millis(100)).await);
+        take(store.take_within(key, 1, Duration::from_secs(1)).await);
+        // None left: the pace moves one unit on.
+        store.advance(Duration::from_millis(700));
+        store.learn(key, rate(0, true), Blind::Counted).await;
+        take(store.take(key, 1).await);
+        // An inferred window keeps the longest seen: a 2 s reset slows the pace to 40 per 2 s.
+        store.advance(Duration::from_secs(2));
+        store
+            .learn(
+                key,
+                Learned::new().rate(Rate::inferred(40, Duration::from_secs(2))),
+                Blind::Counted,
+            )
+            .await;
+        store.learn(key, rate(5, false), Blind::Counted).await;
+        take(store.take(key, 1).await);
+        take(store.take(key, 1).await);
+        // A 429's pause holds every call back, paced or not.
+        store
+            .learn(
+                key,
+                Learned::new().pause(Duration::from_secs(3)),
+                Blind::Counted,
+            )
+            .await;
+        take(store.take(key, 1).await);
+        gates
+    }
+
+    #[tokio::test]
+    async fn calls_are_paced_at_the_upstreams_rate_alike_in_redis_and_in_memory() {
+        let redis = TestRedis::start();
+        let k = Key::from("paced");
+        let key = StoreKey::bounded("rv", Some(&k), 128);
+        let on_redis = OnClock::Redis(redis.store().await, ManualClock::new());
+        let clock = ManualClock::new();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let on_memory = OnClock::Memory(memory, clock);
+        let gates = paced_run(&on_redis, key).await;
+        assert_eq!(gates, paced_run(&on_memory, key).await);
+        // One unit every 1 s / 40 / 0.97 = 25,774 µs.
+        let i = 25_774;
+        let blind = (true, 0, Blind::Blind);
+        let paced = |wait| (true, wait, Blind::Counted);
+        assert_eq!(
+            gates,
+            vec![
+                blind,
+                blind,
+                blind,
+                paced(5 * i),
+                paced(7 * i),
+                paced(9 * i),
+                (false, 11 * i, Blind::Counted),
+                paced(11 * i),
+                // 700 ms later the pace has passed; the empty window moves it one unit on.
+                paced(i),
+                // 40 per 2 s: each unit twice as long; the pace had already passed.
+                paced(0),
+                paced(51_547),
+                (false, 3_000_000, Blind::Counted),
+            ]
+        );
     }
 
     /// An answer that took long to come back (its end looks a second later) never gives
@@ -280,7 +387,7 @@ mod agreement {
             let k = Key::from("twin");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             for _ in 0..3 {
-                assert!(store.take(key, 1).await.unwrap().go);
+                assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
             }
             let zero = Learned::new().pause(Duration::ZERO);
             store.learn(key, zero, Blind::Counted).await.unwrap();
@@ -288,7 +395,7 @@ mod agreement {
             store.learn(key, w, Blind::Counted).await.unwrap();
             let mut n = 0;
             for _ in 0..12 {
-                n += u32::from(store.take(key, 1).await.unwrap().go);
+                n += u32::from(store.take(key, 1, Duration::ZERO).await.unwrap().go);
             }
             went.push(n);
         }
@@ -310,9 +417,9 @@ mod agreement {
         let w = Learned::new().window(0, Duration::from_secs(1));
         store.learn(key, w, Blind::Counted).await.unwrap();
         clock.advance(Duration::from_secs(600));
-        assert!(store.take(key, 1).await.unwrap().go);
+        assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
         assert!(
-            store.take(key, 1).await.unwrap().go,
+            store.take(key, 1, Duration::ZERO).await.unwrap().go,
             "no probe of a forgotten window"
         );
     }
