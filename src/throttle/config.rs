@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{adaptive::Adaptive, clock::Clock};
+use super::{adaptive::Adaptive, clock::Clock, line::Lines};
 use crate::{extract::CostFn, rate_limit::RateLimiter};
 
 /// The limiter, the key and cost of a request, the longest wait, and what is learned from
@@ -18,6 +18,11 @@ pub(crate) struct Settings<K, A> {
     /// Where waits are counted: the manual clock of the limiter's (or the adaptive) store,
     /// or real time.
     pub(crate) clock: Clock,
+    /// False for a throttle that only learns: the limiter's quota is not asked, it only names
+    /// where the upstream's state is kept.
+    pub(crate) configured: bool,
+    /// Each key's callers in this process, in the order they asked.
+    pub(crate) lines: Arc<Lines>,
 }
 
 impl<K, A> Clone for Settings<K, A> {
@@ -30,6 +35,8 @@ impl<K, A> Clone for Settings<K, A> {
             max_pause: self.max_pause,
             adaptive: self.adaptive.clone(),
             clock: self.clock.clone(),
+            configured: self.configured,
+            lines: Arc::clone(&self.lines),
         }
     }
 }

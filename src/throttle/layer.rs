@@ -12,7 +12,11 @@ use super::{
     service::Throttle,
 };
 use crate::{
-    algorithm::Algorithm, error::ConfigError, extract::KeyExtractor, rate_limit::RateLimiter,
+    algorithm::{Algorithm, Gcra},
+    error::ConfigError,
+    extract::KeyExtractor,
+    quota::Quota,
+    rate_limit::RateLimiter,
     store::Store,
 };
 
@@ -49,6 +53,45 @@ impl<K, A: Algorithm, R> fmt::Debug for ThrottleLayer<K, A, R> {
     }
 }
 
+impl<K: KeyExtractor> ThrottleLayer<K, Gcra> {
+    /// A throttle with no configured quota, bounded only by what the upstream says (its
+    /// stated rate, its windows, its pauses, each cut to [`max_pause`](Self::max_pause)):
+    /// for an upstream whose limit you do not know. It is adaptive from the start, sharing
+    /// what it learns through `store`; `name` names where (the policy name of the store's
+    /// keys: `rl:NAME:...`), so that every instance calling one upstream, learning or with a
+    /// quota of its own ([`RateLimiterBuilder::policy_name`](crate::rate_limit::RateLimiterBuilder::policy_name)),
+    /// shares one state. Waits are counted on the store's
+    /// [`ManualClock`](crate::store::memory::ManualClock) when it has one.
+    ///
+    /// Until an answer says something, calls go as they come (blind, counted until their
+    /// answers come back); a 429 pauses every instance.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::{MemoryStore, GlobalKey, throttle::ThrottleLayer};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = ThrottleLayer::learning(MemoryStore::new(), "maps-api", GlobalKey)?
+    ///     .max_wait(Duration::from_secs(30))?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn learning(
+        store: impl Store + Clone,
+        name: &str,
+        key: K,
+    ) -> Result<ThrottleLayer<K, Gcra>, ConfigError> {
+        // The limiter only names the store's keys and bounds store calls: its quota is never
+        // asked.
+        let limiter = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_second(1))?)
+            .policy_name(name)
+            .common_counters()
+            .build()?;
+        let mut layer = ThrottleLayer::new(limiter, key).adaptive(store);
+        layer.settings.configured = false;
+        Ok(layer)
+    }
+}
+
 impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
     /// Throttles requests under the key `key` gives them; waits at most 10 s by default.
     /// A request without a key is not throttled. On a store with a
@@ -69,6 +112,8 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
                 max_pause: DEFAULT_MAX_PAUSE,
                 adaptive: None,
                 clock,
+                configured: true,
+                lines: Arc::default(),
             },
             _retry: PhantomData,
         }

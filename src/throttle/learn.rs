@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::store::Learned;
+use crate::store::{upstream::Rate, Learned};
 
 /// Which header family an answer's limits were read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +160,27 @@ pub fn read_limits(
         let reset = cap(reset, max_pause, &mut r.capped);
         r.learned = r.learned.window(remaining, reset);
         r.window_from = Some(from);
+        // A limit beside the count and its reset: a rate over a window at least as long as
+        // the reset, in whole seconds rounded down (a Unix-time reset rounded up by the
+        // upstream reads up to a second long), at least one.
+        let limit = match from {
+            Source::IetfDraft => Some("ratelimit-limit"),
+            Source::XRateLimit => Some("x-ratelimit-limit"),
+            _ => None,
+        };
+        let limit = limit
+            .and_then(|name| headers.get(name))
+            .and_then(|v| header_number(v).or_else(|| bad(&mut r.ignored)))
+            .filter(|&q| q > 0);
+        if let Some(quota) = limit {
+            let window = Duration::from_secs(reset.as_secs());
+            r.learned = r
+                .learned
+                .rate(Rate::inferred(quota, window.max(Duration::from_secs(1))));
+        }
+    }
+    if let Some(p) = r.policy {
+        r.learned = r.learned.rate(Rate::stated(p.quota, p.window));
     }
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         let retry = headers

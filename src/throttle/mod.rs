@@ -32,6 +32,7 @@ mod config;
 mod error;
 mod layer;
 mod learn;
+mod line;
 mod service;
 
 pub use self::{
@@ -42,4 +43,4 @@ pub use self::{
     learn::{read_limits, Policy, Reading, Source, DEFAULT_429_PAUSE},
     service::Throttle,
 };
-pub use crate::store::upstream::Learned;
+pub use crate::store::upstream::{Learned, Rate};

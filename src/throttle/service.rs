@@ -59,14 +59,41 @@ impl<S: fmt::Debug, K, A: Algorithm, R> fmt::Debug for Throttle<S, K, A, R> {
     }
 }
 
-/// Waits until `key` has `cost` units, by `deadline`. Under a limiter in shadow mode, never
+/// When a call asked to go, and the latest it may go; what its errors say it waited.
+#[derive(Clone, Copy)]
+struct Budget {
+    asked: Duration,
+    deadline: Duration,
+}
+
+impl Budget {
+    /// Whether a wait of `wait` from now on `clock` ends by the deadline (never overflowing).
+    fn fits(&self, clock: &Clock, wait: Duration) -> bool {
+        clock
+            .now()
+            .checked_add(wait)
+            .is_some_and(|t| t <= self.deadline)
+    }
+
+    /// How much of the budget is left.
+    fn left(&self, clock: &Clock) -> Duration {
+        self.deadline.saturating_sub(clock.now())
+    }
+
+    /// How long the call has waited so far.
+    fn waited(&self, clock: &Clock) -> Duration {
+        clock.now().saturating_sub(self.asked)
+    }
+}
+
+/// Waits until `key` has `cost` units, by the deadline. Under a limiter in shadow mode, never
 /// waits nor fails: a denial is counted and logged, a store error logged.
 async fn acquire<A: Algorithm>(
     clock: &Clock,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
-    deadline: Duration,
+    budget: Budget,
 ) -> Result<(), ThrottleError> {
     let shadow = limiter.is_shadow();
     loop {
@@ -86,38 +113,49 @@ async fn acquire<A: Algorithm>(
             return Ok(());
         }
         match d.retry_after {
-            Some(wait) if fits(clock, wait, deadline) => {
+            Some(wait) if budget.fits(clock, wait) => {
                 tracing::debug!(policy = %d.policy, ?wait, "rate limit: waiting for quota");
                 clock.sleep(wait).await;
             }
-            _ => return Err(ThrottleError::WouldExceedMaxWait { decision: d }),
+            _ => {
+                return Err(ThrottleError::WouldExceedMaxWait {
+                    decision: Box::new(d),
+                    waited: budget.waited(clock),
+                })
+            }
         }
     }
 }
 
 /// Waits while the upstream said to pause, or while its window has fewer than `cost` units
-/// left (taking them when the call may go), by `deadline`; how the call goes (blind, or first
-/// to learn the next window). A store failure lets the call go under the configured limit
-/// (logged and counted).
+/// left (taking them when the call may go), by the deadline; how the call goes (blind, or
+/// first to learn the next window), and how long until its place in the upstream's pace
+/// when the upstream's rate is known (the place is kept for it). A store failure lets the
+/// call go under the configured limit (logged and counted).
 async fn upstream_gate<A: Algorithm>(
     clock: &Clock,
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     cost: u32,
-    deadline: Duration,
-) -> Result<Blind, ThrottleError> {
+    budget: Budget,
+) -> Result<(Blind, Duration), ThrottleError> {
     let engine = &limiter.engine;
     loop {
-        let call = adaptive.store.take(engine.store_key(Some(key)), cost);
+        let call = adaptive
+            .store
+            .take(engine.store_key(Some(key)), cost, budget.left(clock));
         let Some(gate) = bounded(adaptive, limiter, "reading", call).await else {
-            return Ok(Blind::Counted);
+            return Ok((Blind::Counted, Duration::ZERO));
         };
         if gate.go {
-            return Ok(gate.blind);
+            return Ok((gate.blind, gate.wait));
         }
-        if !fits(clock, gate.wait, deadline) {
-            return Err(ThrottleError::UpstreamPaused { wait: gate.wait });
+        if !budget.fits(clock, gate.wait) {
+            return Err(ThrottleError::UpstreamPaused {
+                wait: gate.wait,
+                waited: budget.waited(clock),
+            });
         }
         tracing::debug!(policy = %engine.core.policy, wait = ?gate.wait, "rate limit: waiting for the upstream's limit");
         #[cfg(feature = "metrics")]
@@ -125,6 +163,39 @@ async fn upstream_gate<A: Algorithm>(
             .increment(1);
         clock.sleep(gate.wait).await;
     }
+}
+
+/// Waits for the call's turn, by the deadline: first in its key's line in this process, then
+/// for the configured quota (unless the throttle only learns), then for the upstream; leaves
+/// the line once its place in the upstream's pace is kept, and waits for that place.
+async fn turn<K, A: Algorithm>(
+    settings: &Settings<K, A>,
+    key: &Key<'static>,
+    cost: u32,
+    budget: Budget,
+) -> Result<Blind, ThrottleError> {
+    let clock = &settings.clock;
+    let limiter = &settings.limiter;
+    let mut place = settings.lines.join(key);
+    tokio::select! {
+        biased;
+        () = place.first() => {}
+        () = clock.sleep(budget.left(clock)) => {
+            return Err(ThrottleError::InLine { waited: budget.waited(clock) });
+        }
+    }
+    if settings.configured {
+        acquire(clock, limiter, key, cost, budget).await?;
+    }
+    let (how, until_place) = match &settings.adaptive {
+        Some(adaptive) => upstream_gate(clock, adaptive, limiter, key, cost, budget).await?,
+        None => (Blind::Counted, Duration::ZERO),
+    };
+    drop(place);
+    if !until_place.is_zero() {
+        clock.sleep(until_place).await;
+    }
+    Ok(how)
 }
 
 /// A store call of the adaptive throttle, within the store timeout; `None` when it failed
@@ -205,11 +276,6 @@ fn observe<A: Algorithm, B>(
     (reading.learned, rate_limited)
 }
 
-/// Whether a wait of `wait` from now on `clock` ends by `deadline` (never overflowing).
-fn fits(clock: &Clock, wait: Duration, deadline: Duration) -> bool {
-    clock.now().checked_add(wait).is_some_and(|t| t <= deadline)
-}
-
 /// Records what an answer said, for every instance sharing the store. The answer to a blind
 /// call is recorded even when it says nothing: it is no longer on its way, and when it went
 /// first to learn a new window, the others stop waiting for it.
@@ -276,24 +342,17 @@ where
         return inner.call(req).await.map_err(Into::into);
     };
     let clock = &settings.clock;
-    let deadline = clock.now().saturating_add(settings.max_wait);
+    let asked = clock.now();
+    let budget = Budget {
+        asked,
+        deadline: asked.saturating_add(settings.max_wait),
+    };
     let limiter = &settings.limiter;
     // The last 429, kept while its copy is sent again: the answer when the copy cannot go.
     let mut last_429: Option<Response<RB>> = None;
     let mut sent = 0;
     loop {
-        let waited = async {
-            let how = match &settings.adaptive {
-                Some(adaptive) => {
-                    upstream_gate(clock, adaptive, limiter, &key, cost, deadline).await?
-                }
-                None => Blind::Counted,
-            };
-            acquire(clock, limiter, &key, cost, deadline).await?;
-            Ok::<_, ThrottleError>(how)
-        }
-        .await;
-        let how = match (waited, last_429.take()) {
+        let how = match (turn(&settings, &key, cost, budget).await, last_429.take()) {
             (Ok(how), _) => how,
             (Err(_), Some(res)) => return Ok(res),
             (Err(e), None) => return Err(e.into()),
@@ -316,7 +375,7 @@ where
         // it here.
         let pause = at_least_a_moment(learned.pause.unwrap_or_default());
         match copy {
-            Some(copy) if rate_limited && fits(clock, pause, deadline) => {
+            Some(copy) if rate_limited && budget.fits(clock, pause) => {
                 AdaptiveCounters::add(&adaptive.counters.retried, 1);
                 tracing::debug!(policy = %limiter.engine.core.policy, ?pause, "rate limit: the upstream answered 429; sending again after the pause");
                 if learned.pause.is_none_or(|p| p.is_zero()) {
