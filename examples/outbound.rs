@@ -15,9 +15,15 @@
 //!   `X-RateLimit-*`, `Retry-After`) and share it through the store.
 //! - `--max-wait-ms N`: the longest a request waits for its quota (default 10,000).
 //!
-//! The last line is exactly `sent N, ok X, limited Y, failed Z in S s`: X answers 2xx, Y
-//! answers 429, Z transport errors, waits over `--max-wait-ms`, store failures, calls with no
-//! answer within `--max-wait-ms` + 5 s, and other statuses; S seconds with one decimal.
+//! - With `--adaptive` and without `--limit`/`--per`, the throttle only learns: no configured
+//!   limit, only what the upstream says (its `RateLimit-Policy`, its windows, its pauses).
+//!
+//! The second-to-last line is `waits p50 X ms, p99 Y ms, max Z ms`: how long calls waited,
+//! from asking to go until their request was sent (whole milliseconds, over the calls that
+//! were sent; 0 when none was). The last line is exactly `sent N, ok X, limited Y, failed Z
+//! in S s`: X answers 2xx, Y answers 429, Z transport errors, waits over `--max-wait-ms`, store
+//! failures, calls with no answer within `--max-wait-ms` + 5 s, and other statuses; S seconds
+//! with one decimal.
 //!
 //! The earlier scenario (interactive calls next to a back-fill job, sharing one quota) is
 //! `examples/backfill.rs`.
@@ -25,7 +31,7 @@
 use std::{
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex, OnceLock,
     },
     time::{Duration, Instant},
 };
@@ -153,27 +159,54 @@ fn parse_args() -> Result<Args, String> {
 /// The throttled client, answering each request with its status.
 type Throttled = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;
 
+/// When a call asked to go (a request extension), and when its request was first sent.
+#[derive(Clone)]
+struct Asked(Instant, Arc<OnceLock<Instant>>);
+
+/// Notes when a call's request is first sent.
+fn note_sent(req: Request<Empty<Bytes>>) -> Request<Empty<Bytes>> {
+    if let Some(Asked(_, sent)) = req.extensions().get::<Asked>() {
+        let _ = sent.set(Instant::now());
+    }
+    req
+}
+
 /// The HTTP client, throttled as the flags say.
 fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
-    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let http = ServiceBuilder::new()
+        .map_request(note_sent)
+        .service(Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>());
     if args.limit.is_none() && !args.adaptive {
         let plain = http.map_response(|r| r.status()).map_err(BoxError::from);
         return Ok(BoxCloneService::new(plain));
     }
-    // No --limit: a limit far above anything, so that only what is learned holds.
-    let (n, per) = args.limit.unwrap_or((1_000_000, Duration::from_secs(1)));
+    let key = args.key.clone();
+    let key = move |_: &http::request::Parts| Some(key.clone());
+    let Some((n, per)) = args.limit else {
+        // --adaptive without --limit: only what the upstream says holds.
+        let layer = ThrottleLayer::learning(store, "outbound", key)?.max_wait(args.max_wait)?;
+        let throttled = ServiceBuilder::new().layer(layer).service(http);
+        return Ok(BoxCloneService::new(throttled.map_response(|r| r.status())));
+    };
     let limiter = RateLimiter::builder(store.clone(), Gcra::new(Quota::new(n, per))?)
         .policy_name("outbound")
         .store_timeout(Duration::from_secs(1))
         .build()?;
-    let key = args.key.clone();
-    let mut layer = ThrottleLayer::new(limiter, move |_: &http::request::Parts| Some(key.clone()))
-        .max_wait(args.max_wait)?;
+    let mut layer = ThrottleLayer::new(limiter, key).max_wait(args.max_wait)?;
     if args.adaptive {
         layer = layer.adaptive(store);
     }
     let throttled = ServiceBuilder::new().layer(layer).service(http);
     Ok(BoxCloneService::new(throttled.map_response(|r| r.status())))
+}
+
+/// The `p`th percentile (0 to 100) of sorted `waits`, nearest rank; 0 when there are none.
+fn percentile(waits: &[Duration], p: usize) -> u128 {
+    if waits.is_empty() {
+        return 0;
+    }
+    let rank = (waits.len() * p).div_ceil(100).clamp(1, waits.len());
+    waits[rank - 1].as_millis()
 }
 
 #[derive(Default)]
@@ -204,14 +237,17 @@ async fn run(args: Args) -> Result<(), BoxError> {
     );
     let next = Arc::new(AtomicU64::new(0));
     let tally = Arc::new(Tally::default());
+    let waits = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.min(args.requests) {
         let (mut client, next, tally) = (client.clone(), next.clone(), tally.clone());
-        let (uri, requests) = (args.upstream.clone(), args.requests);
+        let (uri, requests, waits) = (args.upstream.clone(), args.requests, waits.clone());
         workers.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < requests {
+                let asked = Asked(Instant::now(), Arc::default());
                 let req = Request::get(uri.clone())
+                    .extension(asked.clone())
                     .body(Empty::new())
                     .expect("a valid request");
                 let call = async {
@@ -224,6 +260,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     Ok(_) | Err(_) => &tally.failed,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                if let Some(sent) = asked.1.get() {
+                    waits.lock().unwrap().push(sent.duration_since(asked.0));
+                }
             }
         }));
     }
@@ -234,6 +273,14 @@ async fn run(args: Args) -> Result<(), BoxError> {
         tally.ok.load(Ordering::Relaxed),
         tally.limited.load(Ordering::Relaxed),
         tally.failed.load(Ordering::Relaxed),
+    );
+    let mut waits = std::mem::take(&mut *waits.lock().unwrap());
+    waits.sort();
+    println!(
+        "waits p50 {} ms, p99 {} ms, max {} ms",
+        percentile(&waits, 50),
+        percentile(&waits, 99),
+        waits.last().map_or(0, Duration::as_millis)
     );
     println!(
         "sent {}, ok {ok}, limited {limited}, failed {failed} in {:.1} s",
