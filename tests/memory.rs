@@ -24,5 +24,7 @@ mod manual_clock;
 mod quotas;
 #[path = "memory/throttle_clock.rs"]
 mod throttle_clock;
+#[path = "memory/throttle_pacing.rs"]
+mod throttle_pacing;
 #[path = "memory/unit_leases.rs"]
 mod unit_leases;

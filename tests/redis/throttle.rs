@@ -62,7 +62,7 @@ async fn waits_for_quota_then_gives_up_beyond_max_wait() {
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(200));
     match err.downcast_ref::<ThrottleError>() {
-        Some(ThrottleError::WouldExceedMaxWait { decision }) => assert!(decision.is_never()),
+        Some(ThrottleError::WouldExceedMaxWait { decision, .. }) => assert!(decision.is_never()),
         other => panic!("{other:?}"),
     }
 
