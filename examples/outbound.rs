@@ -11,8 +11,10 @@
 //!   share one limit.
 //! - `--limit N --per P` (P as `1s`, `500ms`, `1m`): the configured limit. Without it the
 //!   throttle has no configured limit (only what it learns, with `--adaptive`).
-//! - `--adaptive`: learn the upstream's limit from its answers (`RateLimit`,
-//!   `X-RateLimit-*`, `Retry-After`) and share it through the store.
+//! - `--adaptive`: learn the upstream's limit from its answers (`RateLimit-Policy`,
+//!   `RateLimit`, `X-RateLimit-*`, `Retry-After`), share it through the store, pace the calls
+//!   at the upstream's rate, and send a call the upstream answered 429 again after its pause
+//!   (within the maximum wait).
 //! - `--max-wait-ms N`: the longest a request waits for its quota (default 10,000).
 //!
 //! - With `--adaptive` and without `--limit`/`--per`, the throttle only learns: no configured
@@ -182,9 +184,13 @@ fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError
     }
     let key = args.key.clone();
     let key = move |_: &http::request::Parts| Some(key.clone());
+    // Adaptive: a GET the upstream answered 429 is sent again after its pause, within the
+    // maximum wait.
     let Some((n, per)) = args.limit else {
         // --adaptive without --limit: only what the upstream says holds.
-        let layer = ThrottleLayer::learning(store, "outbound", key)?.max_wait(args.max_wait)?;
+        let layer = ThrottleLayer::learning(store, "outbound", key)?
+            .max_wait(args.max_wait)?
+            .retry_rate_limited();
         let throttled = ServiceBuilder::new().layer(layer).service(http);
         return Ok(BoxCloneService::new(throttled.map_response(|r| r.status())));
     };
@@ -192,10 +198,12 @@ fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError
         .policy_name("outbound")
         .store_timeout(Duration::from_secs(1))
         .build()?;
-    let mut layer = ThrottleLayer::new(limiter, key).max_wait(args.max_wait)?;
-    if args.adaptive {
-        layer = layer.adaptive(store);
+    let layer = ThrottleLayer::new(limiter, key).max_wait(args.max_wait)?;
+    if !args.adaptive {
+        let throttled = ServiceBuilder::new().layer(layer).service(http);
+        return Ok(BoxCloneService::new(throttled.map_response(|r| r.status())));
     }
+    let layer = layer.adaptive(store).retry_rate_limited();
     let throttled = ServiceBuilder::new().layer(layer).service(http);
     Ok(BoxCloneService::new(throttled.map_response(|r| r.status())))
 }

@@ -157,15 +157,37 @@
 //!   pause or a reset beyond [`max_pause`](crate::throttle::ThrottleLayer::max_pause)
 //!   (default 60 s, at most a day; a `Retry-After` in the year 9999, a reset in 3 years) is
 //!   cut to it. Both are counted and logged at `info`.
+//! - **The upstream's rate.** From `RateLimit-Policy: "name";q=Q;w=W` (read with an RFC 9651
+//!   parser; the policy the `RateLimit` item names, else the slowest), or inferred from
+//!   `RateLimit-Limit` / `X-RateLimit-Limit` beside a reset (a window at least as long as the
+//!   reset in whole seconds: the longest seen is kept), or, for an upstream that tells nothing
+//!   but `Retry-After`, estimated from its first refusal: the calls it answered without a word
+//!   until then, over the time until its pause ends (later answers of calls sent before are
+//!   added; a refusal of a paced call takes an eighth off). What an upstream tells replaces an
+//!   estimate.
+//! - **Pacing.** Once the rate is known, calls are spread at 97% of it (the margin keeps the
+//!   jitter of the calls' way there from putting more than the quota in any window, rolling
+//!   ones included) instead of going in a burst and waiting for the reset: each call is given
+//!   its place in the pace in one store call, shared by every instance, and waits for it;
+//!   the place is kept, never raced for again. A place beyond the call's maximum wait is not
+//!   taken: the call fails at once. The pace starts behind the calls the upstream already
+//!   counted and those still on their way, so a rolling window never sees the first burst
+//!   and the pace on top. An answer saying none is left moves the pace on by one unit, so that
+//!   calls probe sooner than a whole-second reset (an upper bound) but never burst.
 //! - **What it keeps**, per key, in the store (`{prefix:policy:key}:u`, one atomic script to
-//!   read, one to learn): a pause until a time, and the units left in the upstream's window
-//!   and when it ends. Before each call the throttle waits while paused or while the window
-//!   has fewer units left than the call costs (taking them when it goes), then the
-//!   configured limiter decides as before: **the configured quota stays an upper bound**, and
-//!   an upstream saying more is available changes nothing. Answers arrive out of order, so
-//!   within one window the smaller remaining count and the earlier reset win; a later window
-//!   replaces it. When a window ends, one call goes first and learns the next; the others
-//!   wait for its answer (at most 1 s), so blind calls cannot overrun the new window.
+//!   read, one to learn): a pause until a time, the rate and the next free place in its pace,
+//!   and the units left in the upstream's window and when it ends. Before each call the
+//!   throttle waits while paused; then, with a rate known, for its place; without one, while
+//!   the window has fewer units left than the call costs (taking them when it goes). Answers
+//!   arrive out of order, so within one window the smaller remaining count and the earlier
+//!   reset win; a later window replaces it. When a window ends (no rate known), one call goes
+//!   first and learns the next; the others wait for its answer (at most 1 s), so blind calls
+//!   cannot overrun the new window. A configured limiter decides as before: **the configured
+//!   quota stays an upper bound**, and an upstream saying more is available changes nothing.
+//! - **Learn-only.** [`ThrottleLayer::learning`](crate::throttle::ThrottleLayer::learning)
+//!   builds a throttle with no configured quota, bounded only by what the upstream says (and
+//!   [`max_pause`](crate::throttle::ThrottleLayer::max_pause)): for an upstream whose limit you
+//!   do not know, instead of inventing a ceiling.
 //! - **A `429`** is sent again after the pause when the layer has
 //!   [`retry_rate_limited`](crate::throttle::ThrottleLayer::retry_rate_limited) and the method
 //!   is idempotent (`GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE`; the body must be
@@ -177,27 +199,38 @@
 //!   `ratelimit_upstream_learned_total{policy,source}` and
 //!   `ratelimit_upstream_waits_total{policy}`.
 //! - **Cost:** one store call before each request, one after each answer that says something
-//!   or answers a call sent blind (while no window is known: an upstream that never sends its
-//!   limits costs both on every call). A failure of these calls is logged and counted; the
-//!   call goes on under the configured limit.
+//!   or answers a call sent blind (while nothing is known: an upstream that never sends its
+//!   limits costs both on every call until its first refusal). A failure of these calls is
+//!   logged and counted; the call goes on under the configured limit.
 //!
-//! Measured against a real upstream (an axum server with its own limit of 30 a second, in
-//! one-second windows, that the clients are not told), three client instances on one Redis,
-//! 60 requests each with 4 in flight. "Throughput" is the `200`s per window as a share of the
-//! upstream's limit, over the windows between the run's first and last:
+//! Measured in real time (`scripts/bench-outbound`; BENCHMARKS.md has every row and the
+//! machine): an upstream of 40 calls a second, three copies of `examples/outbound` with
+//! `--adaptive --limit 1000 --per 1s` sharing one Redis, 200 calls each with 8 in flight.
+//! "Use" is the upstream's `200`s over the run's wall time × 40; the ideal wait of a call is
+//! the 24 calls in flight over the rate, 600 ms:
 //!
-//! | client setup | upstream headers | answers `429` | throughput | `200`s of 180 |
-//! |---|---|---:|---:|---:|
-//! | 3 instances, adaptive | `RateLimit` (IETF) | 0.0% | 100% | 180 |
-//! | 3 instances, adaptive | `RateLimit-Remaining` / `-Reset` | 0.0% | 100% | 180 |
-//! | 3 instances, adaptive | `X-RateLimit-*` (Unix reset) | 0.0% | 100% | 180 |
-//! | 3 instances, configured 100/s, not adaptive | `RateLimit` | 83.3% | 100% | 30 |
-//! | no throttle | `RateLimit` | 83.3% | 100% | 30 |
+//! | upstream / headers | use | `429`s from the upstream | `429`s to callers | wait p99 |
+//! |---|---:|---:|---:|---:|
+//! | rolling window, `RateLimit-Policy` + `RateLimit` | 97% | 0% | 0 | 671 ms |
 //!
-//! Without adaptation, the calls go out as fast as the configured limit lets them and five in
-//! six are refused; the adaptive clients spread the same 180 calls over the upstream's
-//! windows and none is refused. When the upstream cuts its limit to a third mid-run, the
-//! clients get no `429` in the windows after the one where it changed.
+//! Every kind of limit (fixed window, rolling window, token bucket, `Retry-After` only) in every
+//! header style is also run on a manual clock by the crate's tests, three learning instances
+//! of eight callers each: 95–97% of the rate used, no `429` for the upstreams that tell their
+//! limit, p99 wait 620 ms. An upstream telling only `Retry-After` refuses the calls in flight
+//! when its limit is first hit (2–4% of 600 here, all sent again after the pause, none reaching
+//! a caller) and none after.
+//!
+//! # Waiting in turn
+//!
+//! Callers of one key in one process are served in the order they asked: only the first in
+//! the key's line asks the stores for its turn (waiting for the configured quota and the
+//! upstream's pause there), and leaves the line once its place in the pace is kept, so a call
+//! that waited long is never overtaken by one that just came. Across instances, places in the
+//! upstream's pace are handed out in the order the store sees the calls, and kept: no
+//! instance starves another. Eight callers sharing 20 calls a second each wait about
+//! 8 / 20 = 0.4 s. A call that cannot get its turn within its maximum wait fails with a
+//! [`ThrottleError`](crate::throttle::ThrottleError) that says how long it waited (`rate
+//! limit: waited 9004 ms, the upstream's limit frees in 982 ms, beyond the maximum wait`).
 //!
 //! The repository's `examples/outbound.rs` is a load generator for it (its doc header lists
 //! its flags):
@@ -205,11 +238,17 @@
 //! ```text
 //! cargo run --example outbound -- --upstream http://127.0.0.1:3000/ --requests 100 --concurrency 8 --adaptive
 //! upstream: http://127.0.0.1:3000/, 100 requests, 8 in flight, key "upstream", limit: none, adaptive: on
-//! sent 100, ok 100, limited 0, failed 0 in 4.0 s
+//! waits p50 411 ms, p99 720 ms, max 772 ms
+//! sent 100, ok 100, limited 0, failed 0 in 5.1 s
 //! ```
 //!
-//! That is against the gateway demo at `--limit 20 --per 1s --key global`; run next without
-//! `--adaptive` and with `--limit 20 --per 1s`, it gave `sent 100, ok 80, limited 20, failed
-//! 0 in 4.0 s`: the configured limit matched, but the burst it started with had been spent by
-//! the run before, which only the upstream's headers said. Several copies with the same
+//! That is against the gateway demo at `--limit 20 --per 1s --key global` (GCRA, a burst of
+//! 20), learn-only (`--adaptive` without `--limit`): the first eight calls go blind, the
+//! answers' `RateLimit-Policy` gives the rate, and the rest are paced at 97% of it, so the
+//! gateway's burst is left unused (5.1 s where a burst and then the rate take 4.0 s) and none
+//! is refused. `waits` is how long calls waited, from asking to go until their request was
+//! sent: eight in flight at 20 a second wait 400 ms each. Run next without `--adaptive` and
+//! with `--limit 20 --per 1s`, it gave `sent 100, ok 99, limited 1, failed 0 in 4.0 s`: the
+//! configured limit matched, but part of the burst it started with had been spent by the run
+//! before, which only the upstream's headers said. Several copies with the same
 //! `--redis` and `--key` share one limit.

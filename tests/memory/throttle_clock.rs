@@ -310,3 +310,72 @@ async fn unix_resets_are_read_against_an_upstream_clock_an_hour_off() {
         assert!(took < Duration::from_secs(3), "skew {skew}: {took:?}");
     }
 }
+
+/// Eight callers in one process share 20 calls a second (one at a time): each waits its turn
+/// in the order it asked, about 8 / 20 = 0.4 s, never overtaken by callers that came later.
+/// With a maximum wait too short for the line, the calls at its back fail saying how long they
+/// waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_one_key_wait_their_turn_in_the_order_they_asked() {
+    let clock = ManualClock::starting_at(START);
+    let up = Upstream::fixed_window(clock.clone(), 1_000).await;
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let limiter =
+        RateLimiter::new(store, Gcra::new(Quota::per_second(20).burst(1)).unwrap()).unwrap();
+    let layer = ThrottleLayer::new(limiter, one_key)
+        .max_wait(Duration::from_secs(60))
+        .unwrap();
+    let svc = client(layer);
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    for _ in 0..8 {
+        let (svc, clock, waits, done) = (svc.clone(), clock.clone(), waits.clone(), done.clone());
+        let url = up.get().uri().clone();
+        tokio::spawn(async move {
+            for _ in 0..10 {
+                let asked = clock.now();
+                let req = Request::get(url.clone()).body(Empty::new()).unwrap();
+                assert_eq!(svc.clone().oneshot(req).await.unwrap(), StatusCode::OK);
+                waits.lock().unwrap().push(clock.now() - asked);
+            }
+            done.fetch_add(1, Ordering::AcqRel);
+        });
+    }
+    let calls = Calls {
+        clock: clock.clone(),
+        total: 8,
+        done,
+        results: Arc::default(),
+    };
+    calls.drive(Duration::from_millis(10)).await;
+    let waits = waits.lock().unwrap().clone();
+    assert_eq!(waits.len(), 80);
+    // Past the first round, every call waits for the seven ahead of it: 8 x 50 ms.
+    let longest = waits.iter().max().unwrap();
+    assert!(*longest <= Duration::from_millis(400 + 20), "{waits:?}");
+    assert_eq!(up.ok.load(Ordering::Relaxed), 80);
+
+    // Twelve callers at once with 250 ms to wait: the first (at once) and the five behind it
+    // (50 ms apart) go; the others fail, saying they waited.
+    let layer = ThrottleLayer::new(
+        RateLimiter::new(
+            MemoryStore::builder().clock(clock.clone()).build().unwrap(),
+            Gcra::new(Quota::per_second(20).burst(1)).unwrap(),
+        )
+        .unwrap(),
+        one_key,
+    )
+    .max_wait(Duration::from_millis(250))
+    .unwrap();
+    let calls = Calls::start(&clock, &client(layer), &up, 12);
+    calls.drive(Duration::from_millis(10)).await;
+    let statuses = calls.statuses();
+    let ok = statuses
+        .iter()
+        .filter(|r| r == &&Ok(StatusCode::OK))
+        .count();
+    assert_eq!(ok, 6, "{statuses:?}");
+    for failed in statuses.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(failed.contains("rate limit: waited "), "{failed}");
+    }
+}

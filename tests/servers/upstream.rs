@@ -15,6 +15,9 @@ use std::{
 use axum::{http::HeaderMap, response::IntoResponse, routing::any, Router};
 use http::StatusCode;
 
+#[allow(unused_imports)]
+pub use crate::common::upstream_limits::{Kind, Limits, Style as Telling};
+
 /// How the upstream tells its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Style {
@@ -235,5 +238,64 @@ impl Fixed {
     /// Calls that reached it so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// An upstream on loopback answering by [`Limits`] on the wall clock (each kind of limit, each
+/// way of telling it), with its `Date`.
+pub struct Told {
+    pub addr: SocketAddr,
+    pub limits: Arc<Mutex<Limits>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Told {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Told {
+    pub async fn start(limits: Limits) -> Self {
+        let limits = Arc::new(Mutex::new(limits));
+        let l = limits.clone();
+        let app = Router::new().route(
+            "/",
+            any(move || {
+                let limits = l.clone();
+                async move {
+                    let t = now();
+                    let answer = limits.lock().unwrap().call(t);
+                    let mut h = HeaderMap::new();
+                    for (name, value) in answer.headers {
+                        h.insert(name, value.parse().unwrap());
+                    }
+                    let date = httpdate::fmt_http_date(UNIX_EPOCH + t);
+                    h.insert("date", date.parse().unwrap());
+                    let status = if answer.allowed {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::TOO_MANY_REQUESTS
+                    };
+                    (status, h, "told")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, limits, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Calls it answered 200, and 429.
+    pub fn counts(&self) -> (u64, u64) {
+        let l = self.limits.lock().unwrap();
+        (l.ok, l.limited)
     }
 }

@@ -22,7 +22,7 @@
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by lease deadline | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
-//! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` calls sent blind since `s` | `upstream_take.lua`, `upstream_learn.lua` | a minute past the pause and the window |
+//! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` calls sent blind since `s`, `n` and `w` its rate (units per window), `t` the next free place in its pace, `x` the rate was estimated from a 429, `a` calls answered without a word since `c` | `upstream_take.lua`, `upstream_learn.lua` | a minute past the pause, the window and the pace |
 //! | `{NS:KEY}SUFFIX` | a custom algorithm's (its [`key_suffixes`](crate::algorithm::Scripted::key_suffixes)) | its script | its script's |
 //!
 //! `KEY` as stored, always UTF-8: text as it is, unless longer than the limiter's bound or

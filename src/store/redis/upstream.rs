@@ -309,6 +309,69 @@ mod agreement {
         );
     }
 
+    /// An upstream that tells nothing but a pause: the calls it answered without a word since
+    /// the first, over the time until the pause ends, are its rate; late answers of calls sent
+    /// before add to it; a pause answering a paced call takes an eighth off. Alike in Redis
+    /// and in memory.
+    #[tokio::test]
+    async fn a_rate_is_estimated_from_the_first_pause_alike_in_redis_and_in_memory() {
+        async fn estimate(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Blind)> {
+            let mut gates = Vec::new();
+            for _ in 0..9 {
+                gates.push(store.take(key, 1).await);
+            }
+            store.advance(Duration::from_millis(200));
+            for _ in 0..7 {
+                store.learn(key, Learned::new(), Blind::Blind).await;
+            }
+            // The first 429: paused for 800 ms; 7 answered over the 1 s until it ends.
+            let pause = Learned::new().pause(Duration::from_millis(800));
+            store.learn(key, pause, Blind::Blind).await;
+            // One more sent before it, answered since: 8 a second.
+            store.learn(key, Learned::new(), Blind::Blind).await;
+            gates.push(store.take(key, 1).await);
+            store.advance(Duration::from_millis(800));
+            for _ in 0..3 {
+                gates.push(store.take(key, 1).await);
+            }
+            // A paced call answered 429: the pause holds, and 8 - 8/8 = 7 a second after it.
+            store.learn(key, pause, Blind::Counted).await;
+            gates.push(store.take(key, 1).await);
+            store.advance(Duration::from_millis(800));
+            for _ in 0..2 {
+                gates.push(store.take(key, 1).await);
+            }
+            gates
+                .into_iter()
+                .map(|g| (g.go, g.wait.as_micros(), g.blind))
+                .collect()
+        }
+        let redis = TestRedis::start();
+        let k = Key::from("estimated");
+        let key = StoreKey::bounded("rv", Some(&k), 128);
+        let on_redis = OnClock::Redis(redis.store().await, ManualClock::new());
+        let clock = ManualClock::new();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let gates = estimate(&on_redis, key).await;
+        assert_eq!(gates, estimate(&OnClock::Memory(memory, clock), key).await);
+        let blind = (true, 0, Blind::Blind);
+        let paced = |wait| (true, wait, Blind::Counted);
+        // One unit every 1 s / 8 / 0.97 = 128,866 µs from the pause's end; then every
+        // 1 s / 7 / 0.97 = 147,276 µs, from where the pace was, after the second pause.
+        let (i8, i7) = (128_866, 147_276);
+        let mut expected = vec![blind; 9];
+        expected.extend([
+            (false, 800_000, Blind::Counted),
+            paced(0),
+            paced(i8),
+            paced(2 * i8),
+            (false, 800_000, Blind::Counted),
+            paced(0),
+            paced(i7),
+        ]);
+        assert_eq!(gates, expected);
+    }
+
     /// An answer that took long to come back (its end looks a second later) never gives
     /// back units already spent in the window it belongs to.
     #[tokio::test]
