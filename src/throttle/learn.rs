@@ -77,7 +77,8 @@ const EPOCH_MILLIS: u64 = 1_000_000_000_000;
 /// Reads what an upstream's answer (`status`, `headers`) says about its limits, at `now`.
 /// Nothing here panics or trusts a value: a malformed, negative or non-numeric value is
 /// ignored (and counted in [`Reading::ignored`]); a pause or a reset further away than
-/// `max_pause` is cut to it (counted in [`Reading::capped`]).
+/// `max_pause` is cut to it (counted in [`Reading::capped`]), and so is a rate whose one unit
+/// takes longer (its window is cut to `max_pause` × its quota).
 ///
 /// The window (units left and when they reset) comes from the first family present, in this
 /// order: `RateLimit` (the item with the fewest units left), `RateLimit-Remaining` /
@@ -181,6 +182,14 @@ pub fn read_limits(
     }
     if let Some(p) = r.policy {
         r.learned = r.learned.rate(Rate::stated(p.quota, p.window));
+    }
+    // No rate may space calls further apart than a header may pause them.
+    if let Some(rate) = r.learned.rate.as_mut().filter(|r| r.quota > 0) {
+        let longest = max_pause.saturating_mul(u32::try_from(rate.quota).unwrap_or(u32::MAX));
+        if rate.window > longest {
+            rate.window = longest;
+            r.capped += 1;
+        }
     }
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         let retry = headers
@@ -599,7 +608,13 @@ mod tests {
         );
         // The comma inside the name splits nothing.
         assert_eq!(r.ignored, 0);
-        assert_eq!(r.learned, Learned::new().window(12, Duration::from_secs(1)));
+        let stated = Rate::stated(40, Duration::from_secs(1));
+        assert_eq!(
+            r.learned,
+            Learned::new()
+                .window(12, Duration::from_secs(1))
+                .rate(stated)
+        );
         let per_second = Policy {
             quota: 40,
             window: Duration::from_secs(1),
@@ -633,6 +648,55 @@ mod tests {
             let r = read(200, &[("ratelimit-policy", bad)]);
             assert_eq!((r.policy, r.ignored), (None, 1), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_rate_is_inferred_from_a_limit_beside_its_reset_and_capped_by_max_pause() {
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-limit", "100"),
+                ("x-ratelimit-remaining", "5"),
+                ("x-ratelimit-reset", "30"),
+            ],
+        );
+        let inferred = Rate::inferred(100, Duration::from_secs(30));
+        assert_eq!(r.learned.rate, Some(inferred));
+        // The earlier drafts' fields alike.
+        let r = read(
+            200,
+            &[
+                ("ratelimit-limit", "40"),
+                ("ratelimit-remaining", "5"),
+                ("ratelimit-reset", "1"),
+            ],
+        );
+        assert_eq!(
+            r.learned.rate,
+            Some(Rate::inferred(40, Duration::from_secs(1)))
+        );
+        // No limit header, or a malformed one: no rate (the latter counted).
+        let r = read(
+            200,
+            &[("x-ratelimit-remaining", "5"), ("x-ratelimit-reset", "3")],
+        );
+        assert_eq!((r.learned.rate, r.ignored), (None, 0));
+        let r = read(
+            200,
+            &[
+                ("x-ratelimit-limit", "-4"),
+                ("x-ratelimit-remaining", "5"),
+                ("x-ratelimit-reset", "3"),
+            ],
+        );
+        assert_eq!((r.learned.rate, r.ignored), (None, 1));
+        // One call a year: no unit may take longer than max_pause (60 s here).
+        let r = read(200, &[("ratelimit-policy", "\"slow\";q=2;w=31536000")]);
+        assert_eq!(
+            r.learned.rate,
+            Some(Rate::stated(2, Duration::from_secs(120)))
+        );
+        assert_eq!(r.capped, 1);
     }
 
     #[test]
