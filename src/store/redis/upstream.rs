@@ -131,9 +131,13 @@ mod tests {
             parse_gate(arr(vec![0, 1500, 0])).unwrap(),
             Gate::new(false, Duration::from_micros(1500))
         );
+        assert_eq!(
+            parse_gate(arr(vec![1, 5, 0])).unwrap(),
+            Gate::new(true, Duration::from_micros(5))
+        );
         for bad in [
             arr(vec![0, 0, 0]),
-            arr(vec![1, 5, 0]),
+            arr(vec![1, 5, 1]),
             arr(vec![2, 0, 0]),
             arr(vec![0, -3, 0]),
             arr(vec![1, 0]),
