@@ -1,0 +1,3 @@
+//! Several regions: one limit per key across regions, each deciding against its own Redis.
+//!
+//! (Filled in below.)
