@@ -1,8 +1,9 @@
 -- Several regions: a grant of the home region put into a region's pool (after prelude.lua),
 -- and what the home was charged with taken off what the region owed. A block joins the newer
 -- one while that one lives; two live blocks merge under the earlier expiry, so no unit lives
--- past its lifetime. After an empty grant, the refill marker stays for `retry_ms` (the time
--- the home needs to have a unit again), so the region does not ask again before.
+-- past its lifetime. After a grant short of what was asked for, the refill marker stays for
+-- `retry_ms` (at least the time the home needs to have a unit again), so the region does not
+-- ask again before; 0: the marker goes at once.
 -- KEYS[1]  the pool hash (see regional_spend.lua)
 -- KEYS[2]  the refill marker
 -- ARGV     now|'', granted, charged, lifetime_us, pool_ttl_ms, retry_ms
@@ -37,7 +38,7 @@ end
 redis.call('HSET', KEYS[1], 'u1', fmt(u1), 'e1', fmt(e1), 'u2', fmt(u2), 'e2', fmt(e2),
   'o', fmt(owed))
 redis.call('PEXPIRE', KEYS[1], pool_ttl)
-if granted > 0 or retry_ms == 0 then
+if retry_ms == 0 then
   redis.call('DEL', KEYS[2])
 else
   redis.call('SET', KEYS[2], '1', 'PX', retry_ms)

@@ -247,7 +247,7 @@ impl fmt::Debug for RegionalStoreBuilder {
 
 impl RegionalStoreBuilder {
     /// How long granted units live in a region's pool unless told otherwise (`L`).
-    pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(1);
+    pub const DEFAULT_LIFETIME: Duration = Duration::from_millis(500);
     /// Units a cold key may be admitted on credit in a region unless told otherwise (`b`).
     pub const DEFAULT_BORROW: u32 = 1;
     /// How long the home (or another region) may go unanswered before a region decides from
@@ -255,7 +255,7 @@ impl RegionalStoreBuilder {
     pub const DEFAULT_DETECT_AFTER: Duration = Duration::from_millis(1_000);
     /// The least time ahead of need a pool is refilled, unless told otherwise (at least three
     /// round trips to the home).
-    pub const DEFAULT_LEAD: Duration = Duration::from_millis(50);
+    pub const DEFAULT_LEAD: Duration = Duration::from_millis(100);
 
     /// A region and its Redis, in the same order in every region; the first one listed is
     /// the home, which keeps the exact algorithm.
@@ -271,7 +271,7 @@ impl RegionalStoreBuilder {
         self
     }
 
-    /// How long granted units live in this region's pool (`L`, default 1 s): a unit not spent
+    /// How long granted units live in this region's pool (`L`, default 500 ms): a unit not spent
     /// by then is lost (it was counted at the home). The bound grows by `ρ·L`; a longer
     /// lifetime means fewer, larger grants.
     pub fn lifetime(mut self, lifetime: Duration) -> Self {
@@ -293,8 +293,10 @@ impl RegionalStoreBuilder {
         self
     }
 
-    /// The least time ahead of need a pool is refilled (default 50 ms); it is at least three
-    /// measured round trips to the home.
+    /// The least time ahead of need a pool is refilled (default 100 ms; at least three
+    /// measured round trips to the home), and the least time between two grants while the
+    /// key has less than the regions ask for. Give every region the same, at least the longest
+    /// round trip between a region and the home.
     pub fn lead(mut self, lead: Duration) -> Self {
         self.lead = lead;
         self
@@ -523,18 +525,22 @@ async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, 
         (&GRANT_GCRA, keys::GCRA)
     };
     let state = key_of(&base, suffix);
+    let demand = key_of(&base, keys::REGION_DEMAND);
     let mut cmd = evalsha(
         script,
-        1,
+        2,
         |cmd| {
-            cmd.arg(&state);
+            cmd.arg(&state).arg(&demand);
         },
         None,
     );
-    cmd.arg(want.min(terms.burst))
+    let want = want.min(terms.burst);
+    cmd.arg(want)
         .arg(terms.emission_us)
         .arg(terms.burst)
-        .arg(owed);
+        .arg(owed)
+        .arg(inner.own)
+        .arg(4 * inner.lead_us());
     let sent = Instant::now();
     let answer = tokio::time::timeout(inner.detect, inner.home().link.eval(script, &cmd)).await;
     let grant = match answer {
@@ -571,9 +577,14 @@ async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, 
         },
         None,
     );
-    // After an empty grant, wait until the home has a unit (at least a millisecond).
-    let retry_ms = if granted == 0 && want > 0 {
-        retry_us.div_ceil(1000).clamp(1, inner.marker_ms())
+    // Short of what it asked for, the region asks again one lead time after it last asked
+    // (its round trip included), and not before the home has a unit: regions near the home
+    // and far from it then ask as often, and share what the key has by their demands.
+    let retry_ms = if granted < want {
+        retry_us
+            .max(inner.lead_us.saturating_sub(rtt))
+            .div_ceil(1000)
+            .clamp(1, inner.marker_ms())
     } else {
         0
     };
