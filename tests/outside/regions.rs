@@ -191,6 +191,21 @@ async fn cut_regions_keep_serving_within_their_share_and_the_link_back_restores_
         world.a_to_b.cut();
         world.b_to_a.cut();
         world.until_cut(true);
+        // Logged, and on every gateway's metrics.
+        for g in &world.gateways {
+            let metrics = send(g.admin, "GET", "/metrics", &[]).body;
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("ratelimit_region_cut_off{") && l.ends_with(" 1")),
+                "{metrics}"
+            );
+            assert!(
+                g.log().contains("cut off from the other regions"),
+                "{}",
+                g.log()
+            );
+        }
         let (counts, elapsed) = hammer(&world.addrs("all"), Duration::from_secs(6));
         // The default share: 1/2 of each limit per region.
         let share = 0.5 * limit_over(elapsed);

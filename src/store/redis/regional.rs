@@ -697,3 +697,190 @@ async fn heartbeats(weak: Weak<Inner>) {
 pub const REGION_CUT_OFF: &str = "ratelimit_region_cut_off";
 /// Counter: the times a region was cut off; label `region`.
 pub const REGION_CUTS: &str = "ratelimit_region_cuts_total";
+
+/// The regional scripts on a real Redis, on a time the tests set (`ARGV[1]`): blocks, their
+/// lifetime, credit for a cold key, the share while cut off, the home's charges and its
+/// split of a scarce key by demand.
+#[cfg(test)]
+mod scripts_on_a_set_clock {
+    use super::super::testing::TestRedis;
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000_000;
+    const SECOND: u64 = 1_000_000;
+    /// One unit every 100 ms, burst 10 (10 per second).
+    const EMISSION: u64 = 100_000;
+    const BURST: u64 = 10;
+
+    struct Pool {
+        conn: redis::Connection,
+    }
+
+    impl Pool {
+        fn new(redis: &TestRedis) -> Self {
+            let conn = redis::Client::open(redis.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            Pool { conn }
+        }
+
+        /// A check of `cost` at `now`: {allowed, remaining, retry, reset, refill, want, owed}.
+        fn spend(&mut self, now: u64, cost: u64, cut: bool, borrow: u64) -> Vec<i64> {
+            SPEND
+                .key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .key("{t:k}:rs")
+                .arg(now)
+                .arg(cost)
+                .arg(u8::from(cut))
+                .arg(borrow)
+                .arg(100_000) // lead
+                .arg(SECOND) // lifetime
+                .arg(10_000) // pool ttl, ms
+                .arg(1_000) // marker, ms
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(2 * EMISSION) // the share: half the rate
+                .arg(BURST / 2) // and half the burst
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// A grant of `granted` units at `now`, `charged` of what was owed taken off.
+        fn fill(&mut self, now: u64, granted: u64, charged: u64) -> i64 {
+            FILL.key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .arg(now)
+                .arg(granted)
+                .arg(charged)
+                .arg(SECOND)
+                .arg(10_000)
+                .arg(0)
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// The home's grant to `region` of up to `want` units at `now`, after charging
+        /// `charge`: {granted, retry_us, now}.
+        fn grant(
+            &mut self,
+            script: &Script,
+            now: u64,
+            want: u64,
+            charge: u64,
+            region: u64,
+        ) -> Vec<i64> {
+            let state = if std::ptr::eq(script, &*GRANT_BUCKET) {
+                "{t:k}:b"
+            } else {
+                "{t:k}:g"
+            };
+            script
+                .key(state)
+                .key("{t:k}:rd")
+                .arg(now)
+                .arg(want)
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(charge)
+                .arg(region)
+                .arg(SECOND)
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+    }
+
+    #[test]
+    fn the_older_block_is_spent_first_and_no_unit_outlives_its_lifetime() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        assert_eq!(pool.fill(T0, 3, 0), 3);
+        // A second block while the first lives: both kept, the first expiring first.
+        assert_eq!(pool.fill(T0 + 200_000, 2, 0), 5);
+        assert_eq!(pool.spend(T0 + 300_000, 1, false, 0)[..2], [1, 4]);
+        // A third block while both live: the two older ones merge under the earlier expiry.
+        assert_eq!(pool.fill(T0 + 400_000, 4, 0), 8);
+        // At T0 + 1 s the merged block (4 units) has expired; the newest (4) is left.
+        let r = pool.spend(T0 + SECOND, 5, false, 0);
+        assert_eq!(r[0], 0, "{r:?}");
+        assert_eq!(pool.spend(T0 + SECOND, 4, false, 0)[..2], [1, 0]);
+    }
+
+    #[test]
+    fn a_cold_key_is_admitted_on_credit_once_and_asks_the_home() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        // {allowed, remaining, retry, reset, refill, want, owed}
+        let first = pool.spend(T0, 1, false, 1);
+        assert_eq!(
+            (first[0], first[4], first[5], first[6]),
+            (1, 1, 1, 1),
+            "{first:?}"
+        );
+        // Warm now: no more credit, and the refill in flight holds the marker.
+        let second = pool.spend(T0 + 1_000, 1, false, 1);
+        assert_eq!((second[0], second[4], second[6]), (0, 0, 1), "{second:?}");
+        // The grant arrives, the credit charged: owed 0, units to spend.
+        assert_eq!(pool.fill(T0 + 50_000, 4, 1), 4);
+        let third = pool.spend(T0 + 60_000, 1, false, 1);
+        assert_eq!((third[0], third[1], third[6]), (1, 3, 0), "{third:?}");
+    }
+
+    #[test]
+    fn cut_off_a_region_decides_from_its_share_and_counts_what_it_owes() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        pool.fill(T0, 10, 0);
+        // The share: burst 5, one unit every 200 ms; the pool's units are not used.
+        for i in 0..5 {
+            let r = pool.spend(T0, 1, true, 0);
+            assert_eq!((r[0], r[6]), (1, i + 1), "{r:?}");
+        }
+        let denied = pool.spend(T0, 1, true, 0);
+        assert_eq!((denied[0], denied[2]), (0, 200_000), "{denied:?}");
+        assert_eq!(pool.spend(T0 + 200_000, 1, true, 0)[..1], [1]);
+        // Back in reach: the pool is as it was, and what is owed asks for a refill.
+        let back = pool.spend(T0 + 300_000, 1, false, 0);
+        assert_eq!(
+            (back[0], back[1], back[4], back[6]),
+            (1, 9, 1, 6),
+            "{back:?}"
+        );
+    }
+
+    #[test]
+    fn the_home_charges_what_was_owed_down_to_a_drained_key() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for script in [&*GRANT_GCRA, &*GRANT_BUCKET] {
+            redis::cmd("FLUSHALL").exec(&mut home.conn).unwrap();
+            // 3 owed on a rested key: 7 left to grant.
+            assert_eq!(home.grant(script, T0, 10, 3, 0)[..2], [7, 0]);
+            // 1000 owed: drained, not 1000 units in debt.
+            let t = T0 + 10 * EMISSION;
+            let r = home.grant(script, t, 5, 1_000, 0);
+            assert_eq!((r[0], r[1]), (0, EMISSION as i64), "{r:?}");
+            assert_eq!(home.grant(script, t + 2 * EMISSION, 5, 0, 0)[0], 2);
+        }
+    }
+
+    #[test]
+    fn a_scarce_key_is_shared_by_the_regions_demands() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for script in [&*GRANT_GCRA, &*GRANT_BUCKET] {
+            redis::cmd("FLUSHALL").exec(&mut home.conn).unwrap();
+            // Region 0 alone: everything it asks for that the key has.
+            assert_eq!(home.grant(script, T0, 10, 0, 0)[0], 10);
+            // 4 units later, region 1 asks for 10 and region 0 asked for 10 within the
+            // horizon: each gets 10/20 of what the key has.
+            let t = T0 + 4 * EMISSION;
+            assert_eq!(home.grant(script, t, 10, 0, 1)[0], 2);
+            assert_eq!(home.grant(script, t, 10, 0, 0)[0], 1);
+            // Past the horizon, region 1's demand no longer counts.
+            let later = T0 + 3 * SECOND;
+            assert_eq!(home.grant(script, later, 10, 0, 0)[0], 10);
+        }
+    }
+}
