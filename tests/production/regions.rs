@@ -18,6 +18,7 @@ use std::{
 use crate::servers::{link::RegionLink, RedisServer};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
+    concurrency::ConcurrencyLimiter,
     rate_limit::UnitLease,
     store::redis::{RegionalStore, RegionalStoreBuilder},
     Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
@@ -315,9 +316,13 @@ async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "algorithm", "{err}");
-    let err = RateLimiter::builder(regional, Gcra::new(q).unwrap())
+    let err = RateLimiter::builder(regional.clone(), Gcra::new(q).unwrap())
         .lease(UnitLease::up_to(Duration::from_millis(100)))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "lease", "{err}");
+    let err = ConcurrencyLimiter::builder(regional, 3)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "store", "{err}");
 }
