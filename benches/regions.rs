@@ -1,0 +1,266 @@
+//! Several regions: latency, use of the limit and overshoot with two regions (two instances
+//! each, one `redis-server` per region, this program starts them on free loopback ports) whose
+//! Redis servers are 0, 50 and 150 ms apart (a proxy delaying every byte half of that each
+//! way, `tests/servers/link.rs`), and under a partition; beside one Redis shared by both
+//! regions (every check of the far region crossing the link).
+//!
+//! ```text
+//! cargo bench --bench regions            # about two minutes
+//! cargo bench --bench regions -- quick   # shorter runs, for a look
+//! ```
+//!
+//! Every instance offers far more than the limit (two tasks, a check every millisecond each).
+//! "use" is the admissions over `B + ρ·T`; "worst 1 s" the most admitted in any one-second
+//! window over `B + ρ·1 s`, the overshoot a client could see.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/servers/mod.rs"]
+mod servers;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use hdrhistogram::Histogram;
+use servers::{link::RegionLink, RedisServer};
+use tower_redis_ratelimit::{store::redis::RegionalStore, Gcra, Quota, RateLimiter, RedisStore};
+
+const LIMIT: u32 = 100; // per second
+const BURST: u32 = 100;
+
+struct Run {
+    /// Per region: admission times (since the start), check latencies in µs.
+    admitted: Vec<Vec<Duration>>,
+    latency: Vec<Histogram<u64>>,
+    elapsed: Duration,
+}
+
+async fn hammer(
+    limiters: &[(usize, RateLimiter<Gcra>)],
+    regions: usize,
+    how_long: Duration,
+) -> Run {
+    let started = Instant::now();
+    let admitted = Arc::new(Mutex::new(vec![Vec::new(); regions]));
+    let latency = Arc::new(Mutex::new(vec![
+        Histogram::<u64>::new_with_bounds(
+            1, 60_000_000, 3
+        )
+        .unwrap();
+        regions
+    ]));
+    let mut tasks = Vec::new();
+    for (region, limiter) in limiters {
+        for _ in 0..2 {
+            let (region, limiter) = (*region, limiter.clone());
+            let (admitted, latency) = (admitted.clone(), latency.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut mine, mut hist) = (Vec::new(), Histogram::<u64>::new(3).unwrap());
+                while started.elapsed() < how_long {
+                    let sent = Instant::now();
+                    let d = limiter.check("customer", 1).await.expect("answered");
+                    hist.record(sent.elapsed().as_micros() as u64).unwrap();
+                    if d.allowed {
+                        mine.push(started.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                admitted.lock().unwrap()[region].extend(mine);
+                latency.lock().unwrap()[region].add(hist).unwrap();
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let admitted = std::mem::take(&mut *admitted.lock().unwrap());
+    let latency = std::mem::take(&mut *latency.lock().unwrap());
+    Run {
+        admitted,
+        latency,
+        elapsed,
+    }
+}
+
+/// The most admissions of all regions in any window of `window`.
+fn worst_window(run: &Run, window: Duration) -> usize {
+    let mut all: Vec<Duration> = run.admitted.iter().flatten().copied().collect();
+    all.sort();
+    let (mut best, mut start) = (0, 0);
+    for end in 0..all.len() {
+        while all[end] - all[start] > window {
+            start += 1;
+        }
+        best = best.max(end - start + 1);
+    }
+    best
+}
+
+fn limit_over(t: Duration) -> f64 {
+    f64::from(BURST) + f64::from(LIMIT) * t.as_secs_f64()
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> String {
+    format!("{:.2}", h.value_at_quantile(q) as f64 / 1000.0)
+}
+
+struct World {
+    a: RedisServer,
+    b: RedisServer,
+    a_to_b: RegionLink,
+    b_to_a: RegionLink,
+}
+
+impl World {
+    async fn start(rtt: Duration) -> World {
+        let (a, b) = (RedisServer::start(), RedisServer::start());
+        let addr = |r: &RedisServer| format!("127.0.0.1:{}", r.port).parse().unwrap();
+        let a_to_b = RegionLink::start(addr(&b), rtt / 2).await;
+        let b_to_a = RegionLink::start(addr(&a), rtt / 2).await;
+        World {
+            a,
+            b,
+            a_to_b,
+            b_to_a,
+        }
+    }
+
+    async fn regional(&self, region: &str, prefix: &str) -> RateLimiter<Gcra> {
+        let connect = |url: String| async move { RedisStore::connect(&url).await.unwrap() };
+        let (home, other) = match region {
+            "a" => (
+                connect(self.a.url()).await,
+                connect(self.a_to_b.url()).await,
+            ),
+            _ => (
+                connect(self.b_to_a.url()).await,
+                connect(self.b.url()).await,
+            ),
+        };
+        let store = RegionalStore::builder(region)
+            .region("a", home)
+            .region("b", other)
+            .build()
+            .unwrap();
+        limiter(store, prefix)
+    }
+
+    /// One Redis for both regions: region b's checks cross the link.
+    async fn shared(&self, region: &str, prefix: &str) -> RateLimiter<Gcra> {
+        let url = match region {
+            "a" => self.a.url(),
+            _ => self.b_to_a.url(),
+        };
+        limiter(RedisStore::connect(&url).await.unwrap(), prefix)
+    }
+}
+
+fn limiter(store: impl tower_redis_ratelimit::store::Store, prefix: &str) -> RateLimiter<Gcra> {
+    let q = Quota::per_second(LIMIT).burst(BURST);
+    RateLimiter::builder(store, Gcra::new(q).unwrap())
+        .prefix(prefix)
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn row(setup: &str, rtt: Duration, run: &Run) {
+    let counts: Vec<usize> = run.admitted.iter().map(Vec::len).collect();
+    let total: usize = counts.iter().sum();
+    let worst = worst_window(run, Duration::from_secs(1));
+    let lat = |r: usize| match run.latency.get(r) {
+        Some(h) if !h.is_empty() => format!("{} / {}", ms(h, 0.5), ms(h, 0.99)),
+        _ => "-".into(),
+    };
+    println!(
+        "| {setup} | {} ms | {} | {} | {counts:?} | {:.2} | {:.2} |",
+        rtt.as_millis(),
+        lat(0),
+        lat(1),
+        total as f64 / limit_over(run.elapsed),
+        worst as f64 / limit_over(Duration::from_secs(1)),
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    let t = Duration::from_secs(if quick { 3 } else { 10 });
+    println!("limit {LIMIT}/s, burst {BURST}, GCRA; T = {t:?} per run; two instances per region, two tasks each, a check every ms per task");
+    println!();
+    println!("| setup | RTT between regions | a (home): p50 / p99 ms | b: p50 / p99 ms | admitted [a, b] | use: admitted / (B + ρT) | worst 1 s / (B + ρ·1 s) |");
+    println!("|---|---|---|---|---|---|---|");
+    for rtt_ms in [0u64, 50, 150] {
+        let rtt = Duration::from_millis(rtt_ms);
+        let world = World::start(rtt).await;
+        let mut both = Vec::new();
+        for (i, region) in ["a", "a", "b", "b"].iter().enumerate() {
+            let r = if i < 2 { 0 } else { 1 };
+            both.push((r, world.regional(region, "both").await));
+        }
+        // Warm-up: 20 checks per instance (connections, scripts loaded, the key's first grant).
+        for (_, l) in &both {
+            for _ in 0..20 {
+                l.check("warm", 1).await.unwrap();
+            }
+        }
+        row(
+            "regional, both regions busy",
+            rtt,
+            &hammer(&both, 2, t).await,
+        );
+        let mut far = Vec::new();
+        for _ in 0..2 {
+            far.push((1, world.regional("b", "far").await));
+        }
+        row(
+            "regional, only region b busy",
+            rtt,
+            &hammer(&far, 2, t).await,
+        );
+        let mut shared = Vec::new();
+        for (i, region) in ["a", "a", "b", "b"].iter().enumerate() {
+            let r = if i < 2 { 0 } else { 1 };
+            shared.push((r, world.shared(region, "shared").await));
+        }
+        row(
+            "one Redis for both, both busy",
+            rtt,
+            &hammer(&shared, 2, t).await,
+        );
+    }
+
+    // A partition at 50 ms: the share (1/2 each) while cut, then the link back.
+    let rtt = Duration::from_millis(50);
+    let world = World::start(rtt).await;
+    let mut both = Vec::new();
+    for (i, region) in ["a", "a", "b", "b"].iter().enumerate() {
+        let r = if i < 2 { 0 } else { 1 };
+        both.push((r, world.regional(region, "cut").await));
+    }
+    hammer(&both, 2, Duration::from_secs(1)).await;
+    world.a_to_b.cut();
+    world.b_to_a.cut();
+    let cut_at = Instant::now();
+    let during = hammer(&both, 2, t).await;
+    row(
+        "regional, cut (from the cut on, detection included)",
+        rtt,
+        &during,
+    );
+    world.a_to_b.restore();
+    world.b_to_a.restore();
+    let back_at = Instant::now();
+    let after = hammer(&both, 2, t).await;
+    row("regional, link back (from the restore on)", rtt, &after);
+    println!();
+    println!(
+        "cut for {:?}; share F = 1/2: each region's F·(B + ρT) = {:.0}",
+        back_at - cut_at,
+        0.5 * limit_over(during.elapsed)
+    );
+}
