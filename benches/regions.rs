@@ -7,7 +7,13 @@
 //! ```text
 //! cargo bench --bench regions            # about two minutes
 //! cargo bench --bench regions -- quick   # shorter runs, for a look
+//! cargo build --release --examples --all-features && cargo bench --bench regions -- gateways
 //! ```
+//!
+//! `gateways`: the gateway demo's contract from outside instead: two gateway processes in each
+//! of two regions 50 ms apart (`--region --regions --limit N --per P --key header:NAME`), one
+//! key hammered over HTTP; each region's p99 after 20 warm-up requests per gateway, the
+//! admissions against `N + N/P × T`, one region alone, a cut and the link back.
 //!
 //! Every instance offers far more than the limit (two tasks, a check every millisecond each).
 //! "use" is the admissions over `B + ρ·T`; "worst 1 s" the most admitted in any one-second
@@ -25,7 +31,11 @@ use std::{
 };
 
 use hdrhistogram::Histogram;
-use servers::{link::RegionLink, RedisServer};
+use servers::{
+    gateway::{send, AdminGateway},
+    link::RegionLink,
+    RedisServer,
+};
 use tower_redis_ratelimit::{store::redis::RegionalStore, Gcra, Quota, RateLimiter, RedisStore};
 
 const LIMIT: u32 = 100; // per second
@@ -186,9 +196,165 @@ fn row(setup: &str, rtt: Duration, run: &Run) {
     );
 }
 
+/// Every gateway of `gateways` sent the key for `how_long`, two clients each (a request every
+/// 2 ms per client, each on a fresh connection): per gateway the 200s and the latencies (µs)
+/// of every answer, and whether any answer was neither 200 nor 429.
+fn http_hammer(
+    gateways: &[&AdminGateway],
+    how_long: Duration,
+) -> (Vec<u64>, Vec<Histogram<u64>>, bool, Duration) {
+    let started = Instant::now();
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for (i, gw) in gateways.iter().enumerate() {
+            for _ in 0..2 {
+                let (addr, results) = (gw.addr, &results);
+                scope.spawn(move || {
+                    let (mut ok, mut other) = (0, false);
+                    let mut hist = Histogram::<u64>::new(3).unwrap();
+                    while started.elapsed() < how_long {
+                        let sent = Instant::now();
+                        match send(addr, "GET", "/", &[("x-customer", "acme")]).status {
+                            200 => ok += 1,
+                            429 => {}
+                            _ => other = true,
+                        }
+                        hist.record(sent.elapsed().as_micros() as u64).unwrap();
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    results.lock().unwrap().push((i, ok, hist, other));
+                });
+            }
+        }
+    });
+    let mut ok = vec![0; gateways.len()];
+    let mut hists = vec![Histogram::<u64>::new(3).unwrap(); gateways.len()];
+    let mut other = false;
+    for (i, n, h, o) in results.into_inner().unwrap() {
+        ok[i] += n;
+        hists[i].add(h).unwrap();
+        other |= o;
+    }
+    (ok, hists, other, started.elapsed())
+}
+
+async fn gateways(t: Duration) {
+    const N: u64 = 100;
+    const PER_S: u64 = 2;
+    let limit = |t: Duration| N as f64 + (N / PER_S) as f64 * t.as_secs_f64();
+    let world = World::start(Duration::from_millis(50)).await;
+    let from_a = format!("a={},b={}", world.a.url(), world.a_to_b.url());
+    let from_b = format!("a={},b={}", world.b_to_a.url(), world.b.url());
+    let mut gws = Vec::new();
+    for (region, list) in [
+        ("a", &from_a),
+        ("a", &from_a),
+        ("b", &from_b),
+        ("b", &from_b),
+    ] {
+        let args = [
+            "--region",
+            region,
+            "--regions",
+            list,
+            "--limit",
+            &N.to_string(),
+            "--per",
+            &format!("{PER_S}s"),
+            "--key",
+            "header:x-customer",
+            "--log",
+            "warn",
+        ];
+        gws.push(tokio::task::block_in_place(|| AdminGateway::start(&args)));
+    }
+    let all: Vec<&AdminGateway> = gws.iter().collect();
+    println!("gateway demo, two gateways per region, RTT 50 ms, GCRA N = {N} per {PER_S} s (burst N), T = {t:?}");
+    println!();
+    println!("| run | region a p99 ms | region b p99 ms | 200s per gateway | admitted / (N + N/P × T) | only 200 and 429 |");
+    println!("|---|---|---|---|---|---|");
+    let show = |name: &str,
+                (ok, hists, other, elapsed): (Vec<u64>, Vec<Histogram<u64>>, bool, Duration),
+                of: f64| {
+        let p99 = |r: std::ops::Range<usize>| {
+            let mut h = Histogram::<u64>::new(3).unwrap();
+            for i in r {
+                if let Some(x) = hists.get(i) {
+                    h.add(x).unwrap();
+                }
+            }
+            if h.is_empty() {
+                "-".to_owned()
+            } else {
+                ms(&h, 0.99)
+            }
+        };
+        let total: u64 = ok.iter().sum();
+        println!(
+            "| {name} | {} | {} | {ok:?} | {:.2} | {} |",
+            p99(0..2),
+            p99(2..4),
+            total as f64 / (of * limit(elapsed)),
+            if other { "no" } else { "yes" }
+        );
+    };
+    tokio::task::block_in_place(|| {
+        // Warm-up: 20 requests per gateway on another key.
+        for gw in &all {
+            for _ in 0..20 {
+                send(gw.addr, "GET", "/", &[("x-customer", "warm-up")]);
+            }
+        }
+        show("all four gateways", http_hammer(&all, t), 1.0);
+        std::thread::sleep(Duration::from_secs(3));
+        let r = http_hammer(&all[2..], t);
+        let r = (
+            vec![0, 0].into_iter().chain(r.0).collect(),
+            vec![Histogram::new(3).unwrap(), Histogram::new(3).unwrap()]
+                .into_iter()
+                .chain(r.1)
+                .collect(),
+            r.2,
+            r.3,
+        );
+        show("region b alone (home remote)", r, 1.0);
+        world.a_to_b.cut();
+        world.b_to_a.cut();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !all.iter().all(|g| {
+            send(g.admin, "GET", "/region", &[])
+                .body
+                .contains("\"cut_off\":true")
+        }) {
+            assert!(Instant::now() < deadline, "never cut off");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        show(
+            "cut, once detected (against each region's F = 1/2: [a, a, b, b])",
+            http_hammer(&all, t),
+            1.0,
+        );
+        world.a_to_b.restore();
+        world.b_to_a.restore();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !all.iter().all(|g| {
+            send(g.admin, "GET", "/region", &[])
+                .body
+                .contains("\"cut_off\":false")
+        }) {
+            assert!(Instant::now() < deadline, "never back");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        show("link back, once detected", http_hammer(&all, t), 1.0);
+    });
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let quick = std::env::args().any(|a| a == "quick");
+    if std::env::args().any(|a| a == "gateways") {
+        return gateways(Duration::from_secs(if quick { 3 } else { 10 })).await;
+    }
     let t = Duration::from_secs(if quick { 3 } else { 10 });
     println!("limit {LIMIT}/s, burst {BURST}, GCRA; T = {t:?} per run; two instances per region, two tasks each, a check every ms per task");
     println!();
