@@ -19,9 +19,6 @@
 //! "use" is the admissions over `B + ρ·T`; "worst 1 s" the most admitted in any one-second
 //! window over `B + ρ·1 s`, the overshoot a client could see.
 
-#[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 #[path = "../tests/servers/mod.rs"]
 mod servers;
 

@@ -21,7 +21,7 @@ use tower_redis_ratelimit::{
     concurrency::ConcurrencyLimiter,
     rate_limit::UnitLease,
     store::redis::{RegionalStore, RegionalStoreBuilder},
-    Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 /// Each way: a round trip between the regions takes 50 ms more.
@@ -321,8 +321,23 @@ async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "lease", "{err}");
-    let err = ConcurrencyLimiter::builder(regional, 3)
+    let err = ConcurrencyLimiter::builder(regional.clone(), 3)
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "store", "{err}");
+    // What is not supported across regions yet says so, and spends nothing.
+    let gcra = RateLimiter::builder(regional, Gcra::new(q).unwrap())
+        .build()
+        .unwrap();
+    let unsupported = |e: Error| assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+    unsupported(
+        gcra.check_at("k", 1, 1_700_000_000_000_000)
+            .await
+            .unwrap_err(),
+    );
+    unsupported(gcra.peek("k").await.unwrap_err());
+    unsupported(gcra.reset("k").await.unwrap_err());
+    unsupported(gcra.ban("k", Duration::from_secs(5)).await.unwrap_err());
+    // The key is still cold: its first check is admitted on credit.
+    assert!(gcra.check("k", 1).await.unwrap().allowed);
 }

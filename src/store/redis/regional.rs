@@ -54,7 +54,8 @@ const MAX_OWED_KEYS: usize = 100_000;
 /// Only [`Gcra`](crate::Gcra) and the [`TokenBucket`](crate::TokenBucket) run across regions;
 /// a limiter built on this store refuses any other algorithm and unit leases
 /// ([`ConfigError`] naming `algorithm` or `lease`), and keeps no deny cache (a refill may free
-/// units at any time). Refunds, peeks, resets and bans are not supported across regions
+/// units at any time). Refunds, peeks, resets, bans and checks at an explicit time
+/// ([`RateLimiter::check_at`](crate::RateLimiter::check_at)) are not supported across regions
 /// ([`Error::Unsupported`]).
 ///
 /// **The bound.** With a key's burst `B`, rate `ρ` (the limit per second), unit lifetime `L`,
@@ -456,9 +457,15 @@ impl Backend for RegionalStore {
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
-        let terms = match Terms::of(algorithm) {
-            Ok(terms) => terms,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        let terms = match (Terms::of(algorithm), now_us) {
+            (Ok(terms), None) => terms,
+            (Err(e), _) => return Box::pin(std::future::ready(Err(e))),
+            // The pools' lifetimes and the home's grants are on the servers' clocks.
+            (Ok(_), Some(_)) => {
+                return Box::pin(std::future::ready(Err(Error::Unsupported(
+                    "checks at an explicit time do not work across regions",
+                ))))
+            }
         };
         let inner = &self.inner;
         let mut base = Vec::with_capacity(64);
@@ -474,7 +481,7 @@ impl Backend for RegionalStore {
             |cmd| {
                 cmd.arg(&pool).arg(&marker).arg(&local);
             },
-            now_us,
+            None,
         );
         cmd.arg(cost)
             .arg(u8::from(cut))
