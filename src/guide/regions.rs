@@ -88,8 +88,9 @@
 //! never unlimited, never an outage. It logs it once at `warn` ("cut off from the other
 //! regions"), counts it ([`RegionStats`](crate::store::redis::RegionStats): `cut_off`, `cuts`)
 //! and sets the gauge `ratelimit_region_cut_off{region}` to 1 (and counts
-//! `ratelimit_region_cuts_total{region}`). What it admits meanwhile is counted as owed to
-//! the home.
+//! `ratelimit_region_cuts_total{region}`). What it admits meanwhile is charged to the key's
+//! state at once in the home region (its own Redis holds it), and counted as owed to the home
+//! in any other region.
 //!
 //! **While cut off for `T` seconds, region `r` admits at most `F_r·(B + ρ·T)`**, so with
 //! shares that sum to at most 1 (the default, 1/R each) all regions together stay within
@@ -97,19 +98,23 @@
 //! spent before it was detected: at most `B + ρ·(W + L + δ)` from the pools and
 //! `Σ F_r·(B + ρ·W)` from the shares, twice the limit at worst, for that window only.
 //!
-//! **When the link is back**, each instance charges the home with what its region admitted
-//! while cut off (every key it admitted, at once; any key it missed, at its next check), down
-//! to a drained key, and goes back to grants. The home was not granting meanwhile, so its key
-//! was rested: after the charge it holds `B` minus what the regions admitted, and the window
-//! that holds the restore stays within `B + ρ·(W + L + δ)`. One exception: a region that is
-//! back first may take what the home still has before another region's charge arrives (within
-//! a heartbeat period); that charge then stops at a drained key, and the window holding the
-//! restore may admit up to what that other region admitted while cut off over the limit.
+//! **When the link is back**, each instance of another region charges the home with what its
+//! region admitted while cut off (every key it admitted, at once; any key it missed, at its
+//! next check), down to a drained key, and goes back to grants. The home's key had only the
+//! home region's own admissions meanwhile, so after the charges it holds `B` minus what the
+//! regions admitted (or nothing), and the window that holds the restore stays within
+//! `B + ρ·(W + L + δ)`. One exception: a region that is back first may take what the home
+//! still has before another region's charge arrives (within a heartbeat period); that charge
+//! then stops at a drained key, and the window holding the restore may admit up to what that
+//! other region admitted while cut off over the limit.
 //!
 //! With more than two regions, a partial cut (the home reaches some regions but not others)
-//! puts the home region and the cut-off regions on their shares, while the regions that still
-//! reach the home take grants: the regions still connected share the home's limit, and each
-//! cut-off region adds its share: at most `(1 + Σ F_cut)·(B + ρ·T)`.
+//! puts the home region and the regions it cannot reach on their shares, while the regions
+//! that still reach the home take grants. The home region charges its share's admissions to
+//! the key at once, so it and the regions still connected stay within the home's limit
+//! together; each region cut off from the home adds its share: at most
+//! `(1 + Σ F_cut)·(B + ρ·T)` over `T`, `F_cut` the shares of the regions that cannot reach
+//! the home.
 //!
 //! # What works across regions
 //!

@@ -267,12 +267,14 @@ async fn a_cut_region_keeps_serving_within_its_share_and_the_link_back_reconcile
         assert!(stats.cut_off && stats.cuts == 1, "{stats:?}");
     }
 
+    // The home region charged its own key as it went; b owes the home what it admitted.
+    let charged_before = b.stats().units_charged;
     regions.restore();
     until_cut(&[&a, &b], false).await;
-    // The home is charged with what both regions admitted while cut off: down to a drained
-    // key, so what follows is the rate, not a fresh burst of 100.
+    // The home is charged with what b admitted while cut off: with a's charges, down to a
+    // drained key, so what follows is the rate, not a fresh burst of 100.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while a.stats().units_charged == 0 || b.stats().units_charged == 0 {
+    while b.stats().units_charged < charged_before + 50 {
         assert!(Instant::now() < deadline, "{:?} {:?}", a.stats(), b.stats());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -340,4 +342,97 @@ async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
     unsupported(gcra.ban("k", Duration::from_secs(5)).await.unwrap_err());
     // The key is still cold: its first check is admitted on credit.
     assert!(gcra.check("k", 1).await.unwrap().allowed);
+}
+
+/// Three regions, the home `a` first; each reaches the others' Redis through its own link.
+struct ThreeRegions {
+    servers: Vec<RedisServer>,
+    /// `links[from][to]`: region `from`'s way to region `to`'s Redis (`None` for its own).
+    links: Vec<Vec<Option<RegionLink>>>,
+}
+
+impl ThreeRegions {
+    async fn start() -> Self {
+        let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let mut links = Vec::new();
+        for from in 0..3 {
+            let mut row = Vec::new();
+            for (to, server) in servers.iter().enumerate() {
+                row.push(match from == to {
+                    true => None,
+                    false => Some(RegionLink::start(addr(server), ONE_WAY).await),
+                });
+            }
+            links.push(row);
+        }
+        ThreeRegions { servers, links }
+    }
+
+    async fn instance(&self, region: usize) -> RegionalStore {
+        let mut builder = RegionalStore::builder(["a", "b", "c"][region])
+            .lifetime(LIFETIME)
+            .detect_after(DETECT);
+        for (to, name) in ["a", "b", "c"].iter().enumerate() {
+            let url = match &self.links[region][to] {
+                Some(link) => link.url(),
+                None => self.servers[to].url(),
+            };
+            builder = builder.region(*name, RedisStore::connect(&url).await.unwrap());
+        }
+        builder.build().unwrap()
+    }
+
+    /// Cuts region `region` off from the other two, both ways.
+    fn isolate(&self, region: usize) {
+        for other in (0..3).filter(|&o| o != region) {
+            for (from, to) in [(region, other), (other, region)] {
+                self.links[from][to].as_ref().unwrap().cut();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_regions_hold_the_bound_and_a_partial_cut_stays_within_its_bound() {
+    let world = ThreeRegions::start().await;
+    let q = Quota::per_second(30).burst(60);
+    let stores = [
+        world.instance(0).await,
+        world.instance(1).await,
+        world.instance(2).await,
+    ];
+    let limiters: Vec<_> = stores
+        .iter()
+        .map(|s| limiter(s, Gcra::new(q).unwrap(), "r3"))
+        .collect();
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(3)).await;
+    let total: u64 = counts.iter().sum();
+    let bound = global_bound(60, 30.0, elapsed, 3);
+    assert!(total as f64 <= bound, "{total} ({counts:?}) over {bound}");
+    assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+
+    // Region c cut off from both others: c and the home a (which cannot reach c) decide from
+    // their shares (1/3 each); b still reaches the home and takes grants.
+    world.isolate(2);
+    until_cut(&[&stores[0], &stores[2]], true).await;
+    assert!(!stores[1].stats().cut_off, "{:?}", stores[1].stats());
+    // The key rests: the home has its whole burst again, each share too.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(2)).await;
+    let limit = 60.0 + 30.0 * elapsed.as_secs_f64();
+    let share = limit / 3.0;
+    for (region, admitted) in [("a", counts[0]), ("c", counts[2])] {
+        assert!(
+            admitted as f64 <= share + 1.0,
+            "region {region} admitted {admitted} on its share {share} ({counts:?})"
+        );
+    }
+    // The home charges its own key with what it admits on its share: a and b together stay
+    // within the limit, and only c's share comes on top.
+    let a_and_b = global_bound(60, 30.0, elapsed, 2);
+    assert!(
+        (counts[0] + counts[1]) as f64 <= a_and_b,
+        "regions a and b admitted {} ({counts:?}), over {a_and_b}",
+        counts[0] + counts[1]
+    );
 }

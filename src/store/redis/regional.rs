@@ -475,11 +475,25 @@ impl Backend for RegionalStore {
         let pool = key_of(&base, keys::REGION_POOL);
         let marker = key_of(&base, keys::REGION_MARKER);
         let local = key_of(&base, keys::REGION_SHARE);
+        // The home region charges what it admits on its share to the key's own state.
+        let home_state = (inner.own == 0).then(|| {
+            key_of(
+                &base,
+                if terms.bucket {
+                    keys::BUCKET
+                } else {
+                    keys::GCRA
+                },
+            )
+        });
         let mut cmd = evalsha(
             &SPEND,
-            3,
+            3 + usize::from(home_state.is_some()),
             |cmd| {
                 cmd.arg(&pool).arg(&marker).arg(&local);
+                if let Some(state) = &home_state {
+                    cmd.arg(state);
+                }
             },
             None,
         );
@@ -493,7 +507,8 @@ impl Backend for RegionalStore {
             .arg(terms.emission_us)
             .arg(terms.burst)
             .arg(share_emission)
-            .arg(share_burst);
+            .arg(share_burst)
+            .arg(u8::from(terms.bucket));
         Box::pin(async move {
             let ints = reply::ints(inner.own().link.eval(&SPEND, &cmd).await?)?;
             let &[allowed, remaining, retry, reset, refill, want, owed] = ints.as_slice() else {
@@ -501,7 +516,7 @@ impl Backend for RegionalStore {
                     "a regional check answered {ints:?}"
                 )));
             };
-            if cut && allowed == 1 {
+            if cut && allowed == 1 && inner.own != 0 {
                 inner.remember_owed(&base, terms);
             }
             if refill == 1 {
@@ -750,6 +765,31 @@ mod scripts_on_a_set_clock {
                 .arg(BURST)
                 .arg(2 * EMISSION) // the share: half the rate
                 .arg(BURST / 2) // and half the burst
+                .arg(0) // GCRA
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// A check of the home region while cut off: its share, charged to the key's TAT.
+        fn spend_at_home_cut_off(&mut self, now: u64) -> Vec<i64> {
+            SPEND
+                .key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .key("{t:k}:rs")
+                .key("{t:k}:g")
+                .arg(now)
+                .arg(1)
+                .arg(1)
+                .arg(0)
+                .arg(100_000)
+                .arg(SECOND)
+                .arg(10_000)
+                .arg(1_000)
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(2 * EMISSION)
+                .arg(BURST / 2)
+                .arg(0)
                 .invoke(&mut self.conn)
                 .unwrap()
         }
@@ -854,6 +894,18 @@ mod scripts_on_a_set_clock {
             (1, 9, 1, 6),
             "{back:?}"
         );
+    }
+
+    #[test]
+    fn the_home_region_cut_off_charges_its_own_key_and_owes_nothing() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for _ in 0..3 {
+            let r = home.spend_at_home_cut_off(T0);
+            assert_eq!((r[0], r[6]), (1, 0), "{r:?}");
+        }
+        // Three units charged to the TAT: the other regions' grants see them.
+        assert_eq!(home.grant(&GRANT_GCRA, T0, 10, 0, 1)[0], 7);
     }
 
     #[test]
