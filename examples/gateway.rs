@@ -16,6 +16,7 @@
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
+//!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]]
 //! ```
 //!
 //! `--config FILE`: the limit settings in TOML, one key per flag with the flag's name
@@ -91,6 +92,23 @@
 //! is logged once at `info` (`admin:` what, the key, the peer's address). The admin listener
 //! never shares the public one: without `--admin-listen`, none of this is reachable.
 //!
+//! `--region NAME --regions NAME=URL,NAME=URL,...` (several regions, see the guide's chapter
+//! "Several regions"): one limit per key across regions, each gateway deciding against its own
+//! region's Redis (NAME's URL) and reaching the others only in the background. Every region's
+//! Redis is listed, in the same order on every gateway; the first is the home, which keeps the
+//! exact algorithm and grants the regions blocks of units. `--regions` replaces `--redis`
+//! (both, or `--redis-cluster`/`--redis-sentinel`, are refused). `--region-share F` (0 < F ≤ 1,
+//! default 1/the number of regions): the share of each key's limit a region decides from while
+//! it cannot reach the others (logged, and the gauge `ratelimit_region_cut_off{region}` on
+//! `/metrics`). Refused with `--regions`, as they do not work across regions yet:
+//! `--algorithm sliding-window` (GCRA and the token bucket only), `--unit-lease-ms` (the
+//! region's pool is a lease already), `--count-only` (refunds), `--concurrency`, `--batch`.
+//! Not used across regions: the deny cache (a region's denial is not final, a refill may come).
+//! Per region, not global: `--allow`/`--deny` (per gateway, as always). The admin listener's
+//! `/keys` and `/bans` answer 503 (peeks, resets and bans are not supported across regions);
+//! `GET /region` answers this region's state as JSON (`{"region", "home", "cut_off", "cuts",
+//! "grants", "units_granted", "units_charged", "failed_grants"}`).
+//!
 //! `rediss://` URLs use TLS (the system's roots, or `--redis-ca`). Without `--lazy-connect`, a
 //! gateway that cannot connect, authenticate or verify Redis exits non-zero within the connect
 //! timeout, with one line on stderr naming the cause, before it listens.
@@ -151,7 +169,7 @@ use tower_redis_ratelimit::{
         file::{from_toml, FileError},
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
     },
-    store::redis::Batching,
+    store::redis::{Batching, RegionalStore},
     store::Store,
     ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
     RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
@@ -166,7 +184,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
-[--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]";
+[--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
+[--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]]";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -227,6 +246,12 @@ struct Args {
     config: Option<String>,
     /// `--check-config FILE`: check the file and exit.
     check_config: Option<String>,
+    /// `--region NAME`: this gateway's region.
+    region: Option<String>,
+    /// `--regions NAME=URL,...`: every region's Redis, the home first.
+    regions: Option<Vec<(String, String)>>,
+    /// `--region-share F`: the share of each limit a region uses while cut off.
+    region_share: Option<f64>,
     /// The flags given on the command line (the file may not give them again).
     given: Vec<String>,
 }
@@ -303,6 +328,9 @@ fn parse_args() -> Result<Args, String> {
         deny: None,
         config: None,
         check_config: None,
+        region: None,
+        regions: None,
+        region_share: None,
         given: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -362,6 +390,9 @@ const VALUE_FLAGS: &[&str] = &[
     "--deny",
     "--config",
     "--check-config",
+    "--region",
+    "--regions",
+    "--region-share",
 ];
 
 /// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
@@ -512,6 +543,28 @@ fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), Str
             ))
         }
         "--log" => a.log = value.parse().map_err(|_| bad("a log level"))?,
+        "--region" => a.region = Some(value),
+        "--regions" => {
+            let regions: Option<Vec<(String, String)>> = url_list(&value).and_then(|list| {
+                list.iter()
+                    .map(|item| {
+                        let (name, url) = item.split_once('=')?;
+                        (!name.is_empty() && !url.is_empty())
+                            .then(|| (name.to_owned(), url.to_owned()))
+                    })
+                    .collect()
+            });
+            a.regions = Some(regions.ok_or_else(|| bad("a list NAME=URL,NAME=URL,..."))?);
+        }
+        "--region-share" => {
+            a.region_share = Some(
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+                    .ok_or_else(|| bad("a decimal F with 0 < F <= 1"))?,
+            )
+        }
         _ => unreachable!("checked against VALUE_FLAGS"),
     }
     Ok(())
@@ -563,6 +616,9 @@ const NOT_IN_FILE: &[&str] = &[
     "no_limit",
     "config",
     "check_config",
+    "region",
+    "regions",
+    "region_share",
 ];
 
 /// The settings of `base` (the command line) with those of the file at `path`: every error
@@ -829,6 +885,8 @@ struct AdminState {
     concurrency: Option<ConcurrencyLimiter>,
     keys: KeyText,
     token: Option<Arc<[u8]>>,
+    /// With `--regions`: this region's store, for `GET /region`.
+    regional: Option<RegionalStore>,
 }
 
 /// How the key extractor writes a key, so that an operator's text names the same key.
@@ -897,6 +955,7 @@ fn admin_router(state: AdminState) -> Router {
                 },
             ),
         )
+        .route("/region", get(region_state))
         .route("/keys/{*key}", get(peek_key).delete(reset_key))
         .route("/bans/{*key}", put(ban_key).delete(unban_key))
         .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
@@ -933,6 +992,25 @@ fn authorized(req: &axum::extract::Request, token: &[u8]) -> bool {
 /// An admin call that failed: 400 for a key that names none, 503 when the store failed.
 fn admin_error(status: StatusCode, e: impl std::fmt::Display) -> Response {
     (status, format!("{e}\n")).into_response()
+}
+
+/// `GET /region`: this region's state and grants, as JSON; 404 without `--regions`.
+async fn region_state(State(s): State<AdminState>) -> Response {
+    let Some(store) = &s.regional else {
+        return admin_error(StatusCode::NOT_FOUND, "no --regions");
+    };
+    let r = store.stats();
+    axum::Json(serde_json::json!({
+        "region": r.region,
+        "home": r.home,
+        "cut_off": r.cut_off,
+        "cuts": r.cuts,
+        "grants": r.grants,
+        "units_granted": r.units_granted,
+        "units_charged": r.units_charged,
+        "failed_grants": r.failed_grants,
+    }))
+    .into_response()
 }
 
 /// `GET /keys/{key}`: the key's state, spending nothing.
@@ -1088,6 +1166,7 @@ async fn serve(
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
     metrics: Option<PrometheusHandle>,
+    regional: Option<RegionalStore>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
     let limiter = rate_limiter(&args, store, algorithm)?;
@@ -1188,6 +1267,7 @@ async fn serve(
             concurrency: admin_concurrency,
             keys: KeyText::of(&args),
             token: admin_token(&args)?,
+            regional,
         });
         tokio::spawn(async move {
             let app = app.into_make_service_with_connect_info::<SocketAddr>();
@@ -1310,6 +1390,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
         args.redis_sentinel.is_some(),
     ];
     let uses_redis = redis_flags.contains(&true);
+    check_regions(&args, uses_redis)?;
     if redis_flags.iter().filter(|&&f| f).count() > 1 {
         return Err("give one of --redis, --redis-cluster and --redis-sentinel".into());
     }
@@ -1361,7 +1442,13 @@ async fn run(base: Args) -> Result<(), BoxError> {
     } else {
         ""
     };
+    let mut regional = None;
     let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
+        _ if args.regions.is_some() => {
+            let store = regional_store(&args, builder).await?;
+            regional = Some(store.clone());
+            Arc::new(store)
+        }
         (_, Some(nodes), _) => {
             let store = builder
                 .connect_cluster(nodes)
@@ -1423,7 +1510,97 @@ async fn run(base: Args) -> Result<(), BoxError> {
         ),
         None => None,
     };
-    serve(base, args, store, algorithm, metrics).await
+    serve(base, args, store, algorithm, metrics, regional).await
+}
+
+/// With `--regions`: `--region` names one of them, and nothing that cannot work across
+/// regions is given.
+fn check_regions(args: &Args, uses_redis: bool) -> Result<(), String> {
+    let Some(regions) = &args.regions else {
+        if args.region.is_some() || args.region_share.is_some() {
+            return Err("--region and --region-share go with --regions NAME=URL,...".into());
+        }
+        return Ok(());
+    };
+    if uses_redis {
+        return Err(
+            "--regions replaces --redis, --redis-cluster and --redis-sentinel: give one".into(),
+        );
+    }
+    let Some(region) = &args.region else {
+        return Err("--regions needs --region NAME: this gateway's region".into());
+    };
+    if !regions.iter().any(|(name, _)| name == region) {
+        let names: Vec<&str> = regions.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(format!(
+            "--region {region} is not one of --regions ({})",
+            names.join(", ")
+        ));
+    }
+    let refused = [
+        (
+            args.algorithm == "sliding-window",
+            "--algorithm sliding-window (GCRA and the token bucket run across regions)",
+        ),
+        (
+            args.unit_lease.is_some(),
+            "--unit-lease-ms (a region's pool is a lease already)",
+        ),
+        (args.count_only.is_some(), "--count-only (refunds)"),
+        (args.concurrency.is_some(), "--concurrency"),
+        (args.batch, "--batch"),
+    ];
+    match refused.iter().find(|(given, _)| *given) {
+        Some((_, what)) => Err(format!(
+            "{what} does not work across regions yet: not with --regions"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `--region NAME --regions NAME=URL,...`: this region's Redis connected now (it decides every
+/// request), the others lazily (a region away at start-up is what the share is for).
+async fn regional_store(
+    args: &Args,
+    builder: tower_redis_ratelimit::store::redis::RedisStoreBuilder,
+) -> Result<RegionalStore, String> {
+    let (Some(regions), Some(own)) = (&args.regions, &args.region) else {
+        unreachable!("checked by check_regions");
+    };
+    let mut store = RegionalStore::builder(own.clone());
+    for (name, url) in regions {
+        let shown = RedisStore::redact_url(url);
+        let redis = if name == own {
+            builder.clone().connect(url).await
+        } else {
+            builder.clone().lazy(true).connect(url).await
+        }
+        .map_err(|e| format!("--regions {name}={shown}: {}", chain(&e)))?;
+        store = store.region(name.clone(), redis);
+    }
+    if let Some(share) = args.region_share {
+        store = store.share(share);
+    }
+    let store = store.build().map_err(|e| format!("--regions: {e}"))?;
+    let listed: Vec<String> = regions
+        .iter()
+        .enumerate()
+        .map(|(i, (name, url))| {
+            let role = match (i, name == own) {
+                (0, true) => " (home, this region)",
+                (0, false) => " (home)",
+                (_, true) => " (this region)",
+                _ => "",
+            };
+            format!("{name}={}{role}", RedisStore::redact_url(url))
+        })
+        .collect();
+    println!(
+        "store: regions {}; share {} of each limit while cut off",
+        listed.join(", "),
+        store.share()
+    );
+    Ok(store)
 }
 
 #[tokio::main]

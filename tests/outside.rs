@@ -19,5 +19,7 @@ mod grpc_retry_info;
 mod operators;
 #[path = "outside/outbound.rs"]
 mod outbound;
+#[path = "outside/regions.rs"]
+mod regions;
 #[path = "outside/steer.rs"]
 mod steer;

@@ -19,6 +19,8 @@ mod connection;
 mod failures;
 #[path = "production/refusals.rs"]
 mod refusals;
+#[path = "production/regions.rs"]
+mod regions;
 #[path = "production/reliability.rs"]
 mod reliability;
 #[path = "production/sentinel.rs"]

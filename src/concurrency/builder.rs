@@ -120,6 +120,12 @@ impl ConcurrencyLimiterBuilder {
     /// assert_eq!(err.field(), "permit_ttl");
     /// ```
     pub fn build(self) -> Result<ConcurrencyLimiter, ConfigError> {
+        if self.store.regional() {
+            return Err(ConfigError::new(
+                "store",
+                "concurrency limits do not work across regions: give a RedisStore of one region",
+            ));
+        }
         if !(1..=MAX_IN_FLIGHT).contains(&self.limit) {
             return Err(ConfigError::new(
                 "max_in_flight",

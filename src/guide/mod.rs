@@ -19,6 +19,8 @@
 //! 8. [The outbound throttle](throttle): a client that waits for its quota, and learns the
 //!    upstream's limits from its answers.
 //! 9. [Testing with the manual clock](testing): tests of your own limits that never sleep.
+//! 10. [Several regions](regions): one limit per key across regions that each decide against
+//!     their own Redis; the bound, partitions, what works across regions.
 //!
 //! # What the crate promises
 //!
@@ -71,6 +73,7 @@ pub mod keys;
 pub mod operating;
 pub mod production_redis;
 pub mod quick_start;
+pub mod regions;
 pub mod responses;
 pub mod testing;
 pub mod throttle;

@@ -226,6 +226,10 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                 format!("must be at most {MAX_TOP_KEYS}"),
             ));
         }
+        let regional = self.store.regional();
+        if regional {
+            refuse_across_regions(&self.algorithm, self.lease.is_some())?;
+        }
         let cap = match &self.lease {
             Some(lease) => Some(lease.validate(self.algorithm.rule())?),
             None => None,
@@ -265,8 +269,9 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         };
         let dyn_algorithm: Arc<dyn Algorithm> = algorithm.clone();
         // A store on a manual clock decides on its own time; the cache's is real.
-        let deny_cache =
-            (self.deny_cache > 0 && !manual_clock).then(|| DenyCache::new(self.deny_cache));
+        // Across regions, a refill may free units at any time: a denial is not exact.
+        let deny_cache = (self.deny_cache > 0 && !manual_clock && !regional)
+            .then(|| DenyCache::new(self.deny_cache));
         let leasing = match (&self.lease, cap) {
             (Some(lease), Some(cap)) => {
                 let emission_us = match dyn_algorithm.rule() {
@@ -293,6 +298,27 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             algorithm,
         })
     }
+}
+
+/// What a limiter on a store spread across regions cannot do: an algorithm other than GCRA
+/// or the token bucket, unit leases.
+fn refuse_across_regions(algorithm: &dyn Algorithm, leased: bool) -> Result<(), ConfigError> {
+    if !matches!(algorithm.rule(), Rule::Gcra(_) | Rule::TokenBucket(_)) {
+        return Err(ConfigError::new(
+            "algorithm",
+            format!(
+                "only GCRA and the token bucket run across regions, not {}",
+                algorithm.name()
+            ),
+        ));
+    }
+    if leased {
+        return Err(ConfigError::new(
+            "lease",
+            "unit leases do not work across regions (each region's pool already is one)",
+        ));
+    }
+    Ok(())
 }
 
 /// What a limiter decides with, to tell two limiters of one namespace apart.

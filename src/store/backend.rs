@@ -154,6 +154,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// True for a store that spreads one limit across regions
+    /// ([`RegionalStore`](super::redis::RegionalStore)): limiters built on it refuse what
+    /// cannot work across regions.
+    fn regional(&self) -> bool {
+        false
+    }
+
     /// True when this store's time is not the wall clock (a `MemoryStore` on a
     /// [`ManualClock`](super::memory::ManualClock)): limiters built on it keep no deny cache, whose
     /// deadlines are in real time.
@@ -343,6 +350,10 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn manual_clock(&self) -> bool {
         (**self).manual_clock()
+    }
+
+    fn regional(&self) -> bool {
+        (**self).regional()
     }
 
     fn clock(&self) -> Option<super::memory::ManualClock> {

@@ -1,6 +1,6 @@
 //! The servers and processes the tests start, each on a free 127.0.0.1 port and stopped by
 //! PID: `redis-server` standalone, as a local Cluster, with Sentinels ([`sentinel`]) or TLS
-//! ([`tls`]); a proxy that cuts connections ([`proxy`]); an HTTP upstream with a limit of its
+//! ([`tls`]); a proxy that cuts connections ([`proxy`]); a link between regions that delays and cuts ([`link`]); an HTTP upstream with a limit of its
 //! own ([`upstream`]); the example binaries ([`gateway`], [`example_bin`]).
 //!
 //! A test that cannot start its server panics with the reason; it never skips.
@@ -8,6 +8,7 @@
 
 pub mod gateway;
 pub mod grpc;
+pub mod link;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;

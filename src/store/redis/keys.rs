@@ -22,6 +22,10 @@
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by lease deadline | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
+//! | `{NS:KEY}:rp` | hash, in each region's Redis (several regions): the key's pool, `u1`/`e1` and `u2`/`e2` two blocks' units and expiry, `o` units owed to the home, `s` units asked for since `t` | `regional_spend.lua`, `regional_fill.lua` | a pool lifetime after the last check |
+//! | `{NS:KEY}:rm` | string `1`, in each region's Redis: a refill of the pool is in flight, or the home had nothing to grant | `regional_spend.lua`, `regional_fill.lua` | the refill's deadline, or until the home has a unit |
+//! | `{NS:KEY}:rd` | hash, in the home region's Redis: each region's last demand, field the region's index, `WANT:TIME` | `regional_grant_gcra.lua`, `regional_grant_bucket.lua` | a few lead times after the last grant |
+//! | `{NS:KEY}:rs` | string, in each region's Redis: the TAT of the GCRA at the region's share, used while the region is cut off | `regional_spend.lua` | when the TAT passes |
 //! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` calls sent blind since `s`, `n` and `w` its rate (units per window), `t` the next free place in its pace, `x` the rate was estimated from a 429, `a` calls answered without a word since `c` | `upstream_take.lua`, `upstream_learn.lua` | a minute past the pause, the window and the pace |
 //! | `{NS:KEY}SUFFIX` | a custom algorithm's (its [`key_suffixes`](crate::algorithm::Scripted::key_suffixes)) | its script | its script's |
 //!
@@ -68,6 +72,14 @@ pub(crate) const HOLDERS: &str = ":c";
 pub(crate) const RELEASED: &str = ":cx";
 /// What an upstream said.
 pub(crate) const UPSTREAM: &str = ":u";
+/// Several regions: the key's pool of granted units in a region's Redis.
+pub(crate) const REGION_POOL: &str = ":rp";
+/// Several regions: a refill of the pool is in flight.
+pub(crate) const REGION_MARKER: &str = ":rm";
+/// Several regions: each region's last demand, at the home.
+pub(crate) const REGION_DEMAND: &str = ":rd";
+/// Several regions: the TAT of the region's share, while it is cut off.
+pub(crate) const REGION_SHARE: &str = ":rs";
 
 /// Writes `key`'s base key, `{NS:KEY}`.
 pub(crate) fn write_base(key: StoreKey<'_>, out: &mut impl Out) {

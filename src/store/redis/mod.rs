@@ -46,6 +46,7 @@ mod leases;
 mod link;
 mod packed;
 mod redact;
+mod regional;
 mod reply;
 mod reserve;
 mod scripts;
@@ -60,6 +61,7 @@ mod upstream;
 pub use self::{
     batch::Batching,
     builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},
+    regional::{RegionStats, RegionalStore, RegionalStoreBuilder, REGION_CUTS, REGION_CUT_OFF},
 };
 pub use crate::error::{ConnectError, ConnectErrorKind};
 /// The connection pool [`RedisStore::from_pool`] takes, so that yours matches its version.

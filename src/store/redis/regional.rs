@@ -1,0 +1,945 @@
+//! Several regions: one global limit per key across regions that each decide against their
+//! own Redis (see the guide's chapter [several regions](crate::guide::regions) and
+//! `ARCHITECTURE.md`, "Several regions").
+//!
+//! The home region (the first listed) keeps the exact algorithm per key, on the same keys a
+//! plain limiter uses. Each region's Redis holds a **pool** of units per key that the home
+//! granted (`lua/regional_grant_*.lua`, counted as spent at the home when granted); a check
+//! spends from its own region's pool in one script call (`lua/regional_spend.lua`) and never
+//! waits on another region. When the pool runs low, the check that noticed takes the key's
+//! refill marker and a background task asks the home for a block sized on the key's demand,
+//! then puts it in the pool (`lua/regional_fill.lua`). Units live at most the lifetime `L`.
+//! A cold key may be admitted on credit (`borrow`), charged at the home with the next grant.
+//!
+//! Heartbeats go to every other region's Redis. While the home (or, for the home region, any
+//! other region) has not answered for the detection time, the region decides from a GCRA at
+//! its share `F` of the limit on its own Redis and counts what it admits; when the link is
+//! back, the home is charged with it (down to a drained key), and grants resume.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        Arc, LazyLock, Mutex, Weak,
+    },
+    time::{Duration, Instant},
+};
+
+use redis::Script;
+
+use super::{keys, link::evalsha, reply, RedisStore};
+use crate::{
+    algorithm::{Algorithm, Outcome, Rule},
+    error::{ConfigError, Error},
+    store::{Backend, BoxFuture, Namespaces, Store, StoreKey},
+};
+
+static SPEND: LazyLock<Script> = prelude_script!("regional_spend.lua");
+static FILL: LazyLock<Script> = prelude_script!("regional_fill.lua");
+static OWED: LazyLock<Script> = prelude_script!("regional_owed.lua");
+static GRANT_GCRA: LazyLock<Script> = prelude_script!("regional_grant_gcra.lua");
+static GRANT_BUCKET: LazyLock<Script> = prelude_script!("regional_grant_bucket.lua");
+static PING: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/regional_ping.lua")));
+
+/// The most keys a region remembers having admitted while cut off, to charge the home with
+/// when the link is back; past it, a key is charged on its next check instead.
+const MAX_OWED_KEYS: usize = 100_000;
+
+/// A store for one global limit per key across several regions, each deciding against its
+/// own Redis: checks never wait on another region. Build it with
+/// [`RegionalStore::builder`]; limiters take it like any store.
+///
+/// Only [`Gcra`](crate::Gcra) and the [`TokenBucket`](crate::TokenBucket) run across regions;
+/// a limiter built on this store refuses any other algorithm and unit leases
+/// ([`ConfigError`] naming `algorithm` or `lease`), and keeps no deny cache (a refill may free
+/// units at any time). Refunds, peeks, resets, bans and checks at an explicit time
+/// ([`RateLimiter::check_at`](crate::RateLimiter::check_at)) are not supported across regions
+/// ([`Error::Unsupported`]).
+///
+/// **The bound.** With a key's burst `B`, rate `ρ` (the limit per second), unit lifetime `L`,
+/// `R` regions and the cold-key credit `b`, the admissions of all regions together in any
+/// window of `W` seconds while the regions reach each other are at most
+/// `B + ρ·(W + L) + R·b`. While the regions are cut off from each other for `T` seconds, region
+/// `r` admits at most `F_r·(B + ρ·T)` plus what its pool held, so with shares summing to at
+/// most 1 all regions together stay within `B + ρ·T` (plus the pools). See the guide for the
+/// derivation.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{store::redis::RegionalStore, Gcra, Quota, RateLimiter, RedisStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// // In region "eu"; "us" is the home (listed first, the same order in every region).
+/// let store = RegionalStore::builder("eu")
+///     .region("us", RedisStore::connect_lazy("redis://redis.us.internal:6379")?)
+///     .region("eu", RedisStore::connect("redis://redis.eu.internal:6379").await?)
+///     .share(0.5)
+///     .lifetime(Duration::from_secs(2))
+///     .build()?;
+/// let limiter = RateLimiter::builder(store, Gcra::new(Quota::per_minute(6_000))?).build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RegionalStore {
+    inner: Arc<Inner>,
+}
+
+/// Settings of a [`RegionalStore`]; [`build`](Self::build) validates them.
+pub struct RegionalStoreBuilder {
+    own: String,
+    regions: Vec<(String, RedisStore)>,
+    share: Option<f64>,
+    lifetime: Duration,
+    borrow: u32,
+    detect_after: Duration,
+    lead: Duration,
+}
+
+/// What a region's [`RegionalStore`] has seen: whether it is cut off now, and its grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegionStats {
+    /// This region's name.
+    pub region: String,
+    /// The home region's name (the first listed).
+    pub home: String,
+    /// True while this region decides from its share because it cannot reach the home (or,
+    /// in the home region, another region).
+    pub cut_off: bool,
+    /// The times this region was cut off so far.
+    pub cuts: u64,
+    /// Grants the home answered.
+    pub grants: u64,
+    /// Units the home granted this region.
+    pub units_granted: u64,
+    /// Units admitted without the home (on credit, or while cut off) that the home was
+    /// charged with afterwards.
+    pub units_charged: u64,
+    /// Grants that failed or got no answer within the detection time.
+    pub failed_grants: u64,
+}
+
+struct Inner {
+    regions: Vec<Peer>,
+    own: usize,
+    share: f64,
+    lifetime_us: u64,
+    borrow: u32,
+    detect: Duration,
+    lead_us: u64,
+    /// The round trip of a grant, smoothed (0: none yet).
+    rtt_us: AtomicU64,
+    cut: AtomicBool,
+    cuts: AtomicU64,
+    grants: AtomicU64,
+    units_granted: AtomicU64,
+    units_charged: AtomicU64,
+    failed_grants: AtomicU64,
+    /// Keys admitted while cut off, to charge the home with once the link is back.
+    owed: Mutex<HashMap<Vec<u8>, Terms>>,
+    epoch: Instant,
+}
+
+struct Peer {
+    name: String,
+    store: RedisStore,
+    /// Milliseconds since `Inner::epoch` of the last heartbeat this region answered.
+    last_ok_ms: AtomicU64,
+}
+
+/// A key's global limit, as the regional scripts take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Terms {
+    bucket: bool,
+    emission_us: u64,
+    burst: u64,
+}
+
+impl Terms {
+    fn of(algorithm: &dyn Algorithm) -> Result<Self, Error> {
+        match algorithm.rule() {
+            Rule::Gcra(r) => Ok(Self {
+                bucket: false,
+                emission_us: r.emission_us(),
+                burst: r.burst(),
+            }),
+            Rule::TokenBucket(r) => Ok(Self {
+                bucket: true,
+                emission_us: r.emission_us(),
+                burst: r.burst(),
+            }),
+            _ => Err(Error::Unsupported(
+                "only GCRA and the token bucket run across regions",
+            )),
+        }
+    }
+
+    /// The GCRA a region runs while cut off: rate and burst times `share`, at least one unit.
+    fn share(&self, share: f64) -> (u64, u64) {
+        let emission = (self.emission_us as f64 / share).ceil() as u64;
+        let burst = ((self.burst as f64 * share).floor() as u64).max(1);
+        (emission.max(1), burst)
+    }
+}
+
+impl RegionalStore {
+    /// Settings for the store of region `own`, which must be one of the
+    /// [`region`](RegionalStoreBuilder::region)s listed.
+    pub fn builder(own: impl Into<String>) -> RegionalStoreBuilder {
+        RegionalStoreBuilder {
+            own: own.into(),
+            regions: Vec::new(),
+            share: None,
+            lifetime: RegionalStoreBuilder::DEFAULT_LIFETIME,
+            borrow: RegionalStoreBuilder::DEFAULT_BORROW,
+            detect_after: RegionalStoreBuilder::DEFAULT_DETECT_AFTER,
+            lead: RegionalStoreBuilder::DEFAULT_LEAD,
+        }
+    }
+
+    /// This region's state and grants so far.
+    pub fn stats(&self) -> RegionStats {
+        let i = &self.inner;
+        RegionStats {
+            region: i.regions[i.own].name.clone(),
+            home: i.regions[0].name.clone(),
+            cut_off: i.cut.load(Relaxed),
+            cuts: i.cuts.load(Relaxed),
+            grants: i.grants.load(Relaxed),
+            units_granted: i.units_granted.load(Relaxed),
+            units_charged: i.units_charged.load(Relaxed),
+            failed_grants: i.failed_grants.load(Relaxed),
+        }
+    }
+
+    /// The share of each key's limit this region uses while cut off.
+    pub fn share(&self) -> f64 {
+        self.inner.share
+    }
+
+    /// The regions' names, the home first.
+    pub fn regions(&self) -> Vec<String> {
+        self.inner.regions.iter().map(|p| p.name.clone()).collect()
+    }
+}
+
+impl fmt::Debug for RegionalStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionalStore")
+            .field("region", &self.inner.regions[self.inner.own].name)
+            .field("regions", &self.regions())
+            .field("share", &self.inner.share)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for RegionalStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.regions.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("RegionalStoreBuilder")
+            .field("own", &self.own)
+            .field("regions", &names)
+            .field("share", &self.share)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegionalStoreBuilder {
+    /// How long granted units live in a region's pool unless told otherwise (`L`).
+    pub const DEFAULT_LIFETIME: Duration = Duration::from_millis(500);
+    /// Units a cold key may be admitted on credit in a region unless told otherwise (`b`).
+    pub const DEFAULT_BORROW: u32 = 1;
+    /// How long the home (or another region) may go unanswered before a region decides from
+    /// its share, unless told otherwise.
+    pub const DEFAULT_DETECT_AFTER: Duration = Duration::from_millis(1_000);
+    /// The least time ahead of need a pool is refilled, unless told otherwise (at least three
+    /// round trips to the home).
+    pub const DEFAULT_LEAD: Duration = Duration::from_millis(100);
+
+    /// A region and its Redis, in the same order in every region; the first one listed is
+    /// the home, which keeps the exact algorithm.
+    pub fn region(mut self, name: impl Into<String>, store: RedisStore) -> Self {
+        self.regions.push((name.into(), store));
+        self
+    }
+
+    /// The share `F` of each key's limit (rate and burst) this region may use while it cannot
+    /// reach the others: 0 < F ≤ 1, by default 1 / the number of regions.
+    pub fn share(mut self, share: f64) -> Self {
+        self.share = Some(share);
+        self
+    }
+
+    /// How long granted units live in this region's pool (`L`, default 500 ms): a unit not spent
+    /// by then is lost (it was counted at the home). The bound grows by `ρ·L`; a longer
+    /// lifetime means fewer, larger grants.
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = lifetime;
+        self
+    }
+
+    /// Units a cold key (no pool in this region) may be admitted on credit before its first
+    /// grant arrives (`b`, default 1; 0: none), charged at the home with that grant.
+    pub fn borrow(mut self, units: u32) -> Self {
+        self.borrow = units;
+        self
+    }
+
+    /// How long the home (or, for the home region, another region) may go unanswered before
+    /// this region decides from its share (default 1 s; heartbeats go four times as often).
+    pub fn detect_after(mut self, detect_after: Duration) -> Self {
+        self.detect_after = detect_after;
+        self
+    }
+
+    /// The least time ahead of need a pool is refilled (default 100 ms; at least three
+    /// measured round trips to the home), and the least time between two grants while the
+    /// key has less than the regions ask for. Give every region the same, at least the longest
+    /// round trip between a region and the home.
+    pub fn lead(mut self, lead: Duration) -> Self {
+        self.lead = lead;
+        self
+    }
+
+    /// Validates the settings and starts the heartbeats; the error names the field. Must be
+    /// called inside a Tokio runtime.
+    pub fn build(self) -> Result<RegionalStore, ConfigError> {
+        if self.regions.is_empty() {
+            return Err(ConfigError::new("regions", "list at least one region"));
+        }
+        for (i, (name, _)) in self.regions.iter().enumerate() {
+            if name.is_empty() || name.contains([',', '=']) || name.chars().any(char::is_whitespace)
+            {
+                return Err(ConfigError::new(
+                    "regions",
+                    format!("{name:?} is not a region name (no commas, '=' or spaces)"),
+                ));
+            }
+            if self.regions[..i].iter().any(|(n, _)| n == name) {
+                return Err(ConfigError::new(
+                    "regions",
+                    format!("region {name:?} is listed twice"),
+                ));
+            }
+        }
+        let Some(own) = self.regions.iter().position(|(n, _)| *n == self.own) else {
+            return Err(ConfigError::new(
+                "region",
+                format!("{:?} is not one of the regions listed", self.own),
+            ));
+        };
+        let share = self.share.unwrap_or(1.0 / self.regions.len() as f64);
+        if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+            return Err(ConfigError::new(
+                "share",
+                format!("must be in (0, 1], got {share}"),
+            ));
+        }
+        if self.lifetime < Duration::from_millis(10) || self.lifetime > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "lifetime",
+                "must be between 10 ms and one hour",
+            ));
+        }
+        if self.detect_after < Duration::from_millis(20)
+            || self.detect_after > Duration::from_secs(600)
+        {
+            return Err(ConfigError::new(
+                "detect_after",
+                "must be between 20 ms and ten minutes",
+            ));
+        }
+        if self.lead > Duration::from_secs(60) {
+            return Err(ConfigError::new("lead", "must be at most a minute"));
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(ConfigError::new(
+                "runtime",
+                "a RegionalStore is built inside a Tokio runtime (its heartbeats run there)",
+            ));
+        };
+        let inner = Arc::new(Inner {
+            regions: self
+                .regions
+                .into_iter()
+                .map(|(name, store)| Peer {
+                    name,
+                    store,
+                    last_ok_ms: AtomicU64::new(0),
+                })
+                .collect(),
+            own,
+            share,
+            lifetime_us: self.lifetime.as_micros() as u64,
+            borrow: self.borrow,
+            detect: self.detect_after,
+            lead_us: self.lead.as_micros() as u64,
+            rtt_us: AtomicU64::new(0),
+            cut: AtomicBool::new(false),
+            cuts: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            units_granted: AtomicU64::new(0),
+            units_charged: AtomicU64::new(0),
+            failed_grants: AtomicU64::new(0),
+            owed: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
+        });
+        runtime.spawn(heartbeats(Arc::downgrade(&inner)));
+        Ok(RegionalStore { inner })
+    }
+}
+
+impl Inner {
+    fn own(&self) -> &RedisStore {
+        &self.regions[self.own].store
+    }
+
+    fn home(&self) -> &RedisStore {
+        &self.regions[0].store
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lead_us(&self) -> u64 {
+        self.lead_us.max(3 * self.rtt_us.load(Relaxed))
+    }
+
+    fn marker_ms(&self) -> u64 {
+        (self.detect.as_millis() as u64).max(1)
+    }
+
+    /// How long a key's pool outlives its last check: long enough that a key in use is not
+    /// taken for a cold one (which may borrow), at least a lifetime and a window.
+    fn pool_ttl_ms(&self, terms: &Terms) -> u64 {
+        let window = terms.emission_us.saturating_mul(terms.burst);
+        (self.lifetime_us.max(window) / 1000 + 1_000).min(86_400_000)
+    }
+
+    /// Whether a peer that must answer has not for the detection time: the home, or for the
+    /// home region any other region.
+    fn out_of_reach(&self) -> bool {
+        let now = self.now_ms();
+        let detect = self.detect.as_millis() as u64;
+        let stale = |p: &Peer| now.saturating_sub(p.last_ok_ms.load(Relaxed)) > detect;
+        if self.own == 0 {
+            self.regions[1..].iter().any(stale)
+        } else {
+            stale(&self.regions[0])
+        }
+    }
+
+    fn remember_owed(&self, base: &[u8], terms: Terms) {
+        let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
+        if owed.len() < MAX_OWED_KEYS && !owed.contains_key(base) {
+            owed.insert(base.to_vec(), terms);
+        }
+    }
+}
+
+fn key_of(base: &[u8], suffix: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(base.len() + suffix.len());
+    k.extend_from_slice(base);
+    k.extend_from_slice(suffix.as_bytes());
+    k
+}
+
+impl Store for RegionalStore {}
+
+impl Backend for RegionalStore {
+    fn check<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        let terms = match (Terms::of(algorithm), now_us) {
+            (Ok(terms), None) => terms,
+            (Err(e), _) => return Box::pin(std::future::ready(Err(e))),
+            // The pools' lifetimes and the home's grants are on the servers' clocks.
+            (Ok(_), Some(_)) => {
+                return Box::pin(std::future::ready(Err(Error::Unsupported(
+                    "checks at an explicit time do not work across regions",
+                ))))
+            }
+        };
+        let inner = &self.inner;
+        let mut base = Vec::with_capacity(64);
+        keys::write_base(key, &mut base);
+        let cut = inner.cut.load(Relaxed);
+        let (share_emission, share_burst) = terms.share(inner.share);
+        let pool = key_of(&base, keys::REGION_POOL);
+        let marker = key_of(&base, keys::REGION_MARKER);
+        let local = key_of(&base, keys::REGION_SHARE);
+        // The home region charges what it admits on its share to the key's own state.
+        let home_state = (inner.own == 0).then(|| {
+            key_of(
+                &base,
+                if terms.bucket {
+                    keys::BUCKET
+                } else {
+                    keys::GCRA
+                },
+            )
+        });
+        let mut cmd = evalsha(
+            &SPEND,
+            3 + usize::from(home_state.is_some()),
+            |cmd| {
+                cmd.arg(&pool).arg(&marker).arg(&local);
+                if let Some(state) = &home_state {
+                    cmd.arg(state);
+                }
+            },
+            None,
+        );
+        cmd.arg(cost)
+            .arg(u8::from(cut))
+            .arg(inner.borrow)
+            .arg(inner.lead_us())
+            .arg(inner.lifetime_us)
+            .arg(inner.pool_ttl_ms(&terms))
+            .arg(inner.marker_ms())
+            .arg(terms.emission_us)
+            .arg(terms.burst)
+            .arg(share_emission)
+            .arg(share_burst)
+            .arg(u8::from(terms.bucket));
+        Box::pin(async move {
+            let ints = reply::ints(inner.own().link.eval(&SPEND, &cmd).await?)?;
+            let &[allowed, remaining, retry, reset, refill, want, owed] = ints.as_slice() else {
+                return Err(Error::InvalidReply(format!(
+                    "a regional check answered {ints:?}"
+                )));
+            };
+            if cut && allowed == 1 && inner.own != 0 {
+                inner.remember_owed(&base, terms);
+            }
+            if refill == 1 {
+                let (want, owed) = (want.max(0) as u64, owed.max(0) as u64);
+                tokio::spawn(refill_pool(self.inner.clone(), base, terms, want, owed));
+            }
+            Outcome::from_ints(&[allowed, remaining, retry, reset])
+        })
+    }
+
+    fn namespaces(&self) -> Option<&Namespaces> {
+        Some(&self.inner.own().namespaces)
+    }
+
+    fn regional(&self) -> bool {
+        true
+    }
+}
+
+/// Asks the home for up to `want` units of the key under `base`, charging it with `owed`
+/// units admitted here without it, and puts what it grants into this region's pool. Holds
+/// the key's refill marker (taken by the check that started it); on failure, the marker
+/// expires by itself after the detection time, and the next check asks again.
+async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, owed: u64) {
+    let (script, suffix): (&Script, _) = if terms.bucket {
+        (&GRANT_BUCKET, keys::BUCKET)
+    } else {
+        (&GRANT_GCRA, keys::GCRA)
+    };
+    let state = key_of(&base, suffix);
+    let demand = key_of(&base, keys::REGION_DEMAND);
+    let mut cmd = evalsha(
+        script,
+        2,
+        |cmd| {
+            cmd.arg(&state).arg(&demand);
+        },
+        None,
+    );
+    let want = want.min(terms.burst);
+    cmd.arg(want)
+        .arg(terms.emission_us)
+        .arg(terms.burst)
+        .arg(owed)
+        .arg(inner.own)
+        .arg(4 * inner.lead_us());
+    let sent = Instant::now();
+    let answer = tokio::time::timeout(inner.detect, inner.home().link.eval(script, &cmd)).await;
+    let grant = match answer {
+        Ok(Ok(value)) => reply::ints(value),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::Timeout(inner.detect)),
+    };
+    let (granted, retry_us) = match grant.as_deref() {
+        Ok(&[granted, retry, _now]) if granted >= 0 && retry >= 0 => (granted as u64, retry as u64),
+        other => {
+            inner.failed_grants.fetch_add(1, Relaxed);
+            tracing::debug!(
+                region = %inner.regions[inner.own].name,
+                answer = ?other,
+                "rate limit: a grant from the home region failed"
+            );
+            return;
+        }
+    };
+    let rtt = sent.elapsed().as_micros() as u64;
+    let old = inner.rtt_us.load(Relaxed);
+    let smoothed = if old == 0 { rtt } else { (7 * old + rtt) / 8 };
+    inner.rtt_us.store(smoothed, Relaxed);
+    inner.grants.fetch_add(1, Relaxed);
+    inner.units_granted.fetch_add(granted, Relaxed);
+    inner.units_charged.fetch_add(owed, Relaxed);
+    let pool = key_of(&base, keys::REGION_POOL);
+    let marker = key_of(&base, keys::REGION_MARKER);
+    let mut cmd = evalsha(
+        &FILL,
+        2,
+        |cmd| {
+            cmd.arg(&pool).arg(&marker);
+        },
+        None,
+    );
+    // Short of what it asked for, the region asks again one lead time after it last asked
+    // (its round trip included), and not before the home has a unit: regions near the home
+    // and far from it then ask as often, and share what the key has by their demands.
+    let retry_ms = if granted < want {
+        retry_us
+            .max(inner.lead_us.saturating_sub(rtt))
+            .div_ceil(1000)
+            .clamp(1, inner.marker_ms())
+    } else {
+        0
+    };
+    cmd.arg(granted)
+        .arg(owed)
+        .arg(inner.lifetime_us)
+        .arg(inner.pool_ttl_ms(&terms))
+        .arg(retry_ms);
+    let filled = tokio::time::timeout(inner.detect, inner.own().link.eval(&FILL, &cmd)).await;
+    if !matches!(filled, Ok(Ok(_))) {
+        tracing::debug!(
+            region = %inner.regions[inner.own].name,
+            granted,
+            "rate limit: granted units could not be put into the region's pool (they are lost)"
+        );
+    }
+}
+
+/// Charges the home with what this region admitted on `base` while cut off.
+async fn reconcile(inner: Arc<Inner>, base: Vec<u8>, terms: Terms) {
+    let pool = key_of(&base, keys::REGION_POOL);
+    let marker = key_of(&base, keys::REGION_MARKER);
+    let mut cmd = evalsha(
+        &OWED,
+        2,
+        |cmd| {
+            cmd.arg(&pool).arg(&marker);
+        },
+        None,
+    );
+    cmd.arg(inner.marker_ms());
+    let answer = tokio::time::timeout(inner.detect, inner.own().link.eval(&OWED, &cmd)).await;
+    match answer {
+        Ok(Ok(redis::Value::Int(owed))) if owed > 0 => {
+            refill_pool(inner, base, terms, 0, owed as u64).await;
+        }
+        // Nothing owed, or a refill holds the marker: it charges what is owed itself.
+        _ => {}
+    }
+}
+
+/// Sends heartbeats to every other region's Redis, four times per detection time, and moves
+/// this region into and out of deciding from its share. Ends with the store.
+async fn heartbeats(weak: Weak<Inner>) {
+    let period = match weak.upgrade() {
+        Some(inner) => inner.detect / 4,
+        None => return,
+    };
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let pings = inner
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != inner.own)
+            .map(|(_, peer)| {
+                let cmd = evalsha(&PING, 0, |_| {}, None);
+                let inner = &inner;
+                async move {
+                    let answer =
+                        tokio::time::timeout(inner.detect, peer.store.link.eval(&PING, &cmd)).await;
+                    if matches!(answer, Ok(Ok(_))) {
+                        peer.last_ok_ms.store(inner.now_ms(), Relaxed);
+                    }
+                }
+            });
+        futures_util::future::join_all(pings).await;
+        let cut = inner.out_of_reach();
+        if cut == inner.cut.swap(cut, Relaxed) {
+            continue;
+        }
+        let region = &inner.regions[inner.own].name;
+        if cut {
+            inner.cuts.fetch_add(1, Relaxed);
+            tracing::warn!(
+                region = %region,
+                home = %inner.regions[0].name,
+                share = inner.share,
+                "rate limit: cut off from the other regions; deciding from this region's share of each limit"
+            );
+        } else {
+            let owed = std::mem::take(&mut *inner.owed.lock().unwrap_or_else(|e| e.into_inner()));
+            tracing::warn!(
+                region = %region,
+                keys = owed.len(),
+                "rate limit: the other regions are back; charging the home with what was admitted meanwhile"
+            );
+            for (base, terms) in owed {
+                tokio::spawn(reconcile(inner.clone(), base, terms));
+            }
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!(REGION_CUT_OFF, "region" => region.clone())
+                .set(f64::from(u8::from(cut)));
+            if cut {
+                metrics::counter!(REGION_CUTS, "region" => region.clone()).increment(1);
+            }
+        }
+    }
+}
+
+/// Gauge: 1 while a region decides from its share because it is cut off, else 0; label
+/// `region`.
+pub const REGION_CUT_OFF: &str = "ratelimit_region_cut_off";
+/// Counter: the times a region was cut off; label `region`.
+pub const REGION_CUTS: &str = "ratelimit_region_cuts_total";
+
+/// The regional scripts on a real Redis, on a time the tests set (`ARGV[1]`): blocks, their
+/// lifetime, credit for a cold key, the share while cut off, the home's charges and its
+/// split of a scarce key by demand.
+#[cfg(test)]
+mod scripts_on_a_set_clock {
+    use super::super::testing::TestRedis;
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000_000;
+    const SECOND: u64 = 1_000_000;
+    /// One unit every 100 ms, burst 10 (10 per second).
+    const EMISSION: u64 = 100_000;
+    const BURST: u64 = 10;
+
+    struct Pool {
+        conn: redis::Connection,
+    }
+
+    impl Pool {
+        fn new(redis: &TestRedis) -> Self {
+            let conn = redis::Client::open(redis.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            Pool { conn }
+        }
+
+        /// A check of `cost` at `now`: {allowed, remaining, retry, reset, refill, want, owed}.
+        fn spend(&mut self, now: u64, cost: u64, cut: bool, borrow: u64) -> Vec<i64> {
+            SPEND
+                .key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .key("{t:k}:rs")
+                .arg(now)
+                .arg(cost)
+                .arg(u8::from(cut))
+                .arg(borrow)
+                .arg(100_000) // lead
+                .arg(SECOND) // lifetime
+                .arg(10_000) // pool ttl, ms
+                .arg(1_000) // marker, ms
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(2 * EMISSION) // the share: half the rate
+                .arg(BURST / 2) // and half the burst
+                .arg(0) // GCRA
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// A check of the home region while cut off: its share, charged to the key's TAT.
+        fn spend_at_home_cut_off(&mut self, now: u64) -> Vec<i64> {
+            SPEND
+                .key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .key("{t:k}:rs")
+                .key("{t:k}:g")
+                .arg(now)
+                .arg(1)
+                .arg(1)
+                .arg(0)
+                .arg(100_000)
+                .arg(SECOND)
+                .arg(10_000)
+                .arg(1_000)
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(2 * EMISSION)
+                .arg(BURST / 2)
+                .arg(0)
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// A grant of `granted` units at `now`, `charged` of what was owed taken off.
+        fn fill(&mut self, now: u64, granted: u64, charged: u64) -> i64 {
+            FILL.key("{t:k}:rp")
+                .key("{t:k}:rm")
+                .arg(now)
+                .arg(granted)
+                .arg(charged)
+                .arg(SECOND)
+                .arg(10_000)
+                .arg(0)
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+
+        /// The home's grant to `region` of up to `want` units at `now`, after charging
+        /// `charge`: {granted, retry_us, now}.
+        fn grant(
+            &mut self,
+            script: &Script,
+            now: u64,
+            want: u64,
+            charge: u64,
+            region: u64,
+        ) -> Vec<i64> {
+            let state = if std::ptr::eq(script, &*GRANT_BUCKET) {
+                "{t:k}:b"
+            } else {
+                "{t:k}:g"
+            };
+            script
+                .key(state)
+                .key("{t:k}:rd")
+                .arg(now)
+                .arg(want)
+                .arg(EMISSION)
+                .arg(BURST)
+                .arg(charge)
+                .arg(region)
+                .arg(SECOND)
+                .invoke(&mut self.conn)
+                .unwrap()
+        }
+    }
+
+    #[test]
+    fn the_older_block_is_spent_first_and_no_unit_outlives_its_lifetime() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        assert_eq!(pool.fill(T0, 3, 0), 3);
+        // A second block while the first lives: both kept, the first expiring first.
+        assert_eq!(pool.fill(T0 + 200_000, 2, 0), 5);
+        assert_eq!(pool.spend(T0 + 300_000, 1, false, 0)[..2], [1, 4]);
+        // A third block while both live: the two older ones merge under the earlier expiry.
+        assert_eq!(pool.fill(T0 + 400_000, 4, 0), 8);
+        // At T0 + 1 s the merged block (4 units) has expired; the newest (4) is left.
+        let r = pool.spend(T0 + SECOND, 5, false, 0);
+        assert_eq!(r[0], 0, "{r:?}");
+        assert_eq!(pool.spend(T0 + SECOND, 4, false, 0)[..2], [1, 0]);
+    }
+
+    #[test]
+    fn a_cold_key_is_admitted_on_credit_once_and_asks_the_home() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        // {allowed, remaining, retry, reset, refill, want, owed}
+        let first = pool.spend(T0, 1, false, 1);
+        assert_eq!(
+            (first[0], first[4], first[5], first[6]),
+            (1, 1, 1, 1),
+            "{first:?}"
+        );
+        // Warm now: no more credit, and the refill in flight holds the marker.
+        let second = pool.spend(T0 + 1_000, 1, false, 1);
+        assert_eq!((second[0], second[4], second[6]), (0, 0, 1), "{second:?}");
+        // The grant arrives, the credit charged: owed 0, units to spend.
+        assert_eq!(pool.fill(T0 + 50_000, 4, 1), 4);
+        let third = pool.spend(T0 + 60_000, 1, false, 1);
+        assert_eq!((third[0], third[1], third[6]), (1, 3, 0), "{third:?}");
+    }
+
+    #[test]
+    fn cut_off_a_region_decides_from_its_share_and_counts_what_it_owes() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        pool.fill(T0, 10, 0);
+        // The share: burst 5, one unit every 200 ms; the pool's units are not used.
+        for i in 0..5 {
+            let r = pool.spend(T0, 1, true, 0);
+            assert_eq!((r[0], r[6]), (1, i + 1), "{r:?}");
+        }
+        let denied = pool.spend(T0, 1, true, 0);
+        assert_eq!((denied[0], denied[2]), (0, 200_000), "{denied:?}");
+        assert_eq!(pool.spend(T0 + 200_000, 1, true, 0)[..1], [1]);
+        // Back in reach: the pool is as it was, and what is owed asks for a refill.
+        let back = pool.spend(T0 + 300_000, 1, false, 0);
+        assert_eq!(
+            (back[0], back[1], back[4], back[6]),
+            (1, 9, 1, 6),
+            "{back:?}"
+        );
+    }
+
+    #[test]
+    fn the_home_region_cut_off_charges_its_own_key_and_owes_nothing() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for _ in 0..3 {
+            let r = home.spend_at_home_cut_off(T0);
+            assert_eq!((r[0], r[6]), (1, 0), "{r:?}");
+        }
+        // Three units charged to the TAT: the other regions' grants see them.
+        assert_eq!(home.grant(&GRANT_GCRA, T0, 10, 0, 1)[0], 7);
+    }
+
+    #[test]
+    fn the_home_charges_what_was_owed_down_to_a_drained_key() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for script in [&*GRANT_GCRA, &*GRANT_BUCKET] {
+            redis::cmd("FLUSHALL").exec(&mut home.conn).unwrap();
+            // 3 owed on a rested key: 7 left to grant.
+            assert_eq!(home.grant(script, T0, 10, 3, 0)[..2], [7, 0]);
+            // 1000 owed: drained, not 1000 units in debt.
+            let t = T0 + 10 * EMISSION;
+            let r = home.grant(script, t, 5, 1_000, 0);
+            assert_eq!((r[0], r[1]), (0, EMISSION as i64), "{r:?}");
+            assert_eq!(home.grant(script, t + 2 * EMISSION, 5, 0, 0)[0], 2);
+        }
+    }
+
+    #[test]
+    fn a_scarce_key_is_shared_by_the_regions_demands() {
+        let redis = TestRedis::start();
+        let mut home = Pool::new(&redis);
+        for script in [&*GRANT_GCRA, &*GRANT_BUCKET] {
+            redis::cmd("FLUSHALL").exec(&mut home.conn).unwrap();
+            // Region 0 alone: everything it asks for that the key has.
+            assert_eq!(home.grant(script, T0, 10, 0, 0)[0], 10);
+            // 4 units later, region 1 asks for 10 and region 0 asked for 10 within the
+            // horizon: each gets 10/20 of what the key has.
+            let t = T0 + 4 * EMISSION;
+            assert_eq!(home.grant(script, t, 10, 0, 1)[0], 2);
+            assert_eq!(home.grant(script, t, 10, 0, 0)[0], 1);
+            // Past the horizon, region 1's demand no longer counts.
+            let later = T0 + 3 * SECOND;
+            assert_eq!(home.grant(script, later, 10, 0, 0)[0], 10);
+        }
+    }
+}

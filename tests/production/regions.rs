@@ -1,0 +1,438 @@
+//! Several regions on real Redis servers: two regions, each with its own `redis-server`, the
+//! links between them through a proxy that delays bytes each way and can be cut. The global
+//! bound holds for GCRA and the token bucket with every instance hammering one key; one busy
+//! region gets nearly the whole limit; a cut region keeps serving within its share; the link
+//! back charges the home with what was admitted meanwhile, so no burst follows.
+//!
+//! Time is real (the regions' Redis servers keep it): every bound is computed from the time
+//! the test measured, so a slow machine loosens nothing and fails nothing.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use crate::servers::{link::RegionLink, RedisServer};
+use tower_redis_ratelimit::{
+    algorithm::Algorithm,
+    concurrency::ConcurrencyLimiter,
+    rate_limit::UnitLease,
+    store::redis::{RegionalStore, RegionalStoreBuilder},
+    Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+};
+
+/// Each way: a round trip between the regions takes 50 ms more.
+const ONE_WAY: Duration = Duration::from_millis(25);
+const LIFETIME: Duration = Duration::from_millis(500);
+const DETECT: Duration = Duration::from_millis(300);
+
+/// Two regions: `a` (the home, listed first) and `b`, each with its own Redis; each reaches
+/// the other's Redis only through a delaying link.
+struct Regions {
+    a: RedisServer,
+    b: RedisServer,
+    a_to_b: RegionLink,
+    b_to_a: RegionLink,
+}
+
+impl Regions {
+    async fn start(one_way: Duration) -> Self {
+        let (a, b) = (RedisServer::start(), RedisServer::start());
+        let a_to_b = RegionLink::start(addr(&b), one_way).await;
+        let b_to_a = RegionLink::start(addr(&a), one_way).await;
+        Regions {
+            a,
+            b,
+            a_to_b,
+            b_to_a,
+        }
+    }
+
+    /// One more instance in `region` ("a" or "b"), with its own connections.
+    async fn instance(&self, region: &str, share: Option<f64>) -> RegionalStore {
+        let (home, other) = match region {
+            "a" => (
+                self.a.store().await,
+                RedisStore::connect(&self.a_to_b.url()).await.unwrap(),
+            ),
+            _ => (
+                RedisStore::connect(&self.b_to_a.url()).await.unwrap(),
+                self.b.store().await,
+            ),
+        };
+        let mut builder = RegionalStore::builder(region)
+            .region("a", home)
+            .region("b", other)
+            .lifetime(LIFETIME)
+            .detect_after(DETECT);
+        if let Some(share) = share {
+            builder = builder.share(share);
+        }
+        builder.build().unwrap()
+    }
+
+    fn cut(&self) {
+        self.a_to_b.cut();
+        self.b_to_a.cut();
+    }
+
+    fn restore(&self) {
+        self.a_to_b.restore();
+        self.b_to_a.restore();
+    }
+}
+
+fn addr(redis: &RedisServer) -> std::net::SocketAddr {
+    format!("127.0.0.1:{}", redis.port).parse().unwrap()
+}
+
+fn limiter<A: Algorithm>(store: &RegionalStore, algorithm: A, prefix: &str) -> RateLimiter<A> {
+    RateLimiter::builder(store.clone(), algorithm)
+        .prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+/// Checks `key` from every limiter at once, two tasks each, a check every millisecond per task,
+/// for `how_long`: the admissions of each limiter, and the time it took. Every check must be
+/// answered (allowed or denied), never an error.
+async fn hammer<A: Algorithm>(
+    limiters: &[RateLimiter<A>],
+    key: &str,
+    how_long: Duration,
+) -> (Vec<u64>, Duration) {
+    let started = Instant::now();
+    let counts: Vec<Arc<AtomicU64>> = limiters.iter().map(|_| Arc::default()).collect();
+    let mut tasks = Vec::new();
+    for (limiter, count) in limiters.iter().zip(&counts) {
+        for _ in 0..2 {
+            let (limiter, count, key) = (limiter.clone(), count.clone(), key.to_owned());
+            tasks.push(tokio::spawn(async move {
+                while started.elapsed() < how_long {
+                    let d = limiter
+                        .check(key.as_str(), 1)
+                        .await
+                        .expect("every check answered");
+                    if d.allowed {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    (
+        counts.iter().map(|c| c.load(Ordering::SeqCst)).collect(),
+        elapsed,
+    )
+}
+
+/// Waits (at most 10 s) until every store says it is cut off, or every one says it is not.
+async fn until_cut(stores: &[&RegionalStore], cut: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stores.iter().any(|s| s.stats().cut_off != cut) {
+        assert!(
+            Instant::now() < deadline,
+            "the stores never saw the link {}: {:?}",
+            if cut { "cut" } else { "back" },
+            stores.iter().map(|s| s.stats()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `B + ρ·(W + L) + R·b`: the most all regions may admit together in `elapsed`.
+fn global_bound(burst: u64, per_second: f64, elapsed: Duration, regions: u64) -> f64 {
+    let borrow = u64::from(RegionalStoreBuilder::DEFAULT_BORROW);
+    burst as f64 + per_second * (elapsed + LIFETIME).as_secs_f64() + (regions * borrow) as f64
+}
+
+async fn bound_held_with_every_instance_hammering<A: Algorithm + Clone>(
+    algorithm: A,
+    prefix: &str,
+) {
+    let regions = Regions::start(ONE_WAY).await;
+    let mut limiters = Vec::new();
+    for region in ["a", "a", "b", "b"] {
+        let store = regions.instance(region, None).await;
+        limiters.push(limiter(&store, algorithm.clone(), prefix));
+    }
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(3)).await;
+    let total: u64 = counts.iter().sum();
+    let bound = global_bound(40, 20.0, elapsed, 2);
+    assert!(
+        total as f64 <= bound,
+        "{} admitted {total} ({counts:?}) in {elapsed:?}, over the bound {bound}",
+        algorithm.name()
+    );
+    // Both regions were served by their demands (equal here), the far one as well as the one
+    // beside the home; together they used most of the limit.
+    let (in_a, in_b) = (counts[0] + counts[1], counts[2] + counts[3]);
+    assert!(
+        in_a.min(in_b) * 5 >= total,
+        "region a admitted {in_a}, b {in_b}: each at least a fifth"
+    );
+    let limit = 40.0 + 20.0 * elapsed.as_secs_f64();
+    assert!(
+        total as f64 >= 0.5 * limit,
+        "{} admitted only {total} of {limit}",
+        algorithm.name()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_hold_the_global_bound_under_gcra() {
+    let q = Quota::per_second(20).burst(40);
+    bound_held_with_every_instance_hammering(Gcra::new(q).unwrap(), "rg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_hold_the_global_bound_under_the_token_bucket() {
+    let q = Quota::per_second(20).burst(40);
+    bound_held_with_every_instance_hammering(TokenBucket::new(q).unwrap(), "rt").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_busy_region_far_from_its_home_gets_nearly_the_whole_limit() {
+    let regions = Regions::start(ONE_WAY).await;
+    let q = Quota::per_second(20).burst(40);
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let store = regions.instance("b", None).await;
+        limiters.push(limiter(&store, Gcra::new(q).unwrap(), "rd"));
+    }
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(3)).await;
+    let total: u64 = counts.iter().sum();
+    let limit = 40.0 + 20.0 * elapsed.as_secs_f64();
+    // Far more than the 1/2 a fixed split would give, within the bound.
+    assert!(
+        total as f64 >= 0.8 * limit,
+        "region b admitted {total} of {limit} ({counts:?})"
+    );
+    assert!(total as f64 <= global_bound(40, 20.0, elapsed, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_region_keeps_serving_within_its_share_and_the_link_back_reconciles() {
+    let regions = Regions::start(ONE_WAY).await;
+    let q = Quota::per_second(20).burst(100);
+    let (a, b) = (
+        regions.instance("a", Some(0.5)).await,
+        regions.instance("b", Some(0.5)).await,
+    );
+    let (in_a, in_b) = (
+        limiter(&a, Gcra::new(q).unwrap(), "rc"),
+        limiter(&b, Gcra::new(q).unwrap(), "rc"),
+    );
+    // Both regions know the key before the cut.
+    hammer(
+        &[in_a.clone(), in_b.clone()],
+        "customer",
+        Duration::from_millis(300),
+    )
+    .await;
+
+    regions.cut();
+    until_cut(&[&a, &b], true).await;
+    // Units granted before the cut have expired by now: the share alone decides.
+    tokio::time::sleep(LIFETIME).await;
+    let (counts, elapsed) = hammer(
+        &[in_a.clone(), in_b.clone()],
+        "customer",
+        Duration::from_secs(2),
+    )
+    .await;
+    // The share's GCRA: burst 50, 10 per second.
+    let share_limit = 50.0 + 10.0 * elapsed.as_secs_f64();
+    for (region, admitted) in ["a", "b"].iter().zip(&counts) {
+        let admitted = *admitted as f64;
+        assert!(
+            admitted <= share_limit + 1.0,
+            "region {region} admitted {admitted} while cut off, over its share {share_limit}"
+        );
+        assert!(
+            admitted >= 0.5 * share_limit,
+            "region {region} admitted only {admitted} while cut off (share {share_limit})"
+        );
+    }
+    for store in [&a, &b] {
+        let stats = store.stats();
+        assert!(stats.cut_off && stats.cuts == 1, "{stats:?}");
+    }
+
+    // The home region charged its own key as it went; b owes the home what it admitted.
+    let charged_before = b.stats().units_charged;
+    regions.restore();
+    until_cut(&[&a, &b], false).await;
+    // The home is charged with what b admitted while cut off: with a's charges, down to a
+    // drained key, so what follows is the rate, not a fresh burst of 100.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.stats().units_charged < charged_before + 50 {
+        assert!(Instant::now() < deadline, "{:?} {:?}", a.stats(), b.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (after, elapsed) = hammer(&[in_a, in_b], "customer", Duration::from_secs(1)).await;
+    let total: u64 = after.iter().sum();
+    let most = 20.0 * (elapsed + LIFETIME).as_secs_f64() + 2.0;
+    assert!(
+        (total as f64) <= most,
+        "{total} admitted in {elapsed:?} after the link came back ({after:?}); at most {most} \
+         once the home is charged, {} with a fresh burst",
+        100.0 + 20.0 * elapsed.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
+    let regions = Regions::start(Duration::ZERO).await;
+    let store = || async { RedisStore::connect(&regions.a.url()).await.unwrap() };
+    let two = |own: &'static str| async move {
+        RegionalStore::builder(own)
+            .region("a", store().await)
+            .region("b", store().await)
+    };
+    for (builder, field) in [
+        (two("c").await, "region"),
+        (two("a").await.share(0.0), "share"),
+        (two("a").await.share(1.5), "share"),
+        (two("a").await.share(f64::NAN), "share"),
+        (two("a").await.region("a", store().await), "regions"),
+        (two("a").await.lifetime(Duration::ZERO), "lifetime"),
+        (two("a").await.detect_after(Duration::ZERO), "detect_after"),
+        (RegionalStore::builder("a"), "regions"),
+    ] {
+        let err = builder.build().unwrap_err();
+        assert_eq!(err.field(), field, "{err}");
+    }
+    let regional = regions.instance("a", None).await;
+    assert_eq!(regional.share(), 0.5);
+    let q = Quota::per_second(5);
+    let err = RateLimiter::builder(regional.clone(), SlidingWindow::new(q).unwrap())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "algorithm", "{err}");
+    let err = RateLimiter::builder(regional.clone(), Gcra::new(q).unwrap())
+        .lease(UnitLease::up_to(Duration::from_millis(100)))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "lease", "{err}");
+    let err = ConcurrencyLimiter::builder(regional.clone(), 3)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "store", "{err}");
+    // What is not supported across regions yet says so, and spends nothing.
+    let gcra = RateLimiter::builder(regional, Gcra::new(q).unwrap())
+        .build()
+        .unwrap();
+    let unsupported = |e: Error| assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+    unsupported(
+        gcra.check_at("k", 1, 1_700_000_000_000_000)
+            .await
+            .unwrap_err(),
+    );
+    unsupported(gcra.peek("k").await.unwrap_err());
+    unsupported(gcra.reset("k").await.unwrap_err());
+    unsupported(gcra.ban("k", Duration::from_secs(5)).await.unwrap_err());
+    // The key is still cold: its first check is admitted on credit.
+    assert!(gcra.check("k", 1).await.unwrap().allowed);
+}
+
+/// Three regions, the home `a` first; each reaches the others' Redis through its own link.
+struct ThreeRegions {
+    servers: Vec<RedisServer>,
+    /// `links[from][to]`: region `from`'s way to region `to`'s Redis (`None` for its own).
+    links: Vec<Vec<Option<RegionLink>>>,
+}
+
+impl ThreeRegions {
+    async fn start() -> Self {
+        let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let mut links = Vec::new();
+        for from in 0..3 {
+            let mut row = Vec::new();
+            for (to, server) in servers.iter().enumerate() {
+                row.push(match from == to {
+                    true => None,
+                    false => Some(RegionLink::start(addr(server), ONE_WAY).await),
+                });
+            }
+            links.push(row);
+        }
+        ThreeRegions { servers, links }
+    }
+
+    async fn instance(&self, region: usize) -> RegionalStore {
+        let mut builder = RegionalStore::builder(["a", "b", "c"][region])
+            .lifetime(LIFETIME)
+            .detect_after(DETECT);
+        for (to, name) in ["a", "b", "c"].iter().enumerate() {
+            let url = match &self.links[region][to] {
+                Some(link) => link.url(),
+                None => self.servers[to].url(),
+            };
+            builder = builder.region(*name, RedisStore::connect(&url).await.unwrap());
+        }
+        builder.build().unwrap()
+    }
+
+    /// Cuts region `region` off from the other two, both ways.
+    fn isolate(&self, region: usize) {
+        for other in (0..3).filter(|&o| o != region) {
+            for (from, to) in [(region, other), (other, region)] {
+                self.links[from][to].as_ref().unwrap().cut();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_regions_hold_the_bound_and_a_partial_cut_stays_within_its_bound() {
+    let world = ThreeRegions::start().await;
+    let q = Quota::per_second(30).burst(60);
+    let stores = [
+        world.instance(0).await,
+        world.instance(1).await,
+        world.instance(2).await,
+    ];
+    let limiters: Vec<_> = stores
+        .iter()
+        .map(|s| limiter(s, Gcra::new(q).unwrap(), "r3"))
+        .collect();
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(3)).await;
+    let total: u64 = counts.iter().sum();
+    let bound = global_bound(60, 30.0, elapsed, 3);
+    assert!(total as f64 <= bound, "{total} ({counts:?}) over {bound}");
+    assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+
+    // Region c cut off from both others: c and the home a (which cannot reach c) decide from
+    // their shares (1/3 each); b still reaches the home and takes grants.
+    world.isolate(2);
+    until_cut(&[&stores[0], &stores[2]], true).await;
+    assert!(!stores[1].stats().cut_off, "{:?}", stores[1].stats());
+    // The key rests: the home has its whole burst again, each share too.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let (counts, elapsed) = hammer(&limiters, "customer", Duration::from_secs(2)).await;
+    let limit = 60.0 + 30.0 * elapsed.as_secs_f64();
+    let share = limit / 3.0;
+    for (region, admitted) in [("a", counts[0]), ("c", counts[2])] {
+        assert!(
+            admitted as f64 <= share + 1.0,
+            "region {region} admitted {admitted} on its share {share} ({counts:?})"
+        );
+    }
+    // The home charges its own key with what it admits on its share: a and b together stay
+    // within the limit, and only c's share comes on top.
+    let a_and_b = global_bound(60, 30.0, elapsed, 2);
+    assert!(
+        (counts[0] + counts[1]) as f64 <= a_and_b,
+        "regions a and b admitted {} ({counts:?}), over {a_and_b}",
+        counts[0] + counts[1]
+    );
+}
