@@ -7,6 +7,9 @@
 //! of nothing but memory live here. See `tests/README.md` for where a new test goes.
 
 mod common;
+// The upstreams' limits for the throttle's tests (in the other binaries, under `servers`).
+#[path = "common/upstream_limits.rs"]
+mod upstream_limits;
 
 #[path = "memory/algorithms.rs"]
 mod algorithms;

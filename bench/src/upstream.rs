@@ -23,7 +23,6 @@ use axum::{
 };
 
 #[path = "../../tests/common/upstream_limits.rs"]
-#[allow(dead_code)]
 mod upstream_limits;
 
 use upstream_limits::{Kind, Limits, Style};

@@ -2,8 +2,6 @@
 //! `tests/servers`, which the `memory` binary does not compile).
 #![allow(dead_code, unreachable_pub)]
 
-pub mod upstream_limits;
-
 use std::{
     convert::Infallible,
     sync::{

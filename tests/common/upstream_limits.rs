@@ -1,7 +1,8 @@
-//! The limit of a third-party API, as the outbound tests and the outbound benchmark
-//! (`bench/src/upstream.rs`) play it: four kinds of limit, four ways of telling it, on whatever
-//! clock the caller reads (a test's manual clock, or the wall clock). No I/O here: a server
-//! wraps it.
+//! The limit of a third-party API, as the outbound tests (the `memory` binary, and `servers`)
+//! and the outbound benchmark (`bench/src/upstream.rs`) play it: four kinds of limit, four
+//! ways of telling it, on whatever clock the caller reads (a test's manual clock, or the wall
+//! clock). No I/O here: a server wraps it.
+#![allow(dead_code)]
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -32,13 +33,6 @@ pub enum Style {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
-        Kind::Fixed,
-        Kind::Rolling,
-        Kind::TokenBucket,
-        Kind::RetryAfterOnly,
-    ];
-
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "fixed" => Kind::Fixed,
@@ -60,8 +54,6 @@ impl Kind {
 }
 
 impl Style {
-    pub const ALL: [Style; 4] = [Style::Ietf, Style::Draft, Style::XUnix, Style::XDelta];
-
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "ietf" => Style::Ietf,

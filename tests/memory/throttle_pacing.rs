@@ -22,7 +22,7 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{store::memory::ManualClock, throttle::ThrottleLayer, MemoryStore};
 
-use crate::common::upstream_limits::{Kind, Limits, Style};
+use crate::upstream_limits::{Kind, Limits, Style};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Svc = BoxCloneService<Request<Empty<Bytes>>, StatusCode, BoxError>;

@@ -15,8 +15,13 @@ use std::{
 use axum::{http::HeaderMap, response::IntoResponse, routing::any, Router};
 use http::StatusCode;
 
+// Its own copy of the limits, so that a binary compiling `servers` without `common` (a bench)
+// has them too.
+#[path = "../common/upstream_limits.rs"]
+mod upstream_limits;
+
 #[allow(unused_imports)]
-pub use crate::common::upstream_limits::{Kind, Limits, Style as Telling};
+pub use upstream_limits::{Kind, Limits, Style as Telling};
 
 /// How the upstream tells its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
