@@ -1,9 +1,10 @@
 //! A clock that stands still until a test moves it.
 
 use std::{
+    collections::BTreeMap,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -46,15 +47,38 @@ pub struct ManualClock {
 #[derive(Debug, Default)]
 struct Wake {
     notify: tokio::sync::Notify,
-    sleepers: AtomicUsize,
+    /// The sleepers' wake-up times (µs), with how many wait for each.
+    sleepers: Mutex<BTreeMap<u64, usize>>,
 }
 
-/// Counts a sleeper while it waits (and when its future is dropped).
-struct Sleeper<'a>(&'a AtomicUsize);
+/// Counts a sleeper until its future ends or is dropped.
+struct Sleeper<'a> {
+    wake: &'a Wake,
+    until_us: u64,
+}
+
+impl<'a> Sleeper<'a> {
+    fn new(wake: &'a Wake, until_us: u64) -> Self {
+        *wake.sleepers().entry(until_us).or_default() += 1;
+        Self { wake, until_us }
+    }
+}
 
 impl Drop for Sleeper<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut sleepers = self.wake.sleepers();
+        if let Some(n) = sleepers.get_mut(&self.until_us) {
+            *n -= 1;
+            if *n == 0 {
+                sleepers.remove(&self.until_us);
+            }
+        }
+    }
+}
+
+impl Wake {
+    fn sleepers(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, usize>> {
+        self.sleepers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -97,9 +121,11 @@ impl ManualClock {
 
     /// How many tasks are waiting for this clock to move (throttled calls waiting for their
     /// quota, or for what an upstream said): a test can wait until the calls it started all
-    /// wait, then [`advance`](Self::advance) the clock.
+    /// wait, then [`advance`](Self::advance) the clock. A task whose time has come is not
+    /// counted, even before it has run again: a test does not move the clock past it.
     pub fn sleepers(&self) -> usize {
-        self.wake.sleepers.load(Ordering::Acquire)
+        let now = self.now_us();
+        self.wake.sleepers().range(now + 1..).map(|(_, n)| n).sum()
     }
 
     /// Waits until the clock reads `until_us` microseconds after the epoch or later.
@@ -108,8 +134,7 @@ impl ManualClock {
         if self.now_us() >= until_us {
             return;
         }
-        self.wake.sleepers.fetch_add(1, Ordering::AcqRel);
-        let _sleeper = Sleeper(&self.wake.sleepers);
+        let _sleeper = Sleeper::new(&self.wake, until_us);
         loop {
             let mut notified = std::pin::pin!(self.wake.notify.notified());
             // Registered before the clock is read again, so no advance is missed.
