@@ -71,6 +71,9 @@ struct Tracker {
     slots: Vec<Slot>,
     /// Index into `slots`, by the identity's hash.
     index: HashTable<u32>,
+    /// The place of the key this lane counted last: a flood of one key is counted there
+    /// without hashing its identity or looking it up.
+    last: usize,
 }
 
 /// A bounded tracker of the keys a limit denies most.
@@ -133,6 +136,7 @@ impl TopKeys {
                     Lane(Mutex::new(Tracker {
                         slots: Vec::new(),
                         index: HashTable::new(),
+                        last: 0,
                     }))
                 })
                 .collect(),
@@ -151,12 +155,16 @@ impl TopKeys {
             }
             false => id,
         };
-        let hash = mix(self.seed, id);
         let mut guard = match self.lanes[lane() % TOP_LANES].0.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let Tracker { slots, index } = &mut *guard;
+        let Tracker { slots, index, last } = &mut *guard;
+        if let Some(slot) = slots.get_mut(*last).filter(|s| s.id() == id) {
+            count(slot, verdict);
+            return;
+        }
+        let hash = mix(self.seed, id);
         let found = index.find(hash, |&i| slots[i as usize].id() == id).copied();
         let at = match found {
             Some(i) => i as usize,
@@ -199,11 +207,8 @@ impl TopKeys {
                 at
             }
         };
-        let slot = &mut slots[at];
-        match verdict {
-            Verdict::WouldDeny => slot.would_deny += 1,
-            _ => slot.denied += 1,
-        }
+        *last = at;
+        count(&mut slots[at], verdict);
     }
 
     /// The `n` keys with the highest counts (denied and would-be denied together), highest
@@ -280,6 +285,14 @@ fn mix(seed: u64, bytes: &[u8]) -> u64 {
     last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
     h = (h ^ u64::from_le_bytes(last)).wrapping_mul(K);
     h ^ (h >> 32)
+}
+
+/// Counts one denial (or would-be denial) in `slot`.
+fn count(slot: &mut Slot, verdict: Verdict) {
+    match verdict {
+        Verdict::WouldDeny => slot.would_deny += 1,
+        _ => slot.denied += 1,
+    }
 }
 
 /// Gives `slot` to a new key.
@@ -395,6 +408,70 @@ mod tests {
             // Never below the true count, above it by at most total / capacity.
             assert!(c.would_deny + c.denied >= heavy_seen[h]);
             assert!(c.would_deny + c.denied <= heavy_seen[h] + 1_100_001 / 128);
+        }
+    }
+
+    /// Space-Saving as the module describes it, one key at a time over a list: the counts a
+    /// lane must hold whatever shortcut it takes.
+    fn space_saving(capacity: usize, denials: &[(u8, bool)]) -> Vec<(String, u64, u64)> {
+        // (key, denied, would_deny, inherited, first verdict would-deny)
+        let mut held: Vec<(u8, u64, u64, u64, bool)> = Vec::new();
+        for &(key, would) in denials {
+            let at = match held.iter().position(|h| h.0 == key) {
+                Some(at) => at,
+                None if held.len() < capacity => {
+                    held.push((key, 0, 0, 0, would));
+                    held.len() - 1
+                }
+                None => {
+                    let (at, least) = held
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, h)| h.1 + h.2 + h.3)
+                        .map(|(i, h)| (i, h.1 + h.2 + h.3))
+                        .unwrap();
+                    held[at] = (key, 0, 0, least, would);
+                    at
+                }
+            };
+            match would {
+                true => held[at].2 += 1,
+                false => held[at].1 += 1,
+            }
+        }
+        let mut out: Vec<_> = held
+            .into_iter()
+            .map(|(key, denied, would, inherited, first)| match first {
+                true => (key.to_string(), denied, would + inherited),
+                false => (key.to_string(), denied + inherited, would),
+            })
+            .collect();
+        out.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_lane_holds_the_counts_of_space_saving(
+            capacity in 1..5usize,
+            denials in proptest::collection::vec((0..7u8, proptest::bool::ANY), 0..200),
+        ) {
+            let top = TopKeys::new(capacity);
+            for &(key, would) in &denials {
+                let verdict = if would { Verdict::WouldDeny } else { Verdict::Denied };
+                top.count(Some(&Key::number(u64::from(key))), verdict);
+            }
+            let got: Vec<_> = top
+                .top(capacity, &policy())
+                .into_iter()
+                .map(|c| (c.key, c.denied, c.would_deny))
+                .collect();
+            proptest::prop_assert_eq!(got, space_saving(capacity, &denials));
         }
     }
 

@@ -219,10 +219,12 @@ impl MemoryStore {
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
-        if shard.get_mut(slot, key).is_none() && shard.room(now) {
+        // One lookup for a key held (the common case).
+        let held = shard.position(slot, key);
+        if held.is_none() && shard.room(now) {
             shard.weight = shard.values().map(Entry::entries).sum();
         }
-        let entry = match shard.get_mut(slot, key) {
+        let entry = match held.and_then(|at| shard.at(at)) {
             Some(entry) => entry,
             None => shard.insert(slot, key, Entry::default()),
         };

@@ -119,6 +119,18 @@ impl<V> Shard<V> {
     }
 
     /// Adds `key` (not present) with `value`; the caller has made room (see [`Self::room`]).
+    /// Where `key` sits in the table, to reach it again with [`at`](Self::at) without a
+    /// second lookup.
+    pub(crate) fn position(&self, slot: Slot, key: &[u8]) -> Option<usize> {
+        self.table
+            .find_bucket_index(slot.hash, |e| e.1.as_bytes() == key)
+    }
+
+    /// The value at `position`, as [`position`](Self::position) found it (nothing moved since).
+    pub(crate) fn at(&mut self, position: usize) -> Option<&mut V> {
+        self.table.get_bucket_mut(position).map(|e| &mut e.2)
+    }
+
     pub(crate) fn insert(&mut self, slot: Slot, key: &[u8], value: V) -> &mut V {
         let entry =
             self.table
