@@ -178,8 +178,9 @@ async fn three_instances_learn_the_upstreams_limit_in_each_header_style() {
         assert_eq!(r.ok + r.limited, 180, "{style:?}: {r:?}");
         assert!(r.limited_fraction < 0.02, "{style:?}: {r:?}");
         assert!(r.throughput >= 0.85, "{style:?}: {r:?}");
+        // Every answer taught something; the calls are paced below the upstream's rate, so its
+        // window need never run out.
         assert!(total(&stats, |s| s.learned) > 100, "{style:?}: {stats:?}");
-        assert!(total(&stats, |s| s.exhausted) > 0, "{style:?}: {stats:?}");
     }
     // The same upstream, without adaptation: configured too high, and no throttle.
     let up = Upstream::start(Style::Ietf, LIMIT, WINDOW).await;
