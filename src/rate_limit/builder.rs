@@ -13,7 +13,7 @@ use crate::{
     error::ConfigError,
     extract::Key,
     store::FailurePolicy,
-    store::{MemoryStore, Store},
+    store::{compact_prefix, MemoryStore, Store},
 };
 
 /// The most keys [`RateLimiterBuilder::top_keys`] takes.
@@ -253,6 +253,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                         ),
                     ));
                 };
+                let prefix = compact_prefix(&namespace, shared.name());
                 Some(Arc::new(RateEngine {
                     core: Core::local(Arc::new(MemoryStore::new()), &namespace, &core.policy),
                     algorithm: shared,
@@ -263,6 +264,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                     top: None,
                     key_meters: KeyMeters::default(),
                     local: None,
+                    prefix,
                 }))
             }
             _ => None,
@@ -282,6 +284,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             }
             _ => None,
         };
+        let prefix = compact_prefix(&core.namespace, algorithm.name());
         let engine = RateEngine {
             core,
             algorithm: dyn_algorithm,
@@ -292,6 +295,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             top: (self.top_keys > 0).then(|| TopKeys::new(self.top_keys)),
             key_meters: KeyMeters::new(self.metric_keys),
             local,
+            prefix,
         };
         Ok(RateLimiter {
             engine: Arc::new(engine),

@@ -42,12 +42,16 @@ pub(crate) struct RateEngine {
     /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local): the same algorithm at the
     /// local share, in memory.
     pub(crate) local: Option<Arc<RateEngine>>,
+    /// The compact prefix of this limit's keys in an in-process store (`namespace\0kind\0`,
+    /// kind the algorithm's name), written once here rather than on every check.
+    pub(crate) prefix: Box<[u8]>,
 }
 
 impl RateEngine {
     /// The store key of `key` (`None`: the quota keyless requests share).
     pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
-        self.core.store_key(key)
+        let kind = self.algorithm.name();
+        self.core.store_key(key).with_prefix(kind, &self.prefix)
     }
 
     /// Whether the limit is in shadow mode now.

@@ -13,6 +13,9 @@ pub(crate) struct StoreKey<'a> {
     namespace: &'a str,
     key: Option<&'a Key<'a>>,
     max_len: usize,
+    /// `namespace\0kind\0` for the limiter's own kind, written once when the limiter was
+    /// built: what [`write_compact`](Self::write_compact) would write before the key.
+    prefix: Option<(&'static str, &'a [u8])>,
 }
 
 impl<'a> StoreKey<'a> {
@@ -22,6 +25,17 @@ impl<'a> StoreKey<'a> {
             namespace,
             key,
             max_len,
+            prefix: None,
+        }
+    }
+
+    /// The same key, with its compact prefix for `kind` written ahead (see
+    /// [`compact_prefix`]).
+    pub(crate) fn with_prefix(self, kind: &'static str, prefix: &'a [u8]) -> Self {
+        debug_assert_eq!(prefix, &compact_prefix(self.namespace, kind)[..]);
+        Self {
+            prefix: Some((kind, prefix)),
+            ..self
         }
     }
 
@@ -42,10 +56,15 @@ impl<'a> StoreKey<'a> {
 
     /// A compact form unique per (namespace, `kind`, key), for in-process maps.
     pub(crate) fn write_compact(&self, kind: &str, out: &mut impl Out) {
-        out.put(self.namespace.as_bytes());
-        out.put(&[0]);
-        out.put(kind.as_bytes());
-        out.put(&[0]);
+        match self.prefix {
+            Some((k, prefix)) if k == kind => out.put(prefix),
+            _ => {
+                out.put(self.namespace.as_bytes());
+                out.put(&[0]);
+                out.put(kind.as_bytes());
+                out.put(&[0]);
+            }
+        }
         self.write_key_compact(out);
     }
 
@@ -56,6 +75,13 @@ impl<'a> StoreKey<'a> {
             None => out.put(&[0xff]),
         }
     }
+}
+
+/// What [`StoreKey::write_compact`] writes before the key for `namespace` and `kind`.
+pub(crate) fn compact_prefix(namespace: &str, kind: &str) -> Box<[u8]> {
+    [namespace.as_bytes(), &[0], kind.as_bytes(), &[0]]
+        .concat()
+        .into()
 }
 
 impl fmt::Debug for StoreKey<'_> {

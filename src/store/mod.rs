@@ -22,7 +22,7 @@ pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
     backend::{Backend, BoxFuture, Peeked},
     clock::micros,
-    key::{KeyBuf, StoreKey},
+    key::{compact_prefix, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
     reserved::Reserved,
