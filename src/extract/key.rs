@@ -131,13 +131,15 @@ impl<'a> Key<'a> {
                 out.put(&[tag]);
                 out.put(bytes);
             }
+            // The tag and the bytes in one write: numbers and addresses are the common keys.
             Repr::Ip(IpAddr::V4(v4)) => {
-                out.put(&[2]);
-                out.put(&v4.octets());
+                let [a, b, c, d] = v4.octets();
+                out.put(&[2, a, b, c, d]);
             }
             Repr::Ip(IpAddr::V6(v6)) => {
-                out.put(&[3]);
-                out.put(&v6.octets());
+                let mut tagged = [3; 17];
+                tagged[1..].copy_from_slice(&v6.octets());
+                out.put(&tagged);
             }
             Repr::Net(ip, bits) => {
                 out.put(&[4, *bits]);
@@ -147,8 +149,9 @@ impl<'a> Key<'a> {
                 }
             }
             Repr::Number(n) => {
-                out.put(&[5]);
-                out.put(&n.to_be_bytes());
+                let mut tagged = [5; 9];
+                tagged[1..].copy_from_slice(&n.to_be_bytes());
+                out.put(&tagged);
             }
         }
     }

@@ -4,7 +4,7 @@
 //! grows, and a bound on entries per shard.
 
 use std::{
-    hash::BuildHasher,
+    hash::{BuildHasher, Hasher},
     sync::{Mutex, MutexGuard},
 };
 
@@ -75,9 +75,11 @@ impl<V> Sharded<V> {
     }
 
     pub(crate) fn slot(&self, key: &[u8]) -> Slot {
-        Slot {
-            hash: self.hasher.hash_one(key),
-        }
+        // The bytes alone, without `Hash for [u8]`'s length prefix: one key per table, and
+        // SipHash's last block holds the length anyway.
+        let mut h = self.hasher.build_hasher();
+        h.write(key);
+        Slot { hash: h.finish() }
     }
 
     /// Locks the shard of `slot`.
