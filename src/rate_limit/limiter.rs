@@ -82,7 +82,10 @@ impl<A: Algorithm> RateLimiter<A> {
         let engine = &self.engine;
         match engine.decide(Some(&key), cost, None) {
             Some(result) => result,
-            None => engine.check(Some(&key), cost, None).await,
+            // Boxed: this future stays small for the answers at hand (a caller that boxes or
+            // spawns it allocates and moves only that), and a store that must be waited for
+            // takes far longer than the allocation.
+            None => Box::pin(engine.check(Some(&key), cost, None)).await,
         }
     }
 
@@ -117,7 +120,7 @@ impl<A: Algorithm> RateLimiter<A> {
         let quoted = engine.quoted(quota)?;
         match engine.decide(Some(&key), cost, Some(&quoted)) {
             Some(result) => result,
-            None => engine.check(Some(&key), cost, Some(&quoted)).await,
+            None => Box::pin(engine.check(Some(&key), cost, Some(&quoted))).await,
         }
     }
 
