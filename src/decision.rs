@@ -316,22 +316,26 @@ impl Decision {
         let (limit, window) = parts
             .get(o.binding)
             .map_or((limit, window), |p| (p.quota, p.window));
-        let limits = parts
-            .iter()
-            .zip(&o.parts)
-            .map(|(info, p)| LimitState {
-                name: Arc::clone(&info.name),
-                limit: info.quota,
-                window: info.window,
-                remaining: p.remaining.min(info.quota),
-                reset_after: us(p.reset_after_us),
-                retry_after: if o.allowed {
-                    None
-                } else {
-                    p.retry_after_us.map(us)
-                },
-            })
-            .collect();
+        // A single limit (the common case) has no parts: no iterator to build.
+        let limits = match parts.is_empty() {
+            true => Vec::new(),
+            false => parts
+                .iter()
+                .zip(&o.parts)
+                .map(|(info, p)| LimitState {
+                    name: Arc::clone(&info.name),
+                    limit: info.quota,
+                    window: info.window,
+                    remaining: p.remaining.min(info.quota),
+                    reset_after: us(p.reset_after_us),
+                    retry_after: if o.allowed {
+                        None
+                    } else {
+                        p.retry_after_us.map(us)
+                    },
+                })
+                .collect(),
+        };
         Self {
             allowed: o.allowed,
             limit,

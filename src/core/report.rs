@@ -170,6 +170,10 @@ impl std::fmt::Debug for KeyMeters {
 /// `rate_limit.decision`, `rate_limit.source` and `rate_limit.limit` recorded on the current
 /// span (the request's span, when it declares them). `latency`: how long the store took.
 pub(crate) fn decided(d: &Decision, verdict: Verdict, latency: Option<Duration>) {
+    // No subscriber: no event, no span (what `on_span` checks too), read once.
+    if tracing::level_filters::LevelFilter::current() == tracing::level_filters::LevelFilter::OFF {
+        return;
+    }
     let latency_us = latency.map_or(0, |l| l.as_micros() as u64);
     let limit = d.binding().map_or(&*d.policy, |l| &*l.name);
     match verdict {
