@@ -97,16 +97,28 @@ fn push_u64(out: &mut impl Out, n: u64) {
 }
 
 /// Writes `n` in decimal at the start of `out` (at least 20 bytes long); returns its length.
+/// Two digits at a time, from a table: numbers are written on every response.
 pub(crate) fn write_u64(out: &mut [u8], mut n: u64) -> usize {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut digits = [0u8; 20];
     let mut i = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[i] = b'0' + n as u8;
     }
     let len = digits.len() - i;
     out[..len].copy_from_slice(&digits[i..]);
@@ -218,34 +230,68 @@ pub(crate) fn render_with(
 ) {
     let t = reset_secs(d);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let pk = valid_pk(pk);
-        let mut item = |name: &str, limit: u64, window: Duration, remaining: u64, t| {
-            headers.append(RATELIMIT_POLICY, policy_item(name, limit, window, pk));
-            headers.append(RATELIMIT, state_item(name, remaining, t, pk));
-        };
-        if d.limits.is_empty() {
-            item(&d.policy, d.limit, d.window, d.remaining, t);
-        } else {
-            // Several limits: one list member each, named after the limit.
-            for l in &d.limits {
-                let t = match l.retry_after {
-                    Some(wait) if !wait.is_zero() => Some(ceil_secs(wait)),
-                    None if !d.allowed => None,
-                    _ => Some(ceil_secs(l.reset_after)),
-                };
-                item(&l.name, l.limit, l.window, l.remaining, t);
-            }
+        render_ietf(d, pk, t, headers);
+    }
+    render_legacy(style, d, t, headers);
+}
+
+/// The IETF fields of [`render_with`]; `t`: [`reset_secs`] of `d`.
+fn render_ietf(d: &Decision, pk: Option<&str>, t: Option<u64>, headers: &mut HeaderMap) {
+    let pk = valid_pk(pk);
+    let mut item = |name: &str, limit: u64, window: Duration, remaining: u64, t| {
+        headers.append(RATELIMIT_POLICY, policy_item(name, limit, window, pk));
+        headers.append(RATELIMIT, state_item(name, remaining, t, pk));
+    };
+    if d.limits.is_empty() {
+        item(&d.policy, d.limit, d.window, d.remaining, t);
+    } else {
+        // Several limits: one list member each, named after the limit.
+        for l in &d.limits {
+            let t = match l.retry_after {
+                Some(wait) if !wait.is_zero() => Some(ceil_secs(wait)),
+                None if !d.allowed => None,
+                _ => Some(ceil_secs(l.reset_after)),
+            };
+            item(&l.name, l.limit, l.window, l.remaining, t);
         }
     }
+}
+
+/// What [`render_with`] writes after the IETF fields: the legacy fields in `style`, and
+/// `Retry-After` when `d` is a retryable denial; `t`: [`reset_secs`] of `d`.
+pub(crate) fn render_legacy(
+    style: HeaderStyle,
+    d: &Decision,
+    t: Option<u64>,
+    headers: &mut HeaderMap,
+) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+        headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
+        headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
         if let Some(t) = t {
-            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(t));
+            headers.insert(X_RATELIMIT_RESET, number(t));
         }
     }
     if let Some(secs) = retry_after_secs(d) {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        headers.insert(RETRY_AFTER, number(secs));
+    }
+}
+
+/// `n` in decimal as a header value (what `HeaderValue::from(n)` makes): below 100 a static
+/// value, without an allocation (seconds to wait, small quotas and counts).
+pub(crate) fn number(n: u64) -> HeaderValue {
+    const SMALL: [&str; 100] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+        "32", "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46",
+        "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60", "61",
+        "62", "63", "64", "65", "66", "67", "68", "69", "70", "71", "72", "73", "74", "75", "76",
+        "77", "78", "79", "80", "81", "82", "83", "84", "85", "86", "87", "88", "89", "90", "91",
+        "92", "93", "94", "95", "96", "97", "98", "99",
+    ];
+    match usize::try_from(n).ok().and_then(|i| SMALL.get(i)) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
     }
 }
 
@@ -296,6 +342,30 @@ mod tests {
             let mut s = Vec::new();
             push_sf_string(&mut s, name);
             assert_eq!(String::from_utf8(s).unwrap(), sf);
+        }
+    }
+
+    /// Two digits at a time: every length, every pair, the edges of each power of ten.
+    #[test]
+    fn small_numbers_are_the_values_of_their_digits() {
+        for n in (0..1_000).chain([u64::MAX]) {
+            let v = number(n);
+            assert_eq!(v, HeaderValue::from(n));
+            assert!(!v.is_sensitive());
+        }
+    }
+
+    #[test]
+    fn decimal_digits_of_every_length() {
+        let tens = (1..20).flat_map(|e| {
+            let p = 10u64.pow(e);
+            [p - 1, p, p + 1]
+        });
+        let some = [1_000_000_007, u64::MAX - 1, u64::MAX].into_iter();
+        for n in (0..10_000).chain(tens).chain(some) {
+            let mut s = b"x".to_vec();
+            push_u64(&mut s, n);
+            assert_eq!(s, format!("x{n}").into_bytes());
         }
     }
 

@@ -12,6 +12,7 @@ use http::{
 use super::{
     body::{BoxBody, ResponseBody},
     headers::{ceil_secs, render_concurrency, render_with, HeaderStyle},
+    stamp::{render_with_field, PolicyField},
 };
 use crate::decision::Decision;
 
@@ -326,11 +327,26 @@ impl Responder<Decision> {
 
     /// The response to a denied request. A gRPC denial also carries the wait as
     /// `google.rpc.RetryInfo` and `grpc-retry-pushback-ms` (see [`grpc_denial`]).
+    #[cfg(test)]
     pub(crate) fn denied<B>(
         &self,
         d: &Decision,
         grpc: bool,
         pk: Option<&str>,
+    ) -> Response<ResponseBody<B>> {
+        self.denied_with(d, grpc, pk, None)
+    }
+
+    /// The response to a denied request. A gRPC denial also carries the wait as
+    /// `google.rpc.RetryInfo` and `grpc-retry-pushback-ms` (see [`grpc_denial`]). `field`:
+    /// the policy's own `RateLimit-Policy` member, rendered ahead, used when it is that of
+    /// `d`.
+    pub(crate) fn denied_with<B>(
+        &self,
+        d: &Decision,
+        grpc: bool,
+        pk: Option<&str>,
+        field: Option<&PolicyField>,
     ) -> Response<ResponseBody<B>> {
         // Responses built here carry no rate-limit header of their own: render straight into
         // them. A custom rejection's own headers win (merged below).
@@ -338,7 +354,7 @@ impl Responder<Decision> {
             grpc_denial(d)
         } else if let Some(reject) = &self.reject {
             let mut headers = HeaderMap::new();
-            render_with(self.style, d, pk, &mut headers);
+            render_with_field(self.style, d, pk, field, &mut headers);
             return Self::merge_headers(headers, reject(d).map(ResponseBody::boxed));
         } else if self.problem_details {
             problem_response(d)
@@ -356,7 +372,7 @@ impl Responder<Decision> {
                 Bytes::from_static(b"rate limit exceeded\n"),
             )
         };
-        render_with(self.style, d, pk, res.headers_mut());
+        render_with_field(self.style, d, pk, field, res.headers_mut());
         res
     }
 }

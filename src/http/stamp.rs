@@ -7,8 +7,9 @@ use std::{sync::Arc, time::Duration};
 use http::{HeaderMap, HeaderValue};
 
 use super::headers::{
-    policy_item, push_sf_string, reset_secs, state_item, valid_pk, value, write_u64, HeaderStyle,
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    number, policy_item, push_sf_string, render_legacy, render_with, reset_secs, state_item,
+    valid_pk, value, write_u64, HeaderStyle, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 use crate::decision::Decision;
 
@@ -117,17 +118,50 @@ impl Stamp {
     /// Adds the headers to a response, as `render_with` does: the IETF fields appended (after
     /// those of limiters further in), the legacy ones replacing earlier values.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if headers.is_empty() {
+            // Sized for these fields alone: an empty map's first insert would make room for
+            // six.
+            let n = 2 * usize::from(self.ietf.is_some())
+                + self
+                    .legacy
+                    .map_or(0, |(_, _, t)| 2 + usize::from(t.is_some()));
+            headers.reserve(n);
+        }
         if let Some((policy, state)) = self.ietf {
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, state);
         }
         if let Some((limit, remaining, t)) = self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
-            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+            headers.insert(X_RATELIMIT_LIMIT, number(limit));
+            headers.insert(X_RATELIMIT_REMAINING, number(remaining));
             if let Some(t) = t {
-                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(t));
+                headers.insert(X_RATELIMIT_RESET, number(t));
             }
         }
+    }
+}
+
+/// [`render_with`], with the policy's own `RateLimit-Policy` member (`field`) when it is
+/// that of `d` (a single limit, the policy's quota, no partition key): the same bytes, with
+/// one value cloned instead of rendered. For denials, rendered when the decision is made.
+pub(crate) fn render_with_field(
+    style: HeaderStyle,
+    d: &Decision,
+    pk: Option<&str>,
+    field: Option<&PolicyField>,
+    headers: &mut HeaderMap,
+) {
+    let own = field.filter(|f| d.limits.is_empty() && valid_pk(pk).is_none() && f.matches(d));
+    match own {
+        Some(f) => {
+            let t = reset_secs(d);
+            if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+                headers.append(RATELIMIT_POLICY, f.value.clone());
+                headers.append(RATELIMIT, f.state(d, t));
+            }
+            render_legacy(style, d, t, headers);
+        }
+        None => render_with(style, d, pk, headers),
     }
 }
 
@@ -224,6 +258,40 @@ mod tests {
             let expected = rendered(style, &d, pk.as_deref());
             prop_assert_eq!(&stamped(style, &d, pk.as_deref(), Some(&field)), &expected);
             prop_assert_eq!(&stamped(style, &d, pk.as_deref(), None), &expected);
+        }
+
+        /// Headers rendered with the policy's field are those `render_with` writes, byte for
+        /// byte, allowed or denied (with `Retry-After`), in every style, with and without a
+        /// partition key, with the policy's own field or another's.
+        #[test]
+        fn fielded_headers_are_rendered_headers(
+            name in prop_oneof!["[a-z:-]{0,12}", "[ -~]{0,80}", ".{0,8}"],
+            limit in prop_oneof![1..1_000u64, any::<u64>()],
+            remaining in prop_oneof![0..1_000u64, any::<u64>()],
+            reset_us in any::<u64>(),
+            retry_us in prop::option::of(prop_oneof![0..200_000_000u64, any::<u64>()]),
+            window_us in prop_oneof![Just(60_000_000u64), any::<u64>()],
+            allowed in any::<bool>(),
+            style in prop_oneof![
+                Just(HeaderStyle::Ietf), Just(HeaderStyle::Legacy),
+                Just(HeaderStyle::Both), Just(HeaderStyle::None),
+            ],
+            pk in prop::option::of(prop_oneof!["[A-Za-z0-9+/=]{16}", Just("not base64!".to_owned())]),
+            own_field in any::<bool>(),
+        ) {
+            let mut d = decision(&name, limit, remaining, reset_us, window_us);
+            d.allowed = allowed;
+            d.retry_after = retry_us.filter(|_| !allowed).map(Duration::from_micros);
+            let field = if own_field {
+                PolicyField::new(&Arc::from(name.as_str()), limit, d.window)
+            } else {
+                PolicyField::new(&Arc::from("other"), limit.wrapping_add(1), d.window)
+            };
+            let mut fielded = HeaderMap::new();
+            fielded.append(RATELIMIT, HeaderValue::from_static("\"inner\";r=1"));
+            fielded.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
+            render_with_field(style, &d, pk.as_deref(), Some(&field), &mut fielded);
+            prop_assert_eq!(&fielded, &rendered(style, &d, pk.as_deref()));
         }
     }
 }

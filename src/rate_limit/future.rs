@@ -171,7 +171,7 @@ fn conclude(
         Ok(d) if d.allowed || answer.shadow != Shadow::Off => d,
         Ok(d) => {
             let pk = answer.partition_key.as_deref();
-            return Next::Answer(responder.denied(&d, answer.grpc, pk));
+            return Next::Answer(responder.denied_with(&d, answer.grpc, pk, Some(field)));
         }
         Err(e) => {
             tracing::warn!(error = %Chain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
