@@ -118,15 +118,6 @@ impl Stamp {
     /// Adds the headers to a response, as `render_with` does: the IETF fields appended (after
     /// those of limiters further in), the legacy ones replacing earlier values.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        if headers.is_empty() {
-            // Sized for these fields alone: an empty map's first insert would make room for
-            // six.
-            let n = 2 * usize::from(self.ietf.is_some())
-                + self
-                    .legacy
-                    .map_or(0, |(_, _, t)| 2 + usize::from(t.is_some()));
-            headers.reserve(n);
-        }
         if let Some((policy, state)) = self.ietf {
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, state);
