@@ -33,6 +33,9 @@ struct Entry {
     until: Instant,
     /// When the whole quota is available again.
     reset: Instant,
+    /// `reset - until`, when the quota fills after the unit frees (always, but a caller may
+    /// say otherwise): a hit then needs one subtraction from the clock, not two.
+    reset_gap: Option<Duration>,
     /// A ban: it answers checks of every cost.
     banned: bool,
 }
@@ -102,14 +105,30 @@ impl DenyCache {
     }
 
     /// The live denial for `key`, if any; `now` is read only when entries are held.
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &[u8], now: impl FnOnce() -> Instant) -> Option<Hit> {
         let now = self.live(now)?;
+        self.get_live(key, now)
+    }
+
+    /// [`get`](Self::get) at `now`, which [`live`](Self::live) gave.
+    pub(crate) fn get_live(&self, key: &[u8], now: Instant) -> Option<Hit> {
         let slot = self.entries.slot(key);
         let mut shard = self.entries.lock(slot);
         let e = *shard.get_mut(slot, key)?;
-        (now < e.valid).then(|| Hit {
-            retry_after: e.until - now,
-            reset_after: e.reset.saturating_duration_since(now),
+        drop(shard);
+        if now >= e.valid {
+            return None;
+        }
+        // `now < valid <= until`.
+        let retry_after = e.until - now;
+        let reset_after = match e.reset_gap {
+            Some(gap) => retry_after + gap,
+            None => e.reset.saturating_duration_since(now),
+        };
+        Some(Hit {
+            retry_after,
+            reset_after,
             banned: e.banned,
         })
     }
@@ -125,10 +144,13 @@ impl DenyCache {
         reset_after: Duration,
         banned: bool,
     ) {
+        let until = sent + retry_after;
+        let reset = sent + reset_after;
         let entry = Entry {
             valid: sent + retry_after.min(MAX_AGE),
-            until: sent + retry_after,
-            reset: sent + reset_after,
+            until,
+            reset,
+            reset_gap: reset.checked_duration_since(until),
             banned,
         };
         // Before the entry is visible: a lookup that finds it must not skip it. `micros` is

@@ -503,7 +503,7 @@ impl RateEngine {
         cache_key(key, quoted, &mut compact);
         // A denial for lack of units answers cost-1 checks only; a ban answers every cost.
         let hit = cache
-            .get(compact.as_bytes(), || now)
+            .get_live(compact.as_bytes(), now)
             .filter(|hit| cost == 1 || hit.banned)?;
         let algorithm = self.algorithm(quoted);
         let mut d = Decision::cached_denial(
