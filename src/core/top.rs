@@ -143,6 +143,50 @@ impl TopKeys {
         }
     }
 
+    /// [`record`](Self::record), the identity given in two parts (`head` then `tail`, as
+    /// [`Key::compact_parts`] reads it): a lane's repeated denials of its last key are counted
+    /// without copying the identity out.
+    pub(crate) fn record_parts(
+        &self,
+        head: &[u8],
+        tail: &[u8],
+        key: Option<&Key<'_>>,
+        verdict: Verdict,
+    ) {
+        let len = head.len() + tail.len();
+        if len > MAX_ID {
+            // The SHA-1 of the identity, fed in its two parts.
+            let mut sha = sha1_smol::Sha1::new();
+            sha.update(head);
+            sha.update(tail);
+            return self.record(&sha.digest().bytes(), key, verdict);
+        }
+        {
+            let mut guard = self.lane();
+            let Tracker { slots, last, .. } = &mut *guard;
+            let same = |s: &&mut Slot| {
+                let id = s.id();
+                id.len() == len && id[..head.len()] == *head && id[head.len()..] == *tail
+            };
+            if let Some(slot) = slots.get_mut(*last).filter(same) {
+                count(slot, verdict);
+                return;
+            }
+        }
+        let mut id = [0; MAX_ID];
+        id[..head.len()].copy_from_slice(head);
+        id[head.len()..len].copy_from_slice(tail);
+        self.record(&id[..len], key, verdict);
+    }
+
+    /// This thread's lane, locked.
+    fn lane(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        match self.lanes[lane() % TOP_LANES].0.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     /// Counts a denial (`Denied` or `WouldDeny`) of `key` (`None`: the check had no key),
     /// whose compact form (as the store and the deny cache write it, unique per key) is `id`.
     /// Allocates nothing once the tracker is full.
@@ -155,10 +199,7 @@ impl TopKeys {
             }
             false => id,
         };
-        let mut guard = match self.lanes[lane() % TOP_LANES].0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = self.lane();
         let Tracker { slots, index, last } = &mut *guard;
         if let Some(slot) = slots.get_mut(*last).filter(|s| s.id() == id) {
             count(slot, verdict);
@@ -490,5 +531,39 @@ mod tests {
         assert!(all[0].key.ends_with('…'));
         assert!(all[0].key.len() <= MAX_TEXT + 3);
         assert!(all.iter().any(|c| c.key.is_empty()));
+    }
+
+    /// An identity given in parts counts as the same identity given whole: short and long
+    /// (hashed) ones, text and numbers, split anywhere, as a lane's last key or not.
+    #[test]
+    fn parts_count_as_the_whole_identity() {
+        let whole = TopKeys::new(16);
+        let parts = TopKeys::new(16);
+        let long = "k".repeat(300);
+        let keys = [
+            Key::text("a"),
+            Key::number(7),
+            Key::text(long.as_str()),
+            Key::text("a"),
+            Key::text("b"),
+            Key::text("b"),
+            Key::text(long.as_str()),
+        ];
+        for (n, key) in keys.iter().cycle().take(60).enumerate() {
+            let verdict = if n % 3 == 0 {
+                Verdict::WouldDeny
+            } else {
+                Verdict::Denied
+            };
+            let id = id(key);
+            whole.record(&id, Some(key), verdict);
+            let split = n % (id.len() + 1);
+            parts.record_parts(&id[..split], &id[split..], Some(key), verdict);
+            let mut scratch = [0; crate::extract::COMPACT_SCRATCH];
+            let (head, tail) = key.compact_parts(128, &mut scratch);
+            assert_eq!([head, tail].concat(), id);
+        }
+        assert_eq!(whole.top(16, &policy()), parts.top(16, &policy()));
+        assert_eq!(parts.top(16, &policy()).len(), 4);
     }
 }

@@ -117,45 +117,72 @@ impl<'a> Key<'a> {
     /// Writes a compact binary form, unique per key (a tag byte and the payload; long text as
     /// its SHA-1): for in-memory lookups, where no one reads the key.
     pub(crate) fn write_compact(&self, max_len: usize, out: &mut impl Out) {
+        let mut scratch = [0; COMPACT_SCRATCH];
+        let (head, tail) = self.compact_parts(max_len, &mut scratch);
+        out.put(head);
+        if !tail.is_empty() {
+            out.put(tail);
+        }
+    }
+
+    /// The bytes [`write_compact`](Self::write_compact) writes, as two parts (the tag with
+    /// whatever fits beside it in `scratch`, then the key's own bytes, or nothing): read in
+    /// place, without copying a text key.
+    pub(crate) fn compact_parts<'s>(
+        &'s self,
+        max_len: usize,
+        scratch: &'s mut [u8; COMPACT_SCRATCH],
+    ) -> (&'s [u8], &'s [u8]) {
         let (tag, bytes) = match &self.0 {
             Repr::Text(t) => (0, t.as_bytes()),
             Repr::Bytes(b) => (6, &b[..]),
             _ => (0, &[][..]),
         };
-        match &self.0 {
+        let len = match &self.0 {
             Repr::Text(_) | Repr::Bytes(_) if bytes.len() > max_len => {
-                out.put(&[tag + 1]);
-                out.put(&sha1_smol::Sha1::from(bytes).digest().bytes());
+                scratch[0] = tag + 1;
+                scratch[1..21].copy_from_slice(&sha1_smol::Sha1::from(bytes).digest().bytes());
+                21
             }
             Repr::Text(_) | Repr::Bytes(_) => {
-                out.put(&[tag]);
-                out.put(bytes);
+                scratch[0] = tag;
+                return (&scratch[..1], bytes);
             }
-            // The tag and the bytes in one write: numbers and addresses are the common keys.
             Repr::Ip(IpAddr::V4(v4)) => {
-                let [a, b, c, d] = v4.octets();
-                out.put(&[2, a, b, c, d]);
+                scratch[0] = 2;
+                scratch[1..5].copy_from_slice(&v4.octets());
+                5
             }
             Repr::Ip(IpAddr::V6(v6)) => {
-                let mut tagged = [3; 17];
-                tagged[1..].copy_from_slice(&v6.octets());
-                out.put(&tagged);
+                scratch[0] = 3;
+                scratch[1..17].copy_from_slice(&v6.octets());
+                17
             }
             Repr::Net(ip, bits) => {
-                out.put(&[4, *bits]);
+                scratch[..2].copy_from_slice(&[4, *bits]);
                 match ip {
-                    IpAddr::V4(v4) => out.put(&v4.octets()),
-                    IpAddr::V6(v6) => out.put(&v6.octets()),
+                    IpAddr::V4(v4) => {
+                        scratch[2..6].copy_from_slice(&v4.octets());
+                        6
+                    }
+                    IpAddr::V6(v6) => {
+                        scratch[2..18].copy_from_slice(&v6.octets());
+                        18
+                    }
                 }
             }
             Repr::Number(n) => {
-                let mut tagged = [5; 9];
-                tagged[1..].copy_from_slice(&n.to_be_bytes());
-                out.put(&tagged);
+                scratch[0] = 5;
+                scratch[1..9].copy_from_slice(&n.to_be_bytes());
+                9
             }
-        }
+        };
+        (&scratch[..len], &[])
     }
 }
+
+/// Room for the part of a compact key that is not the key's own bytes: a tag and a SHA-1.
+pub(crate) const COMPACT_SCRATCH: usize = 21;
 
 /// Where a key is written: a buffer on the stack, a `Vec`.
 pub(crate) trait Out {

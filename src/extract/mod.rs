@@ -48,7 +48,7 @@ pub use self::{
 };
 pub(crate) use self::{
     cost::CostFn,
-    key::{canonical, Out, Repr},
+    key::{canonical, Out, Repr, COMPACT_SCRATCH},
 };
 
 use http::request::Parts;

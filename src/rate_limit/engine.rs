@@ -19,7 +19,7 @@ use crate::{
     core::{Core, DenyCache, KeyCount, Leasing, Return, TopKeys},
     decision::{Charge, Decision, KeyState, Source},
     error::{Chain, ConfigError, Error},
-    extract::{Key, Out},
+    extract::{Key, Out, COMPACT_SCRATCH},
     quota::{Quota, MAX_EXACT},
     store::{KeyBuf, StoreKey},
 };
@@ -96,9 +96,9 @@ impl RateEngine {
             match compact {
                 Some(id) => top.record(id, key.key(), verdict),
                 None => {
-                    let mut id = KeyBuf::new();
-                    key.write_key_compact(&mut id);
-                    top.record(id.as_bytes(), key.key(), verdict);
+                    let mut scratch = [0; COMPACT_SCRATCH];
+                    let (head, tail) = key.key_compact_parts(&mut scratch);
+                    top.record_parts(head, tail, key.key(), verdict);
                 }
             }
         }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::extract::{Key, Out};
+use crate::extract::{Key, Out, COMPACT_SCRATCH};
 
 /// The key a store decides one check under: the limiter's namespace (`prefix:policy`) and the
 /// request's [`Key`], or none (the quota that keyless requests share), with the bound above
@@ -66,6 +66,18 @@ impl<'a> StoreKey<'a> {
             }
         }
         self.write_key_compact(out);
+    }
+
+    /// What [`write_key_compact`](Self::write_key_compact) writes, as two parts read in
+    /// place (see [`Key::compact_parts`]).
+    pub(crate) fn key_compact_parts<'s>(
+        &'s self,
+        scratch: &'s mut [u8; COMPACT_SCRATCH],
+    ) -> (&'s [u8], &'s [u8]) {
+        match self.key {
+            Some(key) => key.compact_parts(self.max_len, scratch),
+            None => (&[0xff], &[]),
+        }
     }
 
     /// The key alone, compact: for a map of one limiter (the deny cache).
