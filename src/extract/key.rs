@@ -117,11 +117,42 @@ impl<'a> Key<'a> {
     /// Writes a compact binary form, unique per key (a tag byte and the payload; long text as
     /// its SHA-1): for in-memory lookups, where no one reads the key.
     pub(crate) fn write_compact(&self, max_len: usize, out: &mut impl Out) {
-        let mut scratch = [0; COMPACT_SCRATCH];
-        let (head, tail) = self.compact_parts(max_len, &mut scratch);
-        out.put(head);
-        if !tail.is_empty() {
-            out.put(tail);
+        let (tag, bytes) = match &self.0 {
+            Repr::Text(t) => (0, t.as_bytes()),
+            Repr::Bytes(b) => (6, &b[..]),
+            _ => (0, &[][..]),
+        };
+        match &self.0 {
+            Repr::Text(_) | Repr::Bytes(_) if bytes.len() > max_len => {
+                out.put(&[tag + 1]);
+                out.put(&sha1_smol::Sha1::from(bytes).digest().bytes());
+            }
+            Repr::Text(_) | Repr::Bytes(_) => {
+                out.put(&[tag]);
+                out.put(bytes);
+            }
+            // The tag and the bytes in one write: numbers and addresses are the common keys.
+            Repr::Ip(IpAddr::V4(v4)) => {
+                let [a, b, c, d] = v4.octets();
+                out.put(&[2, a, b, c, d]);
+            }
+            Repr::Ip(IpAddr::V6(v6)) => {
+                let mut tagged = [3; 17];
+                tagged[1..].copy_from_slice(&v6.octets());
+                out.put(&tagged);
+            }
+            Repr::Net(ip, bits) => {
+                out.put(&[4, *bits]);
+                match ip {
+                    IpAddr::V4(v4) => out.put(&v4.octets()),
+                    IpAddr::V6(v6) => out.put(&v6.octets()),
+                }
+            }
+            Repr::Number(n) => {
+                let mut tagged = [5; 9];
+                tagged[1..].copy_from_slice(&n.to_be_bytes());
+                out.put(&tagged);
+            }
         }
     }
 
@@ -295,6 +326,35 @@ mod tests {
             for b in &keys[i + 1..] {
                 assert_ne!(a, b);
             }
+        }
+    }
+
+    /// The two parts read in place are the bytes written, for every kind of key.
+    #[test]
+    fn compact_parts_are_the_compact_form() {
+        let v4: IpAddr = "203.0.113.7".parse().unwrap();
+        let v6: IpAddr = "2001:db8::7".parse().unwrap();
+        let bytes = [0u8, 255, 7];
+        let keys = [
+            Key::from("203.0.113.7"),
+            Key::from(""),
+            Key::ip(v4),
+            Key::ip(v6),
+            Key::network(v4, 24),
+            Key::network(v6, 64),
+            Key::number(42),
+            Key::number(u64::MAX),
+            Key::from("x".repeat(129)),
+            Key::from("x".repeat(128)),
+            Key::bytes(&bytes[..]),
+            Key::bytes(vec![9u8; 200]),
+        ];
+        for key in &keys {
+            let mut written = Vec::new();
+            key.write_compact(128, &mut written);
+            let mut scratch = [0; COMPACT_SCRATCH];
+            let (head, tail) = key.compact_parts(128, &mut scratch);
+            assert_eq!([head, tail].concat(), written, "{key:?}");
         }
     }
 }
