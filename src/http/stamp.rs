@@ -23,22 +23,35 @@ pub(crate) struct PolicyField {
     window: Duration,
     value: HeaderValue,
     state: Arc<[u8]>,
+    /// The `RateLimit` members with no unit left, by `t` (below [`EMPTY_MEMBERS`]), rendered
+    /// ahead: every denial of a flooded key carries one of them.
+    empty: Arc<[HeaderValue]>,
 }
 
 /// Room for a `RateLimit` member on the stack: the name's start and two numbers.
 const STATE_LEN: usize = 96;
+
+/// How many `RateLimit` members with no unit left a policy keeps rendered: `t` of 0 to 63 s.
+const EMPTY_MEMBERS: u64 = 64;
 
 impl PolicyField {
     pub(crate) fn new(name: &Arc<str>, limit: u64, window: Duration) -> Self {
         let mut state = Vec::new();
         push_sf_string(&mut state, name);
         state.extend_from_slice(b";r=");
+        let empty = match state.len() + 43 > STATE_LEN {
+            true => Vec::new(),
+            false => (0..EMPTY_MEMBERS)
+                .map(|t| render_state(&state, 0, Some(t)))
+                .collect(),
+        };
         Self {
             name: Arc::clone(name),
             limit,
             window,
             value: policy_item(name, limit, window, None),
             state: state.into(),
+            empty: empty.into(),
         }
     }
 
@@ -54,16 +67,13 @@ impl PolicyField {
         if self.state.len() + 43 > STATE_LEN {
             return state_item(&d.policy, d.remaining, t, None);
         }
-        let mut buf = [0u8; STATE_LEN];
-        let mut len = self.state.len();
-        buf[..len].copy_from_slice(&self.state);
-        len += write_u64(&mut buf[len..], d.remaining);
-        if let Some(t) = t {
-            buf[len..len + 3].copy_from_slice(b";t=");
-            len += 3;
-            len += write_u64(&mut buf[len..], t);
+        if d.remaining == 0 {
+            let held = t.and_then(|t| self.empty.get(usize::try_from(t).ok()?));
+            if let Some(member) = held {
+                return member.clone();
+            }
         }
-        value(&buf[..len])
+        render_state(&self.state, d.remaining, t)
     }
 
     /// Whether this is the policy field of `d`. Decisions of a policy carry its name, so
@@ -72,6 +82,21 @@ impl PolicyField {
     fn matches(&self, d: &Decision) -> bool {
         d.limit == self.limit && d.window == self.window
     }
+}
+
+/// A `RateLimit` member from its start (`"name";r=`, at most `STATE_LEN - 43` bytes), the units
+/// left and `t`.
+fn render_state(start: &[u8], remaining: u64, t: Option<u64>) -> HeaderValue {
+    let mut buf = [0u8; STATE_LEN];
+    let mut len = start.len();
+    buf[..len].copy_from_slice(start);
+    len += write_u64(&mut buf[len..], remaining);
+    if let Some(t) = t {
+        buf[len..len + 3].copy_from_slice(b";t=");
+        len += 3;
+        len += write_u64(&mut buf[len..], t);
+    }
+    value(&buf[..len])
 }
 
 /// The headers [`render_with`](super::headers::render_with) would add to the response of an
@@ -215,6 +240,38 @@ mod tests {
         let mut denied = d.clone();
         denied.allowed = false;
         assert!(Stamp::of(HeaderStyle::Ietf, &denied, None, Some(&f)).is_none());
+    }
+
+    /// Members with no unit left come rendered ahead for `t` below 64 s: the same bytes as
+    /// rendered, allowed (the last unit taken) or denied, in every style, and beyond 64 s.
+    #[test]
+    fn members_with_nothing_left_are_the_rendered_ones() {
+        for name in ["api", "a \"quoted\" name", &"n".repeat(60)] {
+            let field = PolicyField::new(&Arc::from(name), 100, Duration::from_secs(60));
+            for secs in 0..70u64 {
+                for offset_us in [0, 1, 999_999] {
+                    let us = (secs * 1_000_000).saturating_sub(offset_us);
+                    let mut d = decision(name, 100, 0, us, 60_000_000);
+                    for allowed in [true, false] {
+                        d.allowed = allowed;
+                        d.retry_after = (!allowed).then(|| Duration::from_micros(us));
+                        for style in [HeaderStyle::Ietf, HeaderStyle::Both] {
+                            let mut fielded = HeaderMap::new();
+                            fielded.append(RATELIMIT, HeaderValue::from_static("\"inner\";r=1"));
+                            fielded.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
+                            render_with_field(style, &d, None, Some(&field), &mut fielded);
+                            assert_eq!(fielded, rendered(style, &d, None), "{name} {us} {allowed}");
+                            if allowed {
+                                assert_eq!(
+                                    stamped(style, &d, None, Some(&field)),
+                                    rendered(style, &d, None)
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     proptest! {
