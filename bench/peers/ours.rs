@@ -53,7 +53,15 @@ impl Ours {
             Workload::Spread | Workload::HotAllowed => Quota::per_second(1_000_000),
         };
         let limiter = match v {
-            Variant::Memory => build(MemoryStore::new(), quota, &env.prefix, None, false)?,
+            // In memory ours runs past 10^6 checks a second: a burst of 10^9 keeps `spread` and
+            // `hot-allowed` never limited (as governor's 10^9 a second with a burst of 10^6).
+            Variant::Memory => {
+                let quota = match env.workload {
+                    Workload::Hot => quota,
+                    Workload::Spread | Workload::HotAllowed => quota.burst(1_000_000_000),
+                };
+                build(MemoryStore::new(), quota, &env.prefix, None, false)?
+            }
             _ => {
                 let mut s = RedisStore::connect(&env.redis_url).await?;
                 if let Variant::Batched = v {
