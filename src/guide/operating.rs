@@ -232,7 +232,7 @@
 //! entirely under the old limits or the new, no connection is dropped, and counters carry over
 //! as the table in [Quotas per request](#quotas-per-request) says. The algorithm and the key
 //! cannot change this way (they decide what the counters mean): build a new layer. With the
-//! `config` feature, [`LimitsFile`](crate::rate_limit::file::LimitsFile) reads them from TOML, whole,
+//! `config` feature, `rate_limit::file::LimitsFile` reads them from TOML, whole,
 //! each error naming its line and field, so a reload from a file half written or wrong is
 //! refused and the limits in force stay; `LimitsFile::from_toml` alone is the validation entry
 //! point. Watching the file and calling `replace` is the app's (the demo's `--config FILE`

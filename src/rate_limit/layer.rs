@@ -356,9 +356,9 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     }
 
     /// How the lists find a request's client address, for their networks: the peer address
-    /// unless this [`ClientIp`](crate::ClientIp) trusts proxies (default: `ClientIp::new()`,
+    /// unless this [`ClientIp`](crate::extract::ClientIp) trusts proxies (default: `ClientIp::new()`,
     /// the peer). Give the one your key extractor is, when it is a `ClientIp`.
-    pub fn list_addresses(mut self, client: crate::ClientIp) -> Self {
+    pub fn list_addresses(mut self, client: crate::extract::ClientIp) -> Self {
         self.lists_mut().client = client;
         self
     }
@@ -395,7 +395,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
             .config
             .lists
             .take()
-            .map_or_else(crate::ClientIp::new, |l| l.client.clone());
+            .map_or_else(crate::extract::ClientIp::new, |l| l.client.clone());
         let engine = std::sync::Arc::clone(&self.config.policies[0].engine);
         let live = LiveLimits::new(engine, client, limits)?;
         self.config.live = Some(live.clone());

@@ -9,7 +9,11 @@ use super::{
     engine::{Quoted, RateEngine},
     lists::{key_text, AccessList, Lists},
 };
-use crate::{error::ConfigError, extract::Key, quota::Quota, ClientIp};
+use crate::{
+    error::ConfigError,
+    extract::{ClientIp, Key},
+    quota::Quota,
+};
 
 /// What a layer's [`LiveLimits`] hold: the default policy's quota, quotas per key (plans),
 /// the allow and deny lists, and shadow mode. Built and checked whole, then swapped in at
