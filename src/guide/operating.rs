@@ -90,7 +90,7 @@
 //! | level | event |
 //! |---|---|
 //! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
-//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, source, limit, remaining, retry time); the circuit breaker closing |
+//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, key, source, limit, remaining, retry time); the circuit breaker closing |
 //! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
 //! | `error` | a request classified under a policy handle of another layer |
 //!
@@ -130,7 +130,10 @@
 //! (`would_deny`), its key in [`top_keys`](crate::RateLimiter::top_keys), and logged at
 //! `info`. A denial spends nothing, so the counts are what enforcing would see: read
 //! `would_deny` and the top keys to learn who the new limit would hit before enforcing it. A
-//! store failure lets the request through whatever the failure policy. Each policy of a
+//! store failure lets the request through whatever the failure policy. A ban
+//! ([`RateLimiter::ban`](crate::RateLimiter::ban)) is an operator's, not the limit's: a
+//! banned key is refused in shadow mode too (429 with `Retry-After`, counted `denied`), as
+//! the allow and deny lists apply. Each policy of a
 //! layer has its own setting, so a new log-in limit can shadow next to enforced ones.
 //! [`shadow_headers`](crate::rate_limit::RateLimiterBuilder::shadow_headers)`(true)` writes the
 //! fields after all (never a `Retry-After`), for those who want clients to see them. A

@@ -77,13 +77,14 @@ impl RateEngine {
         compact: Option<&[u8]>,
         latency: Option<Duration>,
     ) {
-        d.shadow = self.shadow();
+        // A ban is an operator's: enforced whether or not the limit is in shadow mode.
+        d.shadow = self.shadow() && !d.banned;
         if !self.core.reports {
             return;
         }
         let verdict = d.verdict();
         self.core.decided(verdict, d.source, latency);
-        report::decided(d, verdict, latency);
+        report::decided(d, key.key(), verdict, latency);
         if !self.key_meters.is_empty() {
             self.key_meters
                 .decided(&self.core.policy, key.key(), verdict);
