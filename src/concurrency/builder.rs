@@ -67,7 +67,9 @@ impl ConcurrencyLimiter {
 ///   that hash slot; say, one that just started): it cannot tell a loss from a first use and
 ///   admits up to `max_in_flight` more, until an instance that knew the old epoch calls (at
 ///   the latest the next renewal of a running request), which pauses admissions from the new
-///   epoch's start. That is at most twice the limit for such a loss;
+///   epoch's start. That is `max_in_flight` more for each such loss while the requests of
+///   earlier epochs still run (twice the limit after one; losses noticed first by instances
+///   already running add nothing);
 /// - a loss that leaves the epoch marker (a failover that lost only the last writes, a
 ///   deleted key): no pause; as many new requests as holders went missing may be admitted
 ///   before those count again at their next renewal.

@@ -548,8 +548,11 @@
 //!   except: requests whose renewals do not reach Redis during the pause (each counts again
 //!   at its next successful renewal); and a loss first noticed by an instance that had not
 //!   used that Redis before (one just started cannot tell a loss from a first use), which may
-//!   admit up to N more until an instance that knew the old epoch calls: at most 2N for such
-//!   a loss. On a cluster the marker is kept per hash slot.
+//!   admit up to N more until an instance that knew the old epoch calls. So the bound is 2N
+//!   after any number of losses noticed first by instances already running, and N more for
+//!   each loss noticed first by a new instance while the requests of earlier epochs still
+//!   run (three instances, each started just after its own restart of Redis, with long
+//!   requests: up to 3N). On a cluster the marker is kept per hash slot.
 //! - **Over the limit:** `429` (gRPC: `RESOURCE_EXHAUSTED`) in the rate limit's styles (plain
 //!   text, [`problem_details`](crate::concurrency::ConcurrencyLimitLayer::problem_details), or
 //!   [`on_limited`](crate::concurrency::ConcurrencyLimitLayer::on_limited) given a
