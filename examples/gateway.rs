@@ -1484,6 +1484,9 @@ fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
         ));
     }
     concurrency_limiter(args, Arc::new(MemoryStore::new()))?;
+    let uses_redis =
+        args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
+    check_regions(args, uses_redis)?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err(refusal("plans")(
             "--plan gives a quota per key of --key header:NAME",
@@ -1534,7 +1537,6 @@ async fn run(base: Args) -> Result<(), BoxError> {
         args.redis_sentinel.is_some(),
     ];
     let uses_redis = redis_flags.contains(&true);
-    check_regions(&args, uses_redis)?;
     if redis_flags.iter().filter(|&&f| f).count() > 1 {
         return Err("give one of --redis, --redis-cluster and --redis-sentinel".into());
     }
@@ -1544,9 +1546,12 @@ async fn run(base: Args) -> Result<(), BoxError> {
     if args.redis_cert.is_some() != args.redis_key.is_some() {
         return Err("--redis-cert and --redis-key go together".into());
     }
-    if !uses_redis && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect) {
+    if !uses_redis
+        && args.regions.is_none()
+        && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect)
+    {
         return Err(
-            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster or --redis-sentinel"
+            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster, --redis-sentinel or --regions"
                 .into(),
         );
     }
@@ -1659,7 +1664,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
 
 /// With `--regions`: `--region` names one of them, and nothing that cannot work across
 /// regions is given.
-fn check_regions(args: &Args, uses_redis: bool) -> Result<(), String> {
+fn check_regions(args: &Args, uses_redis: bool) -> Result<(), Refusal> {
     let Some(regions) = &args.regions else {
         if args.region.is_some() || args.region_share.is_some() {
             return Err("--region and --region-share go with --regions NAME=URL,...".into());
@@ -1679,25 +1684,41 @@ fn check_regions(args: &Args, uses_redis: bool) -> Result<(), String> {
         return Err(format!(
             "--region {region} is not one of --regions ({})",
             names.join(", ")
-        ));
+        )
+        .into());
     }
+    // (given, what, the file key)
     let refused = [
         (
             args.algorithm == "sliding-window",
             "--algorithm sliding-window (GCRA and the token bucket run across regions)",
+            Some("algorithm"),
         ),
         (
             args.unit_lease.is_some(),
             "--unit-lease-ms (a region's pool is a lease already)",
+            Some("unit_lease_ms"),
         ),
-        (args.count_only.is_some(), "--count-only (refunds)"),
-        (args.concurrency.is_some(), "--concurrency"),
-        (args.batch, "--batch"),
+        (
+            args.count_only.is_some(),
+            "--count-only (refunds)",
+            Some("count_only"),
+        ),
+        (
+            args.concurrency.is_some(),
+            "--concurrency",
+            Some("concurrency"),
+        ),
+        (args.batch, "--batch", None),
     ];
-    match refused.iter().find(|(given, _)| *given) {
-        Some((_, what)) => Err(format!(
-            "{what} does not work across regions yet: not with --regions"
-        )),
+    match refused.iter().find(|(given, ..)| *given) {
+        Some((_, what, field)) => {
+            let message = format!("{what} does not work across regions yet: not with --regions");
+            Err(match field {
+                Some(field) => refusal(*field)(message),
+                None => message.into(),
+            })
+        }
         None => Ok(()),
     }
 }
