@@ -422,11 +422,34 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
 
     /// Adds the IETF `pk` (partition key) parameter to the `RateLimit` fields: a keyed hash of
     /// the request's rate-limit key, so clients sharing an IP can tell their quotas apart,
-    /// without revealing the key. Instances sharing the secret give the same `pk`.
-    pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.config.partition_secret = Some(Arc::from(secret.as_ref()));
-        self
+    /// without revealing the key. Instances sharing the secret give the same `pk`. A secret
+    /// shorter than [`MIN_PARTITION_SECRET`](Self::MIN_PARTITION_SECRET) bytes is a
+    /// [`ConfigError`] naming `partition_key`: with a guessable secret, anyone could hash the
+    /// likely keys (addresses, ids) and read the key back from `pk`.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # fn run(limiter: RateLimiter<Gcra>) -> Result<(), ConfigError> {
+    /// let layer = RateLimitLayer::new(limiter, PeerIp).partition_key("a secret of 16 bytes or more")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_PARTITION_SECRET {
+            return Err(ConfigError::new(
+                "partition_key",
+                format!(
+                    "the secret must be at least {} bytes",
+                    Self::MIN_PARTITION_SECRET
+                ),
+            ));
+        }
+        self.config.partition_secret = Some(Arc::from(secret));
+        Ok(self)
     }
+
+    /// The shortest secret [`partition_key`](Self::partition_key) takes, in bytes.
+    pub const MIN_PARTITION_SECRET: usize = 16;
 
     /// Puts the [`Decision`](super::Decision) of each request that goes on in the request's
     /// extensions, for the inner service and its handlers (default off: it costs a clone
