@@ -184,3 +184,108 @@ fn a_ban_takes_nothing_and_outlives_a_reset() {
         assert!(d.allowed && !d.banned);
     });
 }
+
+/// GCRA's check reads the ban's copy in the key's state (`TAT:BAN`, see keys.rs), so every
+/// writer of that state keeps it: a refund during a ban, a reset; an unban takes it off and
+/// keeps the TAT. Checked on the stored values and on what checks answer, against the twin.
+#[test]
+fn the_ban_copy_in_a_gcra_state_is_kept_by_its_writers() {
+    use crate::decision::Charge;
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut raw =
+        |key: &str| -> Option<String> { redis::cmd("GET").arg(key).query(&mut conn).unwrap() };
+    let gcra = Gcra::new(Quota::per_second(10).burst(5)).unwrap();
+    let memory = MemoryStore::new();
+    let k = Key::from("k");
+    let key = StoreKey::bounded("steer-copy", Some(&k), 128);
+    let state = "{steer-copy:k}:g";
+    let charge = |o: &Outcome| Charge {
+        cost: 1,
+        quota: None,
+        local: false,
+        position: o.position,
+    };
+    rt.block_on(async {
+        let both = |cost: u32, now: u64| {
+            let m = memory
+                .check_now(&gcra, key, cost, Some(now))
+                .unwrap()
+                .unwrap();
+            (store.check(&gcra, key, cost, Some(now)), m)
+        };
+        let (r, m) = both(1, T0);
+        let first = r.await.unwrap();
+        assert_eq!(seen(&first), seen(&m));
+        assert_eq!(raw(state).as_deref(), Some("1700000000100000"));
+        store.ban(key, 5_000_000, Some(T0)).await.unwrap();
+        memory.ban(key, 5_000_000, Some(T0)).await.unwrap();
+        assert_eq!(
+            raw(state).as_deref(),
+            Some("1700000000100000:1700000005000000")
+        );
+        // A refund during the ban gives the unit back and keeps the ban.
+        assert!(store
+            .refund(&gcra, key, &charge(&first), Some(T0 + 10))
+            .await
+            .unwrap());
+        assert!(memory
+            .refund(&gcra, key, &charge(&m), Some(T0 + 10))
+            .await
+            .unwrap());
+        assert_eq!(raw(state).as_deref(), Some("0:1700000005000000"));
+        let (r, m) = both(1, T0 + 20);
+        let d = r.await.unwrap();
+        assert!(d.banned && m.banned);
+        assert_eq!(seen(&d), seen(&m));
+        // A reset keeps the ban; an unban lifts it and keeps what the state holds.
+        store.reset(&gcra, key).await.unwrap();
+        memory.reset(&gcra, key).await.unwrap();
+        assert_eq!(raw(state).as_deref(), Some("0:1700000005000000"));
+        store.unban(key).await.unwrap();
+        memory.unban(key).await.unwrap();
+        assert_eq!(raw(state), None);
+        let (r, m) = both(2, T0 + 30);
+        assert_eq!(seen(&r.await.unwrap()), seen(&m));
+        store.ban(key, 1_000_000, Some(T0 + 40)).await.unwrap();
+        memory.ban(key, 1_000_000, Some(T0 + 40)).await.unwrap();
+        assert_eq!(
+            raw(state).as_deref(),
+            Some("1700000000200030:1700000001000040")
+        );
+        store.unban(key).await.unwrap();
+        memory.unban(key).await.unwrap();
+        assert_eq!(raw(state).as_deref(), Some("1700000000200030"));
+        let (r, m) = both(1, T0 + 50);
+        assert_eq!(seen(&r.await.unwrap()), seen(&m));
+    });
+}
+
+/// The store refuses what GCRA's check does not validate (lua/gcra.lua): a cost of 0, an
+/// explicit time past 2^52; nothing is written.
+#[test]
+fn the_store_refuses_what_gcras_check_does_not_validate() {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gcra = Gcra::new(Quota::per_second(10)).unwrap();
+    let k = Key::from("k");
+    let key = StoreKey::bounded("steer-refuse", Some(&k), 128);
+    rt.block_on(async {
+        for store in [
+            redis.store().await,
+            redis.store().await.with_batching(Batching::new()).unwrap(),
+        ] {
+            for (cost, now) in [(0, Some(T0)), (0, None), (1, Some((1 << 52) + 1))] {
+                let e = store.check(&gcra, key, cost, now).await.unwrap_err();
+                assert!(matches!(e, crate::Error::InvalidInput(_)), "{e:?}");
+            }
+            let p = store.peek(&gcra, key, Some(T0)).await.unwrap();
+            assert_eq!((p.outcome.remaining, p.outcome.reset_after_us), (10, 0));
+        }
+    });
+}
