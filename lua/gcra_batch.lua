@@ -18,19 +18,21 @@
 --
 -- As in gcra.lua, the arguments are not validated (only RedisStore's batching task calls this
 -- script, with arguments built from validated types); the stored values are.
+-- Globals read once: every check reads KEYS, and every key written formats its TAT.
+local KEYS, ARGV, call, format, ceil = KEYS, ARGV, redis.call, string.format, math.ceil
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 
 local n = #KEYS
 local now = ARGV[1]
 if now == '' then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 else
   now = now + 0
 end
 
 -- Each key's stored value, overwritten with each check's reply as the checks are decided.
-local out = redis.call('MGET', unpack(KEYS))
+local out = call('MGET', unpack(KEYS))
 
 -- The key being decided: its first check, its TAT (false: corrupted), its ban's end, whether
 -- MGET found nothing under it, whether a check charged it, and its lifetime in ms when known
@@ -43,14 +45,14 @@ local key, first, tat, ban, fresh, charged, life
 local function finish(last)
   local wrong = false
   if charged then
-    local px = life or string.format('%d', math.ceil((tat - now) / 1000))
+    local px = life or format('%d', ceil((tat - now) / 1000))
     if fresh then
-      wrong = not redis.call('SET', key, string.format('%d', tat), 'PX', px, 'NX')
+      wrong = not call('SET', key, format('%d', tat), 'PX', px, 'NX')
     else
-      redis.call('PSETEX', key, px, string.format('%d', tat))
+      call('PSETEX', key, px, format('%d', tat))
     end
   elseif fresh then
-    wrong = redis.call('EXISTS', key) == 1
+    wrong = call('EXISTS', key) == 1
   end
   if wrong then
     for j = first, last do
