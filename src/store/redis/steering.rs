@@ -1,6 +1,7 @@
 //! Peeks, bans and resets in Redis against the in-memory twin, on a real Redis: every check,
-//! alone and batched, every peek, after any sequence of checks, bans, unbans and resets,
-//! answers the same in both stores; a peek spends nothing and shows what the next check sees.
+//! alone and batched, every peek and every refund, after any sequence of checks, bans,
+//! unbans, resets and refunds, answers the same in both stores; a peek spends nothing and shows
+//! what the next check sees.
 
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ enum Op {
     Ban(u64),
     Unban,
     Reset,
+    /// The refund of the allowed check this many back among those not given back yet.
+    Refund(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -32,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..3_000_000).prop_map(Op::Ban),
         1 => Just(Op::Unban),
         1 => Just(Op::Reset),
+        2 => (0usize..3).prop_map(Op::Refund),
     ]
 }
 
@@ -63,6 +67,8 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
         ..ProptestConfig::default()
     });
     let case_id = std::sync::atomic::AtomicU64::new(0);
+    // Refunds that gave something back, in either store (the run must have some).
+    let given = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&cases, |(limit, burst, steps)| {
             let period = Duration::from_secs(4);
@@ -85,6 +91,8 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                 let key = StoreKey::bounded(&namespace, Some(&k), 128);
                 let memory = MemoryStore::new();
                 let mut now = T0;
+                // Allowed checks not given back yet: (cost, Redis's outcome, the twin's).
+                let mut held: Vec<(u32, Outcome, Outcome)> = Vec::new();
                 for (i, (step, op)) in steps.iter().enumerate() {
                     now += step;
                     let at = format!("{} step {i} ({op:?}) of {steps:?}", algorithm.name());
@@ -93,7 +101,11 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                             let m = memory.check_now(algorithm, key, cost, Some(now)).unwrap();
                             let m = m.unwrap();
                             let r = rt.block_on(store.check(algorithm, key, cost, Some(now)));
-                            assert_eq!(seen(&r.unwrap()), seen(&m), "{at}");
+                            let r = r.unwrap();
+                            assert_eq!(seen(&r), seen(&m), "{at}");
+                            if m.allowed {
+                                held.push((cost, r, m.clone()));
+                            }
                             // The same check, batched, on a copy of the key's state.
                             let b = rt.block_on(batched.check(algorithm, key, cost, Some(now)));
                             let b = b.unwrap();
@@ -128,6 +140,22 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                             rt.block_on(memory.ban(key, us, Some(now))).unwrap();
                             rt.block_on(store.ban(key, us, Some(now))).unwrap();
                         }
+                        Op::Refund(back) if back < held.len() => {
+                            let (cost, r, m) = held.remove(held.len() - 1 - back);
+                            let charge = |o: &Outcome| crate::decision::Charge {
+                                cost,
+                                quota: None,
+                                local: false,
+                                position: o.position,
+                            };
+                            let (cm, cr) = (charge(&m), charge(&r));
+                            let rm = rt.block_on(memory.refund(algorithm, key, &cm, Some(now)));
+                            let rr = rt.block_on(store.refund(algorithm, key, &cr, Some(now)));
+                            let (rm, rr) = (rm.unwrap(), rr.unwrap());
+                            assert_eq!(rr, rm, "{at}");
+                            given.fetch_add(u64::from(rr), std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Op::Refund(_) => {}
                         Op::Unban => {
                             rt.block_on(memory.unban(key)).unwrap();
                             rt.block_on(store.unban(key)).unwrap();
@@ -154,6 +182,7 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
             Ok(())
         })
         .unwrap();
+    assert!(given.into_inner() > 0, "no refund gave anything back");
 }
 
 /// A ban denies every check, reservations included, and takes nothing; a reset keeps it.
