@@ -198,13 +198,10 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
     conn: C,
     gcra: Gcra,
 ) -> CheckFn {
-    // The script the store runs for GCRA (after the GCRA core), with the same arguments.
-    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(concat!(
-            include_str!("../lua/gcra_core.lua"),
-            include_str!("../lua/gcra.lua")
-        ))
-    });
+    // The script the store runs for GCRA's check, with the same arguments: the step (one
+    // unit), the tolerance, a rested key's lifetime in ms; no time (the script reads TIME).
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/gcra.lua")));
     let Rule::Gcra(rate) = gcra.rule() else {
         unreachable!("GCRA's rule")
     };
@@ -213,10 +210,13 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
         Box::pin(async move {
             let mut inv = SCRIPT.prepare_invoke();
             inv.key(format!("{{raw:{key}}}:g"));
-            inv.arg("");
-            inv.arg(1).arg(rate.emission_us()).arg(rate.burst());
-            let reply: Vec<i64> = inv.invoke_async(&mut conn).await.expect("script failed");
-            reply[0] == 1
+            let step = rate.emission_us();
+            inv.arg(step)
+                .arg(rate.tolerance_us())
+                .arg(step.div_ceil(1_000));
+            // Admitted: the string `TAT SECS USECS`; denied: an integer (banned: an array).
+            let reply: redis::Value = inv.invoke_async(&mut conn).await.expect("script failed");
+            matches!(reply, redis::Value::BulkString(_))
         })
     })
 }

@@ -23,9 +23,9 @@
 //! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
 //! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
 //! table, `gold = "100/1m"`), `count_only`, `concurrency`, `lease_ms`, `unit_lease_ms`,
-//! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; a key given
-//! as a flag too is refused at start-up; every other flag stays a flag, and is refused in the
-//! file. The file is read again on `SIGHUP` and when its content changes (looked at every
+//! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; with
+//! `--config`, any of these given as a flag (in the file or not) is refused at start-up; every
+//! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and when its content changes (looked at every
 //! 200 ms), with one stderr line: `config reloaded: FILE: limit QUOTA`, or `config refused:
 //! REASON`, when the file does not parse (a half-written one included) or changes a setting
 //! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
@@ -33,7 +33,9 @@
 //! effect for the next request, drops no connection and keeps every counter (a key's state
 //! is read under the new quota, see the guide's quotas per request).
 //! `--check-config FILE` prints `ok` and exits 0 when the file would start the gateway, or
-//! prints the error (the line and the field) on stderr and exits 1.
+//! prints the error (the line and the field, for a value that does not read and for a
+//! setting that cannot work alike) on stderr and exits 1. `GET /keys/{key}` shows a key under
+//! the quota its checks get: its plan's, and the limits in force after a reload.
 //!
 //! `--allow LIST` and `--deny LIST` (comma-separated keys, addresses and CIDRs, e.g.
 //! `vip,10.0.0.0/8,2001:db8::/32`): requests whose key, or whose client address (as `--key ip`
@@ -87,9 +89,10 @@
 //! `--key header:NAME`, the client address with `--key ip` (an IPv6 client as its network,
 //! `2001:db8::/64`; a whole IPv6 address is taken to its network), `global` with `--key
 //! global`. `--admin-token TOKEN` or `--admin-token-file FILE` (the token on the file's first
-//! line, out of sight of `ps`): every admin request needs `Authorization: Bearer TOKEN`, else
-//! 401; one of them is required when `--admin-listen` is not a loopback address. Each change
-//! is logged once at `info` (`admin:` what, the key, the peer's address). The admin listener
+//! line, out of sight of `ps`): every admin request needs `Authorization: Bearer TOKEN` (the
+//! scheme in any case), else 401; one of them is required when `--admin-listen` is not a
+//! loopback address. Each change is logged once at `info` (`admin:` what, the key, the peer's
+//! address). The admin listener
 //! never shares the public one: without `--admin-listen`, none of this is reachable.
 //!
 //! `--region NAME --regions NAME=URL,NAME=URL,...` (several regions, see the guide's chapter
@@ -171,8 +174,8 @@ use tower_redis_ratelimit::{
     },
     store::redis::{Batching, RegionalStore},
     store::Store,
-    ClientIp, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore, Quota,
-    RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    ClientIp, ConfigError, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore,
+    Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
@@ -595,6 +598,37 @@ struct FileFlags {
     deny: Option<Vec<String>>,
 }
 
+/// The keys of a `--config` file (the fields of [`FileFlags`]), in the order of the flags.
+const FILE_KEYS: &[&str] = &[
+    "algorithm",
+    "limit",
+    "per",
+    "burst",
+    "key",
+    "trusted_proxy",
+    "ipv6_prefix",
+    "on_redis_error",
+    "local_share",
+    "timeout_ms",
+    "headers",
+    "plans",
+    "count_only",
+    "concurrency",
+    "lease_ms",
+    "unit_lease_ms",
+    "shadow",
+    "allow",
+    "deny",
+];
+
+/// The command-line flag of a file key (`plans` is the file's name for `--plan`).
+fn flag_of(key: &str) -> String {
+    match key {
+        "plans" => "--plan".to_owned(),
+        key => format!("--{}", key.replace('_', "-")),
+    }
+}
+
 /// Flags that stay flags: refused in a file, with a word on where they go.
 const NOT_IN_FILE: &[&str] = &[
     "listen",
@@ -638,10 +672,10 @@ fn with_file(base: &Args, path: &str) -> Result<Args, String> {
         }
         in_file(e)
     })?;
+    // (the file key, the field an error names: `plans.KEY` for a plan, the value)
     let mut pairs: Vec<(&str, String, Option<String>)> = Vec::new();
-    let mut put = |key: &'static str, value: Option<String>| {
-        pairs.push((key, format!("--{}", key.replace('_', "-")), value))
-    };
+    let mut put =
+        |key: &'static str, value: Option<String>| pairs.push((key, key.to_owned(), value));
     // The fields that are one flag's value as written.
     macro_rules! put_values {
         ($($field:ident),*) => {$(
@@ -661,9 +695,6 @@ fn with_file(base: &Args, path: &str) -> Result<Args, String> {
         timeout_ms,
         headers
     );
-    for (k, v) in file.plans.iter().flatten() {
-        put("plans", Some(format!("{k}={v}")));
-    }
     put_values!(count_only, concurrency, lease_ms, unit_lease_ms);
     if file.shadow == Some(true) {
         put("shadow", None);
@@ -674,14 +705,12 @@ fn with_file(base: &Args, path: &str) -> Result<Args, String> {
     if let Some(v) = &file.deny {
         put("deny", Some(v.join(",")));
     }
+    for (k, v) in file.plans.iter().flatten() {
+        pairs.push(("plans", format!("plans.{k}"), Some(format!("{k}={v}"))));
+    }
     let mut a = base.clone();
-    for (key, flag, value) in pairs {
-        // `plans` is the file's name for `--plan`.
-        let flag = if key == "plans" {
-            "--plan".to_owned()
-        } else {
-            flag
-        };
+    for (key, field, value) in pairs {
+        let flag = flag_of(key);
         if base.given.contains(&flag) {
             return Err(in_file(FileError::field_error(
                 &text,
@@ -694,9 +723,25 @@ fn with_file(base: &Args, path: &str) -> Result<Args, String> {
             let e = e
                 .strip_prefix(&format!("{flag}: "))
                 .map_or(e.clone(), str::to_owned);
-            in_file(FileError::field_error(&text, key, e))
+            in_file(FileError::field_error(&text, &field, e))
         })?;
     }
+    // A limit setting is the file's alone, whether the file gives it or takes its default.
+    if let Some(flag) = FILE_KEYS
+        .iter()
+        .map(|key| (key, flag_of(key)))
+        .find(|(_, flag)| base.given.contains(flag))
+    {
+        let (key, flag) = flag;
+        return Err(format!(
+            "--config {path}: {flag} is a limit setting: with --config, give it in the file (`{key}`), not on the command line"
+        ));
+    }
+    // What cannot work, named by its line and field.
+    check(&a).map_err(|r| match &r.field {
+        Some(field) => in_file(FileError::field_error(&text, field, r.message)),
+        None => format!("--config {path}: {}", r.message),
+    })?;
     Ok(a)
 }
 
@@ -748,7 +793,6 @@ fn reload(base: &Args, path: &str, running: &mut Args, live: &LiveLimits) {
                 ));
             }
         }
-        check(&next).map_err(|e| e.to_string())?;
         live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
         Ok(next)
     });
@@ -813,28 +857,71 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, BoxError> {
+fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, Refusal> {
     Ok(match args.key.as_str() {
         "global" => Arc::new(GlobalKey),
         "ip" => Arc::new(client_ip(args)?),
-        header => Arc::new(HeaderKey::new(&header["header:".len()..])?),
+        header => Arc::new(HeaderKey::new(&header["header:".len()..]).map_err(refusal("key"))?),
     })
 }
 
 /// The client address as `--key ip` finds it: the peer, or what `--trusted-proxy` forwarded.
-fn client_ip(args: &Args) -> Result<ClientIp, BoxError> {
-    let mut ip = ClientIp::new().ipv6_prefix(args.ipv6_prefix)?;
+fn client_ip(args: &Args) -> Result<ClientIp, Refusal> {
+    let mut ip = ClientIp::new()
+        .ipv6_prefix(args.ipv6_prefix)
+        .map_err(refusal("ipv6_prefix"))?;
     for cidr in &args.trusted {
-        ip = ip.trust(cidr)?;
+        ip = ip.trust(cidr).map_err(refusal("trusted_proxy"))?;
     }
     Ok(ip)
+}
+
+/// A setting that cannot work: why, and the `--config` file key of the setting at fault
+/// (`plans.KEY` for a plan), so that a file's error names its line and field.
+#[derive(Debug)]
+struct Refusal {
+    field: Option<String>,
+    message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+impl From<String> for Refusal {
+    /// A refusal of no file setting (the command line's flags).
+    fn from(message: String) -> Self {
+        Self {
+            field: None,
+            message,
+        }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
+/// Names `field` (a file key) as the setting an error refuses.
+fn refusal<E: std::fmt::Display>(field: impl Into<String>) -> impl FnOnce(E) -> Refusal {
+    let field = field.into();
+    move |e| Refusal {
+        field: Some(field),
+        message: e.to_string(),
+    }
 }
 
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
 fn concurrency_limiter(
     args: &Args,
     store: Arc<dyn Store>,
-) -> Result<Option<ConcurrencyLimiter>, String> {
+) -> Result<Option<ConcurrencyLimiter>, Refusal> {
     let Some(n) = args.concurrency else {
         return Ok(None);
     };
@@ -847,7 +934,17 @@ fn concurrency_limiter(
         .local_share(args.local_share)
         .build()
         .map(Some)
-        .map_err(|e| format!("--concurrency {n} --lease-ms {}: {e}", lease.as_millis()))
+        .map_err(|e| {
+            let field = if e.field() == "permit_ttl" {
+                "lease_ms"
+            } else {
+                "concurrency"
+            };
+            refusal(field)(format!(
+                "--concurrency {n} --lease-ms {}: {e}",
+                lease.as_millis()
+            ))
+        })
 }
 
 /// The rate limiter, checked before anything connects (with a `MemoryStore`) and built again
@@ -856,7 +953,7 @@ fn rate_limiter(
     args: &Args,
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
-) -> Result<RateLimiter<Arc<dyn Algorithm>>, String> {
+) -> Result<RateLimiter<Arc<dyn Algorithm>>, Refusal> {
     let mut builder = RateLimiter::builder(store, algorithm)
         .prefix(&args.prefix)
         .store_timeout(args.timeout)
@@ -867,12 +964,14 @@ fn rate_limiter(
         builder = builder.lease(UnitLease::up_to(lifetime));
     }
     builder.build().map_err(|e| match e.field() {
-        f if f.starts_with("lease") => format!(
+        f if f.starts_with("lease") => refusal("unit_lease_ms")(format!(
             "--unit-lease-ms {} (--algorithm {}): {e}",
             args.unit_lease.unwrap_or_default().as_millis(),
             args.algorithm
-        ),
-        _ => e.to_string(),
+        )),
+        "store_timeout" => refusal("timeout_ms")(e),
+        "local_share" => refusal("local_share")(e),
+        _ => e.to_string().into(),
     })
 }
 
@@ -887,6 +986,20 @@ struct AdminState {
     token: Option<Arc<[u8]>>,
     /// With `--regions`: this region's store, for `GET /region`.
     regional: Option<RegionalStore>,
+    /// Each key's quota, as the layer finds it: the live limits of `--config`, or the
+    /// `--plan`s.
+    quotas: Quotas,
+}
+
+/// Where the layer finds a key's quota, so that a peek shows what a check would.
+#[derive(Clone)]
+enum Quotas {
+    /// The limiter's own for every key.
+    Own,
+    /// `--plan`s: a quota per key, else the limiter's own.
+    Plans(Arc<HashMap<Vec<u8>, Quota>>),
+    /// `--config`: the limits in force (reloaded), plans included.
+    Live(LiveLimits),
 }
 
 /// How the key extractor writes a key, so that an operator's text names the same key.
@@ -975,18 +1088,20 @@ fn admin_router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Whether `req` carries `Authorization: Bearer TOKEN`, compared in constant time (no timing
-/// tells how much of a guess was right).
+/// Whether `req` carries `Authorization: Bearer TOKEN` (the scheme in any case, as HTTP
+/// says), the token compared in constant time (no timing tells how much of a guess was
+/// right).
 fn authorized(req: &axum::extract::Request, token: &[u8]) -> bool {
     use subtle::ConstantTimeEq;
-    let Some(given) = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-    else {
+    let Some(value) = req.headers().get(http::header::AUTHORIZATION) else {
         return false;
     };
-    bool::from(given.ct_eq(token))
+    let value = value.as_bytes();
+    let Some(space) = value.iter().position(|&b| b == b' ') else {
+        return false;
+    };
+    let (scheme, given) = (&value[..space], value[space..].trim_ascii_start());
+    scheme.eq_ignore_ascii_case(b"bearer") && bool::from(given.ct_eq(token))
 }
 
 /// An admin call that failed: 400 for a key that names none, 503 when the store failed.
@@ -1020,7 +1135,15 @@ async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Resp
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     let ms = |d: Duration| d.as_micros().div_ceil(1_000) as u64;
-    match s.limiter.peek(key).await {
+    let peeked = match &s.quotas {
+        Quotas::Live(live) => live.peek(key).await,
+        Quotas::Plans(plans) => match plans.get(text.as_bytes()) {
+            Some(quota) => s.limiter.peek_with_quota(key, *quota).await,
+            None => s.limiter.peek(key).await,
+        },
+        Quotas::Own => s.limiter.peek(key).await,
+    };
+    match peeked {
         Ok(state) => axum::Json(serde_json::json!({
             "key": text,
             "policy": &*state.policy,
@@ -1205,11 +1328,13 @@ async fn serve(
         layer = layer.count_only(statuses)?;
     }
     let mut watched_file = None;
+    let mut quotas = Quotas::Own;
     if let Some(path) = &args.config {
         // The limits from the file, replaced on each reload (plans and lists included).
         let (live_layer, live) = layer.live(limits_of(&args))?;
         layer = live_layer;
         println!("config: {path} (reloaded on SIGHUP and when it changes)");
+        quotas = Quotas::Live(live.clone());
         watched_file = Some((path.clone(), live));
     } else if let Some(header) = args
         .key
@@ -1217,11 +1342,13 @@ async fn serve(
         .filter(|_| !args.plans.is_empty())
     {
         let header = http::HeaderName::from_bytes(header.as_bytes())?;
-        let plans: HashMap<Vec<u8>, Quota> = args
-            .plans
-            .iter()
-            .map(|(key, quota, _)| (key.as_bytes().to_vec(), *quota))
-            .collect();
+        let plans: Arc<HashMap<Vec<u8>, Quota>> = Arc::new(
+            args.plans
+                .iter()
+                .map(|(key, quota, _)| (key.as_bytes().to_vec(), *quota))
+                .collect(),
+        );
+        quotas = Quotas::Plans(Arc::clone(&plans));
         layer = layer.quota_fn(move |parts| {
             let key = parts.headers.get(&header)?;
             plans.get(key.as_bytes()).copied()
@@ -1268,6 +1395,7 @@ async fn serve(
             keys: KeyText::of(&args),
             token: admin_token(&args)?,
             regional,
+            quotas,
         });
         tokio::spawn(async move {
             let app = app.into_make_service_with_connect_info::<SocketAddr>();
@@ -1312,51 +1440,70 @@ async fn sleep(Path(ms): Path<String>) -> Response {
 
 /// Everything that can be checked before connecting to anything: the quota and the algorithm
 /// it builds, or the first setting that cannot work (at start-up, `--check-config`, a reload).
-fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), BoxError> {
+fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
     let mut quota = Quota::new(args.limit, args.per);
     if let Some(b) = args.burst {
         quota = quota.burst(b);
     }
     // Reject a bad configuration before connecting to anything.
+    let quota_refusal = |e: ConfigError| {
+        let field = match e.field() {
+            "quota.limit" => "limit",
+            "quota.burst" => "burst",
+            "quota.period" => "per",
+            _ => "algorithm",
+        };
+        refusal(field)(e)
+    };
     let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
-        "token-bucket" => Arc::new(TokenBucket::new(quota)?),
-        "sliding-window" => Arc::new(SlidingWindow::new(quota)?),
-        _ => Arc::new(Gcra::new(quota)?),
+        "token-bucket" => Arc::new(TokenBucket::new(quota).map_err(quota_refusal)?),
+        "sliding-window" => Arc::new(SlidingWindow::new(quota).map_err(quota_refusal)?),
+        _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
     };
     rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
     key_extractor(args)?;
     admin_token(args)?;
     if args.shadow && args.concurrency.is_some() {
-        return Err(
-            "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other"
-                .into(),
-        );
+        return Err(refusal("shadow")(
+            "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other",
+        ));
     }
     if (args.allow.is_some() || args.deny.is_some()) && args.concurrency.is_some() {
-        return Err(
-            "--allow and --deny cover the rate limit only: --concurrency would still count and refuse listed keys; give one or the other"
-                .into(),
-        );
+        let field = if args.allow.is_some() {
+            "allow"
+        } else {
+            "deny"
+        };
+        return Err(refusal(field)(
+            "--allow and --deny cover the rate limit only: --concurrency would still count and refuse listed keys; give one or the other",
+        ));
     }
     if args.lease.is_some() && args.concurrency.is_none() {
-        return Err("--lease-ms is the lease of --concurrency: give --concurrency N".into());
+        return Err(refusal("lease_ms")(
+            "--lease-ms is the lease of --concurrency: give --concurrency N",
+        ));
     }
     concurrency_limiter(args, Arc::new(MemoryStore::new()))?;
+    let uses_redis =
+        args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
+    check_regions(args, uses_redis)?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
-        return Err("--plan gives a quota per key of --key header:NAME".into());
+        return Err(refusal("plans")(
+            "--plan gives a quota per key of --key header:NAME",
+        ));
     }
     for (i, (key, plan, given)) in args.plans.iter().enumerate() {
+        let field = format!("plans.{key}");
         if let Some((.., first)) = args.plans[..i].iter().find(|(k, ..)| k == key) {
-            return Err(format!(
+            return Err(refusal(field)(format!(
                 "--plan {given}: the key {key:?} has a plan already (--plan {first})"
-            )
-            .into());
+            )));
         }
         // The check the limiter makes of each request's quota (a sliding window takes only
         // quotas of its own period): a plan it would refuse is refused now.
         algorithm
             .with_quota(*plan)
-            .map_err(|e| format!("--plan {given}: {e}"))?;
+            .map_err(|e| refusal(field)(format!("--plan {given}: {e}")))?;
     }
     Ok((quota, algorithm))
 }
@@ -1365,7 +1512,7 @@ fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), BoxError> {
 fn check_config(args: &Args, path: &str) -> ExitCode {
     match with_file(args, path)
         .map_err(BoxError::from)
-        .and_then(|a| check(&a))
+        .and_then(|a| Ok(check(&a)?))
     {
         Ok(_) => {
             println!("ok");
@@ -1390,7 +1537,6 @@ async fn run(base: Args) -> Result<(), BoxError> {
         args.redis_sentinel.is_some(),
     ];
     let uses_redis = redis_flags.contains(&true);
-    check_regions(&args, uses_redis)?;
     if redis_flags.iter().filter(|&&f| f).count() > 1 {
         return Err("give one of --redis, --redis-cluster and --redis-sentinel".into());
     }
@@ -1400,9 +1546,12 @@ async fn run(base: Args) -> Result<(), BoxError> {
     if args.redis_cert.is_some() != args.redis_key.is_some() {
         return Err("--redis-cert and --redis-key go together".into());
     }
-    if !uses_redis && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect) {
+    if !uses_redis
+        && args.regions.is_none()
+        && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect)
+    {
         return Err(
-            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster or --redis-sentinel"
+            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster, --redis-sentinel or --regions"
                 .into(),
         );
     }
@@ -1515,7 +1664,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
 
 /// With `--regions`: `--region` names one of them, and nothing that cannot work across
 /// regions is given.
-fn check_regions(args: &Args, uses_redis: bool) -> Result<(), String> {
+fn check_regions(args: &Args, uses_redis: bool) -> Result<(), Refusal> {
     let Some(regions) = &args.regions else {
         if args.region.is_some() || args.region_share.is_some() {
             return Err("--region and --region-share go with --regions NAME=URL,...".into());
@@ -1535,25 +1684,41 @@ fn check_regions(args: &Args, uses_redis: bool) -> Result<(), String> {
         return Err(format!(
             "--region {region} is not one of --regions ({})",
             names.join(", ")
-        ));
+        )
+        .into());
     }
+    // (given, what, the file key)
     let refused = [
         (
             args.algorithm == "sliding-window",
             "--algorithm sliding-window (GCRA and the token bucket run across regions)",
+            Some("algorithm"),
         ),
         (
             args.unit_lease.is_some(),
             "--unit-lease-ms (a region's pool is a lease already)",
+            Some("unit_lease_ms"),
         ),
-        (args.count_only.is_some(), "--count-only (refunds)"),
-        (args.concurrency.is_some(), "--concurrency"),
-        (args.batch, "--batch"),
+        (
+            args.count_only.is_some(),
+            "--count-only (refunds)",
+            Some("count_only"),
+        ),
+        (
+            args.concurrency.is_some(),
+            "--concurrency",
+            Some("concurrency"),
+        ),
+        (args.batch, "--batch", None),
     ];
-    match refused.iter().find(|(given, _)| *given) {
-        Some((_, what)) => Err(format!(
-            "{what} does not work across regions yet: not with --regions"
-        )),
+    match refused.iter().find(|(given, ..)| *given) {
+        Some((_, what, field)) => {
+            let message = format!("{what} does not work across regions yet: not with --regions");
+            Err(match field {
+                Some(field) => refusal(*field)(message),
+                None => message.into(),
+            })
+        }
         None => Ok(()),
     }
 }

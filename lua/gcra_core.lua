@@ -1,8 +1,8 @@
--- tower-redis-ratelimit: the GCRA core, put before every GCRA script (gcra.lua, gcra_batch.lua,
--- gcra_reserve.lua, multi_gcra.lua), which use nothing else: no shared prelude, so the
--- hottest script makes one function per call (a function is made anew on every call of a
--- script; each one costs the server a few percent of a check). The in-memory twin is
--- src/algorithm/gcra.rs.
+-- tower-redis-ratelimit: the GCRA core, put before GCRA's reservation and the multi-limit
+-- (gcra_reserve.lua, multi_gcra.lua), which use nothing else: no shared prelude, so they make
+-- one function per call (a function is made anew on every call of a script). GCRA's check and
+-- its batch form (gcra.lua, gcra_batch.lua) stand alone: the same maths, less work. The
+-- in-memory twin is src/algorithm/gcra.rs.
 --
 -- A key's state is one integer, its theoretical arrival time (TAT) in microseconds: the time
 -- at which the key is rested again. A cost of `cost` units moves it by cost * emission; the
@@ -14,7 +14,8 @@
 -- emission interval and the burst of each limit; then what the call adds (a reservation's
 -- most units). Every argument is validated before any read or write; integers stay below
 -- 2^52 (4503599627370496, written out: no upvalue to make per call), where Lua's doubles are
--- exact; the stored TAT is a plain integer string.
+-- exact; the stored TAT is a plain integer string, or `TAT:BAN` in GCRA's state while it holds
+-- a ban's copy (see keys.rs; the ban is read from the ban's own key here).
 
 -- GCRA on one key at `now`, for a check of `cost` units under `emission` and `burst`:
 -- * `now`: ARGV[1] ('' for the server's clock, read here), or a time already read;
@@ -48,7 +49,7 @@ local function gcra(now, cost, emission, burst, key, raw)
   end
   local tat = now
   if raw then
-    tat = tonumber(raw)
+    tat = tonumber(raw) or tonumber(string.match(raw, '^(%d+):%d+$'))
     if tat == nil or tat % 1 ~= 0 or tat < 0 or tat > 4503599627370496 then
       return now, nil, 'ERR tower-redis-ratelimit: corrupted TAT under ' .. key
     end

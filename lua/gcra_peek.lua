@@ -1,4 +1,4 @@
--- GCRA and the multi-limit, read without a check (after prelude.lua): what a check would see,
+-- GCRA and the multi-limit, read without a check (after prelude.lua and gcra_state.lua): what a check would see,
 -- spending nothing and writing nothing. The same arithmetic as gcra_core.lua; the in-memory
 -- twin is src/algorithm/peek.rs.
 -- KEYS[i]  TAT of limit i; the last key: the key's ban
@@ -22,7 +22,7 @@ for i = 1, n do
   local tat = now
   local raw = redis.call('GET', KEYS[i])
   if raw then
-    tat = stored_int(raw, 'TAT')
+    tat = gcra_state(raw, KEYS[i]) -- its ban's copy is the ban read above
     if tat < now then
       tat = now
     end

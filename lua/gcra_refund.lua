@@ -1,9 +1,11 @@
--- Refund for GCRA and for several GCRA limits on one key: gives back what an admitted check's
+-- Refund for GCRA and for several GCRA limits on one key (after prelude.lua, refund_ledger.lua
+-- and gcra_state.lua): gives back what an admitted check's
 -- charge still holds of each limit's TAT (see refund_ledger.lua), moving it back by that much,
 -- never before now (a rested key holds no more than its burst). A TAT already in the past, or
 -- a missing key, has nothing to give back.
--- KEYS[i]      TAT of limit i (n limits); KEYS[n + i] its refund ledger; then, optionally, a
---              marker key (see `first_run` in prelude.lua)
+-- KEYS[i]      TAT of limit i (n limits; GCRA's, which may hold a ban's copy that stays, see
+--              keys.rs); KEYS[n + i] its refund ledger; then, optionally, a marker key (see
+--              `first_run` in prelude.lua)
 -- ARGV         now|'', cost, emission_us and burst of each limit, when the check was admitted,
 --              then the TAT the check left of each limit
 -- Reply        1 when units were given back, 0 otherwise
@@ -32,16 +34,12 @@ local given = 0
 for i = 1, n do
   local raw = redis.call('GET', KEYS[i])
   if raw then
-    local tat = stored_int(raw, 'TAT')
+    local tat, ban = gcra_state(raw, KEYS[i])
     if tat > now then
       local ledger = ledger_read(KEYS[n + i], now)
       local back, moved, noted = ledger_give_back(tat, ledger, now, at, ends[i], span[i])
       if moved then
-        if back then
-          redis.call('SET', KEYS[i], fmt(back), 'PX', ms_ceil(back - now))
-        else
-          redis.call('DEL', KEYS[i])
-        end
+        gcra_write(KEYS[i], back, ban, now)
         given = 1
       end
       if noted then

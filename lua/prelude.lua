@@ -1,7 +1,9 @@
--- tower-redis-ratelimit: shared prelude, prepended to every script but GCRA's checks and
--- reservations (they have gcra_core.lua instead: fewer functions made per call).
+-- tower-redis-ratelimit: shared prelude, prepended to every script but GCRA's reservation and
+-- the multi-limit (they have gcra_core.lua instead: fewer functions made per call) and GCRA's
+-- check and its batch form (gcra.lua, gcra_batch.lua: they stand alone, with a wire format of
+-- their own, see gcra.lua).
 --
--- Conventions for every script (the GCRA ones included):
+-- Conventions for every other script:
 --   * ARGV[1] is an explicit time in microseconds, or '' to use the server clock (TIME).
 --     The explicit form exists for tests and simulations only.
 --   * ARGV[2] is the cost, then come the algorithm's parameters, then what the call adds (a

@@ -55,7 +55,8 @@ pub struct Decision {
     /// What answered the check: the store, the deny cache, a unit lease, or the local share.
     pub source: Source,
     /// Whether the decision's policy is in shadow mode: a denial is then only reported
-    /// ([`Verdict::WouldDeny`]), and the request goes on.
+    /// ([`Verdict::WouldDeny`]), and the request goes on. Never set on a ban's denial: a ban
+    /// is enforced in shadow mode too.
     pub shadow: bool,
     /// True when the key is banned ([`RateLimiter::ban`](crate::RateLimiter::ban)): the
     /// request was denied without taking anything, `retry_after` is the time the ban has

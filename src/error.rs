@@ -20,18 +20,37 @@ pub(crate) type Cause = Arc<dyn StdError + Send + Sync>;
 /// assert_eq!(err.field(), "quota.limit");
 /// assert!(err.to_string().contains("quota.limit"));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConfigError {
     field: &'static str,
     reason: String,
+    /// What rejected the value, when another library did (a URL parser, a PEM reader, TLS):
+    /// [`source`](StdError::source), not part of the message.
+    cause: Option<Cause>,
 }
+
+impl PartialEq for ConfigError {
+    /// The same field refused for the same reason (whatever the cause's own value).
+    fn eq(&self, other: &Self) -> bool {
+        self.field == other.field && self.reason == other.reason
+    }
+}
+
+impl Eq for ConfigError {}
 
 impl ConfigError {
     pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self {
             field,
             reason: reason.into(),
+            cause: None,
         }
+    }
+
+    /// The same, with `cause` (what rejected the value) as its source.
+    pub(crate) fn caused_by(mut self, cause: impl StdError + Send + Sync + 'static) -> Self {
+        self.cause = Some(Arc::new(cause));
+        self
     }
 
     /// The configuration field that was rejected, e.g. `"quota.burst"`.
@@ -51,7 +70,13 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl StdError for ConfigError {}
+impl StdError for ConfigError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn StdError + 'static))
+    }
+}
 
 /// Why a check could not reach a decision.
 ///
@@ -412,6 +437,13 @@ mod tests {
         let config = Error::Config(ConfigError::new("url", "not a URL"));
         assert_eq!(Chain(&config).to_string(), "invalid url: not a URL");
         assert!(config.source().is_none());
+        // A value another library refused keeps that library's error as its source.
+        let parsed = ConfigError::new("url", "cannot be read").caused_by(refused());
+        assert_eq!(parsed.to_string(), "invalid url: cannot be read");
+        assert_eq!(
+            Chain(&parsed).to_string(),
+            format!("invalid url: cannot be read: {}", refused())
+        );
         assert_eq!(Error::WrongType.scope(), ErrorScope::Key);
     }
 }

@@ -77,8 +77,8 @@
 //! | `tls` | yes | `rediss://` for standalone, Sentinel and Cluster, with rustls and its `ring` provider chosen by the crate; a private CA and client certificates as [`RedisStoreBuilder`](store::redis::RedisStoreBuilder) options |
 //! | `axum` | yes | [`PeerIp`] reads axum's `ConnectInfo<SocketAddr>` |
 //! | `tonic` | no | [`PeerIp`] reads tonic's `TcpConnectInfo` |
-//! | `config` | no | [`rate_limit::file`]: limits from a TOML file for [live limits](RateLimitLayer::live), errors naming the line and the field |
-//! | `metrics` | no | counters and a store-latency histogram through the `metrics` facade (see [the guide](guide::operating#what-the-limiter-reports)) |
+//! | `config` | no | `rate_limit::file`: limits from a TOML file for [live limits](RateLimitLayer::live), errors naming the line and the field |
+//! | `metrics` | yes | counters and a store-latency histogram through the `metrics` facade (see [the guide](guide::operating#what-the-limiter-reports)) |
 //!
 //! A feature only adds behaviour: every item and trait has the same shape with any set of
 //! features. Without `tls`, a `rediss://` URL is a [`ConfigError`] naming `url`. Rust 1.88 or

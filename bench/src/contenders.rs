@@ -317,15 +317,13 @@ fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>
     )
 }
 
-/// The script our store runs for `algorithm` (from the crate's `lua/`), the suffixes of its
-/// keys, and its arguments after the cost.
-fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static str], [u64; 2]) {
-    static GCRA: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(concat!(
-            include_str!("../../lua/gcra_core.lua"),
-            include_str!("../../lua/gcra.lua")
-        ))
-    });
+/// The script our store runs for a check of one unit under `algorithm` (from the crate's
+/// `lua/`), the suffixes of its keys, and its arguments: GCRA's check takes the step, the
+/// tolerance and a rested key's lifetime (no time: the script reads Redis' TIME); the others
+/// `''` (no explicit time), the cost and two parameters.
+fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static str], Vec<String>) {
+    static GCRA: LazyLock<Script> =
+        LazyLock::new(|| Script::new(include_str!("../../lua/gcra.lua")));
     static BUCKET: LazyLock<Script> = LazyLock::new(|| {
         Script::new(concat!(
             include_str!("../../lua/prelude.lua"),
@@ -338,10 +336,23 @@ fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static s
             include_str!("../../lua/sliding_window.lua")
         ))
     });
+    let args = |a: &[u64]| a.iter().map(u64::to_string).collect();
     match algorithm.rule() {
-        Rule::Gcra(r) => (&GCRA, &[":g"], [r.emission_us(), r.burst()]),
-        Rule::TokenBucket(r) => (&BUCKET, &[":b"], [r.emission_us(), r.burst()]),
-        Rule::SlidingWindow(w) => (&WINDOW, &[":l2", ":m2"], [w.window_us(), w.limit()]),
+        Rule::Gcra(r) => {
+            let step = r.emission_us();
+            let wire = args(&[step, r.tolerance_us(), step.div_ceil(1_000)]);
+            (&GCRA, &[":g"], wire)
+        }
+        Rule::TokenBucket(r) => {
+            let mut wire = vec![String::new()];
+            wire.extend(args(&[1, r.emission_us(), r.burst()]));
+            (&BUCKET, &[":b"], wire)
+        }
+        Rule::SlidingWindow(w) => {
+            let mut wire = vec![String::new()];
+            wire.extend(args(&[1, w.window_us(), w.limit()]));
+            (&WINDOW, &[":l2", ":m2"], wire)
+        }
         other => panic!("no raw script for {other:?}"),
     }
 }
@@ -350,20 +361,19 @@ fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static s
 /// it on `NOSCRIPT`) with no limiter around it: the ceiling for that connection kind.
 fn raw_script<A: Algorithm>(conn: RawConn, algorithm: A, prefix: String) -> CheckFn {
     let (script, suffixes, args) = raw_wire(&algorithm);
+    let args: Arc<[String]> = args.into();
     let prefix: Arc<str> = prefix.into();
     Arc::new(move |key: String| {
-        let (conn, prefix) = (conn.clone(), prefix.clone());
+        let (conn, prefix, args) = (conn.clone(), prefix.clone(), args.clone());
         Box::pin(async move {
             let mut invocation = script.prepare_invoke();
             for suffix in suffixes {
                 invocation.key(format!("{{{prefix}:{key}}}{suffix}"));
             }
-            invocation.arg(""); // no explicit time: the script reads Redis' TIME
-            invocation.arg(1); // cost
-            for a in args {
-                invocation.arg(a);
+            for a in args.iter() {
+                invocation.arg(a.as_str());
             }
-            let reply: Vec<i64> = match conn {
+            let reply: redis::Value = match conn {
                 RawConn::Multiplexed(mut conn) => invocation.invoke_async(&mut conn).await,
                 RawConn::Pool(pool) => {
                     // As `RedisStore::from_pool` does: a multiplexed connection is a cheap
@@ -374,7 +384,13 @@ fn raw_script<A: Algorithm>(conn: RawConn, algorithm: A, prefix: String) -> Chec
                 }
             }
             .expect("script failed");
-            reply[0] == 1
+            // GCRA's check admits with a string (`TAT SECS USECS`) and denies with an integer;
+            // the others answer {allowed, ...}.
+            match reply {
+                redis::Value::BulkString(_) => true,
+                redis::Value::Array(items) => matches!(items.first(), Some(redis::Value::Int(1))),
+                _ => false,
+            }
         })
     })
 }

@@ -7,11 +7,24 @@
 #   bash bench/tools/redis-instr.sh SCRIPT.lua N NUMKEYS KEY... ARG...
 #
 # `__rand_int__` in a key is replaced by redis-benchmark with a number below 100,000 (the
-# peers' `spread`). Our GCRA check is lua/gcra_core.lua followed by lua/gcra.lua:
+# peers' `spread`). Our GCRA check is lua/gcra.lua alone (arguments: the step, the tolerance, a
+# rested key's lifetime in ms; see its header). The peers' `hot` (100/s, burst 100) and
+# `spread` (10^6/s, burst 10^6):
 #
-#   cat lua/gcra_core.lua lua/gcra.lua > /tmp/gcra-check.lua
-#   K='{pb:ours:hot:0:default:#n:0}'
-#   bash bench/tools/redis-instr.sh /tmp/gcra-check.lua 20000 2 "$K:g" "$K:x" "" 1 10000 100
+#   K='{pb:ours-nocache:hot:0::default:#n:0}'
+#   bash bench/tools/redis-instr.sh lua/gcra.lua 20000 1 "$K:g" 10000 1000000 10
+#   K='{pb:ours-nocache:spread:0::default:#n:__rand_int__}'
+#   bash bench/tools/redis-instr.sh lua/gcra.lua 20000 1 "$K:g" 1 1000000 1
+#
+# The batch form, 16 checks per call (per check: divide by 16): 16 keys, the time, then one run
+# of 16 checks with the same arguments:
+#
+#   K='{pb:ours-batch:spread:0::default:#n:__rand_int__}:g'
+#   bash bench/tools/redis-instr.sh lua/gcra_batch.lua 2000 16 $(printf "$K %.0s" $(seq 16)) '' 16 1 1000000 1
+#
+# tower-rate-limit-redis's script (its crate's scripts/rate_limit.lua), `hot`:
+#
+#   bash bench/tools/redis-instr.sh rate_limit.lua 20000 1 pb:tower-rate-limit-redis:hot:0:0 100 10
 set -euo pipefail
 script=$1; n=$2; shift 2
 out=$(mktemp -d)

@@ -22,7 +22,7 @@
 //! ```
 
 mod bucket;
-mod gcra;
+pub(crate) mod gcra;
 mod held;
 mod multi;
 mod outcome;

@@ -51,8 +51,9 @@ impl ConcurrencyLimiter {
 /// [time to live](Self::permit_ttl)), counted even
 /// if its key is then over the limit. And the first call after the loss from an instance that
 /// had used this limiter on that Redis before (an acquire, or a running request's renewal)
-/// finds the epoch marker it remembers (`{prefix:policy:#epoch}:c`, kept a day after the last
-/// call; on a cluster, one per hash slot) gone: then no new request of the policy, whatever
+/// finds the epoch marker it remembers (a key of the policy's namespace kept a day after the
+/// last call, see the key layout in `src/store/redis/keys.rs`; on a cluster, one per hash
+/// slot) gone: then no new request of the policy, whatever
 /// its key, is admitted for a third of the time to live plus two [store
 /// timeouts](Self::store_timeout) (3.5 s with the defaults), the time every running request
 /// needs to renew and so be counted again. Refused requests get the layer's `429`.
@@ -66,7 +67,9 @@ impl ConcurrencyLimiter {
 ///   that hash slot; say, one that just started): it cannot tell a loss from a first use and
 ///   admits up to `max_in_flight` more, until an instance that knew the old epoch calls (at
 ///   the latest the next renewal of a running request), which pauses admissions from the new
-///   epoch's start. That is at most twice the limit for such a loss;
+///   epoch's start. That is `max_in_flight` more for each such loss while the requests of
+///   earlier epochs still run (twice the limit after one; losses noticed first by instances
+///   already running add nothing);
 /// - a loss that leaves the epoch marker (a failover that lost only the last writes, a
 ///   deleted key): no pause; as many new requests as holders went missing may be admitted
 ///   before those count again at their next renewal.

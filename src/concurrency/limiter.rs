@@ -18,9 +18,10 @@ use crate::{
 /// exports per customer at once) and the engine of
 /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer).
 ///
-/// In Redis a key's holders are a sorted set under `{prefix:policy:key}:c`, the same hash tag
-/// as a [`RateLimiter`](crate::RateLimiter)'s keys for that key when both limits have the same
-/// prefix and policy name: on a cluster, both limits of a key then live on one hash slot. Each
+/// In Redis a key's holders are a sorted set under [`storage_key`](Self::storage_key), with the
+/// same hash tag as a [`RateLimiter`](crate::RateLimiter)'s keys for that key when both limits
+/// have the same prefix and policy name (the Redis key layout is in `src/store/redis/keys.rs`):
+/// on a cluster, both limits of a key then live on one hash slot. Each
 /// acquire, renewal and release is one script call; times come from the Redis server's clock.
 ///
 /// Cloning is cheap and shares everything.
@@ -113,8 +114,9 @@ impl ConcurrencyLimiter {
         core.call(|| core.store.release_all(store_key)).await
     }
 
-    /// The Redis key holding `key`'s permits: `{prefix:policy:key}:c` (see
-    /// [`RateLimiter::storage_key`](crate::RateLimiter::storage_key) for how keys are written).
+    /// The Redis key holding `key`'s permits: its base key (see
+    /// [`RateLimiter::storage_key`](crate::RateLimiter::storage_key) for how keys are written)
+    /// with the holders' suffix.
     ///
     /// ```
     /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};

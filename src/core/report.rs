@@ -169,7 +169,12 @@ impl std::fmt::Debug for KeyMeters {
 /// `info`), and for a request that does not simply go on, the fields `rate_limit.policy`,
 /// `rate_limit.decision`, `rate_limit.source` and `rate_limit.limit` recorded on the current
 /// span (the request's span, when it declares them). `latency`: how long the store took.
-pub(crate) fn decided(d: &Decision, verdict: Verdict, latency: Option<Duration>) {
+pub(crate) fn decided(
+    d: &Decision,
+    key: Option<&Key<'_>>,
+    verdict: Verdict,
+    latency: Option<Duration>,
+) {
     // No subscriber: no event, no span (what `on_span` checks too), read once.
     if tracing::level_filters::LevelFilter::current() == tracing::level_filters::LevelFilter::OFF {
         return;
@@ -179,6 +184,7 @@ pub(crate) fn decided(d: &Decision, verdict: Verdict, latency: Option<Duration>)
     match verdict {
         Verdict::WouldDeny => tracing::info!(
             policy = %d.policy,
+            key = %Logged(key),
             decision = verdict.as_str(),
             source = d.source.as_str(),
             limit,
@@ -278,5 +284,25 @@ pub(crate) fn acquired(policy: &str, verdict: Verdict, source: Source) {
     );
     if verdict != Verdict::Allowed {
         on_span(policy, verdict, source, policy);
+    }
+}
+
+/// A key as a log line shows it: quoted and escaped (a client chose it), at most
+/// [`LOGGED_KEY_CHARS`] characters, `-` for the quota keyless requests share.
+struct Logged<'a>(Option<&'a Key<'a>>);
+
+/// The characters of a key a log line shows; a longer key is cut, with `…` after it.
+const LOGGED_KEY_CHARS: usize = 128;
+
+impl std::fmt::Display for Logged<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(key) = self.0 else {
+            return f.write_str("-");
+        };
+        let text = key.to_string();
+        match text.char_indices().nth(LOGGED_KEY_CHARS) {
+            Some((cut, _)) => write!(f, "{:?}…", &text[..cut]),
+            None => write!(f, "{text:?}"),
+        }
     }
 }

@@ -90,7 +90,7 @@
 //! | level | event |
 //! |---|---|
 //! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
-//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, source, limit, remaining, retry time); the circuit breaker closing |
+//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, key, source, limit, remaining, retry time); the circuit breaker closing |
 //! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
 //! | `error` | a request classified under a policy handle of another layer |
 //!
@@ -130,7 +130,10 @@
 //! (`would_deny`), its key in [`top_keys`](crate::RateLimiter::top_keys), and logged at
 //! `info`. A denial spends nothing, so the counts are what enforcing would see: read
 //! `would_deny` and the top keys to learn who the new limit would hit before enforcing it. A
-//! store failure lets the request through whatever the failure policy. Each policy of a
+//! store failure lets the request through whatever the failure policy. A ban
+//! ([`RateLimiter::ban`](crate::RateLimiter::ban)) is an operator's, not the limit's: a
+//! banned key is refused in shadow mode too (429 with `Retry-After`, counted `denied`), as
+//! the allow and deny lists apply. Each policy of a
 //! layer has its own setting, so a new log-in limit can shadow next to enforced ones.
 //! [`shadow_headers`](crate::rate_limit::RateLimiterBuilder::shadow_headers)`(true)` writes the
 //! fields after all (never a `Retry-After`), for those who want clients to see them. A
@@ -232,7 +235,7 @@
 //! entirely under the old limits or the new, no connection is dropped, and counters carry over
 //! as the table in [Quotas per request](#quotas-per-request) says. The algorithm and the key
 //! cannot change this way (they decide what the counters mean): build a new layer. With the
-//! `config` feature, [`LimitsFile`](crate::rate_limit::file::LimitsFile) reads them from TOML, whole,
+//! `config` feature, `rate_limit::file::LimitsFile` reads them from TOML, whole,
 //! each error naming its line and field, so a reload from a file half written or wrong is
 //! refused and the limits in force stay; `LimitsFile::from_toml` alone is the validation entry
 //! point. Watching the file and calling `replace` is the app's (the demo's `--config FILE`
@@ -545,8 +548,11 @@
 //!   except: requests whose renewals do not reach Redis during the pause (each counts again
 //!   at its next successful renewal); and a loss first noticed by an instance that had not
 //!   used that Redis before (one just started cannot tell a loss from a first use), which may
-//!   admit up to N more until an instance that knew the old epoch calls: at most 2N for such
-//!   a loss. On a cluster the marker is kept per hash slot.
+//!   admit up to N more until an instance that knew the old epoch calls. So the bound is 2N
+//!   after any number of losses noticed first by instances already running, and N more for
+//!   each loss noticed first by a new instance while the requests of earlier epochs still
+//!   run (three instances, each started just after its own restart of Redis, with long
+//!   requests: up to 3N). On a cluster the marker is kept per hash slot.
 //! - **Over the limit:** `429` (gRPC: `RESOURCE_EXHAUSTED`) in the rate limit's styles (plain
 //!   text, [`problem_details`](crate::concurrency::ConcurrencyLimitLayer::problem_details), or
 //!   [`on_limited`](crate::concurrency::ConcurrencyLimitLayer::on_limited) given a

@@ -201,7 +201,10 @@
 //! - **Cost:** one store call before each request, one after each answer that says something
 //!   or answers a call sent blind (while nothing is known: an upstream that never sends its
 //!   limits costs both on every call until its first refusal). A failure of these calls is
-//!   logged and counted; the call goes on under the configured limit.
+//!   logged and counted; the call then goes by what this process learned from the answers
+//!   it got while the store failed (kept in memory, on the same clock), and by the
+//!   configured limit when there is one, so a learn-only throttle whose Redis is down or
+//!   slow still keeps the upstream's pauses and windows, per process.
 //!
 //! Measured in real time (`scripts/bench-outbound`; BENCHMARKS.md has every row and the
 //! machine): an upstream of 40 calls a second, three copies of `examples/outbound` with

@@ -81,13 +81,14 @@ impl RateEngine {
         compact: Option<&[u8]>,
         latency: Option<Duration>,
     ) {
-        d.shadow = self.shadow();
+        // A ban is an operator's: enforced whether or not the limit is in shadow mode.
+        d.shadow = self.shadow() && !d.banned;
         if !self.core.reports {
             return;
         }
         let verdict = d.verdict();
         self.core.decided(verdict, d.source, latency);
-        report::decided(d, verdict, latency);
+        report::decided(d, key.key(), verdict, latency);
         if !self.key_meters.is_empty() {
             self.key_meters
                 .decided(&self.core.policy, key.key(), verdict);
@@ -376,20 +377,28 @@ impl RateEngine {
     pub(crate) async fn peek(
         &self,
         key: Option<&Key<'_>>,
+        quoted: Option<&Quoted>,
         now_us: Option<u64>,
     ) -> Result<KeyState, Error> {
         check_time(now_us)?;
         let store_key = self.store_key(key);
         let core = &self.core;
-        let algorithm = &*self.algorithm;
+        let algorithm = self.algorithm(quoted);
         let peeked = core
             .call(|| core.store.peek(algorithm, store_key, now_us))
             .await;
+        // The local share's quota, when the local share answers: a quota given for the peek
+        // is divided like the configured one.
+        let local_quoted;
         let (peeked, degraded, algorithm) = match peeked {
             Ok(p) => (p, false, algorithm),
             Err(e) => match self.local.as_ref().filter(|_| core.decides_locally(&e)) {
                 Some(local) => {
-                    let algorithm = &*local.algorithm;
+                    local_quoted = match quoted.map(|q| q.divided(core.share)) {
+                        Some(None) => return Err(e),
+                        divided => divided.flatten(),
+                    };
+                    let algorithm = local.algorithm(local_quoted.as_ref());
                     let p = local.core.store.peek(algorithm, store_key, now_us).await?;
                     (p, true, algorithm)
                 }

@@ -53,7 +53,7 @@ impl Answer {
     /// Puts the decision in the extensions of a request that goes on, when asked to.
     fn expose<B>(&self, result: &Result<Decision, Error>, request: &mut Request<B>) {
         if let (true, Ok(d)) = (self.extension, result) {
-            if d.allowed || self.shadow != Shadow::Off {
+            if d.goes_on(self.shadow) {
                 request.extensions_mut().insert(d.clone());
             }
         }
@@ -69,6 +69,14 @@ pub(crate) enum Shadow {
     Quiet,
     /// Every request goes on, and its response gets the fields of its decision.
     WithHeaders,
+}
+
+impl Decision {
+    /// Whether the request goes on: allowed, or denied by a limit in shadow mode (a ban is
+    /// enforced in shadow mode too).
+    fn goes_on(&self, shadow: Shadow) -> bool {
+        self.allowed || (shadow != Shadow::Off && !self.banned)
+    }
 }
 
 impl Shadow {
@@ -168,7 +176,7 @@ fn conclude(
 ) -> Next {
     let d = match result {
         // The limiter counted and reported the decision (see `telemetry`).
-        Ok(d) if d.allowed || answer.shadow != Shadow::Off => d,
+        Ok(d) if d.goes_on(answer.shadow) => d,
         Ok(d) => {
             let pk = answer.partition_key.as_deref();
             return Next::Answer(responder.denied_with(&d, answer.grpc, pk, Some(field)));

@@ -356,9 +356,9 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     }
 
     /// How the lists find a request's client address, for their networks: the peer address
-    /// unless this [`ClientIp`](crate::ClientIp) trusts proxies (default: `ClientIp::new()`,
+    /// unless this [`ClientIp`](crate::extract::ClientIp) trusts proxies (default: `ClientIp::new()`,
     /// the peer). Give the one your key extractor is, when it is a `ClientIp`.
-    pub fn list_addresses(mut self, client: crate::ClientIp) -> Self {
+    pub fn list_addresses(mut self, client: crate::extract::ClientIp) -> Self {
         self.lists_mut().client = client;
         self
     }
@@ -395,7 +395,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
             .config
             .lists
             .take()
-            .map_or_else(crate::ClientIp::new, |l| l.client.clone());
+            .map_or_else(crate::extract::ClientIp::new, |l| l.client.clone());
         let engine = std::sync::Arc::clone(&self.config.policies[0].engine);
         let live = LiveLimits::new(engine, client, limits)?;
         self.config.live = Some(live.clone());
@@ -422,11 +422,34 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
 
     /// Adds the IETF `pk` (partition key) parameter to the `RateLimit` fields: a keyed hash of
     /// the request's rate-limit key, so clients sharing an IP can tell their quotas apart,
-    /// without revealing the key. Instances sharing the secret give the same `pk`.
-    pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.config.partition_secret = Some(Arc::from(secret.as_ref()));
-        self
+    /// without revealing the key. Instances sharing the secret give the same `pk`. A secret
+    /// shorter than [`MIN_PARTITION_SECRET`](Self::MIN_PARTITION_SECRET) bytes is a
+    /// [`ConfigError`] naming `partition_key`: with a guessable secret, anyone could hash the
+    /// likely keys (addresses, ids) and read the key back from `pk`.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # fn run(limiter: RateLimiter<Gcra>) -> Result<(), ConfigError> {
+    /// let layer = RateLimitLayer::new(limiter, PeerIp).partition_key("a secret of 16 bytes or more")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn partition_key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_PARTITION_SECRET {
+            return Err(ConfigError::new(
+                "partition_key",
+                format!(
+                    "the secret must be at least {} bytes",
+                    Self::MIN_PARTITION_SECRET
+                ),
+            ));
+        }
+        self.config.partition_secret = Some(Arc::from(secret));
+        Ok(self)
     }
+
+    /// The shortest secret [`partition_key`](Self::partition_key) takes, in bytes.
+    pub const MIN_PARTITION_SECRET: usize = 16;
 
     /// Puts the [`Decision`](super::Decision) of each request that goes on in the request's
     /// extensions, for the inner service and its handlers (default off: it costs a clone

@@ -226,7 +226,32 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {
         let key = key.into();
-        self.engine.peek(Some(&key), None).await
+        self.engine.peek(Some(&key), None, None).await
+    }
+
+    /// Like [`peek`](Self::peek), under `quota` instead of the limiter's own: the state a
+    /// [`check_with_quota`](Self::check_with_quota) of cost 0 would show (a key with a plan
+    /// of its own is peeked under its plan's quota). A quota the algorithm cannot take is an
+    /// error, as for a check.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::*;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)?;
+    /// let gold = Quota::per_minute(100);
+    /// limiter.check_with_quota("customer-42", 3, gold).await?;
+    /// let state = limiter.peek_with_quota("customer-42", gold).await?;
+    /// assert_eq!((state.limit, state.remaining), (100, 97));
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek_with_quota<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        quota: Quota,
+    ) -> Result<KeyState, Error> {
+        let key = key.into();
+        let quoted = self.engine.quoted(quota)?;
+        self.engine.peek(Some(&key), Some(&quoted), None).await
     }
 
     /// Forgets what `key` spent: its state in the store is deleted, so its next check, on

@@ -9,7 +9,12 @@ use super::{
     engine::{Quoted, RateEngine},
     lists::{key_text, AccessList, Lists},
 };
-use crate::{error::ConfigError, extract::Key, quota::Quota, ClientIp};
+use crate::{
+    decision::KeyState,
+    error::{ConfigError, Error},
+    extract::{ClientIp, Key},
+    quota::Quota,
+};
 
 /// What a layer's [`LiveLimits`] hold: the default policy's quota, quotas per key (plans),
 /// the allow and deny lists, and shadow mode. Built and checked whole, then swapped in at
@@ -150,6 +155,30 @@ impl LiveLimits {
             .shadow
             .store(shadow, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// `key`'s state as the layer would decide it now, spending nothing: under its plan's
+    /// quota when it has one, else under the quota in force (see
+    /// [`RateLimiter::peek`](super::RateLimiter::peek)). `key` is the text (or value) the
+    /// layer's key extractor produces.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{rate_limit::Limits, *};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)?;
+    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?);
+    /// let (layer, live) = layer.live(Limits::new(Quota::per_minute(10)).plan("gold", Quota::per_minute(100)))?;
+    /// assert_eq!(live.peek("gold").await?.limit, 100);
+    /// assert_eq!(live.peek("anyone").await?.limit, 10);
+    /// # drop(layer); Ok(()) }
+    /// ```
+    pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {
+        let key = key.into();
+        let quoted = self.load().quoted(Some(&key)).cloned();
+        self.inner
+            .engine
+            .peek(Some(&key), quoted.as_deref(), None)
+            .await
     }
 
     /// The limits in force.

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use crate::store::Store;
+use crate::store::{memory::MemoryStore, Store};
 
 /// What an adaptive throttle learned (see
 /// [`ThrottleLayer::adaptive_stats`](super::ThrottleLayer::adaptive_stats)).
@@ -30,7 +30,8 @@ pub struct AdaptiveStats {
     pub rate_limited: u64,
     /// 429s sent again after the pause.
     pub retried: u64,
-    /// Store calls (take, learn) that failed; the configured limit still held.
+    /// Store calls (take, learn) that failed; the call then went by what this process learned
+    /// while the store failed (and by the configured limit, when there is one).
     pub store_errors: u64,
 }
 
@@ -69,8 +70,32 @@ impl AdaptiveCounters {
 /// An adaptive throttle's settings.
 #[derive(Clone)]
 pub(crate) struct Adaptive {
+    /// Where what the upstream said is shared with the other instances.
     pub(crate) store: Arc<dyn Store>,
+    /// What this process learned while `store` failed: calls go by it then, so that a store
+    /// failure never lets calls out without what the upstream said (a learn-only throttle has
+    /// no configured limit to fall back on).
+    pub(crate) local: MemoryStore,
     pub(crate) counters: Arc<AdaptiveCounters>,
+}
+
+impl Adaptive {
+    /// Learns into `store`; what this process learns while it fails, in memory, on the
+    /// same clock.
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        let local = match store.clock() {
+            Some(clock) => MemoryStore::builder()
+                .clock(clock)
+                .build()
+                .expect("a store with only a clock builds"),
+            None => MemoryStore::new(),
+        };
+        Self {
+            store,
+            local,
+            counters: Arc::default(),
+        }
+    }
 }
 
 /// The default cap on a pause or a reset an upstream's header may impose.

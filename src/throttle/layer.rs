@@ -171,7 +171,8 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// window has fewer units left than the call costs (taking them when it goes); then the
     /// configured limiter decides as without adaptation. The configured quota stays an upper
     /// bound: an upstream saying more is available than configured changes nothing. A store
-    /// failure here is logged and counted, and the call goes on under the configured limit.
+    /// failure here is logged and counted, and the call goes by what this process learned
+    /// while the store failed (in memory), and by the configured limit.
     ///
     /// Costs one more store call before each request, and one after each answer that says
     /// something. When the limiter's store is on the wall clock and `store` has a
@@ -180,10 +181,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
         if let (Clock::Wall, Some(manual)) = (&self.settings.clock, store.clock()) {
             self.settings.clock = Clock::Manual(manual);
         }
-        self.settings.adaptive = Some(Adaptive {
-            store: Arc::new(store),
-            counters: Arc::default(),
-        });
+        self.settings.adaptive = Some(Adaptive::new(Arc::new(store)));
         self
     }
 

@@ -10,7 +10,7 @@ use crate::store::{upstream::Rate, Learned};
 /// Which header family an answer's limits were read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Source {
+pub enum HeaderFamily {
     /// `RateLimit: "name";r=R;t=T` (the IETF draft this crate's server side writes).
     Ietf,
     /// `RateLimit-Remaining` and `RateLimit-Reset` (earlier IETF drafts).
@@ -24,15 +24,15 @@ pub enum Source {
     Default429,
 }
 
-impl Source {
+impl HeaderFamily {
     /// A short name for logs and metric labels.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Source::Ietf => "ratelimit",
-            Source::IetfDraft => "ratelimit-remaining",
-            Source::XRateLimit => "x-ratelimit",
-            Source::RetryAfter => "retry-after",
-            Source::Default429 => "429",
+            HeaderFamily::Ietf => "ratelimit",
+            HeaderFamily::IetfDraft => "ratelimit-remaining",
+            HeaderFamily::XRateLimit => "x-ratelimit",
+            HeaderFamily::RetryAfter => "retry-after",
+            HeaderFamily::Default429 => "429",
         }
     }
 }
@@ -44,9 +44,9 @@ pub struct Reading {
     /// What to record.
     pub learned: Learned,
     /// Where the window (units left, reset) came from, if anywhere.
-    pub window_from: Option<Source>,
+    pub window_from: Option<HeaderFamily>,
     /// Where the pause came from, if anywhere.
-    pub pause_from: Option<Source>,
+    pub pause_from: Option<HeaderFamily>,
     /// Header values that were malformed or hostile (negative, not a number, out of range)
     /// and were ignored.
     pub ignored: u32,
@@ -54,12 +54,12 @@ pub struct Reading {
     pub capped: u32,
     /// The upstream's stated quota per window (`RateLimit-Policy: "name";q=Q;w=W`): the
     /// policy the `RateLimit` item read names, else the one with the lowest rate.
-    pub policy: Option<Policy>,
+    pub stated: Option<StatedQuota>,
 }
 
 /// A quota per window an upstream states in `RateLimit-Policy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub struct StatedQuota {
     /// Units per window (`q`).
     pub quota: u64,
     /// The window (`w`, whole seconds).
@@ -92,7 +92,7 @@ const EPOCH_MILLIS: u64 = 1_000_000_000_000;
 ///
 /// The IETF fields (`RateLimit`, `RateLimit-Policy`) are read with an RFC 9651 Structured
 /// Field parser, so a policy name like `"a,b"` is one item; a field that does not parse is
-/// ignored whole (and counted). [`Reading::policy`] is the stated quota per window. Absolute
+/// ignored whole (and counted). [`Reading::stated`] is the stated quota per window. Absolute
 /// times (a Unix-time reset, an HTTP date in `Retry-After`) are read against the answer's
 /// `Date` when it differs from `now` by more than a second, so an upstream whose clock is
 /// off from ours still pauses for its own window.
@@ -125,7 +125,7 @@ pub fn read_limits(
         pause_from: None,
         ignored: 0,
         capped: 0,
-        policy: None,
+        stated: None,
     };
     // Absolute times (Unix resets, HTTP dates) are the upstream's: read them against its
     // `Date` when its clock and ours disagree by more than a second.
@@ -134,9 +134,9 @@ pub fn read_limits(
         Some((w, name)) => (Some(w), name),
         None => (None, None),
     };
-    r.policy = policies(headers, name.as_deref(), &mut r.ignored);
+    r.stated = policies(headers, name.as_deref(), &mut r.ignored);
     let window = window
-        .map(|w| (w, Source::Ietf))
+        .map(|w| (w, HeaderFamily::Ietf))
         .or_else(|| {
             pair(
                 headers,
@@ -145,7 +145,7 @@ pub fn read_limits(
                 now,
                 &mut r.ignored,
             )
-            .map(|w| (w, Source::IetfDraft))
+            .map(|w| (w, HeaderFamily::IetfDraft))
         })
         .or_else(|| {
             pair(
@@ -155,7 +155,7 @@ pub fn read_limits(
                 now,
                 &mut r.ignored,
             )
-            .map(|w| (w, Source::XRateLimit))
+            .map(|w| (w, HeaderFamily::XRateLimit))
         });
     if let Some(((remaining, reset), from)) = window {
         let reset = cap(reset, max_pause, &mut r.capped);
@@ -165,8 +165,8 @@ pub fn read_limits(
         // the reset, in whole seconds rounded down (a Unix-time reset rounded up by the
         // upstream reads up to a second long), at least one.
         let limit = match from {
-            Source::IetfDraft => Some("ratelimit-limit"),
-            Source::XRateLimit => Some("x-ratelimit-limit"),
+            HeaderFamily::IetfDraft => Some("ratelimit-limit"),
+            HeaderFamily::XRateLimit => Some("x-ratelimit-limit"),
             _ => None,
         };
         let limit = limit
@@ -180,7 +180,7 @@ pub fn read_limits(
                 .rate(Rate::inferred(quota, window.max(Duration::from_secs(1))));
         }
     }
-    if let Some(p) = r.policy {
+    if let Some(p) = r.stated {
         r.learned = r.learned.rate(Rate::stated(p.quota, p.window));
     }
     // No rate may space calls further apart than a header may pause them.
@@ -198,10 +198,13 @@ pub fn read_limits(
             .next()
             .and_then(|v| retry_after(v, now, &mut r.ignored));
         let pause = match retry {
-            Some(p) => Some((p, Source::RetryAfter)),
+            Some(p) => Some((p, HeaderFamily::RetryAfter)),
             None if status == StatusCode::TOO_MANY_REQUESTS => {
                 let until_reset = r.learned.reset.filter(|_| r.learned.remaining == Some(0));
-                Some((until_reset.unwrap_or(DEFAULT_429_PAUSE), Source::Default429))
+                Some((
+                    until_reset.unwrap_or(DEFAULT_429_PAUSE),
+                    HeaderFamily::Default429,
+                ))
             }
             None => None,
         };
@@ -354,10 +357,10 @@ fn ietf(headers: &HeaderMap, ignored: &mut u32) -> Option<((u64, Duration), Opti
 
 /// `RateLimit-Policy: "burst";q=100;w=60, "daily";q=1000;w=86400`: the policy named `name`,
 /// else the one with the lowest rate. A policy without a window (`w`) says no rate.
-fn policies(headers: &HeaderMap, name: Option<&str>, ignored: &mut u32) -> Option<Policy> {
+fn policies(headers: &HeaderMap, name: Option<&str>, ignored: &mut u32) -> Option<StatedQuota> {
     let list = sf_list(headers, "ratelimit-policy", ignored)?;
     let mut named = None;
-    let mut slowest: Option<Policy> = None;
+    let mut slowest: Option<StatedQuota> = None;
     for entry in &list {
         let sfv::ListEntry::Item(item) = entry else {
             *ignored += 1;
@@ -370,7 +373,7 @@ fn policies(headers: &HeaderMap, name: Option<&str>, ignored: &mut u32) -> Optio
         let Some(w) = w.filter(|&w| w > 0) else {
             continue;
         };
-        let p = Policy {
+        let p = StatedQuota {
             quota,
             window: Duration::from_secs(w),
         };
@@ -378,7 +381,7 @@ fn policies(headers: &HeaderMap, name: Option<&str>, ignored: &mut u32) -> Optio
             named = Some(p);
         }
         // quota / window, compared without dividing.
-        let slower = |o: &Policy| {
+        let slower = |o: &StatedQuota| {
             u128::from(p.quota) * o.window.as_millis() < u128::from(o.quota) * p.window.as_millis()
         };
         if slowest.as_ref().is_none_or(slower) {
@@ -445,7 +448,7 @@ mod tests {
     fn each_family() {
         let r = read(200, &[("ratelimit", "\"a\";r=5;t=30, \"b\";r=2;t=7")]);
         assert_eq!(r.learned, Learned::new().window(2, Duration::from_secs(7)));
-        assert_eq!(r.window_from, Some(Source::Ietf));
+        assert_eq!(r.window_from, Some(HeaderFamily::Ietf));
         let r = read(
             200,
             &[("ratelimit-remaining", "4"), ("ratelimit-reset", "9")],
@@ -489,14 +492,14 @@ mod tests {
         let r = read(429, &[("retry-after", "5")]);
         assert_eq!(
             (r.learned.pause, r.pause_from),
-            (Some(Duration::from_secs(5)), Some(Source::RetryAfter))
+            (Some(Duration::from_secs(5)), Some(HeaderFamily::RetryAfter))
         );
         let r = read(503, &[("retry-after", "Tue, 14 Nov 2023 22:13:40 GMT")]);
         assert_eq!(r.learned.pause, Some(Duration::from_secs(20)));
         let r = read(429, &[]);
         assert_eq!(
             (r.learned.pause, r.pause_from),
-            (Some(DEFAULT_429_PAUSE), Some(Source::Default429))
+            (Some(DEFAULT_429_PAUSE), Some(HeaderFamily::Default429))
         );
         let r = read(
             429,
@@ -573,7 +576,10 @@ mod tests {
             assert_eq!(r.ignored, 1, "{v}");
         }
         let r = read(429, &[("retry-after", "-5")]);
-        assert_eq!((r.ignored, r.pause_from), (1, Some(Source::Default429)));
+        assert_eq!(
+            (r.ignored, r.pause_from),
+            (1, Some(HeaderFamily::Default429))
+        );
         let r = read(429, &[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]);
         assert_eq!(
             (r.learned.pause, r.capped),
@@ -615,11 +621,11 @@ mod tests {
                 .window(12, Duration::from_secs(1))
                 .rate(stated)
         );
-        let per_second = Policy {
+        let per_second = StatedQuota {
             quota: 40,
             window: Duration::from_secs(1),
         };
-        assert_eq!(r.policy, Some(per_second));
+        assert_eq!(r.stated, Some(per_second));
         // The policy the `RateLimit` item names, else the slowest.
         let r = read(
             200,
@@ -629,7 +635,7 @@ mod tests {
                 ("ratelimit", "\"fast\";r=3;t=1"),
             ],
         );
-        assert_eq!(r.policy.map(|p| p.quota), Some(100));
+        assert_eq!(r.stated.map(|p| p.quota), Some(100));
         let r = read(
             200,
             &[(
@@ -637,7 +643,7 @@ mod tests {
                 "\"fast\";q=100;w=1, \"hour\";q=3600;w=3600",
             )],
         );
-        assert_eq!(r.policy.map(|p| p.quota), Some(3600));
+        assert_eq!(r.stated.map(|p| p.quota), Some(3600));
         // Malformed fields are ignored and counted, never split by hand.
         for bad in [
             "\"a\";q=-1;w=1",
@@ -646,7 +652,7 @@ mod tests {
             "(\"x\");q=1",
         ] {
             let r = read(200, &[("ratelimit-policy", bad)]);
-            assert_eq!((r.policy, r.ignored), (None, 1), "{bad}");
+            assert_eq!((r.stated, r.ignored), (None, 1), "{bad}");
         }
     }
 

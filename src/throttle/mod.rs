@@ -40,7 +40,7 @@ pub use self::{
     config::{NoRetry, RetryIdempotent},
     error::ThrottleError,
     layer::ThrottleLayer,
-    learn::{read_limits, Policy, Reading, Source, DEFAULT_429_PAUSE},
+    learn::{read_limits, HeaderFamily, Reading, StatedQuota, DEFAULT_429_PAUSE},
     service::Throttle,
 };
 pub use crate::store::upstream::{Learned, Rate};

@@ -130,8 +130,8 @@ async fn acquire<A: Algorithm>(
 /// Waits while the upstream said to pause, or while its window has fewer than `cost` units
 /// left (taking them when the call may go), by the deadline; how the call goes (blind, or
 /// first to learn the next window), and how long until its place in the upstream's pace
-/// when the upstream's rate is known (the place is kept for it). A store failure lets the
-/// call go under the configured limit (logged and counted).
+/// when the upstream's rate is known (the place is kept for it). While the store fails
+/// (logged and counted), the same from what this process learned meanwhile.
 async fn upstream_gate<A: Algorithm>(
     clock: &Clock,
     adaptive: &Adaptive,
@@ -142,11 +142,19 @@ async fn upstream_gate<A: Algorithm>(
 ) -> Result<(Blind, Duration), ThrottleError> {
     let engine = &limiter.engine;
     loop {
-        let call = adaptive
-            .store
-            .take(engine.store_key(Some(key)), cost, budget.left(clock));
-        let Some(gate) = bounded(adaptive, limiter, "reading", call).await else {
-            return Ok((Blind::Counted, Duration::ZERO));
+        let store_key = engine.store_key(Some(key));
+        let call = adaptive.store.take(store_key, cost, budget.left(clock));
+        let gate = match bounded(adaptive, limiter, "reading", call).await {
+            Some(gate) => gate,
+            // In memory: answers at once, and cannot fail but for a key it cannot hold.
+            None => match adaptive
+                .local
+                .take(store_key, cost, budget.left(clock))
+                .await
+            {
+                Ok(gate) => gate,
+                Err(_) => return Ok((Blind::Counted, Duration::ZERO)),
+            },
         };
         if gate.go {
             return Ok((gate.blind, gate.wait));
@@ -199,8 +207,8 @@ async fn turn<K, A: Algorithm>(
 }
 
 /// A store call of the adaptive throttle, within the store timeout; `None` when it failed
-/// (`doing`: what for, in the log), which is counted and logged: the call goes on under the
-/// configured limit.
+/// (`doing`: what for, in the log), which is counted and logged: the caller then asks what
+/// this process learned while the store failed (`Adaptive::local`).
 async fn bounded<A: Algorithm, T>(
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
@@ -216,7 +224,7 @@ async fn bounded<A: Algorithm, T>(
     tracing::warn!(
         policy = %engine.core.policy,
         error = %Chain(&error),
-        "rate limit: {doing} the upstream's learned limit failed; going on under the configured limit"
+        "rate limit: {doing} the upstream's learned limit failed; going by what this process learned meanwhile"
     );
     None
 }
@@ -290,10 +298,15 @@ async fn record<A: Algorithm>(
         return;
     }
     let engine = &limiter.engine;
-    let call = adaptive
-        .store
-        .learn(engine.store_key(Some(key)), learned, how);
-    bounded(adaptive, limiter, "recording", call).await;
+    let store_key = engine.store_key(Some(key));
+    let call = adaptive.store.learn(store_key, learned, how);
+    if bounded(adaptive, limiter, "recording", call)
+        .await
+        .is_none()
+    {
+        // For the calls that go by this process' own state while the store fails.
+        let _ = adaptive.local.learn(store_key, learned, how).await;
+    }
 }
 
 /// Whether a method may be sent twice.

@@ -49,6 +49,12 @@ fn lease_options_are_validated_naming_the_field() {
         "lease.lifetime"
     );
     assert_eq!(field(ok.max_units(0), gcra.clone()), "lease.max_units");
+    // More than an eighth of the burst is refused, not cut to it.
+    let eighth = (quota.burst_size() / 8).max(1);
+    assert_eq!(
+        field(ok.max_units(eighth + 1), gcra.clone()),
+        "lease.max_units"
+    );
     assert_eq!(field(ok.max_keys(0), gcra.clone()), "lease.max_keys");
     let window: Arc<dyn Algorithm> = Arc::new(SlidingWindow::new(quota).unwrap());
     assert_eq!(field(ok, window), "lease");

@@ -486,6 +486,15 @@ fn shadow_never_rejects_and_logs_each_would_be_denial() {
                 3,
                 "{what}: log {logged}"
             );
+            // Each line names the key it would have limited.
+            assert_eq!(
+                logged
+                    .lines()
+                    .filter(|l| l.contains("would deny") && l.contains("key=\"k\""))
+                    .count(),
+                3,
+                "{what}: log {logged}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -207,6 +207,16 @@ async fn cut_regions_keep_serving_within_their_share_and_the_link_back_restores_
             );
         }
         let (counts, elapsed) = hammer(&world.addrs("all"), Duration::from_secs(6));
+        // The other region's Redis, away for the whole cut, is told once, not on every
+        // attempt to reach it (a few a second).
+        for g in &world.gateways {
+            let log = g.log();
+            let told = log
+                .lines()
+                .filter(|l| l.contains("WARN") && l.contains("cannot connect to redis"))
+                .count();
+            assert!(told <= 2, "{told} warnings while cut off:\n{log}");
+        }
         // The default share: 1/2 of each limit per region.
         let share = 0.5 * limit_over(elapsed);
         for (region, admitted) in [("a", counts[0] + counts[1]), ("b", counts[2] + counts[3])] {
@@ -254,4 +264,37 @@ fn regions_flags_that_cannot_work_are_refused_at_start_up() {
     ] {
         assert_refused(&args, says);
     }
+    // A file's settings that cannot work across regions are refused by --check-config as at
+    // start-up, by their line and field.
+    let dir = std::env::temp_dir().join(format!("regions-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    std::fs::write(&file, "limit = 5\ncount_only = \"5xx\"\n").unwrap();
+    let out = std::process::Command::new(crate::servers::gateway::gateway_bin())
+        .args(["--region", "a", "--regions", regions, "--check-config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "line 2, field `count_only`: --count-only (refunds) does not work across regions"
+        ),
+        "{stderr}"
+    );
+    // TLS material and a lazy start go with --regions as with --redis.
+    let stderr = assert_refused(
+        &[
+            "--region",
+            "a",
+            "--regions",
+            regions,
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+        ],
+        "--redis-ca /nonexistent/ca.pem",
+    );
+    assert!(!stderr.contains("are for Redis"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -299,6 +299,72 @@ fn keys_are_named_as_the_extractor_writes_them_percent_encoded() {
     assert_eq!(gw.admin("GET", "/keys/not-an-address", None).status, 400);
 }
 
+/// A key with a plan is peeked under its plan, as its checks are decided; with `--config`,
+/// under the limits in force after a reload.
+#[test]
+fn a_peek_shows_the_quota_of_the_keys_plan_and_of_the_limits_in_force() {
+    let redis = RedisServer::start();
+    let gws = three(
+        &redis,
+        &["--limit", "1", "--per", "1h", "--plan", "silver=5/1h"],
+    );
+    let fresh = gws[0].peek("silver");
+    assert_eq!(
+        (&fresh["limit"], &fresh["remaining"]),
+        (&5.into(), &5.into()),
+        "{fresh}"
+    );
+    let r = gws[1].call("silver");
+    assert!(r.head.contains(";q=5;"), "{r:?}");
+    let after = gws[2].peek("silver");
+    assert_eq!(
+        (&after["limit"], &after["remaining"]),
+        (&5.into(), &4.into()),
+        "{after}"
+    );
+    let other = gws[0].peek("bronze");
+    assert_eq!(
+        (&other["limit"], &other["remaining"]),
+        (&1.into(), &1.into()),
+        "{other}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("steer-peek-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    let text = |limit: u32, gold: &str| {
+        format!("limit = {limit}\nper = \"1h\"\nkey = \"header:x-k\"\n[plans]\ngold = \"{gold}\"\n")
+    };
+    write_file(&file, &text(3, "7/1h"));
+    let url = redis.url();
+    let gw = AdminGateway::start(&[
+        "--redis",
+        &url,
+        "--prefix",
+        "peek-live",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(gw.peek("gold")["limit"], 7);
+    assert_eq!(gw.peek("fresh")["limit"], 3);
+    write_file(&file, &text(6, "9/1h"));
+    wait_lines(&gw, "config reloaded", 1);
+    assert_eq!(gw.call("gold").status, 200);
+    let gold = gw.peek("gold");
+    assert_eq!(
+        (&gold["limit"], &gold["remaining"]),
+        (&9.into(), &8.into()),
+        "{gold}"
+    );
+    let fresh = gw.peek("fresh");
+    assert_eq!(
+        (&fresh["limit"], &fresh["remaining"]),
+        (&6.into(), &6.into()),
+        "{fresh}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_admin_listener_is_guarded() {
     // Not on a loopback address: refused at start-up without a token, in one line.
@@ -366,6 +432,13 @@ fn the_admin_listener_is_guarded() {
         assert_eq!(gw.call("k").status, 429);
         assert_eq!(gw.admin("GET", "/keys/k", Some(token)).status, 200);
         assert_eq!(gw.admin("GET", "/metrics", Some(token)).status, 200);
+        // The scheme is case-insensitive, as HTTP says; the token is not.
+        let lower = format!("bearer {token}");
+        let r = send(gw.admin, "GET", "/top", &[("authorization", &lower)]);
+        assert_eq!(r.status, 200, "{r:?}");
+        let upper = format!("Bearer {}", token.to_uppercase());
+        let r = send(gw.admin, "GET", "/top", &[("authorization", &upper)]);
+        assert_eq!(r.status, 401, "{r:?}");
         assert!(!gw.log().contains(token), "the token is never logged");
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -886,25 +959,50 @@ fn a_config_file_is_checked_and_its_flags_given_once() {
         ("limit = \"x\"\n", 1, "limit"),
         ("limit = 3\nlisten = \"127.0.0.1:1\"\n", 2, "listen"),
         ("limit = 3\nallow = [\"10.0.0.0/33\"]\n", 2, "allow"),
-        ("key = \"ip\"\n[plans]\ngold = \"100/1m\"\n", 0, "plan"),
+        ("key = \"ip\"\n[plans]\ngold = \"100/1m\"\n", 2, "plans"),
         ("limit = 3\nper = \"1", 2, "per"),
+        // Settings that read well but cannot work are named by their line and field too.
+        ("limit = 0\n", 1, "limit"),
+        ("limit = 3\nburst = 0\n", 2, "burst"),
+        ("unit_lease_ms = 0\n", 1, "unit_lease_ms"),
+        ("lease_ms = 100\n", 1, "lease_ms"),
+        ("shadow = true\nconcurrency = 2\n", 1, "shadow"),
+        (
+            "algorithm = \"sliding-window\"\nper = \"1m\"\nkey = \"header:x\"\n[plans]\nsilver = \"5/1m\"\ngold = \"100/1s\"\n",
+            6,
+            "plans.gold",
+        ),
     ] {
         let (code, stdout, stderr) = check("bad.toml", text);
         assert_eq!((code, stdout.as_str()), (Some(1), ""), "{text:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        if line > 0 {
-            assert!(
-                stderr.contains(&format!("line {line}, field `{field}`")),
-                "{text:?}: {stderr}"
-            );
-        } else {
-            assert!(stderr.contains(field), "{stderr}");
-        }
+        assert!(
+            stderr.contains(&format!("line {line}, field `{field}`")),
+            "{text:?}: {stderr}"
+        );
     }
     let path = dir.join("good.toml");
     assert_refused(
         &["--config", path.to_str().unwrap(), "--limit", "4"],
         "field `limit`: --limit is given on the command line too",
     );
+    // A limit setting the file leaves to its default is the file's too: a flag cannot set it.
+    let only_limit = dir.join("only-limit.toml");
+    std::fs::write(&only_limit, "limit = 3\n").unwrap();
+    for flags in [
+        &["--per", "1m"][..],
+        &["--shadow"],
+        &["--plan", "gold=5/1m"],
+    ] {
+        let mut args = vec!["--config", only_limit.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        assert_refused(
+            &args,
+            &format!(
+                "{} is a limit setting: with --config, give it in the file",
+                flags[0]
+            ),
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

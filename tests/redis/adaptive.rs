@@ -452,6 +452,51 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// While the shared store fails, a throttle goes by what this process learned meanwhile: a
+/// learn-only throttle (no configured limit to fall back on) whose Redis is gone still holds
+/// calls back for the pause the upstream's 429 asked for, instead of letting them all out.
+#[tokio::test]
+async fn a_learning_throttle_keeps_the_upstreams_pause_while_its_store_fails() {
+    use tower_redis_ratelimit::{store::Store, throttle::ThrottleError};
+
+    let mut redis = RedisServer::start();
+    let store = RedisStore::builder()
+        .lazy(true)
+        .connect(&redis.url())
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(store);
+    redis.kill();
+    let up = Fixed::start(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "30")]).await;
+    let layer = ThrottleLayer::learning(Arc::clone(&store), "up", |_: &http::request::Parts| {
+        Some("up".to_owned())
+    })
+    .unwrap()
+    .max_wait(Duration::ZERO)
+    .unwrap();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http());
+    let req = Request::get(up.url()).body(Empty::new()).unwrap();
+    let first = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+    let mut held = 0;
+    for _ in 0..5 {
+        let req = Request::get(up.url()).body(Empty::new()).unwrap();
+        match svc.clone().oneshot(req).await {
+            Err(e) => match e.downcast_ref::<ThrottleError>() {
+                Some(ThrottleError::UpstreamPaused { wait, .. })
+                    if *wait > Duration::from_secs(25) =>
+                {
+                    held += 1
+                }
+                _ => panic!("not held back by the upstream's pause: {e}"),
+            },
+            Ok(res) => panic!("sent while the upstream asked to pause: {}", res.status()),
+        }
+    }
+    assert_eq!((held, up.calls()), (5, 1));
+    assert!(layer.adaptive_stats().unwrap().store_errors >= 6);
+}
+
 fn retrying(
     store: RedisStore,
     prefix: &str,

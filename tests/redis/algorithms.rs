@@ -195,16 +195,21 @@ async fn every_written_key_expires_on(backend: &crate::servers::Backend) {
 }
 
 /// Arguments and stored state are validated before any write; broken state is an error.
+/// (GCRA's check, `lua/gcra.lua`, validates no argument: only the store calls it, with
+/// arguments built from validated types, and the store refuses a cost of 0 or a time past 2^52
+/// before sending: see `store::redis::steering`. The scripts that validate their arguments are
+/// held to it here.)
 #[tokio::test]
 async fn scripts_reject_bad_arguments_and_foreign_data() {
     use tower_redis_ratelimit::redis;
     let redis_server = RedisServer::start();
     let mut conn = redis_server.conn();
     let g = Gcra::new(bucket_quota()).unwrap();
-    // The GCRA script as the store runs it (after the GCRA core, without the prelude).
+    // The token bucket's script as the store runs it (after the prelude): the same leading
+    // arguments as every script but GCRA's check.
     let script = redis::Script::new(concat!(
-        include_str!("../../lua/gcra_core.lua"),
-        include_str!("../../lua/gcra.lua")
+        include_str!("../../lua/prelude.lua"),
+        include_str!("../../lua/token_bucket.lua")
     ));
     // Bad arguments (now, cost, emission, burst) straight to the script: errors, and no key
     // is written.
@@ -268,6 +273,23 @@ async fn scripts_reject_bad_arguments_and_foreign_data() {
         .query(&mut conn)
         .unwrap();
     assert!(gl.check("junk", 1).await.is_err());
+    // A GCRA state holding a ban's copy is `TAT:BAN`, both integers up to 2^52: anything
+    // else is an error too, banned or not.
+    for junk in [
+        "5:x",
+        "5:",
+        ":7",
+        "5:7:9",
+        "99999999999999999999:1",
+        "1:99999999999999999999",
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg("{x:default:junk2}:g")
+            .arg(junk)
+            .query(&mut conn)
+            .unwrap();
+        assert!(gl.check("junk2", 1).await.is_err(), "{junk}");
+    }
     assert!(tb.check("junk", 1).await.is_err());
     assert!(sw.check("junk", 1).await.is_err());
     assert!(gl.check("wrongtype", 1).await.is_err());

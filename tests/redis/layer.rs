@@ -418,6 +418,12 @@ async fn raw_get(addr: SocketAddr) -> String {
 #[tokio::test]
 async fn problem_details_and_partition_key() {
     let redis = RedisServer::start();
+    let short = RateLimitLayer::new(
+        limiter(redis.store().await, "pd-short", Quota::per_hour(1)),
+        HeaderKey::new("x-api-key").unwrap(),
+    )
+    .partition_key("s3cret");
+    assert_eq!(short.unwrap_err().field(), "partition_key");
     let svc = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(
@@ -425,7 +431,8 @@ async fn problem_details_and_partition_key() {
                 HeaderKey::new("x-api-key").unwrap(),
             )
             .problem_details()
-            .partition_key("s3cret"),
+            .partition_key("s3cret-of-16-bytes")
+            .unwrap(),
         )
         .service(counting(Default::default()));
     let req = |k: &str| {

@@ -10,8 +10,8 @@ use metrics_util::{
     CompositeKey,
 };
 use tower_redis_ratelimit::{
-    store::CircuitBreaker, telemetry, FailurePolicy, Gcra, GlobalKey, Quota, RateLimitLayer,
-    RateLimiter,
+    concurrency::ConcurrencyLimiter, store::CircuitBreaker, telemetry, FailurePolicy, Gcra,
+    GlobalKey, Quota, RateLimitLayer, RateLimiter,
 };
 
 fn find(
@@ -153,4 +153,30 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         Some(Seen::Histogram(n)) => assert!(n >= 3, "{n} latency samples"),
         other => panic!("latency histogram: {other:?}"),
     }
+
+    // A concurrency limit's decisions go to the same metrics, under its policy: a permit
+    // given is `allowed`, one refused `denied`, both from the store.
+    let redis = RedisServer::start();
+    let concurrency = ConcurrencyLimiter::builder(redis.store().await, 1)
+        .policy_name("c")
+        .build()
+        .unwrap();
+    let held = concurrency.acquire("k").await.unwrap();
+    assert!(held.is_some());
+    assert!(concurrency.acquire("k").await.unwrap().is_none());
+    let snapshot = snapshotter.snapshot().into_vec();
+    for (decision, n) in [("allowed", 1), ("denied", 1)] {
+        let seen = find(
+            &snapshot,
+            telemetry::DECISIONS,
+            &[("policy", "c"), ("decision", decision), ("source", "store")],
+        );
+        assert!(
+            matches!(seen, Some(Seen::Counter(c)) if c == n),
+            "{decision}: {seen:?}"
+        );
+    }
+    let stats = concurrency.stats();
+    assert_eq!((stats.allowed, stats.denied), (1, 1));
+    drop(held);
 }

@@ -236,8 +236,9 @@ async fn the_layer_applies_a_quota_per_request() {
 }
 
 /// No key can spell another key's cached denial under a quota: an unquoted key made of
-/// `v`, a NUL, `q` and the quota's tag bytes (what the cache key of `v` under 5 a second
-/// once was) is denied and cached, and `v` under that quota is still allowed.
+/// `v`, a NUL, `q` and the quota's tag bytes (the quota's tag written after the key, as a
+/// naive cache key would join them) is denied and cached, and `v` under that quota is still
+/// allowed.
 #[tokio::test]
 async fn a_key_cannot_spell_the_cached_denial_of_another_key_and_quota() {
     let redis = RedisServer::start();

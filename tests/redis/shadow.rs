@@ -159,6 +159,59 @@ async fn shadow_mode_is_exact_and_never_rejects_on_every_store_and_algorithm() {
     }
 }
 
+/// A ban is enforced whether or not the limit is in shadow mode: a banned key gets 429 with
+/// `Retry-After` (counted `denied`, not `would_deny`), on Redis and in memory, while a key
+/// over the shadow limit is still served.
+#[tokio::test]
+async fn a_ban_is_enforced_in_shadow_mode() {
+    let redis = RedisServer::start();
+    let stores: Vec<(&str, Arc<dyn Store>)> = vec![
+        ("redis", Arc::new(redis.store().await)),
+        ("memory", Arc::new(MemoryStore::new())),
+    ];
+    for (what, store) in stores {
+        let gcra: Arc<dyn Algorithm> = Arc::new(Gcra::new(Quota::per_hour(1)).unwrap());
+        let limiter = shadow(store, gcra, "shadow-ban");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let svc = ServiceBuilder::new()
+            .layer(RateLimitLayer::new(
+                limiter.clone(),
+                HeaderKey::new("x-key").unwrap(),
+            ))
+            .service(counting(calls.clone()));
+        let call = |key: &'static str| {
+            let svc = svc.clone();
+            async move {
+                let req = Request::builder()
+                    .header("x-key", key)
+                    .body(Body::empty())
+                    .unwrap();
+                svc.oneshot(req).await.unwrap()
+            }
+        };
+        for _ in 0..3 {
+            assert_eq!(call("over").await.status(), 200, "{what}: shadow limit");
+        }
+        limiter
+            .ban("banned", Duration::from_secs(600))
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let r = call("banned").await;
+            assert_eq!(r.status(), 429, "{what}: a ban in shadow mode");
+            let retry: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((599..=600).contains(&retry), "{what}: {retry}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "{what}");
+        let stats = limiter.stats();
+        assert_eq!((stats.denied, stats.would_deny), (2, 2), "{what}");
+    }
+}
+
 /// A shadow policy whose store is gone lets requests through even under `Closed`; the same
 /// policy enforcing answers 503.
 #[tokio::test]

@@ -14,7 +14,7 @@ use crate::{algorithm::Rule, error::ConfigError};
 /// use std::time::Duration;
 /// use tower_redis_ratelimit::rate_limit::UnitLease;
 ///
-/// let lease = UnitLease::up_to(Duration::from_millis(50)).max_units(5_000);
+/// let lease = UnitLease::up_to(Duration::from_millis(50)).max_units(500);
 /// assert_eq!(lease.lifetime(), Duration::from_millis(50));
 /// ```
 ///
@@ -59,9 +59,10 @@ impl UnitLease {
         }
     }
 
-    /// The most units one lease holds (at least 1), below the default of an eighth of the
-    /// key's burst (at least one unit): with the default, one instance never takes more than
-    /// an eighth of what a rested key has, so others sharing the key still find units.
+    /// The most units one lease holds: at least 1 and at most the default, an eighth of the
+    /// key's burst (at least one unit), so that one instance never takes more than an eighth
+    /// of what a rested key has and others sharing the key still find units. A value outside
+    /// is a [`ConfigError`] naming `lease.max_units` when the limiter is built.
     pub const fn max_units(mut self, units: u32) -> Self {
         self.max_units = Some(units);
         self
@@ -105,7 +106,13 @@ impl UnitLease {
         let share = u32::try_from((burst / 8).max(1)).unwrap_or(u32::MAX);
         match self.max_units {
             Some(0) => Err(ConfigError::new("lease.max_units", "must be at least 1")),
-            Some(units) => Ok(units.min(share)),
+            Some(units) if units > share => Err(ConfigError::new(
+                "lease.max_units",
+                format!(
+                    "must be at most an eighth of the burst ({share} for a burst of {burst}), so                      that one instance never takes more of a rested key"
+                ),
+            )),
+            Some(units) => Ok(units),
             None => Ok(share),
         }
     }

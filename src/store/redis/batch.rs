@@ -121,6 +121,18 @@ impl Batching {
     }
 }
 
+/// How a batch script takes its checks' keys and arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Layout {
+    /// `batch.lua`'s: the time, the number of checks, then per check its key count, its
+    /// argument count and its arguments; one reply per check.
+    Generic,
+    /// `gcra_batch.lua`'s: one key per check, the checks of a key one after the other; the
+    /// time, then per run of checks with the same arguments their number and the arguments;
+    /// one reply per check, then the time.
+    Gcra,
+}
+
 /// `KEYS` and `ARGV` become locals that the driver points at each check's slice in turn; code
 /// in `shared` (defined once) and in `body` (run once per check) both see the current check's.
 pub(crate) fn batch_form(shared: &str, body: &str) -> Script {
@@ -133,6 +145,7 @@ pub(crate) fn batch_form(shared: &str, body: &str) -> Script {
 /// One queued check.
 pub(crate) struct Job {
     pub(crate) script: &'static Script,
+    pub(crate) layout: Layout,
     pub(crate) keys: Keys,
     pub(crate) args: Args,
     pub(crate) now: Option<u64>,
@@ -168,6 +181,7 @@ impl Batcher {
     pub(crate) async fn submit(
         &self,
         script: &'static Script,
+        layout: Layout,
         keys: Keys,
         args: Args,
         now: Option<u64>,
@@ -175,6 +189,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             script,
+            layout,
             keys,
             args,
             now,
@@ -259,6 +274,9 @@ fn group(jobs: &mut Vec<Job>, cluster: bool) -> Vec<Vec<Job>> {
 }
 
 async fn send(batch: Vec<Job>, link: &Link, timeout: Duration) {
+    if batch[0].layout == Layout::Gcra {
+        return send_gcra(batch, link, timeout).await;
+    }
     let script = batch[0].script;
     let key_count = batch.iter().map(|job| job.keys.len()).sum();
     let keys = |cmd: &mut redis::Cmd| {
@@ -302,6 +320,87 @@ async fn send(batch: Vec<Job>, link: &Link, timeout: Duration) {
         Err(e) => {
             for job in batch {
                 let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Sends a batch of GCRA checks (see `lua/gcra_batch.lua`): ordered by key, the checks of one
+/// key in their order (a key's checks come one after the other; checks of different keys do
+/// not depend on each other's order), their arguments once per run of equal ones.
+async fn send_gcra(batch: Vec<Job>, link: &Link, timeout: Duration) {
+    let script = batch[0].script;
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by(|&a, &b| batch[a].keys.first().cmp(batch[b].keys.first()));
+    let n = batch.len();
+    let key_bytes: usize = batch.iter().map(|job| job.keys.first().len()).sum();
+    let keys = |cmd: &mut redis::Cmd| {
+        for &i in &order {
+            cmd.arg(batch[i].keys.first());
+        }
+    };
+    let mut cmd = evalsha_sized(
+        script,
+        n,
+        (2 * n + 8, 64 + key_bytes + 16 * n),
+        keys,
+        batch[0].now,
+    );
+    let mut run = 0;
+    while run < n {
+        let args = batch[order[run]].args.as_slice();
+        let len = order[run..]
+            .iter()
+            .take_while(|&&i| batch[i].args.as_slice() == args)
+            .count();
+        cmd.arg(len);
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        run += len;
+    }
+    let reply = tokio::time::timeout(timeout, link.eval(script, &cmd))
+        .await
+        .unwrap_or(Err(Error::Timeout(timeout)));
+    let mut jobs: Vec<Option<Job>> = batch.into_iter().map(Some).collect();
+    let mut answer = |i: usize, reply: Result<Value, Error>| {
+        if let Some(job) = jobs[i].take() {
+            let _ = job.reply.send(reply);
+        }
+    };
+    match reply {
+        Ok(Value::Array(mut replies)) if replies.len() == n + 1 => {
+            let now = match replies.pop() {
+                Some(Value::Int(now)) if now >= 0 => now,
+                other => {
+                    let why = format!("a batch of {n} GCRA checks was answered at {other:?}");
+                    for i in 0..n {
+                        answer(i, Err(Error::InvalidReply(why.clone())));
+                    }
+                    return;
+                }
+            };
+            for (&i, reply) in order.iter().zip(replies) {
+                let reply = match reply {
+                    // Admitted: its reset and the time (see scripts::parse_gcra).
+                    Value::Int(reset) if reset > 0 => {
+                        Ok(Value::Array(vec![Value::Int(reset), Value::Int(now)]))
+                    }
+                    Value::BulkString(message) => Err(check_error(&message)),
+                    other => Ok(other),
+                };
+                answer(i, reply);
+            }
+        }
+        Ok(other) => {
+            let why = format!("a batch of {n} GCRA checks was answered {other:?}");
+            for i in 0..n {
+                answer(i, Err(Error::InvalidReply(why.clone())));
+            }
+        }
+        Err(e) => {
+            for i in 0..n {
+                answer(i, Err(e.clone()));
             }
         }
     }

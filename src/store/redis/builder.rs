@@ -125,7 +125,7 @@ impl RedisStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
         let info = url
             .into_connection_info()
-            .map_err(|e| Error::Config(ConfigError::new("url", e.to_string())))?;
+            .map_err(|e| Error::Config(ConfigError::new("url", "cannot be read").caused_by(e)))?;
         self.supervised(Target::Direct(info)).await
     }
 
@@ -205,9 +205,9 @@ impl RedisStoreBuilder {
                 "rediss:// needs the `tls` feature of tower-redis-ratelimit",
             )));
         }
-        let client = builder
-            .build()
-            .map_err(|e| Error::Config(ConfigError::new("nodes", e.to_string())))?;
+        let client = builder.build().map_err(|e| {
+            Error::Config(ConfigError::new("nodes", "cannot build a cluster client").caused_by(e))
+        })?;
         let connection =
             match tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await {
                 Ok(result) => result.map_err(|e| connect::classify(&redact_url(first), e))?,
@@ -271,7 +271,7 @@ impl RedisStoreBuilder {
     pub(crate) fn lazy_direct(self, url: &str) -> Result<RedisStore, Error> {
         let info = url
             .into_connection_info()
-            .map_err(|e| Error::Config(ConfigError::new("url", e.to_string())))?;
+            .map_err(|e| Error::Config(ConfigError::new("url", "cannot be read").caused_by(e)))?;
         let connector = self.connector(Target::Direct(info))?;
         Ok(RedisStore::new(Link::Multiplexed(Supervised::lazy(
             connector,

@@ -132,7 +132,14 @@ struct Pending {
     attempt: Option<Attempt>,
     /// The last failed attempt: when it failed, and why.
     failure: Option<(Instant, Error)>,
+    /// When a failure to connect was last logged at `warn`: a server away for a while (a
+    /// region cut off, a restart) is told once per [`WARN_EVERY`], not on every attempt.
+    warned_at: Option<Instant>,
 }
+
+/// How often a server that stays unreachable is logged at `warn` (the attempts between are
+/// logged at `debug`).
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A self-replacing connection to one server (see the module docs). Cloning shares it.
 #[derive(Clone)]
@@ -303,11 +310,21 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
     match result {
         Ok(live) => {
             pending.failure = None;
+            pending.warned_at = None;
             inner.live.store(Some(live));
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis");
-            pending.failure = Some((Instant::now(), e));
+            let now = Instant::now();
+            if pending
+                .warned_at
+                .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
+            {
+                pending.warned_at = Some(now);
+                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis (told again every 30 s while it lasts)");
+            } else {
+                tracing::debug!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis");
+            }
+            pending.failure = Some((now, e));
         }
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! | key | type: content | written by | expires |
 //! |---|---|---|---|
-//! | `{NS:KEY}:g` | string: GCRA's theoretical arrival time (TAT) | `gcra.lua`, `gcra_batch.lua`, `gcra_reserve.lua`, `gcra_refund.lua` | when the TAT passes (the key is rested again) |
+//! | `{NS:KEY}:g` | string: GCRA's theoretical arrival time (TAT); while the key is banned, `TAT:BAN`, the TAT (`0` for a rested key) and a copy of the ban's end (`:x`), so that GCRA's check reads one key | `gcra.lua`, `gcra_batch.lua`, `gcra_reserve.lua`, `gcra_refund.lua` (keeping the ban's copy); the ban's copy: `ban.lua` (whatever the limiter's algorithm), kept by `forget.lua` on a reset, taken off on an unban | when the TAT passes (the key is rested again) and the ban has ended |
 //! | `{NS:KEY}:gr` | string: the refund ledger of `:g` (`until floor`, then `at moved_at back until` per refund) | `gcra_refund.lua` | when every charge a refund moved has drained (`until`) |
 //! | `{NS:KEY}:b` | hash: token bucket, `n` whole tokens, `t` when the last one was credited | `token_bucket.lua`, `token_bucket_reserve.lua`, `token_bucket_refund.lua` | when the bucket is full again |
 //! | `{NS:KEY}:br` | string: the refund ledger of `:b` (as `:gr`) | `token_bucket_refund.lua` | as `:gr` |
@@ -18,7 +18,7 @@
 //! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua` | as `:g` |
 //! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua` | 30 s |
-//! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
+//! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by lease deadline | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
@@ -28,6 +28,12 @@
 //! | `{NS:KEY}:rs` | string, in each region's Redis: the TAT of the GCRA at the region's share, used while the region is cut off | `regional_spend.lua` | when the TAT passes |
 //! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` calls sent blind since `s`, `n` and `w` its rate (units per window), `t` the next free place in its pace, `x` the rate was estimated from a 429, `a` calls answered without a word since `c` | `upstream_take.lua`, `upstream_learn.lua` | a minute past the pause, the window and the pace |
 //! | `{NS:KEY}SUFFIX` | a custom algorithm's (its [`key_suffixes`](crate::algorithm::Scripted::key_suffixes)) | its script | its script's |
+//!
+//! A ban is in force in both `:x` and `:g` or in neither: `ban.lua` writes both, an unban
+//! deletes `:x` and takes the copy off `:g`, a reset deletes `:g`'s TAT and keeps the copy, and a
+//! script that writes a plain TAT into `:g` (a check, a reservation) does so only when no ban is
+//! in force. Several regions (`RegionalStore`) take no bans, so their scripts read `:g` as a
+//! plain TAT (a ban's copy there is an error naming the key).
 //!
 //! `KEY` as stored, always UTF-8: text as it is, unless longer than the limiter's bound or
 //! starting with `#` (then `#` and its SHA-1 in hex, so no client key can spell the forms

@@ -138,13 +138,26 @@ pub(crate) fn evalsha_sized(
     keys: impl FnOnce(&mut redis::Cmd),
     now: Option<u64>,
 ) -> redis::Cmd {
-    let mut cmd = redis::Cmd::with_capacity(capacity.0, capacity.1);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(key_count);
-    keys(&mut cmd);
+    let mut cmd = evalsha_keys(script, key_count, capacity, keys);
     match now {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
+    cmd
+}
+
+/// `EVALSHA` of `script` with `keys` (`key_count` of them) and nothing after them, into a command
+/// sized for `capacity` (as [`evalsha_sized`]): for the scripts that take the time last, and
+/// only when it is explicit (`lua/gcra.lua`).
+pub(crate) fn evalsha_keys(
+    script: &Script,
+    key_count: usize,
+    capacity: (usize, usize),
+    keys: impl FnOnce(&mut redis::Cmd),
+) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(capacity.0, capacity.1);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(key_count);
+    keys(&mut cmd);
     cmd
 }
 

@@ -1,6 +1,6 @@
 //! The Redis store: checks run as atomic Lua scripts, on one server, a pool or a cluster.
 
-/// A script of `lua/` with the shared prelude before it (and a library of `lua/` after the
+/// A script of `lua/` with the shared prelude before it (and libraries of `lua/` after the
 /// prelude, when named), built (and hashed) once:
 /// `static S: LazyLock<Script> = prelude_script!("file.lua");`.
 macro_rules! prelude_script {
@@ -12,11 +12,11 @@ macro_rules! prelude_script {
             ))
         })
     };
-    ($file:literal, after $library:literal) => {
+    ($file:literal, after $($library:literal),+) => {
         LazyLock::new(|| {
             Script::new(concat!(
                 include_str!("../../../lua/prelude.lua"),
-                include_str!(concat!("../../../lua/", $library)),
+                $(include_str!(concat!("../../../lua/", $library)),)+
                 include_str!(concat!("../../../lua/", $file))
             ))
         })
@@ -274,19 +274,36 @@ impl RedisStore {
     }
 }
 
+/// What `lua/forget.lua` does with a GCRA state given first, instead of deleting it.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// Deletes every key.
+    Nothing,
+    /// Keeps the state's ban's copy, deleting its TAT (a reset).
+    Ban,
+    /// Keeps the state's TAT, deleting its ban's copy (an unban).
+    Tat,
+}
+
 impl RedisStore {
-    /// Deletes `keys` (all of one base key, so of one hash slot) in one script call.
-    fn forget(&self, keys: Vec<Vec<u8>>) -> BoxFuture<'_, Result<(), Error>> {
-        let cmd = link::evalsha(
-            &scripts::FORGET,
-            keys.len(),
-            |cmd| {
+    /// Deletes `keys` (all of one base key, so of one hash slot) in one script call, but what
+    /// `keep` keeps of the GCRA state given first.
+    fn forget(&self, keys: Vec<Vec<u8>>, keep: Keep) -> BoxFuture<'_, Result<(), Error>> {
+        let mut cmd =
+            link::evalsha_keys(&scripts::FORGET, keys.len(), (keys.len() + 4, 256), |cmd| {
                 for k in &keys {
                     cmd.arg(k.as_slice());
                 }
-            },
-            None,
-        );
+            });
+        match keep {
+            Keep::Nothing => {}
+            Keep::Ban => {
+                cmd.arg("keep-ban");
+            }
+            Keep::Tat => {
+                cmd.arg("keep-tat");
+            }
+        }
         Box::pin(async move {
             match self.link.eval(&scripts::FORGET, &cmd).await? {
                 redis::Value::Int(_) => Ok(()),
@@ -308,20 +325,36 @@ impl Backend for RedisStore {
         cost: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        // Only valid arguments reach the scripts (GCRA's check validates none: see lua/gcra.lua).
+        if cost == 0 {
+            return Box::pin(std::future::ready(Err(Error::InvalidInput(
+                "cost must be at least 1",
+            ))));
+        }
+        if now_us.is_some_and(|t| t > crate::quota::MAX_EXACT) {
+            return Box::pin(std::future::ready(Err(Error::InvalidInput(
+                "explicit time must be under 2^52 microseconds",
+            ))));
+        }
         // Everything the call needs is copied before the future: it borrows no key.
         let wire = Wire::of(algorithm, cost);
         if let (Some(batcher), Some(batch)) = (&self.batcher, wire.batch) {
+            let wire_layout = wire.layout;
             let mut keys = packed::Keys::default();
             wire.each_key(key, |k| keys.push(k));
             let args = packed::Args::new(wire.args());
             return Box::pin(async move {
-                let reply = batcher.submit(batch, keys, args, now_us).await?;
-                scripts::parse(algorithm, reply)
+                let reply = batcher
+                    .submit(batch, wire_layout, keys, args, now_us)
+                    .await?;
+                scripts::parse(algorithm, cost, reply)
             });
         }
         let cmd = wire.command(key, now_us);
         let script = wire.script;
-        Box::pin(async move { scripts::parse(algorithm, self.link.eval(script, &cmd).await?) })
+        Box::pin(
+            async move { scripts::parse(algorithm, cost, self.link.eval(script, &cmd).await?) },
+        )
     }
 
     /// One script call, never batched (a refund is rarer than a check, and its answer is not
@@ -384,7 +417,8 @@ impl Backend for RedisStore {
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.forget(Wire::state_keys(algorithm, key))
+        let (keys, gcra) = Wire::state_keys(algorithm, key);
+        self.forget(keys, if gcra { Keep::Ban } else { Keep::Nothing })
     }
 
     fn ban<'a>(
@@ -393,13 +427,16 @@ impl Backend for RedisStore {
         duration_us: u64,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
+        // The ban, and its copy in the key's GCRA state (which GCRA's checks read instead).
         let mut ban = KeyBuf::new();
         keys::write_key(key, keys::BAN, &mut ban);
+        let mut state = KeyBuf::new();
+        keys::write_key(key, keys::GCRA, &mut state);
         let mut cmd = link::evalsha(
             &scripts::BAN,
-            1,
+            2,
             |cmd| {
-                cmd.arg(ban.as_bytes());
+                cmd.arg(ban.as_bytes()).arg(state.as_bytes());
             },
             now_us,
         );
@@ -416,13 +453,18 @@ impl Backend for RedisStore {
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         let mut ban = KeyBuf::new();
         keys::write_key(key, keys::BAN, &mut ban);
-        self.forget(vec![ban.as_bytes().to_vec()])
+        let mut state = KeyBuf::new();
+        keys::write_key(key, keys::GCRA, &mut state);
+        self.forget(
+            vec![state.as_bytes().to_vec(), ban.as_bytes().to_vec()],
+            Keep::Tat,
+        )
     }
 
     fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         let mut holders = KeyBuf::new();
         keys::write_key(key, keys::HOLDERS, &mut holders);
-        self.forget(vec![holders.as_bytes().to_vec()])
+        self.forget(vec![holders.as_bytes().to_vec()], Keep::Nothing)
     }
 
     fn acquire<'a>(

@@ -32,6 +32,7 @@ use super::{keys, link::evalsha, reply, RedisStore};
 use crate::{
     algorithm::{Algorithm, Outcome, Rule},
     error::{ConfigError, Error},
+    quota::MAX_EXACT,
     store::{Backend, BoxFuture, Namespaces, Store, StoreKey},
 };
 
@@ -176,11 +177,14 @@ impl Terms {
         }
     }
 
-    /// The GCRA a region runs while cut off: rate and burst times `share`, at least one unit.
+    /// The GCRA a region runs while cut off: rate and burst times `share`, at least one unit,
+    /// and an emission interval the scripts take (`emission × burst` within 2^52 µs: a tiny
+    /// share admits next to nothing, never an error that the failure policy would answer).
     fn share(&self, share: f64) -> (u64, u64) {
-        let emission = (self.emission_us as f64 / share).ceil() as u64;
         let burst = ((self.burst as f64 * share).floor() as u64).max(1);
-        (emission.max(1), burst)
+        let emission =
+            ((self.emission_us as f64 / share).ceil() as u64).clamp(1, MAX_EXACT / burst);
+        (emission, burst)
     }
 }
 
@@ -723,6 +727,37 @@ pub const REGION_CUTS: &str = "ratelimit_region_cuts_total";
 /// The regional scripts on a real Redis, on a time the tests set (`ARGV[1]`): blocks, their
 /// lifetime, credit for a cold key, the share while cut off, the home's charges and its
 /// split of a scarce key by demand.
+#[cfg(test)]
+mod shares {
+    use super::*;
+
+    /// A share, however small, is a GCRA the scripts take: at least one unit, and an emission
+    /// interval whose tolerance stays within 2^52 µs (never an argument error, which the
+    /// failure policy would answer, `open` letting everything through).
+    #[test]
+    fn a_tiny_share_admits_next_to_nothing_and_never_errs() {
+        let hourly = Terms {
+            bucket: false,
+            emission_us: 3_600_000_000,
+            burst: 1,
+        };
+        for share in [1e-300, 1e-12, 1e-9, 0.001] {
+            let (emission, burst) = hourly.share(share);
+            assert!(
+                burst >= 1 && emission.checked_mul(burst).is_some_and(|t| t <= MAX_EXACT),
+                "{share}"
+            );
+        }
+        let tenth = Terms {
+            bucket: false,
+            emission_us: 100_000,
+            burst: 100,
+        };
+        assert_eq!(tenth.share(0.5), (200_000, 50));
+        assert_eq!(tenth.share(1.0), (100_000, 100));
+    }
+}
+
 #[cfg(test)]
 mod scripts_on_a_set_clock {
     use super::super::testing::TestRedis;

@@ -1,11 +1,12 @@
 //! The Lua wire format of each algorithm: which script decides a check, its keys, its
 //! arguments, and how its reply reads.
 //!
-//! The scripts live in `lua/`. GCRA's checks and reservations (`gcra.lua`, `gcra_batch.lua`,
-//! `gcra_reserve.lua`, `multi_gcra.lua`) follow the one GCRA core, `gcra_core.lua`; the other
-//! scripts follow `prelude.lua`. All but GCRA (`gcra_batch.lua`) get their batch form from
-//! `batch.lua`. Every script takes the time, then the cost, then the algorithm's parameters,
-//! then what the call adds.
+//! The scripts live in `lua/`. GCRA's check (`gcra.lua`) and its batch form (`gcra_batch.lua`)
+//! stand alone and take the least a check needs (see [`gcra_args`]); GCRA's reservation and the
+//! multi-limit (`gcra_reserve.lua`, `multi_gcra.lua`) follow the GCRA core, `gcra_core.lua`; the
+//! other scripts follow `prelude.lua`. All but GCRA get their batch form from `batch.lua`. Every
+//! script but GCRA's check takes the time, then the cost, then the algorithm's parameters, then
+//! what the call adds.
 //! Keys derive from the check's base key by a suffix (see `keys.rs`), so every key of one
 //! check carries the base key's hash tag and lands on one cluster slot.
 
@@ -13,7 +14,12 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{batch::batch_form, custom, keys, link::evalsha_sized, reply};
+use super::{
+    batch::{batch_form, Layout},
+    custom, keys,
+    link::{evalsha_keys, evalsha_sized},
+    reply,
+};
 use crate::{
     algorithm::{
         Algorithm, BucketRate, LogEntry, Outcome, PartInfo, PartOutcome, Placed, Position, Rule,
@@ -49,34 +55,35 @@ macro_rules! scripts {
             }),
         }
     };
-    // GCRA: a batch form of its own.
-    ($file:literal, gcra, batch: $batch:literal) => {
+    // GCRA's check: a batch form of its own, both standing alone.
+    ($file:literal, alone, batch: $batch:literal) => {
         Scripts {
-            single: gcra_script!($file),
-            batch: gcra_script!($batch),
+            single: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file)))),
+            batch: LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $batch)))),
         }
     };
 }
 
 /// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
-/// check), with the argument layout of `batch.lua`.
-static GCRA: Scripts = scripts!("gcra.lua", gcra, batch: "gcra_batch.lua");
+/// check, its checks' arguments once per run of checks that share them: see
+/// `batch::Layout::Gcra`).
+static GCRA: Scripts = scripts!("gcra.lua", alone, batch: "gcra_batch.lua");
 static TOKEN_BUCKET: Scripts = scripts!("token_bucket.lua", after "prelude.lua");
 static SLIDING_WINDOW: Scripts = scripts!("sliding_window.lua", after "prelude.lua");
 static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
 
 /// The peek scripts: a key read without a check (one call each, never batched).
-static GCRA_PEEK: LazyLock<Script> = prelude_script!("gcra_peek.lua");
+static GCRA_PEEK: LazyLock<Script> = prelude_script!("gcra_peek.lua", after "gcra_state.lua");
 static TOKEN_BUCKET_PEEK: LazyLock<Script> = prelude_script!("token_bucket_peek.lua");
 static SLIDING_WINDOW_PEEK: LazyLock<Script> = prelude_script!("sliding_window_peek.lua");
 /// A ban, and the deletion of a key's state, ban or holders.
-pub(crate) static BAN: LazyLock<Script> = prelude_script!("ban.lua");
+pub(crate) static BAN: LazyLock<Script> = prelude_script!("ban.lua", after "gcra_state.lua");
 pub(crate) static FORGET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/forget.lua")));
 
 /// The refund scripts (one call each, never batched).
 static GCRA_REFUND: LazyLock<Script> =
-    prelude_script!("gcra_refund.lua", after "refund_ledger.lua");
+    prelude_script!("gcra_refund.lua", after "refund_ledger.lua", "gcra_state.lua");
 static TOKEN_BUCKET_REFUND: LazyLock<Script> =
     prelude_script!("token_bucket_refund.lua", after "refund_ledger.lua");
 static SLIDING_WINDOW_REFUND: LazyLock<Script> = prelude_script!("sliding_window_refund.lua");
@@ -92,8 +99,14 @@ pub(crate) struct Wire<'a> {
     /// A refund's marker key, `:rf:ID` after the state's keys, so that a resent refund gives
     /// nothing back (see `first_run` in `lua/prelude.lua`).
     marker: Option<String>,
-    /// Whether the key's ban (`:x`) follows the state's keys: a built-in check, or a peek.
+    /// Whether the key's ban (`:x`) follows the state's keys: a built-in check but GCRA's (which
+    /// reads the ban's copy in its state), or a peek.
     ban: bool,
+    /// How the time goes: `ARGV[1]`, the explicit time or `''` (every script but GCRA's check),
+    /// or after the arguments and only when explicit (GCRA's check, see `lua/gcra.lua`).
+    time_last: bool,
+    /// The arguments' layout in the batch form.
+    pub(crate) layout: Layout,
 }
 
 /// A check's keys: the base key with suffixes (a built-in's, or a custom algorithm's).
@@ -122,13 +135,20 @@ impl<'a> Wire<'a> {
             args,
             marker: None,
             ban: true,
+            time_last: false,
+            layout: Layout::Generic,
         };
         match algorithm.rule() {
-            Rule::Gcra(r) => builtin(
-                &GCRA,
-                Keys::Suffixes(&[keys::GCRA]),
-                Args::Three([c, r.emission_us(), r.burst()]),
-            ),
+            Rule::Gcra(r) => Wire {
+                ban: false,
+                time_last: true,
+                layout: Layout::Gcra,
+                ..builtin(
+                    &GCRA,
+                    Keys::Suffixes(&[keys::GCRA]),
+                    Args::Three(gcra_args(r, c)),
+                )
+            },
             Rule::TokenBucket(r) => builtin(
                 &TOKEN_BUCKET,
                 Keys::Suffixes(&[keys::BUCKET]),
@@ -153,6 +173,8 @@ impl<'a> Wire<'a> {
                     args: Args::List(s.args(cost)),
                     marker: None,
                     ban: false,
+                    time_last: false,
+                    layout: Layout::Generic,
                 }
             }
         }
@@ -181,6 +203,8 @@ impl<'a> Wire<'a> {
                 args: Args::List(args),
                 marker: resendable.then(unique_id::next),
                 ban: false,
+                time_last: false,
+                layout: Layout::Generic,
             }))
         };
         // Where the charge lies on each limit's time: when admitted, and the time it left.
@@ -215,6 +239,8 @@ impl<'a> Wire<'a> {
                     args: Args::List(vec![c, w.window_us(), w.limit(), e.at_us, e.seq]),
                     marker: None,
                     ban: false,
+                    time_last: false,
+                    layout: Layout::Generic,
                 })),
                 _ => Ok(None),
             },
@@ -246,6 +272,8 @@ impl<'a> Wire<'a> {
                 args: Args::List(args),
                 marker: None,
                 ban: true,
+                time_last: false,
+                layout: Layout::Generic,
             })
         };
         match algorithm.rule() {
@@ -279,9 +307,10 @@ impl<'a> Wire<'a> {
     }
 
     /// The keys a reset of `key` under `algorithm` deletes: its state and refund ledgers
-    /// (refund markers expire by themselves), never its ban. A custom algorithm's: its key
+    /// (refund markers expire by themselves), never its ban; and whether the first is a GCRA
+    /// state, whose ban's copy stays (see `lua/forget.lua`). A custom algorithm's: its key
     /// suffixes.
-    pub(crate) fn state_keys(algorithm: &dyn Algorithm, key: StoreKey<'_>) -> Vec<Vec<u8>> {
+    pub(crate) fn state_keys(algorithm: &dyn Algorithm, key: StoreKey<'_>) -> (Vec<Vec<u8>>, bool) {
         let mut out = Vec::new();
         let mut put = |suffix: &str, name: Option<&str>| {
             let mut buf = KeyBuf::new();
@@ -309,7 +338,7 @@ impl<'a> Wire<'a> {
             }
             Rule::Script(s) => s.key_suffixes().iter().for_each(|x| put(x, None)),
         }
-        out
+        (out, matches!(algorithm.rule(), Rule::Gcra(_)))
     }
 
     /// The `EVALSHA` of this call on `key`, at `now_us` (`None`: the server's clock).
@@ -323,6 +352,16 @@ impl<'a> Wire<'a> {
         // EVALSHA, the hash, the key count, the keys, the time, the arguments; keys of up to
         // about 80 bytes and arguments of up to 20 digits fit without growing.
         let capacity = (keys + args + 4, 64 + 80 * keys + 20 * args);
+        if self.time_last {
+            let mut cmd = evalsha_keys(self.script, keys, capacity, write_keys);
+            for arg in self.args() {
+                cmd.arg(*arg);
+            }
+            if let Some(now) = now_us {
+                cmd.arg(now);
+            }
+            return cmd;
+        }
         let mut cmd = evalsha_sized(self.script, keys, capacity, write_keys, now_us);
         for arg in self.args() {
             cmd.arg(*arg);
@@ -392,6 +431,20 @@ impl<'a> Wire<'a> {
     }
 }
 
+/// GCRA's check arguments (see `lua/gcra.lua`): the step (`cost` × the emission interval, or
+/// the tolerance + 1 when the cost exceeds the burst, so that the check is denied), the
+/// tolerance, and how long a rested key lives once charged (the step in whole ms, rounded up).
+/// A [`BucketRate`] holds emission × burst to 2^52, so every value is at most 2^52 + 1.
+pub(crate) fn gcra_args(rate: BucketRate, cost: u64) -> [u64; 3] {
+    let tolerance = rate.tolerance_us();
+    let step = if cost > rate.burst() {
+        tolerance + 1
+    } else {
+        cost * rate.emission_us()
+    };
+    [step, tolerance, step.div_ceil(1_000)]
+}
+
 /// The arguments of several GCRA limits: the cost, then each limit's emission interval and
 /// burst.
 fn multi_args(cost: u64, rates: &[BucketRate]) -> Args {
@@ -404,9 +457,16 @@ fn multi_args(cost: u64, rates: &[BucketRate]) -> Args {
     Args::List(args)
 }
 
-/// Reads a script's reply for `algorithm`.
-pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Outcome, Error> {
+/// Reads a script's reply for a check of `cost` under `algorithm`.
+pub(crate) fn parse(
+    algorithm: &dyn Algorithm,
+    cost: u32,
+    reply: redis::Value,
+) -> Result<Outcome, Error> {
     let rule = algorithm.rule();
+    if let Rule::Gcra(rate) = rule {
+        return parse_gcra(reply, rate, u64::from(cost));
+    }
     if !matches!(rule, Rule::Script(_)) {
         if let Some(banned) = parse_banned(&reply) {
             return banned;
@@ -418,6 +478,72 @@ pub(crate) fn parse(algorithm: &dyn Algorithm, reply: redis::Value) -> Result<Ou
         Rule::Multi(_) => parse_multi(reply),
         Rule::Gcra(_) | Rule::TokenBucket(_) => parse_placed(reply),
     }
+}
+
+/// GCRA's reply (see `lua/gcra.lua`) to a check of `cost` sent with `rate`'s arguments, as the
+/// full outcome, with the in-memory twin's maths (`algorithm::gcra::decide`): admitted, the
+/// string `TAT SECS USECS` (or, from a batch, `{TAT - now, now}`); denied, the integer
+/// `now - TAT` (0 or less); banned, the shared `{2, 0, left, left}`. A reply that no check of
+/// `cost` under `rate` can give is an [`Error::InvalidReply`].
+fn parse_gcra(reply: redis::Value, rate: BucketRate, cost: u64) -> Result<Outcome, Error> {
+    use redis::Value::{Array, BulkString, Int};
+    let (emission, tolerance) = (rate.emission_us(), rate.tolerance_us());
+    let bad = |reply: &redis::Value| {
+        Err(Error::InvalidReply(format!(
+            "a GCRA check of {cost} answered {reply:?}"
+        )))
+    };
+    let admitted = |now: u64, tat: u64| {
+        let reset = tat.checked_sub(now)?;
+        // An admitted check moved the TAT by its step from now or later, and left it within the
+        // tolerance of now.
+        if cost > rate.burst() || reset < cost * emission || reset > tolerance {
+            return None;
+        }
+        let mut o = Outcome::single(true, (tolerance - reset) / emission, Some(0), reset);
+        o.position =
+            Position::Placed(Placed::read(i64::try_from(now).ok()?, [reset].into_iter()).ok()?);
+        Some(o)
+    };
+    let outcome = match &reply {
+        Int(r) if *r <= 0 && r.unsigned_abs() <= crate::quota::MAX_EXACT => {
+            let reset = r.unsigned_abs();
+            let remaining = tolerance.saturating_sub(reset) / emission;
+            let retry = if cost > rate.burst() {
+                None
+            } else {
+                // Denied: the step from the TAT goes past the tolerance.
+                match (reset + cost * emission).checked_sub(tolerance) {
+                    Some(wait) if wait > 0 => Some(wait),
+                    _ => return bad(&reply),
+                }
+            };
+            Some(Outcome::single(false, remaining, retry, reset))
+        }
+        BulkString(text) => {
+            let mut words = text.split(|&b| b == b' ').map(|w| {
+                std::str::from_utf8(w)
+                    .ok()
+                    .filter(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|w| w.parse::<u64>().ok())
+            });
+            match (words.next(), words.next(), words.next(), words.next()) {
+                (Some(Some(tat)), Some(Some(secs)), Some(Some(usecs)), None) => secs
+                    .checked_mul(1_000_000)
+                    .and_then(|s| s.checked_add(usecs))
+                    .and_then(|now| admitted(now, tat)),
+                _ => None,
+            }
+        }
+        Array(items) => match items.as_slice() {
+            [Int(reset), Int(now)] if *reset > 0 && *now >= 0 => {
+                admitted(*now as u64, (*now as u64).saturating_add(*reset as u64))
+            }
+            _ => return parse_banned(&reply).unwrap_or_else(|| bad(&reply)),
+        },
+        _ => None,
+    };
+    outcome.map_or_else(|| bad(&reply), Ok)
 }
 
 /// A built-in script's answer for a banned key, `{2, 0, left_us, left_us}` (`None`: another
@@ -604,6 +730,95 @@ mod tests {
         let multi = parse_multi(ints(&[1, 3, 0, 10, 1, 5, 0, 20, 3, 0, 10, 7_000])).unwrap();
         assert_eq!(multi.position.placed().unwrap().ends(), &[7_020, 7_010]);
         assert_eq!(multi.binding, 1);
+    }
+
+    fn rate(per_second: u32, burst: u32) -> BucketRate {
+        use crate::algorithm::Gcra;
+        let g = Gcra::new(crate::Quota::per_second(per_second).burst(burst)).unwrap();
+        match g.rule() {
+            Rule::Gcra(r) => r,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn gcra_arguments_are_what_the_script_needs() {
+        // 10 a second, burst 5: emission 100 ms, tolerance 500 ms.
+        let r = rate(10, 5);
+        assert_eq!(gcra_args(r, 1), [100_000, 500_000, 100]);
+        assert_eq!(gcra_args(r, 5), [500_000, 500_000, 500]);
+        // Above the burst: one more than the tolerance, never admitted.
+        assert_eq!(gcra_args(r, 6), [500_001, 500_000, 501]);
+        // A step under a millisecond lives a whole one.
+        assert_eq!(gcra_args(rate(1_000_000, 1), 1), [1, 1, 1]);
+    }
+
+    /// GCRA's replies read as the in-memory twin's outcome of the same check.
+    #[test]
+    fn gcra_replies_read_as_the_twins_outcome() {
+        use crate::algorithm::gcra::decide;
+        let r = rate(10, 5);
+        let now = 1_700_000_000_123_456u64;
+        for stored in [
+            None,
+            Some(now - 7),
+            Some(now + 150_000),
+            Some(now + 450_000),
+        ] {
+            for cost in 1..=6u64 {
+                let (want, write) = decide(r, stored, now, cost);
+                let reply = match write {
+                    Some(tat) => {
+                        let text = format!("{tat} {} {}", now / 1_000_000, now % 1_000_000);
+                        Value::BulkString(text.into_bytes())
+                    }
+                    None => Int(-(want.reset_after_us as i64)),
+                };
+                let got = parse_gcra(reply, r, cost).unwrap();
+                assert_eq!(got, want, "{stored:?} {cost}");
+                assert_eq!(got.position, want.position, "{stored:?} {cost}");
+                if let Some(tat) = write {
+                    // The batch form: {TAT - now, now}.
+                    let batched = ints(&[(tat - now) as i64, now as i64]);
+                    let got = parse_gcra(batched, r, cost).unwrap();
+                    assert_eq!((got.clone(), got.position), (want.clone(), want.position));
+                }
+            }
+        }
+        let banned = parse_gcra(ints(&[2, 0, 700, 700]), r, 1).unwrap();
+        assert!(banned.banned && !banned.allowed);
+    }
+
+    #[test]
+    fn broken_gcra_replies_are_errors() {
+        let r = rate(10, 5);
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        for (bad, cost) in [
+            (Int(1), 1),                    // positive: admitted needs its time
+            (Int(-300_000), 2),             // denied though the cost fits
+            (Int(-(1 << 53)), 1),           // past 2^52
+            (text("1000100000 1000 0"), 1), // TAT - now = 100 ms, fine, but ...
+            (text("1000100000 1000 0"), 6), // ... not for a cost above the burst
+            (text("1000050000 1000 0"), 1), // moved by less than the step
+            (text("1000600000 1000 0"), 1), // beyond the tolerance
+            (text("999000000 1000 0"), 1),  // before now
+            (text("1000100000 1000"), 1),   // no microseconds
+            (text("1000100000 1000 0 0"), 1),
+            (text("1000100000  1000 0"), 1),
+            (text("1000100000 -1000 0"), 1),
+            (text("x 1000 0"), 1),
+            (ints(&[100_000]), 1),
+            (ints(&[0, 1_000_000_000]), 1),
+            (ints(&[2, 0, 0, 0]), 1),
+            (Value::Nil, 1),
+        ] {
+            let ok = cost == 1 && bad == text("1000100000 1000 0");
+            assert_eq!(
+                parse_gcra(bad.clone(), r, cost).is_ok(),
+                ok,
+                "{bad:?} {cost}"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Peeks, bans and resets in Redis against the in-memory twin, on a real Redis: every check,
-//! alone and batched, every peek, after any sequence of checks, bans, unbans and resets,
-//! answers the same in both stores; a peek spends nothing and shows what the next check sees.
+//! alone and batched, every peek and every refund, after any sequence of checks, bans,
+//! unbans, resets and refunds, answers the same in both stores; a peek spends nothing and shows
+//! what the next check sees.
 
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ enum Op {
     Ban(u64),
     Unban,
     Reset,
+    /// The refund of the allowed check this many back among those not given back yet.
+    Refund(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -32,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..3_000_000).prop_map(Op::Ban),
         1 => Just(Op::Unban),
         1 => Just(Op::Reset),
+        2 => (0usize..3).prop_map(Op::Refund),
     ]
 }
 
@@ -63,6 +67,8 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
         ..ProptestConfig::default()
     });
     let case_id = std::sync::atomic::AtomicU64::new(0);
+    // Refunds that gave something back, in either store (the run must have some).
+    let given = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&cases, |(limit, burst, steps)| {
             let period = Duration::from_secs(4);
@@ -85,6 +91,8 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                 let key = StoreKey::bounded(&namespace, Some(&k), 128);
                 let memory = MemoryStore::new();
                 let mut now = T0;
+                // Allowed checks not given back yet: (cost, Redis's outcome, the twin's).
+                let mut held: Vec<(u32, Outcome, Outcome)> = Vec::new();
                 for (i, (step, op)) in steps.iter().enumerate() {
                     now += step;
                     let at = format!("{} step {i} ({op:?}) of {steps:?}", algorithm.name());
@@ -93,7 +101,11 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                             let m = memory.check_now(algorithm, key, cost, Some(now)).unwrap();
                             let m = m.unwrap();
                             let r = rt.block_on(store.check(algorithm, key, cost, Some(now)));
-                            assert_eq!(seen(&r.unwrap()), seen(&m), "{at}");
+                            let r = r.unwrap();
+                            assert_eq!(seen(&r), seen(&m), "{at}");
+                            if m.allowed {
+                                held.push((cost, r, m.clone()));
+                            }
                             // The same check, batched, on a copy of the key's state.
                             let b = rt.block_on(batched.check(algorithm, key, cost, Some(now)));
                             let b = b.unwrap();
@@ -128,6 +140,22 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                             rt.block_on(memory.ban(key, us, Some(now))).unwrap();
                             rt.block_on(store.ban(key, us, Some(now))).unwrap();
                         }
+                        Op::Refund(back) if back < held.len() => {
+                            let (cost, r, m) = held.remove(held.len() - 1 - back);
+                            let charge = |o: &Outcome| crate::decision::Charge {
+                                cost,
+                                quota: None,
+                                local: false,
+                                position: o.position,
+                            };
+                            let (cm, cr) = (charge(&m), charge(&r));
+                            let rm = rt.block_on(memory.refund(algorithm, key, &cm, Some(now)));
+                            let rr = rt.block_on(store.refund(algorithm, key, &cr, Some(now)));
+                            let (rm, rr) = (rm.unwrap(), rr.unwrap());
+                            assert_eq!(rr, rm, "{at}");
+                            given.fetch_add(u64::from(rr), std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Op::Refund(_) => {}
                         Op::Unban => {
                             rt.block_on(memory.unban(key)).unwrap();
                             rt.block_on(store.unban(key)).unwrap();
@@ -154,6 +182,7 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
             Ok(())
         })
         .unwrap();
+    assert!(given.into_inner() > 0, "no refund gave anything back");
 }
 
 /// A ban denies every check, reservations included, and takes nothing; a reset keeps it.
@@ -182,5 +211,110 @@ fn a_ban_takes_nothing_and_outlives_a_reset() {
             .await
             .unwrap();
         assert!(d.allowed && !d.banned);
+    });
+}
+
+/// GCRA's check reads the ban's copy in the key's state (`TAT:BAN`, see keys.rs), so every
+/// writer of that state keeps it: a refund during a ban, a reset; an unban takes it off and
+/// keeps the TAT. Checked on the stored values and on what checks answer, against the twin.
+#[test]
+fn the_ban_copy_in_a_gcra_state_is_kept_by_its_writers() {
+    use crate::decision::Charge;
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut raw =
+        |key: &str| -> Option<String> { redis::cmd("GET").arg(key).query(&mut conn).unwrap() };
+    let gcra = Gcra::new(Quota::per_second(10).burst(5)).unwrap();
+    let memory = MemoryStore::new();
+    let k = Key::from("k");
+    let key = StoreKey::bounded("steer-copy", Some(&k), 128);
+    let state = "{steer-copy:k}:g";
+    let charge = |o: &Outcome| Charge {
+        cost: 1,
+        quota: None,
+        local: false,
+        position: o.position,
+    };
+    rt.block_on(async {
+        let both = |cost: u32, now: u64| {
+            let m = memory
+                .check_now(&gcra, key, cost, Some(now))
+                .unwrap()
+                .unwrap();
+            (store.check(&gcra, key, cost, Some(now)), m)
+        };
+        let (r, m) = both(1, T0);
+        let first = r.await.unwrap();
+        assert_eq!(seen(&first), seen(&m));
+        assert_eq!(raw(state).as_deref(), Some("1700000000100000"));
+        store.ban(key, 5_000_000, Some(T0)).await.unwrap();
+        memory.ban(key, 5_000_000, Some(T0)).await.unwrap();
+        assert_eq!(
+            raw(state).as_deref(),
+            Some("1700000000100000:1700000005000000")
+        );
+        // A refund during the ban gives the unit back and keeps the ban.
+        assert!(store
+            .refund(&gcra, key, &charge(&first), Some(T0 + 10))
+            .await
+            .unwrap());
+        assert!(memory
+            .refund(&gcra, key, &charge(&m), Some(T0 + 10))
+            .await
+            .unwrap());
+        assert_eq!(raw(state).as_deref(), Some("0:1700000005000000"));
+        let (r, m) = both(1, T0 + 20);
+        let d = r.await.unwrap();
+        assert!(d.banned && m.banned);
+        assert_eq!(seen(&d), seen(&m));
+        // A reset keeps the ban; an unban lifts it and keeps what the state holds.
+        store.reset(&gcra, key).await.unwrap();
+        memory.reset(&gcra, key).await.unwrap();
+        assert_eq!(raw(state).as_deref(), Some("0:1700000005000000"));
+        store.unban(key).await.unwrap();
+        memory.unban(key).await.unwrap();
+        assert_eq!(raw(state), None);
+        let (r, m) = both(2, T0 + 30);
+        assert_eq!(seen(&r.await.unwrap()), seen(&m));
+        store.ban(key, 1_000_000, Some(T0 + 40)).await.unwrap();
+        memory.ban(key, 1_000_000, Some(T0 + 40)).await.unwrap();
+        assert_eq!(
+            raw(state).as_deref(),
+            Some("1700000000200030:1700000001000040")
+        );
+        store.unban(key).await.unwrap();
+        memory.unban(key).await.unwrap();
+        assert_eq!(raw(state).as_deref(), Some("1700000000200030"));
+        let (r, m) = both(1, T0 + 50);
+        assert_eq!(seen(&r.await.unwrap()), seen(&m));
+    });
+}
+
+/// The store refuses what GCRA's check does not validate (lua/gcra.lua): a cost of 0, an
+/// explicit time past 2^52; nothing is written.
+#[test]
+fn the_store_refuses_what_gcras_check_does_not_validate() {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gcra = Gcra::new(Quota::per_second(10)).unwrap();
+    let k = Key::from("k");
+    let key = StoreKey::bounded("steer-refuse", Some(&k), 128);
+    rt.block_on(async {
+        for store in [
+            redis.store().await,
+            redis.store().await.with_batching(Batching::new()).unwrap(),
+        ] {
+            for (cost, now) in [(0, Some(T0)), (0, None), (1, Some((1 << 52) + 1))] {
+                let e = store.check(&gcra, key, cost, now).await.unwrap_err();
+                assert!(matches!(e, crate::Error::InvalidInput(_)), "{e:?}");
+            }
+            let p = store.peek(&gcra, key, Some(T0)).await.unwrap();
+            assert_eq!((p.outcome.remaining, p.outcome.reset_after_us), (10, 0));
+        }
     });
 }

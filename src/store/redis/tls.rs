@@ -51,7 +51,7 @@ pub(crate) fn client_config(pem: &TlsPem) -> Result<Arc<ClientConfig>, ConfigErr
         Some(ca) => {
             let certs = CertificateDer::pem_slice_iter(ca)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ConfigError::new("ca_pem", format!("not a PEM certificate: {e}")))?;
+                .map_err(|e| ConfigError::new("ca_pem", "not a PEM certificate").caused_by(e))?;
             if certs.is_empty() {
                 return Err(ConfigError::new(
                     "ca_pem",
@@ -61,7 +61,7 @@ pub(crate) fn client_config(pem: &TlsPem) -> Result<Arc<ClientConfig>, ConfigErr
             for cert in certs {
                 roots
                     .add(cert)
-                    .map_err(|e| ConfigError::new("ca_pem", format!("unusable CA: {e}")))?;
+                    .map_err(|e| ConfigError::new("ca_pem", "unusable CA").caused_by(e))?;
             }
         }
         None => {
@@ -82,7 +82,7 @@ pub(crate) fn client_config(pem: &TlsPem) -> Result<Arc<ClientConfig>, ConfigErr
     let builder =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .map_err(|e| ConfigError::new("tls", e.to_string()))?
+            .map_err(|e| ConfigError::new("tls", "no protocol version to offer").caused_by(e))?
             .with_root_certificates(roots);
     let config = match &pem.client {
         None => builder.with_no_client_auth(),
@@ -90,16 +90,16 @@ pub(crate) fn client_config(pem: &TlsPem) -> Result<Arc<ClientConfig>, ConfigErr
             let chain = CertificateDer::pem_slice_iter(cert)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| {
-                    ConfigError::new("client_cert", format!("not a PEM certificate: {e}"))
+                    ConfigError::new("client_cert", "not a PEM certificate").caused_by(e)
                 })?;
             if chain.is_empty() {
                 return Err(ConfigError::new("client_cert", "holds no certificate"));
             }
             let key = PrivateKeyDer::from_pem_slice(key)
-                .map_err(|e| ConfigError::new("client_key", format!("no private key: {e}")))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| ConfigError::new("client_key", e.to_string()))?
+                .map_err(|e| ConfigError::new("client_key", "no private key").caused_by(e))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                ConfigError::new("client_key", "does not go with the certificate").caused_by(e)
+            })?
         }
     };
     Ok(Arc::new(config))
