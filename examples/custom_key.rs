@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ),
                 None => format!(
                     "{{\"error\":\"cost_exceeds_quota\",\"cost\":{},\"quota\":{}}}\n",
-                    d.cost, d.limit
+                    d.cost, d.capacity
                 ),
             };
             // Any response a handler could return: here axum's `IntoResponse`.

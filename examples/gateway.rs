@@ -1147,7 +1147,7 @@ async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Resp
         Ok(state) => axum::Json(serde_json::json!({
             "key": text,
             "policy": &*state.policy,
-            "limit": state.limit,
+            "limit": state.capacity,
             "remaining": state.remaining,
             "reset_ms": ms(state.reset_after),
             "banned_ms": state.banned_for.map_or(0, ms),

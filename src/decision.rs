@@ -18,7 +18,7 @@ use crate::{
 /// # use tower_redis_ratelimit::rate_limit::Decision;
 /// fn describe(d: &Decision) -> String {
 ///     match (d.allowed, d.retry_after) {
-///         (true, _) => format!("ok, {} of {} left", d.remaining, d.limit),
+///         (true, _) => format!("ok, {} of {} left", d.remaining, d.capacity),
 ///         (false, Some(wait)) => format!("slow down, retry in {wait:?}"),
 ///         (false, None) => "this request can never fit the quota".to_owned(),
 ///     }
@@ -29,8 +29,9 @@ use crate::{
 pub struct Decision {
     /// Whether the request may go ahead (its cost was taken from the quota).
     pub allowed: bool,
-    /// The quota: units available when the key is fully rested (`q` in `RateLimit-Policy`).
-    pub limit: u64,
+    /// Units available when the key is fully rested: the quota's burst (`q` in
+    /// `RateLimit-Policy`), not [`Quota::limit`](crate::Quota::limit) (units per period).
+    pub capacity: u64,
     /// Units left now (`r` in `RateLimit`).
     pub remaining: u64,
     /// Time until the full quota is available again.
@@ -39,7 +40,7 @@ pub struct Decision {
     /// the request's cost exceeds the quota so that it can never succeed (see
     /// [`Decision::is_never`]).
     pub retry_after: Option<Duration>,
-    /// The quota's window: the time in which `limit` units are restored (`w`).
+    /// The quota's window: the time in which `capacity` units are restored (`w`).
     pub window: Duration,
     /// The cost this check asked for.
     pub cost: u32,
@@ -216,8 +217,8 @@ impl Charge {
 pub struct LimitState {
     /// The limit's name (its policy item in the headers).
     pub name: Arc<str>,
-    /// Its quota (`q`).
-    pub limit: u64,
+    /// Its units when fully rested (`q`).
+    pub capacity: u64,
     /// Its window (`w`).
     pub window: Duration,
     /// Units left under it (`r`).
@@ -233,15 +234,16 @@ pub struct LimitState {
 /// ([`RateLimiter::peek`](crate::RateLimiter::peek)).
 ///
 /// `remaining` and `reset_after` are what a check of cost 0 would show: a key never seen (or
-/// rested, or reset) has `remaining` = `limit` and `reset_after` zero. A ban does not change
+/// rested, or reset) has `remaining` = `capacity` and `reset_after` zero. A ban does not change
 /// them (it takes nothing): `banned_for` says how long it has left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyState {
     /// The policy name.
     pub policy: Arc<str>,
-    /// The quota (for a multi-limit, the limit with the fewest units left).
-    pub limit: u64,
+    /// Units available when the key is fully rested (for a multi-limit, those of the limit
+    /// with the fewest units left).
+    pub capacity: u64,
     /// Units a check could take now, ban aside.
     pub remaining: u64,
     /// Time until the full quota is available again.
@@ -278,7 +280,7 @@ impl KeyState {
         );
         Self {
             policy,
-            limit: d.limit,
+            capacity: d.capacity,
             remaining: d.remaining,
             reset_after: d.reset_after,
             window: d.window,
@@ -325,7 +327,7 @@ impl Decision {
                 .zip(&o.parts)
                 .map(|(info, p)| LimitState {
                     name: Arc::clone(&info.name),
-                    limit: info.quota,
+                    capacity: info.quota,
                     window: info.window,
                     remaining: p.remaining.min(info.quota),
                     reset_after: us(p.reset_after_us),
@@ -339,7 +341,7 @@ impl Decision {
         };
         Self {
             allowed: o.allowed,
-            limit,
+            capacity: limit,
             remaining: o.remaining.min(limit),
             reset_after: us(o.reset_after_us),
             retry_after: match o.retry_after_us {
@@ -374,7 +376,7 @@ impl Decision {
     ) -> Self {
         Self {
             allowed: false,
-            limit,
+            capacity: limit,
             remaining: 0,
             reset_after,
             retry_after: Some(retry_after),
@@ -415,7 +417,7 @@ impl Decision {
     pub(crate) fn sample() -> Self {
         Self {
             allowed: true,
-            limit: 10,
+            capacity: 10,
             remaining: 10,
             reset_after: Duration::ZERO,
             retry_after: None,

@@ -38,7 +38,7 @@ impl Semaphore {
 
     /// How long a permit stays held without a renewal.
     pub(crate) fn ttl(&self) -> std::time::Duration {
-        self.terms.lease()
+        self.terms.ttl()
     }
 
     /// Gives `holder`'s permit of `key` back: at once in memory, else within the store

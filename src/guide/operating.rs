@@ -172,7 +172,7 @@
 //!   [`KeyState`](crate::rate_limit::KeyState): the quota, the units a check could take now,
 //!   the time until the quota is full, and the time a ban has left. One read-only script per
 //!   algorithm, the same arithmetic as a check with no write, so its numbers are the next
-//!   check's; a key never seen has `remaining` = `limit`.
+//!   check's; a key never seen has `remaining` = `capacity`.
 //! - **Reset a key**: [`reset`](crate::RateLimiter::reset) deletes its state in the store
 //!   (not its ban), so its next check on any instance finds a rested key.
 //! - **Ban a key**: [`ban`](crate::RateLimiter::ban)`(key, duration)` (1 ms to 366 days)

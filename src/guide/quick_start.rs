@@ -127,7 +127,7 @@
 //!     .build()?;
 //! let d = backfill.check("user-7f3a", 5).await?; // this operation costs 5 units
 //! assert!(d.allowed);
-//! assert_eq!((d.limit, d.remaining), (150, 145));
+//! assert_eq!((d.capacity, d.remaining), (150, 145));
 //! if !d.allowed {
 //!     // `retry_after`: when the same call can succeed; `None` if the cost can never fit.
 //!     tokio::time::sleep(d.retry_after.unwrap_or(Duration::from_secs(60))).await;

@@ -243,7 +243,7 @@ fn render_ietf(d: &Decision, pk: Option<&str>, t: Option<u64>, headers: &mut Hea
         headers.append(RATELIMIT, state_item(name, remaining, t, pk));
     };
     if d.limits.is_empty() {
-        item(&d.policy, d.limit, d.window, d.remaining, t);
+        item(&d.policy, d.capacity, d.window, d.remaining, t);
     } else {
         // Several limits: one list member each, named after the limit.
         for l in &d.limits {
@@ -252,7 +252,7 @@ fn render_ietf(d: &Decision, pk: Option<&str>, t: Option<u64>, headers: &mut Hea
                 None if !d.allowed => None,
                 _ => Some(ceil_secs(l.reset_after)),
             };
-            item(&l.name, l.limit, l.window, l.remaining, t);
+            item(&l.name, l.capacity, l.window, l.remaining, t);
         }
     }
 }
@@ -266,7 +266,7 @@ pub(crate) fn render_legacy(
     headers: &mut HeaderMap,
 ) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
+        headers.insert(X_RATELIMIT_LIMIT, number(d.capacity));
         headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
         if let Some(t) = t {
             headers.insert(X_RATELIMIT_RESET, number(t));
@@ -372,7 +372,7 @@ mod tests {
     fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {
         Decision {
             allowed,
-            limit: 10,
+            capacity: 10,
             remaining: 0,
             reset_after: Duration::from_millis(2_500),
             retry_after: retry_ms.map(Duration::from_millis),
@@ -517,7 +517,7 @@ mod tests {
         policy in "[ -~]{0,20}",
     ) {
         let d = Decision {
-            allowed, limit, remaining, cost: 1,
+            allowed, capacity: limit, remaining, cost: 1,
             reset_after: Duration::from_micros(reset_us),
             retry_after: retry_us.map(Duration::from_micros),
             window: Duration::from_micros(window_us),

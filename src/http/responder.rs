@@ -106,7 +106,7 @@ fn problem_response<B>(d: &Decision) -> Response<ResponseBody<B>> {
             d.remaining,
             ceil_secs(wait).max(1)
         ),
-        None => format!("cost {} exceeds the quota of {}", d.cost, d.limit),
+        None => format!("cost {} exceeds the quota of {}", d.cost, d.capacity),
     };
     let violated: Vec<String> = if d.limits.is_empty() {
         vec![json_string(&d.policy)]
@@ -363,7 +363,7 @@ impl Responder<Decision> {
                 StatusCode::TOO_MANY_REQUESTS,
                 Bytes::from(format!(
                     "request cost {} exceeds the quota of {}: it can never be allowed\n",
-                    d.cost, d.limit
+                    d.cost, d.capacity
                 )),
             )
         } else {
@@ -423,7 +423,7 @@ mod tests {
     fn problem_details_body() {
         let d = Decision {
             allowed: false,
-            limit: 10,
+            capacity: 10,
             remaining: 1,
             reset_after: Duration::from_secs(9),
             retry_after: Some(Duration::from_millis(2_500)),
@@ -446,7 +446,7 @@ mod tests {
     fn denial(retry_after: Option<Duration>) -> Decision {
         Decision {
             allowed: false,
-            limit: 3,
+            capacity: 3,
             remaining: 0,
             reset_after: Duration::from_secs(60),
             retry_after,

@@ -80,7 +80,7 @@ impl PolicyField {
     /// only the quota can differ: a quota given per request, or the local share of a degraded
     /// decision.
     fn matches(&self, d: &Decision) -> bool {
-        d.limit == self.limit && d.window == self.window
+        d.capacity == self.limit && d.window == self.window
     }
 }
 
@@ -127,13 +127,13 @@ impl Stamp {
             match field.filter(|f| pk.is_none() && f.matches(d)) {
                 Some(f) => (f.value.clone(), f.state(d, t)),
                 None => (
-                    policy_item(&d.policy, d.limit, d.window, pk),
+                    policy_item(&d.policy, d.capacity, d.window, pk),
                     state_item(&d.policy, d.remaining, t, pk),
                 ),
             }
         });
         let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then_some((
-            d.limit,
+            d.capacity,
             d.remaining,
             t,
         ));
@@ -190,7 +190,7 @@ mod tests {
     fn decision(name: &str, limit: u64, remaining: u64, reset_us: u64, window_us: u64) -> Decision {
         Decision {
             allowed: true,
-            limit,
+            capacity: limit,
             remaining,
             reset_after: Duration::from_micros(reset_us),
             retry_after: None,

@@ -168,7 +168,7 @@ pin_project! {
 
 /// What to do with `result`, the decision on a request under `answer`; `field` is the
 /// policy's own `RateLimit-Policy` member.
-fn conclude(
+fn next_step(
     result: Result<Decision, Error>,
     answer: Answer,
     responder: &Arc<Responder<Decision>>,
@@ -225,7 +225,7 @@ where
         field: &PolicyField,
     ) -> Self {
         answer.expose(&result, &mut request);
-        let state = match conclude(result, answer, responder, field) {
+        let state = match next_step(result, answer, responder, field) {
             Next::Answer(response) => State::Answered {
                 response: Some(response),
             },
@@ -312,7 +312,7 @@ where
                         ..
                     } = p;
                     answer.expose(&result, &mut request);
-                    match conclude(result, answer, &responder, &field) {
+                    match next_step(result, answer, &responder, &field) {
                         Next::Answer(res) => {
                             return Poll::Ready(Ok(res.map(ResponseBody::written)));
                         }
@@ -370,8 +370,8 @@ where
                     if let Ok(true) = given {
                         // The units are back; a quota full again resets now. Otherwise the
                         // reset time stays the charge's, an upper bound.
-                        d.remaining = d.limit.min(d.remaining + u64::from(d.cost));
-                        if d.remaining == d.limit {
+                        d.remaining = d.capacity.min(d.remaining + u64::from(d.cost));
+                        if d.remaining == d.capacity {
                             d.reset_after = Duration::ZERO;
                         }
                     }

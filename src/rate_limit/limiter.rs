@@ -104,7 +104,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
     /// let pro = Quota::per_minute(1_000);
     /// let d = limiter.check_with_quota("customer-42", 1, pro).await?;
-    /// assert_eq!((d.allowed, d.limit), (true, 1_000));
+    /// assert_eq!((d.allowed, d.capacity), (true, 1_000));
     /// assert!(limiter.check_with_quota("customer-42", 1, Quota::per_minute(0)).await.is_err());
     /// # Ok(()) }
     /// ```
@@ -220,7 +220,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// assert_eq!(limiter.peek("alice").await?.remaining, 5);
     /// limiter.check("alice", 2).await?;
     /// let state = limiter.peek("alice").await?;
-    /// assert_eq!((state.limit, state.remaining, state.banned_for), (5, 3, None));
+    /// assert_eq!((state.capacity, state.remaining, state.banned_for), (5, 3, None));
     /// assert_eq!(limiter.peek("alice").await?.remaining, 3, "a peek spends nothing");
     /// # Ok(()) }
     /// ```
@@ -241,7 +241,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// let gold = Quota::per_minute(100);
     /// limiter.check_with_quota("customer-42", 3, gold).await?;
     /// let state = limiter.peek_with_quota("customer-42", gold).await?;
-    /// assert_eq!((state.limit, state.remaining), (100, 97));
+    /// assert_eq!((state.capacity, state.remaining), (100, 97));
     /// # Ok(()) }
     /// ```
     pub async fn peek_with_quota<'k>(

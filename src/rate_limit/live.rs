@@ -168,8 +168,8 @@ impl LiveLimits {
     /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)?;
     /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?);
     /// let (layer, live) = layer.live(Limits::new(Quota::per_minute(10)).plan("gold", Quota::per_minute(100)))?;
-    /// assert_eq!(live.peek("gold").await?.limit, 100);
-    /// assert_eq!(live.peek("anyone").await?.limit, 10);
+    /// assert_eq!(live.peek("gold").await?.capacity, 100);
+    /// assert_eq!(live.peek("anyone").await?.capacity, 10);
     /// # drop(layer); Ok(()) }
     /// ```
     pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {

@@ -1,8 +1,9 @@
-//! What a store keeps for a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter): per-key slots
-//! held under leases that expire (see [`Backend::acquire`](super::Backend::acquire)).
+//! What a store keeps for a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter): per-key slots,
+//! each held for a time to live that renewals extend (see
+//! [`Backend::acquire`](super::Backend::acquire)).
 //!
 //! Deadlines are on the store's clock (Redis `TIME`, a [`MemoryStore`](crate::MemoryStore)'s
-//! clock), so the app servers' clocks do not matter. A lease whose deadline has passed no
+//! clock), so the app servers' clocks do not matter. A holder whose deadline has passed no
 //! longer counts against the limit, until its holder renews it: a renewal puts a holder that
 //! is not held (any more) back, counted even when the key is then over its limit, because the
 //! request it stands for is still running.
@@ -36,11 +37,11 @@ impl Acquired {
 }
 
 /// What a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) brings to each call on a key's
-/// slots besides the key and the holder: its limit, its lease, how long to pause admissions
+/// slots besides the key and the holder: its limit, its permits' time to live, how long to pause admissions
 /// after the store lost its state, and the store epochs it has seen.
 pub(crate) struct SlotTerms {
     limit: u32,
-    lease: Duration,
+    ttl: Duration,
     pause: Duration,
     /// The epoch last seen per unit of the store (a Redis server, or a cluster hash slot), and
     /// when.
@@ -53,12 +54,12 @@ pub(crate) struct SlotTerms {
 const EPOCH_MEMORY: Duration = Duration::from_secs(12 * 3600);
 
 impl SlotTerms {
-    /// `limit` holders at once under leases of `lease`, admitting no new holder for `pause`
+    /// `limit` holders at once, each for `ttl` without a renewal, admitting no new holder for `pause`
     /// after the store is found to have lost its state; no epoch seen yet.
-    pub(crate) fn new(limit: u32, lease: Duration, pause: Duration) -> Self {
+    pub(crate) fn new(limit: u32, ttl: Duration, pause: Duration) -> Self {
         Self {
             limit,
-            lease,
+            ttl,
             pause,
             epochs: Mutex::default(),
         }
@@ -70,8 +71,8 @@ impl SlotTerms {
     }
 
     /// How long a holder keeps its slot without a renewal.
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// How long no new holder is admitted after a call finds that the store lost its state:
@@ -117,7 +118,7 @@ impl fmt::Debug for SlotTerms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlotTerms")
             .field("limit", &self.limit)
-            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
             .field("pause", &self.pause)
             .finish_non_exhaustive()
     }

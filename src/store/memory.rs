@@ -542,7 +542,7 @@ impl Backend for MemoryStore {
         holder: &'a str,
         terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        let acquired = self.acquire_now(key, holder, terms.limit(), terms.lease());
+        let acquired = self.acquire_now(key, holder, terms.limit(), terms.ttl());
         Box::pin(std::future::ready(Ok(acquired)))
     }
 
@@ -552,7 +552,7 @@ impl Backend for MemoryStore {
         holder: &'a str,
         terms: &'a SlotTerms,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let renewed = self.renew_now(key, holder, terms.lease());
+        let renewed = self.renew_now(key, holder, terms.ttl());
         Box::pin(std::future::ready(Ok(renewed)))
     }
 

@@ -44,15 +44,15 @@ impl fmt::Display for ThrottleError {
             ThrottleError::WouldExceedMaxWait { decision, waited } => match decision.retry_after {
                 Some(wait) => write!(
                     f,
-                    "rate limit: waited {}, quota {:?} available in {}, beyond the maximum wait",
+                    "rate limit: waited {}, policy {:?} has units in {}, beyond the maximum wait",
                     Ms(*waited),
                     decision.policy,
                     Ms(wait)
                 ),
                 None => write!(
                     f,
-                    "rate limit: cost {} can never fit quota {:?} of {}",
-                    decision.cost, decision.policy, decision.limit
+                    "rate limit: cost {} can never fit policy {:?} ({} units when rested)",
+                    decision.cost, decision.policy, decision.capacity
                 ),
             },
             ThrottleError::Store(_) => f.write_str("rate limit: the store failed"),

@@ -27,7 +27,7 @@ async fn bucket_maths<A: Algorithm>(l: RateLimiter<A>) {
         let d = at(&l, k, 1, T0).await;
         assert!(d.allowed);
         assert_eq!(d.remaining, left);
-        assert_eq!(d.limit, 5);
+        assert_eq!(d.capacity, 5);
         assert_eq!(d.retry_after, None);
     }
     let d = at(&l, k, 1, T0).await;
@@ -373,7 +373,7 @@ async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::algorithm::MultiLimit
     assert!(!d.limits[0].violated() && d.limits[1].violated());
     // The day's bucket refills one unit every 3 h; the wait is measured from the last TAT.
     let day_interval = 86_400_000 / 8;
-    assert_eq!(d.limit, 8, "the binding limit is the daily one");
+    assert_eq!(d.capacity, 8, "the binding limit is the daily one");
     assert!(d.retry_after.unwrap() > Duration::from_millis(day_interval - 20_000));
     // Cost above one limit's capacity: never.
     assert!(at(&l, k, 6, T0 + 20_000 * MS).await.is_never());

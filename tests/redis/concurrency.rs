@@ -40,11 +40,11 @@ fn limiter(store: impl Store, n: u32, prefix: &str) -> ConcurrencyLimiter {
         .unwrap()
 }
 
-fn short_lease(store: impl Store, n: u32, prefix: &str, lease: Duration) -> ConcurrencyLimiter {
+fn short_ttl(store: impl Store, n: u32, prefix: &str, ttl: Duration) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
-        .permit_ttl(lease)
-        .store_timeout(lease / 4)
+        .permit_ttl(ttl)
+        .store_timeout(ttl / 4)
         .build()
         .unwrap()
 }
@@ -262,18 +262,18 @@ impl ConcurrencyLimiterSource {
     async fn build(self) -> ConcurrencyLimiter {
         match self {
             Self::Redis(url, n, prefix, lease) => {
-                short_lease(RedisStore::connect(&url).await.unwrap(), n, prefix, lease)
+                short_ttl(RedisStore::connect(&url).await.unwrap(), n, prefix, lease)
             }
-            Self::Memory(store, n, prefix, lease) => short_lease(store, n, prefix, lease),
+            Self::Memory(store, n, prefix, lease) => short_ttl(store, n, prefix, lease),
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_crashed_instances_slots_come_back_within_the_lease_on_redis() {
+async fn a_crashed_instances_slots_come_back_within_the_permit_ttl_on_redis() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(800);
-    let survivor = short_lease(redis.store().await, 3, "crash", lease);
+    let survivor = short_ttl(redis.store().await, 3, "crash", lease);
     // A live holder keeps renewing, so the key outlives the crashed holders: their slots must
     // be swept one by one, not merely expire with the key.
     let live = survivor.acquire("k").await.unwrap().unwrap();
@@ -302,7 +302,7 @@ async fn a_crashed_instances_slots_come_back_within_the_lease_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_crashed_instances_slots_come_back_at_the_lease_on_a_manual_clock() {
+async fn a_crashed_instances_slots_come_back_at_the_permit_ttl_on_a_manual_clock() {
     let clock = ManualClock::new();
     let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
     let lease = Duration::from_secs(30);
@@ -313,7 +313,7 @@ async fn a_crashed_instances_slots_come_back_at_the_lease_on_a_manual_clock() {
         ConcurrencyLimiterSource::Memory(crashed, 3, "crash", lease),
     )
     .await;
-    let survivor = short_lease(store.clone(), 3, "crash", lease);
+    let survivor = short_ttl(store.clone(), 3, "crash", lease);
     assert!(survivor.acquire("k").await.unwrap().is_none());
     clock.advance(lease - Duration::from_millis(1));
     assert!(
@@ -428,21 +428,21 @@ async fn every_ending_gives_the_slot_back_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn renewal_keeps_a_slot_for_a_request_longer_than_its_lease() {
+async fn renewal_keeps_a_slot_for_a_request_longer_than_its_permit_ttl() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
     for (what, a, b) in [
         (
             "redis",
-            short_lease(redis.store().await, 1, "renew", lease),
-            short_lease(redis.store().await, 1, "renew", lease),
+            short_ttl(redis.store().await, 1, "renew", lease),
+            short_ttl(redis.store().await, 1, "renew", lease),
         ),
         {
             let store = MemoryStore::new();
             (
                 "memory",
-                short_lease(store.clone(), 1, "renew", lease),
-                short_lease(store, 1, "renew", lease),
+                short_ttl(store.clone(), 1, "renew", lease),
+                short_ttl(store, 1, "renew", lease),
             )
         },
     ] {
@@ -467,10 +467,10 @@ async fn renewal_keeps_a_slot_for_a_request_longer_than_its_lease() {
 /// next renewal reports the loss and puts the holder back, counted over the limit, so no
 /// further request gets in until enough end.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_lease_lost_in_the_store_is_reported_and_put_back_at_the_next_renewal() {
+async fn a_permit_lost_in_the_store_is_reported_and_put_back_at_the_next_renewal() {
     let redis = RedisServer::start();
     let lease = Duration::from_millis(600);
-    let l = short_lease(redis.store().await, 1, "lost", lease);
+    let l = short_ttl(redis.store().await, 1, "lost", lease);
     let permit = l.acquire("k").await.unwrap().unwrap();
     let _: () = redis::cmd("DEL")
         .arg(l.storage_key("k"))

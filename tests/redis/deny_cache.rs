@@ -131,7 +131,7 @@ async fn cached_denials_carry_the_headers_numbers_and_other_costs_ask_redis() {
     assert_eq!(l.stats().deny_cache_hits, 1);
     assert!(!from_cache.allowed);
     assert_eq!(
-        (from_cache.remaining, from_cache.limit, from_cache.cost),
+        (from_cache.remaining, from_cache.capacity, from_cache.cost),
         (0, 1, 1)
     );
     assert_eq!(from_cache.window, from_redis.window);

@@ -35,7 +35,7 @@ async fn policies_count_apart(store: impl Store + Clone) {
         assert!(general.check("203.0.113.7", 1).await.unwrap().allowed);
     }
     let d = login.check("203.0.113.7", 1).await.unwrap();
-    assert_eq!((d.allowed, d.remaining, d.limit), (true, 3, 4));
+    assert_eq!((d.allowed, d.remaining, d.capacity), (true, 3, 4));
 }
 
 #[tokio::test]

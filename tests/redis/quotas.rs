@@ -50,7 +50,7 @@ async fn each_key_admits_its_own_quota(limiters: &[RateLimiter<Arc<dyn Algorithm
         assert!(results
             .iter()
             .filter(|(k, _)| *k == key)
-            .all(|(_, d)| d.limit == u64::from(n)));
+            .all(|(_, d)| d.capacity == u64::from(n)));
     }
 }
 

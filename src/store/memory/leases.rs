@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::MemoryStore;
 use crate::store::{micros, Acquired, Expiring, KeyBuf, StoreKey};
 
-/// The holders of one key's slots: (holder id, lease deadline in µs).
+/// The holders of one key's slots: (holder id, deadline in µs).
 #[derive(Default)]
 pub(super) struct Holders {
     held: Vec<(Box<str>, u64)>,

@@ -19,7 +19,7 @@
 //! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua` | 30 s |
 //! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
-//! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by lease deadline | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
+//! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
 //! | `{NS:KEY}:rp` | hash, in each region's Redis (several regions): the key's pool, `u1`/`e1` and `u2`/`e2` two blocks' units and expiry, `o` units owed to the home, `s` units asked for since `t` | `regional_spend.lua`, `regional_fill.lua` | a pool lifetime after the last check |

@@ -1,5 +1,5 @@
 //! Concurrency slots in Redis: one script per operation (`lua/semaphore_*.lua`) on a ZSET of
-//! holders scored by lease deadline, under the key's holders key (`:c`, see `keys.rs`), so it
+//! holders scored by their deadline, under the key's holders key (`:c`, see `keys.rs`), so it
 //! shares the rate limit's hash tag and cluster slot. Always sent alone, also by a batching
 //! store: slots are taken once per request, not once per check of a flood.
 //!
@@ -133,7 +133,7 @@ impl RedisStore {
             None,
         );
         cmd.arg(terms.limit())
-            .arg(micros(terms.lease()))
+            .arg(micros(terms.ttl()))
             .arg(holder)
             .arg(terms.known_epoch(keys.unit))
             .arg(micros(terms.pause()));
@@ -170,7 +170,7 @@ impl RedisStore {
             },
             None,
         );
-        cmd.arg(micros(terms.lease()))
+        cmd.arg(micros(terms.ttl()))
             .arg(holder)
             .arg(terms.known_epoch(keys.unit))
             .arg(micros(terms.pause()));
