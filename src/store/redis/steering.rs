@@ -32,7 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (1u32..6).prop_map(Op::Check),
         2 => Just(Op::Peek),
-        1 => (1u64..3_000_000).prop_map(Op::Ban),
+        1 => (1u64..450_000_000).prop_map(Op::Ban),
         1 => Just(Op::Unban),
         1 => Just(Op::Reset),
         2 => (0usize..3).prop_map(Op::Refund),
@@ -59,7 +59,10 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
     let store = rt.block_on(redis.store());
     let batched =
         rt.block_on(async { redis.store().await.with_batching(Batching::new()).unwrap() });
-    let step = prop_oneof![3 => Just(0u64), 5 => 0..1_500_000u64, 1 => Just(400_000_000)];
+    // Periods of minutes: Redis expires the keys on its own clock, so a simulated period far
+    // longer than the run's real time keeps a key's parts (a log and its totals) from
+    // expiring apart while the machine is slow.
+    let step = prop_oneof![3 => Just(0u64), 5 => 0..225_000_000u64, 1 => Just(60_000_000_000)];
     let cases = (1u32..6, 1u32..8, prop::collection::vec((step, op()), 1..40));
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 48,
@@ -71,7 +74,7 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
     let given = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&cases, |(limit, burst, steps)| {
-            let period = Duration::from_secs(4);
+            let period = Duration::from_secs(600);
             let q = Quota::new(limit, period).burst(burst);
             let w = Quota::new(limit, period);
             let algorithms: [Box<dyn Algorithm>; 4] = [
