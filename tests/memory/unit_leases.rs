@@ -55,6 +55,17 @@ fn lease_options_are_validated_naming_the_field() {
         field(ok.max_units(eighth + 1), gcra.clone()),
         "lease.max_units"
     );
+    let refusal = RateLimiter::builder(MemoryStore::new(), gcra.clone())
+        .lease(ok.max_units(eighth + 1))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refusal.contains(&format!(
+            "must be at most an eighth of the burst ({eighth} for a burst of 100), so that one"
+        )),
+        "{refusal}"
+    );
     assert_eq!(field(ok.max_keys(0), gcra.clone()), "lease.max_keys");
     let window: Arc<dyn Algorithm> = Arc::new(SlidingWindow::new(quota).unwrap());
     assert_eq!(field(ok, window), "lease");

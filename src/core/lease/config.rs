@@ -109,7 +109,7 @@ impl UnitLease {
             Some(units) if units > share => Err(ConfigError::new(
                 "lease.max_units",
                 format!(
-                    "must be at most an eighth of the burst ({share} for a burst of {burst}), so                      that one instance never takes more of a rested key"
+                    "must be at most an eighth of the burst ({share} for a burst of {burst}), so that one instance never takes more of a rested key"
                 ),
             )),
             Some(units) => Ok(units),
