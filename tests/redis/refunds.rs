@@ -58,7 +58,13 @@ struct Case {
 
 fn cases() -> impl Strategy<Value = Case> {
     (
-        1u32..10,
+        // Limits that divide both periods' microseconds: emission intervals exact, so no
+        // key's stored time is left a few microseconds ahead of the test's time. Redis
+        // expires keys on its own clock, and a key stored with 5 µs to go (an interval
+        // rounded up, times the limit) would expire one real millisecond later, before the
+        // next call of a loaded machine, while the in-memory twin, on the test's time, keeps
+        // it. Rounded intervals are compared with the twin in `agreement`.
+        prop::sample::select(vec![1u32, 2, 3, 4, 5, 6, 8]),
         1u32..12,
         prop::sample::select(vec![600u64, 3_600]),
     )
