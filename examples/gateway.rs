@@ -1124,6 +1124,7 @@ async fn region_state(State(s): State<AdminState>) -> Response {
         "units_granted": r.units_granted,
         "units_charged": r.units_charged,
         "failed_grants": r.failed_grants,
+        "first_grants_awaited": r.first_grants_awaited,
     }))
     .into_response()
 }

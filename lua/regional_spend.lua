@@ -16,7 +16,9 @@
 --          emission_us, burst (the global limit), share_emission_us, share_burst,
 --          bucket (0: GCRA, 1: token bucket)
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us,
---          refill (0|1: this call took the marker, the caller asks the home), want, owed}
+--          refill (0|1: this call took the marker, the caller asks the home), want, owed,
+--          first (0|1: refused before the key's first grant in this region has landed, while
+--          it is on its way: the caller may check once more when it has)}
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
 local cut = int_arg(3, 'cut', 0)
@@ -92,9 +94,9 @@ if cut == 1 then
   local available = math.floor((now + tolerance - tat) / s_emission)
   if available < 0 then available = 0 end
   if cost > s_burst then
-    return { 0, available, -1, tat - now, 0, 0, owed }
+    return { 0, available, -1, tat - now, 0, 0, owed, 0 }
   elseif cost > available then
-    return { 0, available, tat + cost * s_emission - tolerance - now, tat - now, 0, 0, owed }
+    return { 0, available, tat + cost * s_emission - tolerance - now, tat - now, 0, 0, owed, 0 }
   end
   tat = tat + cost * s_emission
   redis.call('SET', KEYS[3], fmt(tat), 'PX', ms_ceil(tat - now))
@@ -105,7 +107,7 @@ if cut == 1 then
     redis.call('HSET', KEYS[1], 'o', fmt(owed))
     redis.call('PEXPIRE', KEYS[1], pool_ttl)
   end
-  return { 1, available - cost, 0, tat - now, 0, 0, owed }
+  return { 1, available - cost, 0, tat - now, 0, 0, owed, 0 }
 end
 
 local allowed = 0
@@ -134,7 +136,9 @@ if left <= low or owed > 0 then
   if redis.call('SET', KEYS[2], '1', 'NX', 'PX', marker_ms) then
     refill = 1
     if since == 0 then
-      want = cost
+      -- A key's first block here: what its rate makes in a lead time (its demand is not
+      -- known yet).
+      want = math.ceil(lead / emission)
     else
       want = math.ceil(asked * (lead + lifetime / 2) / span)
     end
@@ -147,8 +151,14 @@ redis.call('HSET', KEYS[1], 'u1', fmt(u1), 'e1', fmt(e1), 'u2', fmt(u2), 'e2', f
   'o', fmt(owed), 's', fmt(asked), 't', fmt(since))
 redis.call('PEXPIRE', KEYS[1], pool_ttl)
 if allowed == 1 then
-  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed }
+  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed, 0 }
 elseif allowed == -1 then
-  return { 0, left, -1, emission * burst, refill, want, owed }
+  return { 0, left, -1, emission * burst, refill, want, owed, 0 }
 end
-return { 0, left, emission * (cost - left), emission * burst, refill, want, owed }
+-- No block ever landed here (a grant sets e2), and the first grant is on its way: credit to
+-- be charged with it, or this check has just asked for it.
+local first = 0
+if e1 == 0 and e2 == 0 and (owed > 0 or refill == 1) then
+  first = 1
+end
+return { 0, left, emission * (cost - left), emission * burst, refill, want, owed, first }

@@ -39,7 +39,8 @@
 //!   reservation at the home, as [unit leases](crate::guide::operating#unit-leases) make: the
 //!   units count as spent at the home the moment they are granted.
 //! - **A request spends from its own region's pool**, in one script call on its region's
-//!   Redis. It never waits on another region.
+//!   Redis. It never waits on another region, with one exception, bounded: a key's first
+//!   requests in a region (below).
 //! - **Refills run in the background, ahead of need.** When a check leaves the pool at or
 //!   below its low-water mark (the key's demand over the lead time: 100 ms, or three round
 //!   trips to the home if longer), that check takes the key's refill marker in the region's
@@ -56,7 +57,16 @@
 //!   the earlier expiry.
 //! - **A cold key** (no pool in this region for a while) may admit `b` units on credit
 //!   (default 1) so that its first request is not refused while its first grant is on its
-//!   way; the credit is charged at the home with that grant.
+//!   way; the credit is charged at the home with that grant. That first grant is a block of
+//!   what the key's rate makes in a lead time (its demand is not known yet), so the requests
+//!   right after it are admitted too. A request refused before the first grant landed waits
+//!   for it once (for the refill its instance sent to end, or about a round trip to the home
+//!   and half more; at most 10 ms), then spends from the pool: in the home region and in regions a few milliseconds from it, a
+//!   new key's first burst is admitted as a plain limiter would admit it. Farther away, such
+//!   a request is refused at once, for at most one round trip per key and region after the
+//!   key's first request; raise `b` for keys whose first requests come in bursts.
+//!   ([`RegionStats::first_grants_awaited`](crate::store::redis::RegionStats) counts the
+//!   waits; a limiter on a regional store needs a store timeout above 20 ms.)
 //!
 //! # The bound
 //!
@@ -142,7 +152,9 @@
 //! - [`lead`](crate::store::redis::RegionalStoreBuilder::lead): the same in every region, at
 //!   least the longest round trip between a region and the home.
 //! - [`borrow`](crate::store::redis::RegionalStoreBuilder::borrow): 0 refuses a cold key's
-//!   first request in a region until its first grant arrives (one round trip to the home).
+//!   first request in a region far from the home until its first grant arrives (one round
+//!   trip to the home); more lets a burst of a new key's first requests through there, at
+//!   the cost of `R·b` in the bound.
 //!
 //! The tests behind these claims run real Redis servers with a proxy between the regions that
 //! delays every byte and can cut the link (`tests/production/regions.rs`,

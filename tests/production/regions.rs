@@ -219,6 +219,60 @@ async fn one_busy_region_far_from_its_home_gets_nearly_the_whole_limit() {
     assert!(total as f64 <= global_bound(40, 20.0, elapsed, 2));
 }
 
+/// A key nobody checked yet, well under its limit. In the home region its first requests at
+/// once are all admitted (one on credit, the others after waiting a few milliseconds for the
+/// key's first grant). In a region 50 ms from the home, the first is admitted on credit and
+/// the first grant brings a block of what the key's rate makes in a lead time, so a burst
+/// right after it is admitted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_keys_first_requests_are_admitted_in_every_region() {
+    let regions = Regions::start(ONE_WAY).await;
+    // 100 a second: a lead time of at least 100 ms makes a first block of at least 10.
+    let q = Quota::per_second(100).burst(100);
+    let burst_of = |limiter: &RateLimiter<Gcra>, key: String| {
+        let limiter = limiter.clone();
+        async move {
+            let checks = (0..8).map(|_| limiter.check(key.as_str(), 1));
+            let decisions = futures_util::future::join_all(checks).await;
+            decisions
+                .into_iter()
+                .filter(|d| d.as_ref().expect("every check answered").allowed)
+                .count()
+        }
+    };
+    let home = regions.instance("a", None).await;
+    let at_home = limiter(&home, Gcra::new(q).unwrap(), "rn");
+    for customer in 0..5 {
+        let admitted = burst_of(&at_home, format!("a-new-{customer}")).await;
+        assert_eq!(
+            admitted, 8,
+            "home region, customer {customer}: {admitted} of 8"
+        );
+    }
+    assert!(home.stats().first_grants_awaited >= 5, "{:?}", home.stats());
+
+    for customer in 0..3 {
+        // An instance per customer: its grants are this customer's.
+        let far = regions.instance("b", None).await;
+        let away = limiter(&far, Gcra::new(q).unwrap(), "rn");
+        let key = format!("b-new-{customer}");
+        let grants = far.stats().grants;
+        assert!(away.check(key.as_str(), 1).await.unwrap().allowed, "credit");
+        let asked = Instant::now();
+        while far.stats().grants == grants {
+            assert!(asked.elapsed() < Duration::from_secs(2), "no grant came");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The home answered; the block goes into region b's pool on its own Redis next.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let admitted = burst_of(&away, key).await;
+        assert_eq!(
+            admitted, 8,
+            "region b, customer {customer}: {admitted} of 8 after the first grant"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_region_keeps_serving_within_its_share_and_the_link_back_reconciles() {
     let regions = Regions::start(ONE_WAY).await;
@@ -323,6 +377,16 @@ async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "lease", "{err}");
+    // A check may wait a few milliseconds for a key's first grant: the timeout leaves room.
+    let err = RateLimiter::builder(regional.clone(), Gcra::new(q).unwrap())
+        .store_timeout(Duration::from_millis(20))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "store_timeout", "{err}");
+    RateLimiter::builder(regional.clone(), Gcra::new(q).unwrap())
+        .store_timeout(Duration::from_millis(21))
+        .build()
+        .unwrap();
     let err = ConcurrencyLimiter::builder(regional.clone(), 3)
         .build()
         .unwrap_err();

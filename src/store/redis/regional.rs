@@ -27,6 +27,7 @@ use std::{
 };
 
 use redis::Script;
+use tokio::sync::Notify;
 
 use super::{keys, link::evalsha, reply, RedisStore};
 use crate::{
@@ -120,6 +121,9 @@ pub struct RegionStats {
     pub units_charged: u64,
     /// Grants that failed or got no answer within the detection time.
     pub failed_grants: u64,
+    /// Checks refused before their key's first grant in this region had landed that waited
+    /// for it once (about a round trip to the home) and checked again.
+    pub first_grants_awaited: u64,
 }
 
 struct Inner {
@@ -132,6 +136,10 @@ struct Inner {
     lead_us: u64,
     /// The round trip of a grant, smoothed (0: none yet).
     rtt_us: AtomicU64,
+    /// The round trip of a heartbeat to the home, smoothed (0: none yet, or the home region).
+    home_ping_us: AtomicU64,
+    /// Checks that waited for a key's first grant in this region.
+    first_grants_awaited: AtomicU64,
     cut: AtomicBool,
     cuts: AtomicU64,
     grants: AtomicU64,
@@ -140,6 +148,8 @@ struct Inner {
     failed_grants: AtomicU64,
     /// Keys admitted while cut off, to charge the home with once the link is back.
     owed: Mutex<HashMap<Vec<u8>, Terms>>,
+    /// Refills this instance has in flight, by key: woken when each ends.
+    refills: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
     epoch: Instant,
 }
 
@@ -215,6 +225,7 @@ impl RegionalStore {
             units_granted: i.units_granted.load(Relaxed),
             units_charged: i.units_charged.load(Relaxed),
             failed_grants: i.failed_grants.load(Relaxed),
+            first_grants_awaited: i.first_grants_awaited.load(Relaxed),
         }
     }
 
@@ -381,6 +392,8 @@ impl RegionalStoreBuilder {
             detect: self.detect_after,
             lead_us: self.lead.as_micros() as u64,
             rtt_us: AtomicU64::new(0),
+            home_ping_us: AtomicU64::new(0),
+            first_grants_awaited: AtomicU64::new(0),
             cut: AtomicBool::new(false),
             cuts: AtomicU64::new(0),
             grants: AtomicU64::new(0),
@@ -388,6 +401,7 @@ impl RegionalStoreBuilder {
             units_charged: AtomicU64::new(0),
             failed_grants: AtomicU64::new(0),
             owed: Mutex::new(HashMap::new()),
+            refills: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
         });
         runtime.spawn(heartbeats(Arc::downgrade(&inner)));
@@ -410,6 +424,32 @@ impl Inner {
 
     fn lead_us(&self) -> u64 {
         self.lead_us.max(3 * self.rtt_us.load(Relaxed))
+    }
+
+    /// How long a check refused before a key's first grant landed waits for it: the round
+    /// trip to the home (a grant's, else a heartbeat's) and half more, and 2 ms
+    /// ([`FIRST_GRANT_WAIT`] in the home region, whose grants are on its own Redis); `None`
+    /// (no wait) when that is more than [`FIRST_GRANT_WAIT`], or before another region has
+    /// measured its round trip. A check that finds this instance's own refill of the key in
+    /// flight waits for it to end instead, up to [`FIRST_GRANT_WAIT`].
+    fn first_grant_wait(&self) -> Option<Duration> {
+        if self.own == 0 {
+            return Some(FIRST_GRANT_WAIT);
+        }
+        let rtt = match self.rtt_us.load(Relaxed) {
+            0 => self.home_ping_us.load(Relaxed),
+            rtt => rtt,
+        };
+        let us = match rtt {
+            0 => return None,
+            rtt => rtt + rtt / 2 + 2_000,
+        };
+        let wait = Duration::from_micros(us);
+        (wait <= FIRST_GRANT_WAIT).then_some(wait)
+    }
+
+    fn lock_refills(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Arc<Notify>>> {
+        self.refills.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn marker_ms(&self) -> u64 {
@@ -514,20 +554,57 @@ impl Backend for RegionalStore {
             .arg(share_burst)
             .arg(u8::from(terms.bucket));
         Box::pin(async move {
-            let ints = reply::ints(inner.own().link.eval(&SPEND, &cmd).await?)?;
-            let &[allowed, remaining, retry, reset, refill, want, owed] = ints.as_slice() else {
-                return Err(Error::InvalidReply(format!(
-                    "a regional check answered {ints:?}"
-                )));
-            };
-            if cut && allowed == 1 && inner.own != 0 {
-                inner.remember_owed(&base, terms);
+            let mut again = true;
+            loop {
+                let ints = reply::ints(inner.own().link.eval(&SPEND, &cmd).await?)?;
+                let &[allowed, remaining, retry, reset, refill, want, owed, first] =
+                    ints.as_slice()
+                else {
+                    return Err(Error::InvalidReply(format!(
+                        "a regional check answered {ints:?}"
+                    )));
+                };
+                if cut && allowed == 1 && inner.own != 0 {
+                    inner.remember_owed(&base, terms);
+                }
+                if refill == 1 {
+                    let (want, owed) = (want.max(0) as u64, owed.max(0) as u64);
+                    inner
+                        .lock_refills()
+                        .insert(base.clone(), Arc::new(Notify::new()));
+                    let inner = self.inner.clone();
+                    let base = base.clone();
+                    tokio::spawn(async move {
+                        refill_pool(inner.clone(), base.clone(), terms, want, owed).await;
+                        if let Some(done) = inner.lock_refills().remove(&base) {
+                            done.notify_waiters();
+                        }
+                    });
+                }
+                // Refused only because the key's first grant here is on its way: in the home
+                // region and in a region within a few milliseconds of it, wait for it once
+                // (this instance's refill to end, or about a round trip), then spend again.
+                if let (1, true, Some(wait)) = (first, again, inner.first_grant_wait()) {
+                    again = false;
+                    inner.first_grants_awaited.fetch_add(1, Relaxed);
+                    // The check that asked for the refill may not have recorded it yet.
+                    tokio::task::yield_now().await;
+                    let ours = inner.lock_refills().get(&base).map(|done| {
+                        // Registered before the lock is let go: the end cannot pass unseen.
+                        let mut ended = Box::pin(Arc::clone(done).notified_owned());
+                        ended.as_mut().enable();
+                        ended
+                    });
+                    match ours {
+                        Some(ended) => {
+                            let _ = tokio::time::timeout(FIRST_GRANT_WAIT, ended).await;
+                        }
+                        None => tokio::time::sleep(wait).await,
+                    }
+                    continue;
+                }
+                return Outcome::from_ints(&[allowed, remaining, retry, reset]);
             }
-            if refill == 1 {
-                let (want, owed) = (want.max(0) as u64, owed.max(0) as u64);
-                tokio::spawn(refill_pool(self.inner.clone(), base, terms, want, owed));
-            }
-            Outcome::from_ints(&[allowed, remaining, retry, reset])
         })
     }
 
@@ -674,11 +751,19 @@ async fn heartbeats(weak: Weak<Inner>) {
             .map(|(_, peer)| {
                 let cmd = evalsha(&PING, 0, |_| {}, None);
                 let inner = &inner;
+                let home = std::ptr::eq(peer, &inner.regions[0]);
                 async move {
+                    let sent = Instant::now();
                     let answer =
                         tokio::time::timeout(inner.detect, peer.store.link.eval(&PING, &cmd)).await;
                     if matches!(answer, Ok(Ok(_))) {
                         peer.last_ok_ms.store(inner.now_ms(), Relaxed);
+                        if home {
+                            let rtt = sent.elapsed().as_micros() as u64;
+                            let old = inner.home_ping_us.load(Relaxed);
+                            let smoothed = if old == 0 { rtt } else { (7 * old + rtt) / 8 };
+                            inner.home_ping_us.store(smoothed.max(1), Relaxed);
+                        }
                     }
                 }
             });
@@ -717,6 +802,12 @@ async fn heartbeats(weak: Weak<Inner>) {
         }
     }
 }
+
+/// The longest a check waits for its key's first grant in a region (see
+/// [`RegionalStoreBuilder::borrow`]); farther from the home, a check refused before the first
+/// grant landed is refused at once. A limiter on a regional store needs a store timeout above
+/// twice this.
+pub(crate) const FIRST_GRANT_WAIT: Duration = Duration::from_millis(10);
 
 /// Gauge: 1 while a region decides from its share because it is cut off, else 0; label
 /// `region`.
@@ -771,6 +862,7 @@ mod scripts_on_a_set_clock {
 
     struct Pool {
         conn: redis::Connection,
+        lead: u64,
     }
 
     impl Pool {
@@ -779,10 +871,14 @@ mod scripts_on_a_set_clock {
                 .unwrap()
                 .get_connection()
                 .unwrap();
-            Pool { conn }
+            Pool {
+                conn,
+                lead: 100_000,
+            }
         }
 
-        /// A check of `cost` at `now`: {allowed, remaining, retry, reset, refill, want, owed}.
+        /// A check of `cost` at `now`: {allowed, remaining, retry, reset, refill, want, owed,
+        /// first}.
         fn spend(&mut self, now: u64, cost: u64, cut: bool, borrow: u64) -> Vec<i64> {
             SPEND
                 .key("{t:k}:rp")
@@ -792,7 +888,7 @@ mod scripts_on_a_set_clock {
                 .arg(cost)
                 .arg(u8::from(cut))
                 .arg(borrow)
-                .arg(100_000) // lead
+                .arg(self.lead)
                 .arg(SECOND) // lifetime
                 .arg(10_000) // pool ttl, ms
                 .arg(1_000) // marker, ms
@@ -900,13 +996,44 @@ mod scripts_on_a_set_clock {
             (1, 1, 1, 1),
             "{first:?}"
         );
-        // Warm now: no more credit, and the refill in flight holds the marker.
+        // Warm now: no more credit, and the refill in flight holds the marker; refused
+        // before the first grant landed, which the caller may wait for.
         let second = pool.spend(T0 + 1_000, 1, false, 1);
-        assert_eq!((second[0], second[4], second[6]), (0, 0, 1), "{second:?}");
+        assert_eq!(
+            (second[0], second[4], second[6], second[7]),
+            (0, 0, 1, 1),
+            "{second:?}"
+        );
         // The grant arrives, the credit charged: owed 0, units to spend.
         assert_eq!(pool.fill(T0 + 50_000, 4, 1), 4);
         let third = pool.spend(T0 + 60_000, 1, false, 1);
         assert_eq!((third[0], third[1], third[6]), (1, 3, 0), "{third:?}");
+        // A refusal once a grant has landed is the limit's: nothing to wait for.
+        let rest = pool.spend(T0 + 60_000, 3, false, 1);
+        let late = pool.spend(T0 + 60_000, 1, false, 1);
+        assert_eq!((rest[0], late[0], late[7]), (1, 0, 0), "{late:?}");
+    }
+
+    #[test]
+    fn a_keys_first_block_in_a_region_is_what_its_rate_makes_in_a_lead_time() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        // Lead 450 ms at one unit per 100 ms: the first refill asks for 5 units.
+        pool.lead = 450_000;
+        let first = pool.spend(T0, 1, false, 1);
+        assert_eq!((first[0], first[4], first[5]), (1, 1, 5), "{first:?}");
+        // Without credit, the first check is refused, asks for the block, and says so.
+        redis::cmd("FLUSHALL").exec(&mut pool.conn).unwrap();
+        let no_credit = pool.spend(T0, 1, false, 0);
+        assert_eq!(
+            (no_credit[0], no_credit[4], no_credit[5], no_credit[7]),
+            (0, 1, 5, 1),
+            "{no_credit:?}"
+        );
+        // A lead shorter than a unit's time still asks for the check's cost.
+        redis::cmd("FLUSHALL").exec(&mut pool.conn).unwrap();
+        pool.lead = 10;
+        assert_eq!(pool.spend(T0, 3, false, 0)[5], 3);
     }
 
     #[test]
