@@ -17,8 +17,9 @@
 --          bucket (0: GCRA, 1: token bucket)
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us,
 --          refill (0|1: this call took the marker, the caller asks the home), want, owed,
---          first (0|1: refused before the key's first grant in this region has landed, while
---          it is on its way: the caller may check once more when it has)}
+--          first (0|1: no block has landed in this region's pool yet, so a refill asked for
+--          now is the key's first here, and a refusal may be only its wait for it; 0 while
+--          cut off and for a cost that can never fit)}
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
 local cut = int_arg(3, 'cut', 0)
@@ -150,15 +151,14 @@ end
 redis.call('HSET', KEYS[1], 'u1', fmt(u1), 'e1', fmt(e1), 'u2', fmt(u2), 'e2', fmt(e2),
   'o', fmt(owed), 's', fmt(asked), 't', fmt(since))
 redis.call('PEXPIRE', KEYS[1], pool_ttl)
+-- No block ever landed here: a grant sets e2.
+local first = 0
+if e1 == 0 and e2 == 0 then
+  first = 1
+end
 if allowed == 1 then
-  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed, 0 }
+  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed, first }
 elseif allowed == -1 then
   return { 0, left, -1, emission * burst, refill, want, owed, 0 }
-end
--- No block ever landed here (a grant sets e2), and the first grant is on its way: credit to
--- be charged with it, or this check has just asked for it.
-local first = 0
-if e1 == 0 and e2 == 0 and (owed > 0 or refill == 1) then
-  first = 1
 end
 return { 0, left, emission * (cost - left), emission * burst, refill, want, owed, first }

@@ -13,7 +13,7 @@ use crate::{
     error::ConfigError,
     extract::Key,
     store::FailurePolicy,
-    store::{compact_prefix, redis::FIRST_GRANT_WAIT, MemoryStore, Store},
+    store::{compact_prefix, MemoryStore, Store},
 };
 
 /// The most keys [`RateLimiterBuilder::top_keys`] takes.
@@ -229,18 +229,8 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         let regional = self.store.regional();
         if regional {
             refuse_across_regions(&self.algorithm, self.lease.is_some())?;
-            if self.options.timeout <= 2 * FIRST_GRANT_WAIT {
-                return Err(ConfigError::new(
-                    "store_timeout",
-                    format!(
-                        "must be more than {} ms across regions: a check may wait up to {} ms \
-                         for its key's first grant in a region near the home",
-                        2 * FIRST_GRANT_WAIT.as_millis(),
-                        FIRST_GRANT_WAIT.as_millis()
-                    ),
-                ));
-            }
         }
+        self.store.check_timeout(self.options.timeout)?;
         let cap = match &self.lease {
             Some(lease) => Some(lease.validate(self.algorithm.rule())?),
             None => None,

@@ -12,7 +12,7 @@ use super::{
 use crate::{
     algorithm::{Algorithm, Outcome},
     decision::Charge,
-    error::Error,
+    error::{ConfigError, Error},
 };
 
 /// What [`Backend::peek`] found: the key's state as a check would see it (a denial that took
@@ -159,6 +159,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// cannot work across regions.
     fn regional(&self) -> bool {
         false
+    }
+
+    /// Refuses a limiter's store timeout that this store's calls may need more than (a
+    /// [`ConfigError`](crate::ConfigError) naming `store_timeout`); every timeout by default.
+    fn check_timeout(&self, timeout: Duration) -> Result<(), ConfigError> {
+        let _ = timeout;
+        Ok(())
     }
 
     /// True when this store's time is not the wall clock (a `MemoryStore` on a
@@ -354,6 +361,10 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn regional(&self) -> bool {
         (**self).regional()
+    }
+
+    fn check_timeout(&self, timeout: Duration) -> Result<(), ConfigError> {
+        (**self).check_timeout(timeout)
     }
 
     fn clock(&self) -> Option<super::memory::ManualClock> {

@@ -58,7 +58,6 @@ pub(crate) mod testing;
 mod tls;
 mod upstream;
 
-pub(crate) use self::regional::FIRST_GRANT_WAIT;
 pub use self::{
     batch::Batching,
     builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT},

@@ -567,24 +567,33 @@ impl Backend for RegionalStore {
                 if cut && allowed == 1 && inner.own != 0 {
                     inner.remember_owed(&base, terms);
                 }
+                let (want, owed) = (want.max(0) as u64, owed.max(0) as u64);
                 if refill == 1 {
-                    let (want, owed) = (want.max(0) as u64, owed.max(0) as u64);
-                    inner
-                        .lock_refills()
-                        .insert(base.clone(), Arc::new(Notify::new()));
+                    // A key's first refill here is recorded: the checks that wait for it are
+                    // told when it ends.
+                    let told = (first == 1).then(|| {
+                        let ended = Arc::new(Notify::new());
+                        inner.lock_refills().insert(base.clone(), ended);
+                        base.clone()
+                    });
                     let inner = self.inner.clone();
-                    let base = base.clone();
+                    let refill = refill_pool(inner.clone(), base.clone(), terms, want, owed);
                     tokio::spawn(async move {
-                        refill_pool(inner.clone(), base.clone(), terms, want, owed).await;
-                        if let Some(done) = inner.lock_refills().remove(&base) {
-                            done.notify_waiters();
+                        refill.await;
+                        if let Some(ended) = told.and_then(|key| inner.lock_refills().remove(&key))
+                        {
+                            ended.notify_waiters();
                         }
                     });
                 }
-                // Refused only because the key's first grant here is on its way: in the home
-                // region and in a region within a few milliseconds of it, wait for it once
-                // (this instance's refill to end, or about a round trip), then spend again.
-                if let (1, true, Some(wait)) = (first, again, inner.first_grant_wait()) {
+                // Refused while the key's first grant here is on its way (credit to be charged
+                // with it, or this check has just asked for it): in the home region and in a
+                // region within a few milliseconds of it, wait for it once (this instance's
+                // refill to end, or about a round trip), then spend again.
+                let first_on_its_way = first == 1 && allowed == 0 && (owed > 0 || refill == 1);
+                if let (true, true, Some(wait)) =
+                    (first_on_its_way, again, inner.first_grant_wait())
+                {
                     again = false;
                     inner.first_grants_awaited.fetch_add(1, Relaxed);
                     // The check that asked for the refill may not have recorded it yet.
@@ -614,6 +623,21 @@ impl Backend for RegionalStore {
 
     fn regional(&self) -> bool {
         true
+    }
+
+    fn check_timeout(&self, timeout: Duration) -> Result<(), ConfigError> {
+        if timeout > 2 * FIRST_GRANT_WAIT {
+            return Ok(());
+        }
+        Err(ConfigError::new(
+            "store_timeout",
+            format!(
+                "must be more than {} ms across regions: a check may wait up to {} ms for its \
+                 key's first grant in a region near the home",
+                2 * FIRST_GRANT_WAIT.as_millis(),
+                FIRST_GRANT_WAIT.as_millis()
+            ),
+        ))
     }
 }
 
@@ -664,9 +688,7 @@ async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, 
         }
     };
     let rtt = sent.elapsed().as_micros() as u64;
-    let old = inner.rtt_us.load(Relaxed);
-    let smoothed = if old == 0 { rtt } else { (7 * old + rtt) / 8 };
-    inner.rtt_us.store(smoothed, Relaxed);
+    smooth(&inner.rtt_us, rtt);
     inner.grants.fetch_add(1, Relaxed);
     inner.units_granted.fetch_add(granted, Relaxed);
     inner.units_charged.fetch_add(owed, Relaxed);
@@ -704,6 +726,18 @@ async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, 
             "rate limit: granted units could not be put into the region's pool (they are lost)"
         );
     }
+}
+
+/// Adds a round trip of `rtt_us` to the average in `cell` (7/8 of the old, 1/8 of the new; the
+/// first one as it is), at least 1 µs so that 0 keeps meaning "none yet".
+fn smooth(cell: &AtomicU64, rtt_us: u64) {
+    let old = cell.load(Relaxed);
+    let smoothed = if old == 0 {
+        rtt_us
+    } else {
+        (7 * old + rtt_us) / 8
+    };
+    cell.store(smoothed.max(1), Relaxed);
 }
 
 /// Charges the home with what this region admitted on `base` while cut off.
@@ -759,10 +793,7 @@ async fn heartbeats(weak: Weak<Inner>) {
                     if matches!(answer, Ok(Ok(_))) {
                         peer.last_ok_ms.store(inner.now_ms(), Relaxed);
                         if home {
-                            let rtt = sent.elapsed().as_micros() as u64;
-                            let old = inner.home_ping_us.load(Relaxed);
-                            let smoothed = if old == 0 { rtt } else { (7 * old + rtt) / 8 };
-                            inner.home_ping_us.store(smoothed.max(1), Relaxed);
+                            smooth(&inner.home_ping_us, sent.elapsed().as_micros() as u64);
                         }
                     }
                 }
@@ -806,8 +837,8 @@ async fn heartbeats(weak: Weak<Inner>) {
 /// The longest a check waits for its key's first grant in a region (see
 /// [`RegionalStoreBuilder::borrow`]); farther from the home, a check refused before the first
 /// grant landed is refused at once. A limiter on a regional store needs a store timeout above
-/// twice this.
-pub(crate) const FIRST_GRANT_WAIT: Duration = Duration::from_millis(10);
+/// twice this (`check_timeout`).
+const FIRST_GRANT_WAIT: Duration = Duration::from_millis(10);
 
 /// Gauge: 1 while a region decides from its share because it is cut off, else 0; label
 /// `region`.
@@ -815,9 +846,6 @@ pub const REGION_CUT_OFF: &str = "ratelimit_region_cut_off";
 /// Counter: the times a region was cut off; label `region`.
 pub const REGION_CUTS: &str = "ratelimit_region_cuts_total";
 
-/// The regional scripts on a real Redis, on a time the tests set (`ARGV[1]`): blocks, their
-/// lifetime, credit for a cold key, the share while cut off, the home's charges and its
-/// split of a scarce key by demand.
 #[cfg(test)]
 mod shares {
     use super::*;
@@ -849,6 +877,9 @@ mod shares {
     }
 }
 
+/// The regional scripts on a real Redis, on a time the tests set (`ARGV[1]`): blocks, their
+/// lifetime, credit for a cold key, the share while cut off, the home's charges and its
+/// split of a scarce key by demand.
 #[cfg(test)]
 mod scripts_on_a_set_clock {
     use super::super::testing::TestRedis;
