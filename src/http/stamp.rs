@@ -31,6 +31,12 @@ pub(crate) struct PolicyField {
 /// Room for a `RateLimit` member on the stack: the name's start and two numbers.
 const STATE_LEN: usize = 96;
 
+/// Whether a member of this start (`"name";r=`) fits in [`STATE_LEN`] with its numbers: two
+/// `u64`s of at most 20 digits and `;t=`.
+fn fits(start: &[u8]) -> bool {
+    start.len() + 43 <= STATE_LEN
+}
+
 /// How many `RateLimit` members with no unit left a policy keeps rendered: `t` of 0 to 63 s.
 const EMPTY_MEMBERS: u64 = 64;
 
@@ -39,9 +45,9 @@ impl PolicyField {
         let mut state = Vec::new();
         push_sf_string(&mut state, name);
         state.extend_from_slice(b";r=");
-        let empty = match state.len() + 43 > STATE_LEN {
-            true => Vec::new(),
-            false => (0..EMPTY_MEMBERS)
+        let empty = match fits(&state) {
+            false => Vec::new(),
+            true => (0..EMPTY_MEMBERS)
                 .map(|t| render_state(&state, 0, Some(t)))
                 .collect(),
         };
@@ -64,7 +70,7 @@ impl PolicyField {
     /// same bytes as [`state_item`]'s.
     fn state(&self, d: &Decision, t: Option<u64>) -> HeaderValue {
         // Two numbers of at most 20 digits and `;t=`.
-        if self.state.len() + 43 > STATE_LEN {
+        if !fits(&self.state) {
             return state_item(&d.policy, d.remaining, t, None);
         }
         if d.remaining == 0 {
@@ -84,7 +90,7 @@ impl PolicyField {
     }
 }
 
-/// A `RateLimit` member from its start (`"name";r=`, at most `STATE_LEN - 43` bytes), the units
+/// A `RateLimit` member from its start (`"name";r=`, one that [`fits`]), the units
 /// left and `t`.
 fn render_state(start: &[u8], remaining: u64, t: Option<u64>) -> HeaderValue {
     let mut buf = [0u8; STATE_LEN];
