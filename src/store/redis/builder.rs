@@ -123,10 +123,7 @@ impl RedisStoreBuilder {
     /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`,
     /// `rediss://…` for TLS, `redis+unix:///path`).
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
-        let info = url
-            .into_connection_info()
-            .map_err(|e| Error::Config(ConfigError::new("url", "cannot be read").caused_by(e)))?;
-        self.supervised(Target::Direct(info)).await
+        self.supervised(Target::Direct(connection_info(url)?)).await
     }
 
     /// Connects to the primary that the Sentinels at `sentinels` (e.g.
@@ -269,10 +266,7 @@ impl RedisStoreBuilder {
 
     /// A store that connects on its first check (no I/O here).
     pub(crate) fn lazy_direct(self, url: &str) -> Result<RedisStore, Error> {
-        let info = url
-            .into_connection_info()
-            .map_err(|e| Error::Config(ConfigError::new("url", "cannot be read").caused_by(e)))?;
-        let connector = self.connector(Target::Direct(info))?;
+        let connector = self.connector(Target::Direct(connection_info(url)?))?;
         Ok(RedisStore::new(Link::Multiplexed(Supervised::lazy(
             connector,
         ))))
@@ -287,4 +281,11 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore::new(Link::Multiplexed(conn)))
     }
+}
+
+/// `url` read as one server's address; a URL it cannot read is a [`ConfigError`] naming
+/// `url`, with the parser's error as its source.
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    url.into_connection_info()
+        .map_err(|e| Error::Config(ConfigError::new("url", "cannot be read").caused_by(e)))
 }

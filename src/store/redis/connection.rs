@@ -320,7 +320,7 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
                 .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
             {
                 pending.warned_at = Some(now);
-                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis (told again every 30 s while it lasts)");
+                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis (told again every {} s while it lasts)", WARN_EVERY.as_secs());
             } else {
                 tracing::debug!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis");
             }
