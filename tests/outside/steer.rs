@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::common::header;
 use crate::servers::{
     gateway::{assert_refused, gateway_bin, send, AdminGateway, Reply},
     RedisServer,
@@ -556,11 +557,7 @@ async fn allow_and_deny_lists_come_before_bans_and_limits() {
         .await
         .unwrap();
     assert_eq!(res.status(), 429);
-    let retry: u64 = res.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
     assert!((59..=60).contains(&retry), "{retry}");
     let res = svc
         .clone()

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use crate::common::{counting, each_algorithm};
+use crate::common::{counting, each_algorithm, header};
 use crate::servers::{each_backend, RedisServer};
 use axum::body::Body;
 use futures_util::future::join_all;
@@ -199,11 +199,7 @@ async fn a_ban_is_enforced_in_shadow_mode() {
         for _ in 0..2 {
             let r = call("banned").await;
             assert_eq!(r.status(), 429, "{what}: a ban in shadow mode");
-            let retry: u64 = r.headers()["retry-after"]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
             assert!((599..=600).contains(&retry), "{what}: {retry}");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 3, "{what}");
