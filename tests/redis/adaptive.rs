@@ -207,8 +207,10 @@ async fn three_instances_learn_the_upstreams_limit_in_each_header_style() {
     assert!(none.limited_fraction > 0.5, "{none:?}");
 }
 
-/// The upstream halves its limit mid-run: the clients follow within one window (no 429 in
-/// the windows after the one where it changed).
+/// The upstream lowers its limit mid-run: the clients follow within one window (no 429 in
+/// the windows after the one where it changed). The limit is lowered 100 ms into a window,
+/// so that answers telling it come back within that window: lowered in its last
+/// milliseconds, no answer may come before the next window starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clients_follow_a_lower_limit_within_one_window() {
     let redis = RedisServer::start();
@@ -220,6 +222,13 @@ async fn the_clients_follow_a_lower_limit_within_one_window() {
     let limit = Arc::clone(&up.limit);
     let lowered_at = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(2_500)).await;
+        // The upstream's windows are whole seconds of the wall clock.
+        let into = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_micros();
+        let to_next = u64::from(1_000_000 - into);
+        tokio::time::sleep(Duration::from_micros(to_next + 100_000)).await;
         limit.store(LIMIT / 3, std::sync::atomic::Ordering::SeqCst);
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
