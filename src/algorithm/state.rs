@@ -198,6 +198,33 @@ impl MemoryState {
         self.expires_at_us = self.expires_at_us.max(until);
     }
 
+    /// Forgets the value (a reset), leaving per limit a refund ledger whose floor is just
+    /// after `now_us`, for that limit's lead (see `lua/reset.lua`): a refund of a check
+    /// admitted at or before `now_us` gives nothing back.
+    pub(crate) fn rest_with_floors(&mut self, leads: &[u64], now_us: u64) {
+        let ledgers = leads
+            .iter()
+            .map(|&lead| Ledger {
+                until: now_us.saturating_add(lead),
+                floor: now_us + 1,
+                records: Vec::new(),
+            })
+            .collect();
+        self.clear();
+        self.expires_at_us = now_us;
+        self.put_ledgers(ledgers, now_us);
+    }
+
+    /// Empties a sliding-window log (a reset), keeping its newest time, its last sequence
+    /// number and its expiry (see `lua/reset.lua`); nothing if the key holds no log.
+    pub(crate) fn empty_log(&mut self) {
+        if let Value::Log(log) = &mut self.value {
+            log.entries = VecDeque::new();
+            log.removed = log.added;
+            self.entries = 0;
+        }
+    }
+
     /// The sliding-window log, created empty if the key holds nothing.
     pub(crate) fn log(&mut self) -> Result<&mut Log, Error> {
         if let Value::Empty = self.value {

@@ -399,6 +399,14 @@
 //! records, kept until every charge they moved has drained); what it cannot tell apart
 //! counts as spent, so a refund never gives back more than its charge holds.
 //!
+//! **Refunds across a reset.** A [reset](crate::RateLimiter::reset) gives back everything the
+//! key held, so a refund of a check admitted before it (a request still in flight while the
+//! operator freed the key) gives nothing back: it would hand out the units of requests
+//! admitted after the reset. A bucket key's reset leaves a ledger whose floor is the reset's
+//! time, kept for one burst's worth of the key's time; a sliding-window log keeps its newest
+//! time and its last sequence number, so an entry written after the reset never bears the name
+//! of one written before.
+//!
 //! **A sliding-window refund's work is bounded**, whatever the log's size: it finds its entry
 //! with O(log n) commands and rewrites at most 64 entries, since a client decides how many
 //! entries its log holds and could otherwise make one refund cost Redis milliseconds for

@@ -425,10 +425,15 @@ impl RateEngine {
         let store_key = self.store_key(key);
         let core = &self.core;
         let algorithm = &*self.algorithm;
-        core.call(|| core.store.reset(algorithm, store_key)).await?;
+        core.call(|| core.store.reset(algorithm, store_key, None))
+            .await?;
         self.forget_locally(store_key);
         if let Some(local) = &self.local {
-            local.core.store.reset(&*local.algorithm, store_key).await?;
+            local
+                .core
+                .store
+                .reset(&*local.algorithm, store_key, None)
+                .await?;
         }
         Ok(())
     }

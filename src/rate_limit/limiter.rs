@@ -254,14 +254,15 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.peek(Some(&key), Some(&quoted), None).await
     }
 
-    /// Forgets what `key` spent: its state in the store is deleted, so its next check, on
+    /// Forgets what `key` spent: its state in the store is reset, so its next check, on
     /// any instance sharing the store, finds a rested key. A ban stays (see
     /// [`unban`](Self::unban)). This process forgets its cached denial and unit lease of the
     /// key at once; another instance may still answer the key from its deny cache for at
     /// most 1 s (a cached denial never answers longer before the store is asked again), or
     /// hand out what is left of its unit lease of the key, for at most the lease's lifetime.
     /// Under a quota given per request, only the limiter's own quota's cached denials are
-    /// forgotten here; the others end within the same 1 s.
+    /// forgotten here; the others end within the same 1 s. A [`refund`](Self::refund) of a
+    /// decision made before the reset gives nothing back (the reset gave back all it held).
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;

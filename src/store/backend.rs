@@ -113,14 +113,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
         unsupported("this store cannot show a key's state")
     }
 
-    /// Removes `key`'s state under `algorithm` (its refund ledgers included, not its ban):
-    /// the key's next check starts from a rested key.
+    /// Removes `key`'s state under `algorithm` (not its ban) at `now_us` (`None`: the store's
+    /// clock): the key's next check starts from a rested key, and a refund of a check admitted
+    /// before gives nothing back (the reset gave back all it held).
     fn reset<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
+        now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = (algorithm, key);
+        let _ = (algorithm, key, now_us);
         unsupported("this store cannot reset a key")
     }
 
@@ -330,8 +332,9 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
+        now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).reset(algorithm, key)
+        (**self).reset(algorithm, key, now_us)
     }
 
     fn ban<'a>(

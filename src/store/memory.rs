@@ -15,7 +15,7 @@ use super::{
     SlotTerms, Store, StoreKey,
 };
 use crate::{
-    algorithm::{Algorithm, MemoryState, Outcome, Rule},
+    algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
     decision::Charge,
     error::{ConfigError, Error},
 };
@@ -393,17 +393,51 @@ impl MemoryStore {
         Ok(Peeked { outcome, banned_us })
     }
 
-    /// Removes `key`'s state under `algorithm`.
-    fn reset_now(&self, algorithm: &dyn Algorithm, key: StoreKey<'_>) {
+    /// Resets `key`'s state under `algorithm` at `now`, as `lua/reset.lua` does: a GCRA,
+    /// token-bucket or multi-limit state goes, and its refund ledgers become floors just after
+    /// `now` (a refund of a check admitted before gives nothing back); a sliding-window log
+    /// empties, keeping its newest time and last sequence number (no entry written after bears
+    /// the name of one written before); a custom algorithm's state goes.
+    fn reset_now(&self, algorithm: &dyn Algorithm, key: StoreKey<'_>, now: u64) {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
         let inner = &*self.inner;
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
-        if let Some(entry) = shard.remove(slot, key) {
-            shard.weight = shard.weight.saturating_sub(entry.entries());
+        let shard = &mut *shard;
+        // How long a charge admitted before now may hold part of each limit's time.
+        let lead = |r: &BucketRate| r.emission_us().saturating_mul(r.burst());
+        let leads: Vec<u64> = match algorithm.rule() {
+            Rule::Gcra(r) | Rule::TokenBucket(r) => vec![lead(&r)],
+            Rule::Multi(rates) => rates.iter().map(lead).collect(),
+            Rule::SlidingWindow(_) => {
+                if let Some(entry) = shard.get_mut(slot, key) {
+                    let ((), grown, empty) = entry.run(now, MemoryState::empty_log);
+                    shard.weight = shard.weight.wrapping_add_signed(grown);
+                    if empty {
+                        shard.remove(slot, key);
+                    }
+                }
+                return;
+            }
+            Rule::Script(_) => {
+                if let Some(entry) = shard.remove(slot, key) {
+                    shard.weight = shard.weight.saturating_sub(entry.entries());
+                }
+                return;
+            }
+        };
+        let held = shard.position(slot, key);
+        if held.is_none() && shard.room(now) {
+            shard.weight = shard.values().map(Entry::entries).sum();
         }
+        let entry = match held.and_then(|at| shard.at(at)) {
+            Some(entry) => entry,
+            None => shard.insert(slot, key, Entry::default()),
+        };
+        let ((), grown, _) = entry.run(now, |s| s.rest_with_floors(&leads, now));
+        shard.weight = shard.weight.wrapping_add_signed(grown);
     }
 
     /// The algorithm's refund twin on `key`'s state, if it holds one.
@@ -502,8 +536,9 @@ impl Backend for MemoryStore {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
+        now: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.reset_now(algorithm, key);
+        self.reset_now(algorithm, key, now.unwrap_or_else(|| self.now_us()));
         Box::pin(std::future::ready(Ok(())))
     }
 

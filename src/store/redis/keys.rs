@@ -9,14 +9,14 @@
 //!
 //! | key | type: content | written by | expires |
 //! |---|---|---|---|
-//! | `{NS:KEY}:g` | string: GCRA's theoretical arrival time (TAT); while the key is banned, `TAT:BAN`, the TAT (`0` for a rested key) and a copy of the ban's end (`:x`), so that GCRA's check reads one key | `gcra.lua`, `gcra_batch.lua`, `gcra_reserve.lua`, `gcra_refund.lua` (keeping the ban's copy); the ban's copy: `ban.lua` (whatever the limiter's algorithm), kept by `forget.lua` on a reset, taken off on an unban | when the TAT passes (the key is rested again) and the ban has ended |
-//! | `{NS:KEY}:gr` | string: the refund ledger of `:g` (`until floor`, then `at moved_at back until` per refund) | `gcra_refund.lua` | when every charge a refund moved has drained (`until`) |
+//! | `{NS:KEY}:g` | string: GCRA's theoretical arrival time (TAT); while the key is banned, `TAT:BAN`, the TAT (`0` for a rested key) and a copy of the ban's end (`:x`), so that GCRA's check reads one key | `gcra.lua`, `gcra_batch.lua`, `gcra_reserve.lua`, `gcra_refund.lua` (keeping the ban's copy); the ban's copy: `ban.lua` (whatever the limiter's algorithm), kept by `reset.lua` on a reset, taken off by `forget.lua` on an unban | when the TAT passes (the key is rested again) and the ban has ended |
+//! | `{NS:KEY}:gr` | string: the refund ledger of `:g` (`until floor`, then `at moved_at back until` per refund) | `gcra_refund.lua`; `reset.lua` (a floor at the reset's time, for one burst's worth of the key's time) | when every charge a refund moved has drained (`until`) |
 //! | `{NS:KEY}:b` | hash: token bucket, `n` whole tokens, `t` when the last one was credited | `token_bucket.lua`, `token_bucket_reserve.lua`, `token_bucket_refund.lua` | when the bucket is full again |
-//! | `{NS:KEY}:br` | string: the refund ledger of `:b` (as `:gr`) | `token_bucket_refund.lua` | as `:gr` |
+//! | `{NS:KEY}:br` | string: the refund ledger of `:b` (as `:gr`) | `token_bucket_refund.lua`, `reset.lua` | as `:gr` |
 //! | `{NS:KEY}:l2` | sorted set: sliding-window log, one member `TOTAL:SEQ` per admitted check, scored by its time | `sliding_window.lua`, `sliding_window_refund.lua` | a window after the newest member |
-//! | `{NS:KEY}:m2` | hash: the log's totals, `a` admitted, `r` expired, `l` newest member's time, `s` last sequence number | `sliding_window.lua`, `sliding_window_refund.lua` | with its log |
+//! | `{NS:KEY}:m2` | hash: the log's totals, `a` admitted, `r` expired, `l` newest member's time, `s` last sequence number | `sliding_window.lua`, `sliding_window_refund.lua`; `reset.lua` (nothing in use, `l` and `s` kept) | with its log |
 //! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua` | as `:g` |
-//! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua` | as `:gr` |
+//! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua`, `reset.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua` | 30 s |
 //! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |

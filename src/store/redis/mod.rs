@@ -279,8 +279,6 @@ impl RedisStore {
 enum Keep {
     /// Deletes every key.
     Nothing,
-    /// Keeps the state's ban's copy, deleting its TAT (a reset).
-    Ban,
     /// Keeps the state's TAT, deleting its ban's copy (an unban).
     Tat,
 }
@@ -297,9 +295,6 @@ impl RedisStore {
             });
         match keep {
             Keep::Nothing => {}
-            Keep::Ban => {
-                cmd.arg("keep-ban");
-            }
             Keep::Tat => {
                 cmd.arg("keep-tat");
             }
@@ -416,9 +411,23 @@ impl Backend for RedisStore {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
+        now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let (keys, gcra) = Wire::state_keys(algorithm, key);
-        self.forget(keys, if gcra { Keep::Ban } else { Keep::Nothing })
+        let Some(wire) = Wire::reset(algorithm) else {
+            let keys = match algorithm.rule() {
+                crate::algorithm::Rule::Script(s) => Wire::script_keys(s, key),
+                _ => Vec::new(),
+            };
+            return self.forget(keys, Keep::Nothing);
+        };
+        let cmd = wire.command(key, now_us);
+        let script = wire.script;
+        Box::pin(async move {
+            match self.link.eval(script, &cmd).await? {
+                redis::Value::Int(_) => Ok(()),
+                other => Err(Error::InvalidReply(format!("a reset answered {other:?}"))),
+            }
+        })
     }
 
     fn ban<'a>(

@@ -23,6 +23,7 @@ use super::{
 use crate::{
     algorithm::{
         Algorithm, BucketRate, LogEntry, Outcome, PartInfo, PartOutcome, Placed, Position, Rule,
+        Scripted,
     },
     decision::Charge,
     error::Error,
@@ -76,10 +77,12 @@ static MULTI_GCRA: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
 static GCRA_PEEK: LazyLock<Script> = prelude_script!("gcra_peek.lua", after "gcra_state.lua");
 static TOKEN_BUCKET_PEEK: LazyLock<Script> = prelude_script!("token_bucket_peek.lua");
 static SLIDING_WINDOW_PEEK: LazyLock<Script> = prelude_script!("sliding_window_peek.lua");
-/// A ban, and the deletion of a key's state, ban or holders.
+/// A ban, and the deletion of a key's custom state, ban or holders.
 pub(crate) static BAN: LazyLock<Script> = prelude_script!("ban.lua", after "gcra_state.lua");
 pub(crate) static FORGET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/forget.lua")));
+/// A reset of a key's state under a built-in algorithm (see [`Wire::reset`]).
+static RESET: LazyLock<Script> = prelude_script!("reset.lua", after "gcra_state.lua");
 
 /// The refund scripts (one call each, never batched).
 static GCRA_REFUND: LazyLock<Script> =
@@ -306,39 +309,54 @@ impl<'a> Wire<'a> {
         }
     }
 
-    /// The keys a reset of `key` under `algorithm` deletes: its state and refund ledgers
-    /// (refund markers expire by themselves), never its ban; and whether the first is a GCRA
-    /// state, whose ban's copy stays (see `lua/forget.lua`). A custom algorithm's: its key
-    /// suffixes.
-    pub(crate) fn state_keys(algorithm: &dyn Algorithm, key: StoreKey<'_>) -> (Vec<Vec<u8>>, bool) {
-        let mut out = Vec::new();
-        let mut put = |suffix: &str, name: Option<&str>| {
-            let mut buf = KeyBuf::new();
-            keys::write_key(key, suffix, &mut buf);
-            if let Some(name) = name {
-                buf.put(name.as_bytes());
-            }
-            out.push(buf.as_bytes().to_vec());
+    /// How a reset of a key under a built-in algorithm goes to Redis (`lua/reset.lua`, its
+    /// reply: how many states existed): its state goes, and refunds of the checks admitted
+    /// before it give nothing back. `None` for a custom script, whose keys a reset deletes
+    /// (see [`Wire::script_keys`]).
+    pub(crate) fn reset(algorithm: &'a dyn Algorithm) -> Option<Self> {
+        let wire = |keys: Keys<'a>, args: Vec<u64>| {
+            Some(Wire {
+                script: &RESET,
+                batch: None,
+                keys,
+                args: Args::List(args),
+                marker: None,
+                ban: false,
+                time_last: false,
+                layout: Layout::Generic,
+            })
         };
+        // How long a charge admitted before now may hold part of the limit's time.
+        let lead = |r: &BucketRate| r.emission_us().saturating_mul(r.burst());
         match algorithm.rule() {
-            Rule::Gcra(_) => [keys::GCRA, keys::GCRA_LEDGER]
-                .iter()
-                .for_each(|s| put(s, None)),
-            Rule::TokenBucket(_) => [keys::BUCKET, keys::BUCKET_LEDGER]
-                .iter()
-                .for_each(|s| put(s, None)),
-            Rule::SlidingWindow(_) => [keys::LOG, keys::LOG_TOTALS]
-                .iter()
-                .for_each(|s| put(s, None)),
-            Rule::Multi(_) => {
-                for p in algorithm.parts() {
-                    put(keys::LIMIT, Some(&p.name));
-                    put(keys::LIMIT_LEDGER, Some(&p.name));
-                }
-            }
-            Rule::Script(s) => s.key_suffixes().iter().for_each(|x| put(x, None)),
+            Rule::Gcra(r) => wire(
+                Keys::Suffixes(&[keys::GCRA, keys::GCRA_LEDGER]),
+                vec![1, lead(&r)],
+            ),
+            Rule::TokenBucket(r) => wire(
+                Keys::Suffixes(&[keys::BUCKET, keys::BUCKET_LEDGER]),
+                vec![0, lead(&r)],
+            ),
+            Rule::SlidingWindow(_) => wire(Keys::Suffixes(&[keys::LOG_TOTALS, keys::LOG]), vec![2]),
+            Rule::Multi(rates) => wire(
+                Keys::PartsAndLedgers(algorithm.parts()),
+                std::iter::once(0).chain(rates.iter().map(lead)).collect(),
+            ),
+            Rule::Script(_) => None,
         }
-        (out, matches!(algorithm.rule(), Rule::Gcra(_)))
+    }
+
+    /// The keys of `key` under a custom script (its key suffixes), which a reset deletes.
+    pub(crate) fn script_keys(script: &dyn Scripted, key: StoreKey<'_>) -> Vec<Vec<u8>> {
+        script
+            .key_suffixes()
+            .iter()
+            .map(|suffix| {
+                let mut buf = KeyBuf::new();
+                keys::write_key(key, suffix, &mut buf);
+                buf.as_bytes().to_vec()
+            })
+            .collect()
     }
 
     /// The `EVALSHA` of this call on `key`, at `now_us` (`None`: the server's clock).

@@ -164,8 +164,9 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                             rt.block_on(store.unban(key)).unwrap();
                         }
                         Op::Reset => {
-                            rt.block_on(memory.reset(algorithm, key)).unwrap();
-                            rt.block_on(store.reset(algorithm, key)).unwrap();
+                            rt.block_on(memory.reset(algorithm, key, Some(now)))
+                                .unwrap();
+                            rt.block_on(store.reset(algorithm, key, Some(now))).unwrap();
                             let p = rt.block_on(store.peek(algorithm, key, Some(now))).unwrap();
                             let quota = algorithm
                                 .parts()
@@ -188,6 +189,89 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
     assert!(given.into_inner() > 0, "no refund gave anything back");
 }
 
+/// A check, a reset, then a check taking the whole quota, all in one microsecond: the refund
+/// of the first check gives nothing back (the reset gave back all it held), in Redis and in
+/// memory, under every built-in algorithm, so the key stays spent.
+async fn refund_across_a_reset(
+    store: &(impl Backend + std::fmt::Debug),
+    algorithm: &dyn Algorithm,
+    key: StoreKey<'_>,
+) {
+    let at = format!("{} in {store:?}", algorithm.name());
+    let before = store.check(algorithm, key, 1, Some(T0)).await.unwrap();
+    assert!(before.allowed, "{at}");
+    store.reset(algorithm, key, Some(T0)).await.unwrap();
+    let after = store.check(algorithm, key, 2, Some(T0)).await.unwrap();
+    assert!(after.allowed && after.remaining == 0, "{at}: {after:?}");
+    let charge = crate::decision::Charge {
+        cost: 1,
+        quota: None,
+        local: false,
+        position: before.position,
+    };
+    let given = store
+        .refund(algorithm, key, &charge, Some(T0))
+        .await
+        .unwrap();
+    assert!(
+        !given,
+        "{at}: a refund from before the reset gave something back"
+    );
+    let next = store.check(algorithm, key, 1, Some(T0)).await.unwrap();
+    assert!(
+        !next.allowed,
+        "{at}: the check after the reset lost its units"
+    );
+    // A check admitted after the reset is given back as before.
+    let late = store
+        .check(algorithm, key, 1, Some(T0 + 60_000_000))
+        .await
+        .unwrap();
+    assert!(late.allowed, "{at}: {late:?}");
+    let charge = crate::decision::Charge {
+        position: late.position,
+        ..charge
+    };
+    let given = store
+        .refund(algorithm, key, &charge, Some(T0 + 60_000_000))
+        .await;
+    assert!(
+        given.unwrap(),
+        "{at}: a refund after the reset gave nothing back"
+    );
+}
+
+#[test]
+fn a_refund_of_a_check_admitted_before_a_reset_gives_nothing_back() {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let q = Quota::new(2, Duration::from_secs(60));
+    let algorithms: [Box<dyn Algorithm>; 4] = [
+        Box::new(Gcra::new(q).unwrap()),
+        Box::new(TokenBucket::new(q).unwrap()),
+        Box::new(SlidingWindow::new(q).unwrap()),
+        Box::new(
+            MultiLimit::new([
+                ("short", q),
+                ("long", Quota::new(4, Duration::from_secs(180))),
+            ])
+            .unwrap(),
+        ),
+    ];
+    for (i, algorithm) in algorithms.iter().enumerate() {
+        let namespace = format!("reset-refund{i}");
+        let k = Key::from("k");
+        let key = StoreKey::bounded(&namespace, Some(&k), 128);
+        rt.block_on(refund_across_a_reset(&store, &**algorithm, key));
+        rt.block_on(refund_across_a_reset(
+            &MemoryStore::new(),
+            &**algorithm,
+            key,
+        ));
+    }
+}
+
 /// A ban denies every check, reservations included, and takes nothing; a reset keeps it.
 #[test]
 fn a_ban_takes_nothing_and_outlives_a_reset() {
@@ -205,7 +289,7 @@ fn a_ban_takes_nothing_and_outlives_a_reset() {
         assert_eq!(d.retry_after_us, Some(4_999_999));
         let r = store.reserve(&gcra, key, 1, 4, Some(T0 + 2)).await.unwrap();
         assert!(r.outcome.banned && r.granted == 0);
-        store.reset(&gcra, key).await.unwrap();
+        store.reset(&gcra, key, Some(T0 + 2)).await.unwrap();
         let p = store.peek(&gcra, key, Some(T0 + 3)).await.unwrap();
         assert_eq!((p.outcome.remaining, p.banned_us), (5, 4_999_997));
         // When the ban ends, the key has what its quota held: nothing was taken meanwhile.
@@ -276,8 +360,8 @@ fn the_ban_copy_in_a_gcra_state_is_kept_by_its_writers() {
         assert!(d.banned && m.banned);
         assert_eq!(seen(&d), seen(&m));
         // A reset keeps the ban; an unban lifts it and keeps what the state holds.
-        store.reset(&gcra, key).await.unwrap();
-        memory.reset(&gcra, key).await.unwrap();
+        store.reset(&gcra, key, Some(T0 + 25)).await.unwrap();
+        memory.reset(&gcra, key, Some(T0 + 25)).await.unwrap();
         assert_eq!(raw(state).as_deref(), Some("0:1700000005000000"));
         store.unban(key).await.unwrap();
         memory.unban(key).await.unwrap();
