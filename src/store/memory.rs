@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Sharded,
-    SlotTerms, Store, StoreKey,
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Shard, Sharded,
+    Slot, SlotTerms, Store, StoreKey,
 };
 use crate::{
     algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
@@ -86,6 +86,30 @@ struct Entry {
 impl Entry {
     fn entries(&self) -> usize {
         self.state.entries()
+    }
+
+    /// Runs `f` on `key`'s state in `shard` at `now` (see [`Entry::run`]), the entry inserted
+    /// empty when the shard holds none (room made first: expired keys swept, the weight
+    /// counted again), and counts its growth in the shard's weight. One lookup for a key
+    /// held, the common case.
+    fn run_held_or_new<T>(
+        shard: &mut Shard<Entry>,
+        slot: Slot,
+        key: &[u8],
+        now: u64,
+        f: impl FnOnce(&mut MemoryState) -> T,
+    ) -> (T, isize, bool) {
+        let held = shard.position(slot, key);
+        if held.is_none() && shard.room(now) {
+            shard.weight = shard.values().map(Entry::entries).sum();
+        }
+        let entry = match held.and_then(|at| shard.at(at)) {
+            Some(entry) => entry,
+            None => shard.insert(slot, key, Entry::default()),
+        };
+        let (out, grown, empty) = entry.run(now, f);
+        shard.weight = shard.weight.wrapping_add_signed(grown);
+        (out, grown, empty)
     }
 
     /// Runs `f` on the state at `now`, its expired value cleared first: what `f` returned, by
@@ -219,17 +243,8 @@ impl MemoryStore {
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
-        // One lookup for a key held (the common case).
-        let held = shard.position(slot, key);
-        if held.is_none() && shard.room(now) {
-            shard.weight = shard.values().map(Entry::entries).sum();
-        }
-        let entry = match held.and_then(|at| shard.at(at)) {
-            Some(entry) => entry,
-            None => shard.insert(slot, key, Entry::default()),
-        };
-        let (outcome, grown, empty) = entry.run(now, |s| algorithm.decide(s, now, cost));
-        shard.weight = shard.weight.wrapping_add_signed(grown);
+        let (outcome, grown, empty) =
+            Entry::run_held_or_new(shard, slot, key, now, |s| algorithm.decide(s, now, cost));
         if empty {
             shard.remove(slot, key);
         } else if grown > 0 && shard.weight > inner.max_entries_per_shard {
@@ -407,10 +422,9 @@ impl MemoryStore {
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
         // How long a charge admitted before now may hold part of each limit's time.
-        let lead = |r: &BucketRate| r.emission_us().saturating_mul(r.burst());
         let leads: Vec<u64> = match algorithm.rule() {
-            Rule::Gcra(r) | Rule::TokenBucket(r) => vec![lead(&r)],
-            Rule::Multi(rates) => rates.iter().map(lead).collect(),
+            Rule::Gcra(r) | Rule::TokenBucket(r) => vec![r.tolerance_us()],
+            Rule::Multi(rates) => rates.iter().map(BucketRate::tolerance_us).collect(),
             Rule::SlidingWindow(_) => {
                 if let Some(entry) = shard.get_mut(slot, key) {
                     let ((), grown, empty) = entry.run(now, MemoryState::empty_log);
@@ -428,16 +442,7 @@ impl MemoryStore {
                 return;
             }
         };
-        let held = shard.position(slot, key);
-        if held.is_none() && shard.room(now) {
-            shard.weight = shard.values().map(Entry::entries).sum();
-        }
-        let entry = match held.and_then(|at| shard.at(at)) {
-            Some(entry) => entry,
-            None => shard.insert(slot, key, Entry::default()),
-        };
-        let ((), grown, _) = entry.run(now, |s| s.rest_with_floors(&leads, now));
-        shard.weight = shard.weight.wrapping_add_signed(grown);
+        Entry::run_held_or_new(shard, slot, key, now, |s| s.rest_with_floors(&leads, now));
     }
 
     /// The algorithm's refund twin on `key`'s state, if it holds one.

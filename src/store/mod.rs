@@ -26,7 +26,7 @@ pub(crate) use self::{
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
     reserved::Reserved,
-    sharded::{Expiring, Sharded},
+    sharded::{Expiring, Shard, Sharded, Slot},
     upstream::{Blind, Gate},
 };
 pub(crate) use self::{memory::MemoryStore, upstream::Learned};

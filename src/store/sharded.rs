@@ -120,7 +120,6 @@ impl<V> Shard<V> {
         Some(entry.remove().0 .2)
     }
 
-    /// Adds `key` (not present) with `value`; the caller has made room (see [`Self::room`]).
     /// Where `key` sits in the table, to reach it again with [`at`](Self::at) without a
     /// second lookup.
     pub(crate) fn position(&self, slot: Slot, key: &[u8]) -> Option<usize> {
@@ -133,6 +132,7 @@ impl<V> Shard<V> {
         self.table.get_bucket_mut(position).map(|e| &mut e.2)
     }
 
+    /// Adds `key` (not present) with `value`; the caller has made room (see [`Self::room`]).
     pub(crate) fn insert(&mut self, slot: Slot, key: &[u8], value: V) -> &mut V {
         let entry =
             self.table

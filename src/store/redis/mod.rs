@@ -413,12 +413,9 @@ impl Backend for RedisStore {
         key: StoreKey<'a>,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let Some(wire) = Wire::reset(algorithm) else {
-            let keys = match algorithm.rule() {
-                crate::algorithm::Rule::Script(s) => Wire::script_keys(s, key),
-                _ => Vec::new(),
-            };
-            return self.forget(keys, Keep::Nothing);
+        let wire = match Wire::reset(algorithm) {
+            Ok(wire) => wire,
+            Err(script) => return self.forget(Wire::script_keys(script, key), Keep::Nothing),
         };
         let cmd = wire.command(key, now_us);
         let script = wire.script;

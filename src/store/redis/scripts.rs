@@ -311,11 +311,11 @@ impl<'a> Wire<'a> {
 
     /// How a reset of a key under a built-in algorithm goes to Redis (`lua/reset.lua`, its
     /// reply: how many states existed): its state goes, and refunds of the checks admitted
-    /// before it give nothing back. `None` for a custom script, whose keys a reset deletes
-    /// (see [`Wire::script_keys`]).
-    pub(crate) fn reset(algorithm: &'a dyn Algorithm) -> Option<Self> {
+    /// before it give nothing back. A custom script's instead, whose keys a reset deletes (see
+    /// [`Wire::script_keys`]).
+    pub(crate) fn reset(algorithm: &'a dyn Algorithm) -> Result<Self, &'a dyn Scripted> {
         let wire = |keys: Keys<'a>, args: Vec<u64>| {
-            Some(Wire {
+            Ok(Wire {
                 script: &RESET,
                 batch: None,
                 keys,
@@ -326,23 +326,24 @@ impl<'a> Wire<'a> {
                 layout: Layout::Generic,
             })
         };
-        // How long a charge admitted before now may hold part of the limit's time.
-        let lead = |r: &BucketRate| r.emission_us().saturating_mul(r.burst());
+        // Each limit's lead: how long a charge admitted before now may hold part of its time.
         match algorithm.rule() {
             Rule::Gcra(r) => wire(
                 Keys::Suffixes(&[keys::GCRA, keys::GCRA_LEDGER]),
-                vec![1, lead(&r)],
+                vec![1, r.tolerance_us()],
             ),
             Rule::TokenBucket(r) => wire(
                 Keys::Suffixes(&[keys::BUCKET, keys::BUCKET_LEDGER]),
-                vec![0, lead(&r)],
+                vec![0, r.tolerance_us()],
             ),
             Rule::SlidingWindow(_) => wire(Keys::Suffixes(&[keys::LOG_TOTALS, keys::LOG]), vec![2]),
             Rule::Multi(rates) => wire(
                 Keys::PartsAndLedgers(algorithm.parts()),
-                std::iter::once(0).chain(rates.iter().map(lead)).collect(),
+                std::iter::once(0)
+                    .chain(rates.iter().map(BucketRate::tolerance_us))
+                    .collect(),
             ),
-            Rule::Script(_) => None,
+            Rule::Script(script) => Err(script),
         }
     }
 
