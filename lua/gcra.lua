@@ -2,7 +2,7 @@
 -- TIME, one GET, at most one PSETEX, no function made per call, no number parsed but the stored
 -- TAT and the time, one integer or one string back (a table reply costs the server more than
 -- the rest of a denial). The crate reads the full outcome from that reply with the quota it sent
--- (src/store/redis/scripts.rs, `gcra_outcome`); the in-memory twin is src/algorithm/gcra.rs
+-- (src/store/redis/scripts.rs, `parse_gcra`); the in-memory twin is src/algorithm/gcra.rs
 -- (`decide`), integer for integer the same maths.
 --
 -- A key's state is its theoretical arrival time (TAT) in microseconds: the key is rested again

@@ -79,11 +79,10 @@ pub(crate) fn client_config(pem: &TlsPem) -> Result<Arc<ClientConfig>, ConfigErr
             }
         }
     }
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ConfigError::new("tls", "no protocol version to offer").caused_by(e))?
-            .with_root_certificates(roots);
+    let builder = ClientConfig::builder_with_provider(Arc::new(ring_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::new("tls", "no protocol version to offer").caused_by(e))?
+        .with_root_certificates(roots);
     let config = match &pem.client {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
@@ -132,11 +131,23 @@ pub(crate) async fn handshake(
         })
 }
 
+/// rustls' `ring` provider, the one this crate builds TLS with.
+///
+/// rustls marks it deprecated because `ring` offers no post-quantum key exchange; its other
+/// provider, `aws-lc-rs`, needs a C toolchain and CMake to build, which this crate does not ask
+/// of its users. A link to Redis inside one's own network is the case this serves; an
+/// application that wants post-quantum key exchange installs its own process-wide provider
+/// first, and the Cluster client uses that one (see [`ensure_process_provider`]).
+#[allow(deprecated)]
+fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
 /// Installs `ring` as the process-wide rustls provider unless the application installed one
 /// (redis-rs' own TLS code, used by the Cluster client, needs one).
 pub(crate) fn ensure_process_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race to another installer is fine: a provider is installed either way.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = ring_provider().install_default();
     }
 }
