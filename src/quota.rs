@@ -89,6 +89,16 @@ impl Quota {
         self.burst
     }
 
+    /// Time a key takes to earn its whole burst back: `burst × period / limit`, rounded up to
+    /// the microsecond. The window a `RateLimit-Policy` announces: worked out from the quota
+    /// itself, not from the emission interval the stores use (rounded up to a whole
+    /// microsecond, 6 per second would earn 6 units in 1,000,002 µs and be announced as 2 s).
+    pub(crate) fn burst_window(&self) -> Duration {
+        let nanos = u128::from(self.burst_size()) * self.period.as_nanos();
+        let us = nanos.div_ceil(u128::from(self.limit.max(1)) * 1_000);
+        Duration::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
     /// Checks limit and period, and returns the period in microseconds.
     pub(crate) fn period_us(&self) -> Result<u64, ConfigError> {
         if self.limit == 0 {

@@ -26,9 +26,9 @@ impl BucketQuota {
         self.rate.burst
     }
 
-    /// Time to refill the whole burst.
+    /// Time to refill the whole burst, from the quota (see [`Quota::burst_window`]).
     pub(crate) fn window(&self) -> Duration {
-        Duration::from_micros(self.rate.tolerance_us())
+        self.quota.burst_window()
     }
 
     /// The same bucket with limit and burst divided among `instances`.

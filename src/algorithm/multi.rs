@@ -80,10 +80,10 @@ impl MultiLimit {
         let parts = quotas
             .iter()
             .zip(&rates)
-            .map(|((name, _), r)| PartInfo {
+            .map(|((name, q), r)| PartInfo {
                 name: Arc::clone(name),
                 quota: r.burst,
-                window: Duration::from_micros(r.tolerance_us()),
+                window: q.burst_window(),
             })
             .collect();
         Ok(Self {

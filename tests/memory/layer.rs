@@ -186,3 +186,58 @@ async fn a_store_deciding_at_once_is_asked_once_per_request() {
     assert_eq!(limiter.stats().store_errors, 4);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
+
+/// `RateLimit-Policy` announces the window in which a rested key earns its burst back, worked
+/// out from the quota (6 per second is `w=1`, 7 per hour `w=3600`), never the emission
+/// interval rounded up to a microsecond and multiplied back (1,000,002 µs, announced `w=2`):
+/// a client pacing by `q / w` runs at the configured rate, not half of it.
+#[tokio::test]
+async fn a_policys_window_is_the_time_its_burst_takes_to_earn_back() {
+    use tower_redis_ratelimit::{
+        algorithm::{Algorithm, MultiLimit},
+        MemoryStore, TokenBucket,
+    };
+    async fn policy<A: Algorithm + 'static>(algorithm: A) -> String {
+        let limiter = RateLimiter::builder(MemoryStore::new(), algorithm)
+            .policy_name("p")
+            .build()
+            .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(RateLimitLayer::new(limiter, GlobalKey))
+            .service(counting(Arc::new(AtomicUsize::new(0))));
+        let res = svc
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        header(&res, "ratelimit-policy").unwrap().to_owned()
+    }
+    let cases = [
+        (Quota::per_second(6), "\"p\";q=6;w=1"),
+        (Quota::per_second(7), "\"p\";q=7;w=1"),
+        (Quota::per_hour(7), "\"p\";q=7;w=3600"),
+        (Quota::per_minute(100).burst(10), "\"p\";q=10;w=6"),
+        (
+            Quota::new(3, Duration::from_millis(1000)).burst(2),
+            "\"p\";q=2;w=1",
+        ),
+        (Quota::per_second(3).burst(4), "\"p\";q=4;w=2"),
+    ];
+    for (quota, expected) in cases {
+        assert_eq!(
+            policy(Gcra::new(quota).unwrap()).await,
+            expected,
+            "gcra {quota}"
+        );
+        assert_eq!(
+            policy(TokenBucket::new(quota).unwrap()).await,
+            expected,
+            "token bucket {quota}"
+        );
+        let multi = MultiLimit::new([("p", quota), ("slow", Quota::per_day(1_000))]).unwrap();
+        let announced = policy(multi).await;
+        assert!(
+            announced.contains(expected),
+            "multi-limit {quota}: {announced}"
+        );
+    }
+}
