@@ -173,9 +173,22 @@ async fn every_written_key_expires_on(backend: &crate::servers::Backend) {
             sw_short.check(&key, cost).await.unwrap();
         }
     }
-    for (prefix, expected) in [("ttl-g", 3), ("ttl-tb", 3), ("ttl-sw", 6), ("ttl-sw250", 6)] {
-        let keys = backend.keys_with_pttl(&format!("{{{prefix}:*"));
-        assert_eq!(keys.len(), expected, "{prefix}: {keys:?}");
+    // The sub-second window's keys may already have expired on a loaded machine (its state
+    // lives 250 ms), so they are counted at most; the others are all still there.
+    for (prefix, expected, may_have_expired) in [
+        ("ttl-g", 3, false),
+        ("ttl-tb", 3, false),
+        ("ttl-sw", 6, false),
+        ("ttl-sw250", 6, true),
+    ] {
+        let mut keys = backend.keys_with_pttl(&format!("{{{prefix}:*"));
+        if may_have_expired {
+            // PTTL -2: the key expired between KEYS and PTTL.
+            keys.retain(|(_, ttl)| *ttl != -2);
+            assert!(keys.len() <= expected, "{prefix}: {keys:?}");
+        } else {
+            assert_eq!(keys.len(), expected, "{prefix}: {keys:?}");
+        }
         for (key, ttl) in keys {
             assert!(ttl > 0, "{key} has PTTL {ttl}");
             assert!(
