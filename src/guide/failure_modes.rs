@@ -116,7 +116,7 @@
 //! - [`MemoryStore`](crate::MemoryStore) (and the local twin) sweeps expired state and caps
 //!   its keys (default 1,000,000, about 130 MB of GCRA or token-bucket state at 127 bytes a
 //!   key) and the sliding-window log entries of all keys together (default 4,000,000, about
-//!   96 MB at 24 bytes an entry); at a cap the keys whose state expires soonest are forgotten
+//!   120 MB at about 30 bytes an entry); at a cap the keys whose state expires soonest are forgotten
 //!   first, and a forgotten key starts afresh with a full quota. Set the caps with
 //!   [`MemoryStore::builder`](crate::MemoryStore::builder);
 //! - the deny cache holds at most 100,000 live denials per limiter

@@ -288,8 +288,14 @@ impl<A: Algorithm> RateLimiter<A> {
     /// has left (`Retry-After` in a layer's 429). The ban and the limit are separate: when
     /// the ban ends, the key has what its quota held. The ban is per key and namespace, so
     /// it holds for every limiter on the same prefix and policy name. In a
-    /// [`MemoryStore`](crate::MemoryStore), only this process. [`Error::Unsupported`] for a
-    /// custom algorithm (its script does not read bans).
+    /// [`MemoryStore`](crate::MemoryStore), only this process, and within its key cap (a
+    /// new ban is [`Error::Unsupported`] once its lock shard is full: from a little under
+    /// `max_keys` bans on). [`Error::Unsupported`] for a custom algorithm (its script does not
+    /// read bans). The ban lives in the store: while the store cannot be reached, the failure
+    /// policy decides for the key as for any other (under
+    /// [`FailurePolicy::Open`](crate::FailurePolicy::Open) it goes through once this process's
+    /// cached denial of it, at most 1 s old, is gone); a refusal that must hold then belongs
+    /// on a layer's [`deny`](crate::RateLimitLayer::deny) list.
     ///
     /// ```
     /// # use std::time::Duration;

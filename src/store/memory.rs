@@ -37,8 +37,10 @@ const SHARDS: usize = 16;
 /// Memory is bounded: beyond that eighth, expired state is swept as the map grows; the
 /// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
 /// of sliding-window log
-/// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]; a
-/// log entry takes 24 bytes, a key about 130-290). At either cap, the keys whose state expires
+/// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]). A
+/// GCRA or token-bucket key takes about 127 bytes of heap, a sliding-window key about 257
+/// plus 30 per entry in its log (287 with one entry, 575 with ten; `cargo bench --bench
+/// footprint`; a key longer than 46 bytes with its namespace adds its length). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
 /// quota. So a flood of new keys (random IPv6 addresses, say) costs bounded memory, and can at
 /// worst loosen the limit of the keys it pushed out by one quota each. One key's own log is
@@ -158,8 +160,9 @@ impl MemoryStore {
     /// footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-    /// Default cap on the sliding-window log entries of all keys together: 96 MB of entries at
-    /// the cap (24 bytes each, counted as allocated), on top of the keys.
+    /// Default cap on the sliding-window log entries of all keys together: about 120 MB of
+    /// entries at the cap (24 bytes each, about 30 with the logs' spare capacity), on top of
+    /// the keys.
     pub const DEFAULT_MAX_LOG_ENTRIES: usize = 4_000_000;
 
     /// An empty store with the default caps, on the wall clock.
@@ -293,7 +296,8 @@ impl MemoryStoreBuilder {
 
     /// Holds at most about `entries` sliding-window log entries, all keys together (rounded
     /// up to a multiple of 16; default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]); at least 1.
-    /// Entries are counted as allocated: 24 bytes each.
+    /// Entries are counted as allocated: 24 bytes each (about 30 on the heap with the logs'
+    /// spare capacity).
     pub fn max_log_entries(mut self, entries: usize) -> Self {
         self.max_log_entries = entries;
         self
