@@ -74,3 +74,45 @@ impl<A: Algorithm> Check for RateLimiter<A> {
         Box::pin(async move { self.check(key, 1).await.unwrap().allowed })
     }
 }
+
+/// A memory store holds bans within its key cap: a new ban is refused (an error, never a ban
+/// silently lost) once its lock shard is full, a little under the cap; the bans it holds keep
+/// holding, and lifting one makes room for another.
+#[tokio::test]
+async fn a_memory_store_refuses_bans_beyond_its_key_cap_and_keeps_the_others() {
+    use std::time::Duration;
+    const CAP: usize = 16_000;
+    let store = MemoryStore::builder().max_keys(CAP).build().unwrap();
+    let l = limiter(store, Gcra::new(Quota::per_second(10)).unwrap(), "bans");
+    let hour = Duration::from_secs(3600);
+    let mut held = 0;
+    let refused = loop {
+        match l.ban(format!("k{held}").as_str(), hour).await {
+            Ok(()) => held += 1,
+            Err(e) => break e,
+        }
+        assert!(held <= CAP, "more bans than the key cap");
+    };
+    assert!(
+        matches!(refused, tower_redis_ratelimit::Error::Unsupported(_)),
+        "{refused:?}"
+    );
+    // A shard fills a little before the whole cap does (16 shards of CAP / 16).
+    assert!(held >= CAP * 9 / 10, "refused after only {held} bans");
+    for i in [0, held / 2, held - 1] {
+        let d = l.check(format!("k{i}").as_str(), 1).await.unwrap();
+        assert!(d.banned && !d.allowed, "k{i}: {d:?}");
+    }
+    // Room again once a ban in the full shard is lifted: the refused key's shard.
+    let refused_key = format!("k{held}");
+    let mut freed = false;
+    for i in 0..held {
+        l.unban(format!("k{i}").as_str()).await.unwrap();
+        if l.ban(refused_key.as_str(), hour).await.is_ok() {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed, "no unban made room for the refused ban");
+    assert!(l.check(refused_key.as_str(), 1).await.unwrap().banned);
+}
