@@ -16,7 +16,7 @@ local ALL_KEYS, ALL_ARGV = KEYS, ARGV
 local function count_arg(i, name)
   local v = tonumber(ALL_ARGV[i])
   if v == nil or v ~= v or v % 1 ~= 0 or v < 0 or v > 1000000 then
-    error({ err = 'ERR tower-redis-ratelimit: invalid batch argument ' .. name })
+    error('tower-redis-ratelimit: invalid batch argument ' .. name, 0)
   end
   return v
 end
@@ -33,7 +33,7 @@ for c = 1, n do
   local nk, na = count_arg(ai, 'key count'), count_arg(ai + 1, 'argument count')
   ai = ai + 2
   if ki + nk - 1 > #ALL_KEYS or ai + na - 1 > #ALL_ARGV then
-    error({ err = 'ERR tower-redis-ratelimit: batch arguments out of range' })
+    error('tower-redis-ratelimit: batch arguments out of range', 0)
   end
   local keys, argv = {}, { now }
   for j = 1, nk do

@@ -17,8 +17,12 @@
 --     reads no ban.
 local MAX = 4503599627370496 -- 2^52
 
+-- Raises the script's own error as a string, without Lua's position (level 0): Redis 7 and
+-- later answer `ERR tower-redis-ratelimit: …`, Redis 5 and 6 the same message after their
+-- `Error running script (…): @user_script:LINE: ` (they cannot raise a table: `error({err =
+-- …})` comes back as a Lua error about concatenating a table). src/error.rs reads both.
 local function fail(msg)
-  error({ err = 'ERR tower-redis-ratelimit: ' .. msg })
+  error('tower-redis-ratelimit: ' .. msg, 0)
 end
 
 local function int_arg(i, name, min)

@@ -241,6 +241,18 @@ pub enum ErrorScope {
 
 /// The scope of an error the Redis server (or a script) answered with, by its code.
 fn server_error_scope(code: &str, detail: &str) -> ErrorScope {
+    if code == "ERR" {
+        if let Some(inner) = pre_7_script_error(detail) {
+            // Redis 5 and 6 answer every error raised in a script as `ERR`, the raised
+            // message after a prefix: `WRONGTYPE …` from a command the script called, or the
+            // script's own message (which has no code of its own).
+            let inner = inner.trim_start_matches('-');
+            return match inner.split_once(' ') {
+                Some((code, rest)) if is_error_code(code) => server_error_scope(code, rest),
+                _ => server_error_scope("ERR", inner),
+            };
+        }
+    }
     match code {
         "WRONGTYPE" | "CROSSSLOT" => ErrorScope::Key,
         // The scripts' own errors: a corrupted value under one key, or an argument the script
@@ -254,6 +266,30 @@ fn server_error_scope(code: &str, detail: &str) -> ErrorScope {
         // refusal turns `Local` into an outage.
         _ => ErrorScope::Store,
     }
+}
+
+/// The message a script raised, from Redis 5's and 6's answer to it:
+/// `Error running script (call to f_SHA): @user_script:LINE: MESSAGE`. Redis 7 and later
+/// answer with the message itself, followed by ` script: SHA, on @user_script:LINE.`.
+fn pre_7_script_error(detail: &str) -> Option<&str> {
+    let rest = detail.strip_prefix("Error running script (call to f_")?;
+    let (sha, rest) = rest.split_once("): ")?;
+    if !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let Some(line) = rest.strip_prefix("@user_script:") else {
+        return Some(rest); // an error with no line (raised outside the script's own code)
+    };
+    let (number, message) = line.split_once(": ")?;
+    number
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then_some(message)
+}
+
+/// Whether `word` reads as a Redis error code (`WRONGTYPE`, `OOM`, `ERR`...).
+fn is_error_code(word: &str) -> bool {
+    word.len() >= 2 && word.bytes().all(|b| b.is_ascii_uppercase())
 }
 
 /// How the scripts' errors about a stored value start (after `ERR `).
@@ -401,12 +437,38 @@ mod tests {
             "WRONGTYPE Operation against a key holding the wrong kind of value",
             "ERR tower-redis-ratelimit: corrupted TAT under {rl:k}:g",
             "ERR tower-redis-ratelimit: corrupted log total under {rl:k}:l script: 1a2b, on @user_script:40.",
+            // Redis 7 and later, a command the script called.
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: \
+             d3c21d0c2b9ca22f82737626a27bcaf5d288f99f, on @user_script:1.",
+            // Redis 5 and 6 (as 5.0.7, 6.0.9 and 6.2.14 answer): every error raised in a
+            // script is an `ERR` naming the script and the line.
+            "ERR Error running script (call to f_d3c21d0c2b9ca22f82737626a27bcaf5d288f99f): \
+             @user_script:1: WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR Error running script (call to f_57364dbc640ed46514eb99a1de6772db40f997a1): \
+             @user_script:21: tower-redis-ratelimit: corrupted TAT under {rl:k}:g",
         ];
         for line in key {
             assert_eq!(server_error(line).scope(), ErrorScope::Key, "{line}");
         }
-        let check = server_error("ERR tower-redis-ratelimit: invalid argument cost");
-        assert_eq!(check.scope(), ErrorScope::Check);
+        for line in [
+            "ERR tower-redis-ratelimit: invalid argument cost",
+            "ERR Error running script (call to f_036f7b3ddff0307e82bf6e6009c5e1bb67aa5aa6): \
+             @user_script:21: tower-redis-ratelimit: invalid argument cost",
+        ] {
+            assert_eq!(server_error(line).scope(), ErrorScope::Check, "{line}");
+        }
+        // A key's name in a server-wide refusal does not make it a key's error: only the
+        // start of the raised message counts.
+        for line in [
+            "ERR Error running script (call to f_0123): @user_script:1: -OOM command not \
+             allowed when used memory > 'maxmemory'. tower-redis-ratelimit: corrupted",
+            "ERR Error running script (call to f_0123): @user_script:1: Script killed by \
+             user with SCRIPT KILL... WRONGTYPE",
+            "ERR Error running script (call to f_zz): @user_script:1: WRONGTYPE Operation",
+            "ERR x Error running script (call to f_0123): @user_script:1: WRONGTYPE Operation",
+        ] {
+            assert_eq!(server_error(line).scope(), ErrorScope::Store, "{line}");
+        }
         assert_eq!(Error::InvalidReply("x".into()).scope(), ErrorScope::Key);
         assert_eq!(Error::InvalidInput("x").scope(), ErrorScope::Check);
         for e in [

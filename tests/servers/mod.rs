@@ -43,9 +43,45 @@ fn pid_file(pid: u32) -> std::path::PathBuf {
     dir.join(pid.to_string())
 }
 
+/// The `redis-server` the tests start: `REDIS_SERVER_BIN` when set (`scripts/compat` points it
+/// at other versions), else the one on `PATH`.
 fn redis_binary() -> String {
     std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
 }
+
+/// The major version of [`redis_binary`], from `redis-server --version` (`Redis server
+/// v=7.0.15 …`, `Valkey server v=9.1.2 …`), read once; panics when it cannot be read.
+pub fn server_major_version() -> u32 {
+    static MAJOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let out = Command::new(redis_binary())
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `{} --version` ({e})", redis_binary()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))
+            .and_then(|v| v.split('.').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no version in `{} --version`: {text}", redis_binary()))
+    })
+}
+
+/// The arguments that turn `DEBUG` on for local connections (tests use `DEBUG SLEEP` and
+/// `DEBUG SET-ACTIVE-EXPIRE`), where the server has the option (Redis 7 and later, Valkey);
+/// older servers allow `DEBUG` to every client without it.
+pub fn debug_command_args() -> &'static [&'static str] {
+    if server_major_version() >= 7 {
+        &["--enable-debug-command", "local"]
+    } else {
+        &[]
+    }
+}
+
+/// How many servers in a row may fail to start (a port taken in between) before a test
+/// gives up: a server that cannot start with the arguments given (TLS options to a build
+/// without TLS) fails the test at once instead of being started again until a timeout.
+pub const SPAWN_ATTEMPTS: usize = 20;
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -97,7 +133,7 @@ impl RedisServer {
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 .args(["--loglevel", "warning", "--protected-mode", "yes"])
-                .args(["--enable-debug-command", "local"])
+                .args(debug_command_args())
                 .arg("--dir")
                 .arg(&dir)
                 .args(&extra),
@@ -304,6 +340,7 @@ impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> Self {
         let total = masters * (1 + replicas);
         let mut nodes = Vec::with_capacity(total);
+        let mut failed = 0;
         while nodes.len() < total {
             let port = free_cluster_port();
             let extra = [
@@ -318,8 +355,12 @@ impl RedisCluster {
             ]
             .map(str::to_owned)
             .to_vec();
-            if let Ok(node) = RedisServer::spawn(port, extra) {
-                nodes.push(node);
+            match RedisServer::spawn(port, extra) {
+                Ok(node) => nodes.push(node),
+                Err(e) => {
+                    failed += 1;
+                    assert!(failed < SPAWN_ATTEMPTS, "no cluster node would start: {e}");
+                }
             }
         }
         let cluster = RedisCluster { nodes };

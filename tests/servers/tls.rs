@@ -134,6 +134,7 @@ impl super::RedisCluster {
         let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
         let mut nodes = Vec::with_capacity(masters);
         let mut tls_ports = Vec::with_capacity(masters);
+        let mut failed = 0;
         while nodes.len() < masters {
             // With `--tls-cluster yes` the cluster bus listens on the TLS port + 10000.
             let tls_port = super::free_cluster_port();
@@ -166,9 +167,18 @@ impl super::RedisCluster {
                 if auth_clients { "yes" } else { "no" }.to_owned(),
             ];
             // A port taken in between makes the server exit: try other ports.
-            if let Ok(node) = RedisServer::spawn(free_port(), extra) {
-                nodes.push(node);
-                tls_ports.push(tls_port);
+            match RedisServer::spawn(free_port(), extra) {
+                Ok(node) => {
+                    nodes.push(node);
+                    tls_ports.push(tls_port);
+                }
+                Err(e) => {
+                    failed += 1;
+                    assert!(
+                        failed < super::SPAWN_ATTEMPTS,
+                        "no TLS cluster node would start: {e}"
+                    );
+                }
             }
         }
         let cluster = Self { nodes };
