@@ -156,7 +156,8 @@
 //! - **Hostile values** (negative, non-numeric, fractional, 20 digits, `NaN`) are ignored; a
 //!   pause or a reset beyond [`max_pause`](crate::throttle::ThrottleLayer::max_pause)
 //!   (default 60 s, at most a day; a `Retry-After` in the year 9999, a reset in 3 years) is
-//!   cut to it. Both are counted and logged at `info`.
+//!   cut to it, and so is a `Retry-After` of more seconds than 19 digits hold (it pauses
+//!   `max_pause`, as 19 nines do). Both are counted and logged at `info`.
 //! - **The upstream's rate.** From `RateLimit-Policy: "name";q=Q;w=W` (read with an RFC 9651
 //!   parser; the policy the `RateLimit` item names, else the slowest), or inferred from
 //!   `RateLimit-Limit` / `X-RateLimit-Limit` beside a reset (a window at least as long as the

@@ -409,13 +409,18 @@ fn answer_clock(headers: &HeaderMap, now: SystemTime) -> SystemTime {
     }
 }
 
-/// `Retry-After`: seconds, or an HTTP date (a date in the past is no pause).
+/// `Retry-After`: seconds, or an HTTP date (a date in the past is no pause). Seconds too many
+/// to count (more than 19 digits) are the longest pause, which the caller cuts to its cap.
 fn retry_after(v: &HeaderValue, now: SystemTime, ignored: &mut u32) -> Option<Duration> {
     let Ok(text) = v.to_str() else {
         return bad(ignored);
     };
     if let Some(secs) = number(text) {
         return Some(Duration::from_secs(secs));
+    }
+    let digits = text.trim();
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::MAX);
     }
     match httpdate::parse_http_date(text.trim()) {
         Ok(at) => Some(at.duration_since(now).unwrap_or_default()),
@@ -580,6 +585,21 @@ mod tests {
             (r.ignored, r.pause_from),
             (1, Some(HeaderFamily::Default429))
         );
+        // Seconds past what a u64 counts are the longest pause, cut to the cap like 19 digits.
+        for digits in ["9999999999999999999", "99999999999999999999", &"9".repeat(300)] {
+            let r = read(429, &[("retry-after", digits)]);
+            assert_eq!(
+                (r.learned.pause, r.capped, r.ignored, r.pause_from),
+                (
+                    Some(Duration::from_secs(60)),
+                    1,
+                    0,
+                    Some(HeaderFamily::RetryAfter)
+                ),
+                "{} digits",
+                digits.len()
+            );
+        }
         let r = read(429, &[("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]);
         assert_eq!(
             (r.learned.pause, r.capped),

@@ -3,6 +3,7 @@
 
 use std::{
     fmt,
+    future::Future,
     marker::PhantomData,
     task::{Context, Poll},
     time::Duration,
@@ -17,6 +18,7 @@ use super::{
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
     learn::{at_least_a_moment, read_limits},
+    line::Place,
 };
 use crate::{
     algorithm::Algorithm,
@@ -185,12 +187,10 @@ async fn turn<K, A: Algorithm>(
     let clock = &settings.clock;
     let limiter = &settings.limiter;
     let mut place = settings.lines.join(key);
-    tokio::select! {
-        biased;
-        () = place.first() => {}
-        () = clock.sleep(budget.left(clock)) => {
-            return Err(ThrottleError::InLine { waited: budget.waited(clock) });
-        }
+    if !first_by_deadline(clock, &mut place, budget).await {
+        return Err(ThrottleError::InLine {
+            waited: budget.waited(clock),
+        });
     }
     if settings.configured {
         acquire(clock, limiter, key, cost, budget).await?;
@@ -204,6 +204,20 @@ async fn turn<K, A: Algorithm>(
         clock.sleep(until_place).await;
     }
     Ok(how)
+}
+
+/// Waits until `place` is first in its line (true), or until the deadline (false); a place
+/// that becomes first as the deadline comes is first.
+async fn first_by_deadline(clock: &Clock, place: &mut Place<'_>, budget: Budget) -> bool {
+    let mut first = std::pin::pin!(place.first());
+    let mut give_up = std::pin::pin!(clock.sleep(budget.left(clock)));
+    std::future::poll_fn(|cx| {
+        if first.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        give_up.as_mut().poll(cx).map(|()| false)
+    })
+    .await
 }
 
 /// A store call of the adaptive throttle, within the store timeout; `None` when it failed
