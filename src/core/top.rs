@@ -13,24 +13,57 @@
 
 use std::{
     collections::HashMap,
-    fmt::Write as _,
     sync::{Arc, Mutex},
 };
 
 use hashbrown::HashTable;
 
 use super::stats::lane;
-use crate::{decision::Verdict, extract::Key};
+use crate::{
+    decision::Verdict,
+    extract::{Key, Repr},
+};
 
 /// One key's counts, from [`RateLimiter::top_keys`](crate::RateLimiter::top_keys): how often
 /// this instance denied it, and would have denied it under shadow mode, since it started.
+///
+/// A key is named two ways: [`key`](Self::key), text a person reads, and, for a key that is
+/// text or bytes, [`bytes`](Self::bytes), its own bytes exactly. Two keys that differ only
+/// in bytes that are not UTF-8 read alike in `key` and never in `bytes`: ban, peek or reset
+/// a listed key with [`Key::bytes`] of its `bytes`.
+///
+/// ```
+/// # use tower_redis_ratelimit::{*, extract::Key};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1))?)?;
+/// for _ in 0..2 {
+///     limiter.check(Key::bytes(&b"\xff\xfeabuser"[..]), 1).await?;
+/// }
+/// let top = limiter.top_keys(1);
+/// assert_eq!(top[0].key, "\u{fffd}\u{fffd}abuser");
+/// let bytes = top[0].bytes.as_deref().expect("a bytes key");
+/// assert_eq!(bytes, b"\xff\xfeabuser");
+/// limiter.ban(Key::bytes(bytes), std::time::Duration::from_secs(60)).await?;
+/// assert!(limiter.peek(Key::bytes(bytes)).await?.banned_for.is_some());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyCount {
-    /// The key as the key extractor gave it (an API key, an address, an IPv6 network such as
-    /// `2001:db8::/64`); a key longer than 256 bytes is cut there and ends with `…`. A check
-    /// without a key shows as an empty string.
+    /// The key as a person reads it (its `Display`): text as is, bytes that are not UTF-8
+    /// with each invalid sequence replaced by `�` (U+FFFD), an address, an IPv6 network such
+    /// as `2001:db8::/64`, a number. A key longer than 256 bytes is cut there and ends with
+    /// `…` (see [`cut`](Self::cut)). A check without a key shows as an empty string.
     pub key: String,
+    /// The key's own bytes, for a key of text or bytes (an API key, a header's value): what
+    /// [`Key::bytes`] takes to name the same key again. `None` for an address, a network, a
+    /// number or a check without a key. A key longer than 256 bytes has its first 256 here
+    /// (see [`cut`](Self::cut)).
+    pub bytes: Option<Vec<u8>>,
+    /// Whether the key is longer than 256 bytes: [`key`](Self::key) and
+    /// [`bytes`](Self::bytes) hold its beginning only, and name no key.
+    pub cut: bool,
     /// The name of the policy that denied it.
     pub policy: Arc<str>,
     /// Requests of this key denied.
@@ -49,7 +82,13 @@ struct Slot {
     id: [u8; MAX_ID],
     id_len: u8,
     hash: u64,
-    text: String,
+    /// The key's own bytes (a text or bytes key, see `own`) or its text (an address, a
+    /// network, a number), at most `MAX_TEXT` bytes.
+    text: Vec<u8>,
+    /// Whether `text` holds the key's own bytes.
+    own: bool,
+    /// Whether the key was longer than `MAX_TEXT` bytes.
+    cut: bool,
     denied: u64,
     would_deny: u64,
     /// The count inherited from the key this one replaced, counted under `first`.
@@ -98,26 +137,6 @@ impl std::fmt::Debug for TopKeys {
         f.debug_struct("TopKeys")
             .field("capacity", &self.capacity)
             .finish()
-    }
-}
-
-/// Writes into a `String` up to `MAX_TEXT` bytes, cutting on a character boundary.
-struct Bounded<'a>(&'a mut String, bool);
-
-impl std::fmt::Write for Bounded<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let room = MAX_TEXT - self.0.len();
-        if s.len() <= room {
-            self.0.push_str(s);
-            return Ok(());
-        }
-        let mut end = room;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.0.push_str(&s[..end]);
-        self.1 = true;
-        Err(std::fmt::Error)
     }
 }
 
@@ -220,7 +239,9 @@ impl TopKeys {
                     id: [0; MAX_ID],
                     id_len: 0,
                     hash,
-                    text: String::with_capacity(MAX_TEXT + '…'.len_utf8()),
+                    text: Vec::with_capacity(MAX_TEXT),
+                    own: false,
+                    cut: false,
                     denied: 0,
                     would_deny: 0,
                     inherited: 0,
@@ -256,7 +277,9 @@ impl TopKeys {
     /// first; the lanes' counts of a key added up.
     pub(crate) fn top(&self, n: usize, policy: &Arc<str>) -> Vec<KeyCount> {
         struct Sum {
-            text: String,
+            text: Vec<u8>,
+            own: bool,
+            cut: bool,
             denied: u64,
             would_deny: u64,
         }
@@ -269,6 +292,8 @@ impl TopKeys {
             for slot in &guard.slots {
                 let sum = sums.entry(slot.id().into()).or_insert_with(|| Sum {
                     text: slot.text.clone(),
+                    own: slot.own,
+                    cut: slot.cut,
                     denied: 0,
                     would_deny: 0,
                 });
@@ -289,11 +314,19 @@ impl TopKeys {
         order
             .into_iter()
             .take(n)
-            .map(|s| KeyCount {
-                key: s.text,
-                policy: Arc::clone(policy),
-                denied: s.denied,
-                would_deny: s.would_deny,
+            .map(|s| {
+                let mut key = String::from_utf8_lossy(&s.text).into_owned();
+                if s.cut {
+                    key.push('…');
+                }
+                KeyCount {
+                    key,
+                    bytes: s.own.then_some(s.text),
+                    cut: s.cut,
+                    policy: Arc::clone(policy),
+                    denied: s.denied,
+                    would_deny: s.would_deny,
+                }
             })
             .collect()
     }
@@ -349,11 +382,29 @@ fn fill(
     slot.id_len = id.len() as u8;
     slot.hash = hash;
     slot.text.clear();
-    if let Some(key) = key {
-        let mut out = Bounded(&mut slot.text, false);
-        if write!(out, "{key}").is_err() && out.1 {
-            slot.text.push('…');
+    slot.own = false;
+    slot.cut = false;
+    match key.map(|k| (k, k.repr())) {
+        Some((_, Repr::Text(t))) => {
+            // Cut on a character boundary: the text read back is the key's own beginning.
+            let mut end = t.len().min(MAX_TEXT);
+            while !t.is_char_boundary(end) {
+                end -= 1;
+            }
+            slot.text.extend_from_slice(&t.as_bytes()[..end]);
+            (slot.own, slot.cut) = (true, end < t.len());
         }
+        Some((_, Repr::Bytes(b))) => {
+            let end = b.len().min(MAX_TEXT);
+            slot.text.extend_from_slice(&b[..end]);
+            (slot.own, slot.cut) = (true, end < b.len());
+        }
+        // An address, a network or a number: at most 43 bytes of text, in the room the slot
+        // holds.
+        Some((key, _)) => {
+            let _ = std::io::Write::write_fmt(&mut slot.text, format_args!("{key}"));
+        }
+        None => {}
     }
     slot.denied = 0;
     slot.would_deny = 0;
@@ -531,6 +582,74 @@ mod tests {
         assert!(all[0].key.ends_with('…'));
         assert!(all[0].key.len() <= MAX_TEXT + 3);
         assert!(all.iter().any(|c| c.key.is_empty()));
+    }
+
+    /// Keys that read alike (each byte sequence that is not UTF-8 reads as U+FFFD) are told
+    /// apart by their bytes, which name the key again; a text key's bytes are its text; an
+    /// address or a number has none.
+    #[test]
+    fn keys_that_read_alike_are_told_apart_by_their_bytes() {
+        let top = TopKeys::new(10);
+        let ip: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+        let keys = [
+            Key::bytes(&b"\xff\xfeabuser"[..]),
+            Key::bytes(&b"\xfe\xffabuser"[..]),
+            Key::text("\u{fffd}\u{fffd}abuser"),
+            Key::number(7),
+            Key::ip(ip),
+        ];
+        for (i, key) in keys.iter().enumerate() {
+            for _ in 0..=i {
+                top.count(Some(key), Verdict::Denied);
+            }
+        }
+        let all = top.top(10, &policy());
+        let got: Vec<_> = all
+            .iter()
+            .map(|c| (c.key.as_str(), c.bytes.as_deref(), c.cut, c.denied))
+            .collect();
+        let lookalike = "\u{fffd}\u{fffd}abuser";
+        assert_eq!(
+            got,
+            [
+                ("203.0.113.7", None, false, 5),
+                ("7", None, false, 4),
+                (lookalike, Some(lookalike.as_bytes()), false, 3),
+                (lookalike, Some(&b"\xfe\xffabuser"[..]), false, 2),
+                (lookalike, Some(&b"\xff\xfeabuser"[..]), false, 1),
+            ]
+        );
+        for (count, key) in all.iter().zip(keys.iter().rev()) {
+            if let Some(bytes) = &count.bytes {
+                assert_eq!(&Key::bytes(&bytes[..]), key);
+            }
+        }
+    }
+
+    /// A key longer than the text kept: its first bytes (a whole character for text), said
+    /// to be cut.
+    #[test]
+    fn long_bytes_are_cut_and_said_to_be() {
+        let top = TopKeys::new(10);
+        let mut long = vec![0xff; 300];
+        long[0] = b'a';
+        top.count(Some(&Key::bytes(long.clone())), Verdict::Denied);
+        let text = "é".repeat(200);
+        top.count(Some(&Key::text(text.as_str())), Verdict::WouldDeny);
+        top.count(Some(&Key::text("short")), Verdict::WouldDeny);
+        let all = top.top(10, &policy());
+        let bytes = all
+            .iter()
+            .find(|c| c.bytes.as_ref().unwrap()[0] == b'a')
+            .unwrap();
+        assert_eq!(bytes.bytes.as_deref(), Some(&long[..MAX_TEXT]));
+        assert!(bytes.cut && bytes.key.ends_with('…'), "{bytes:?}");
+        let cut = all.iter().find(|c| c.key.starts_with('é')).unwrap();
+        assert_eq!(cut.bytes.as_deref(), Some(&text.as_bytes()[..MAX_TEXT]));
+        assert_eq!(cut.key, format!("{}…", "é".repeat(MAX_TEXT / 2)));
+        assert!(cut.cut);
+        let short = all.iter().find(|c| c.key == "short").unwrap();
+        assert!(!short.cut);
     }
 
     /// An identity given in parts counts as the same identity given whole: short and long

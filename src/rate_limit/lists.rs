@@ -97,6 +97,29 @@ impl AccessList {
         Ok(self)
     }
 
+    /// Adds one entry given as bytes: an entry that is UTF-8 reads as [`entry`](Self::entry)
+    /// reads it; any other is a key (bytes a key extractor may produce, e.g. a header's
+    /// value, see [`Key::bytes`]), ASCII whitespace around it trimmed.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::rate_limit::AccessList;
+    ///
+    /// let list = AccessList::new()
+    ///     .entry_bytes(b"\xff\xfeabuser")?
+    ///     .entry_bytes(b"10.0.0.0/8")?;
+    /// assert_eq!((list.keys(), list.networks()), (1, 1));
+    /// # Ok::<(), tower_redis_ratelimit::ConfigError>(())
+    /// ```
+    pub fn entry_bytes(mut self, entry: &[u8]) -> Result<Self, ConfigError> {
+        match std::str::from_utf8(entry) {
+            Ok(text) => self.entry(text),
+            Err(_) => {
+                self.keys.insert(entry.trim_ascii().into());
+                Ok(self)
+            }
+        }
+    }
+
     /// How many keys the list holds.
     pub fn keys(&self) -> usize {
         self.keys.len()
@@ -225,5 +248,27 @@ mod tests {
         for bad in ["", "  ", "10.0.0.0/33", "2001:db8::/129", "10.0.0.0/x"] {
             assert!(AccessList::parse([bad]).is_err(), "{bad:?}");
         }
+    }
+
+    /// An entry of bytes that are not UTF-8 is the key of those bytes, and only that key
+    /// (not the text they read as with U+FFFD in place of each invalid sequence); one that is
+    /// UTF-8 reads as the same entry given as text.
+    #[test]
+    fn entries_of_bytes_are_the_keys_of_those_bytes() {
+        let list = AccessList::new()
+            .entry_bytes(b" \xff\xfeabuser ")
+            .unwrap()
+            .entry_bytes(b"10.0.0.0/8")
+            .unwrap()
+            .entry_bytes("caf\u{e9}".as_bytes())
+            .unwrap();
+        assert_eq!((list.keys(), list.networks()), (2, 1));
+        assert!(list.matches(Some(&Key::bytes(&b"\xff\xfeabuser"[..])), None));
+        assert!(!list.matches(Some(&Key::bytes(&b"\xfe\xffabuser"[..])), None));
+        assert!(!list.matches(Some(&Key::from("\u{fffd}\u{fffd}abuser")), None));
+        assert!(list.matches(Some(&Key::from("caf\u{e9}")), None));
+        assert!(list.matches(None, Some("10.1.2.3".parse().unwrap())));
+        assert!(AccessList::new().entry_bytes(b" ").is_err());
+        assert!(AccessList::new().entry_bytes(b"10.0.0.0/33").is_err());
     }
 }
