@@ -169,7 +169,7 @@ use tower_redis_ratelimit::{
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     extract::Key,
     rate_limit::{
-        file::{from_toml, FileError},
+        file::{self, from_toml, FileError, FileWatch, Look},
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
     },
     store::redis::{Batching, RegionalStore},
@@ -659,7 +659,13 @@ const NOT_IN_FILE: &[&str] = &[
 /// names the file, and the line and the field; a flag given on the command line and in the
 /// file is refused.
 fn with_file(base: &Args, path: &str) -> Result<Args, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+    let text = file::read(path).map_err(|e| format!("--config {path}: {e}"))?;
+    with_text(base, path, &text)
+}
+
+/// [`with_file`], the file's text read already.
+fn with_text(base: &Args, path: &str, text: &str) -> Result<Args, String> {
+    let text = text.to_owned();
     let in_file = |e: FileError| format!("--config {path}: {e}");
     let file: FileFlags = from_toml(&text).map_err(|mut e| {
         if let Some(field) = e.field().filter(|f| NOT_IN_FILE.contains(f)) {
@@ -782,20 +788,29 @@ fn limits_of(a: &Args) -> Limits {
         .deny(a.deny.clone().unwrap_or_default())
 }
 
-/// Reads the file again: the new limits in force, or the reason they are not (the running
-/// ones stay). One stderr line either way.
-fn reload(base: &Args, path: &str, running: &mut Args, live: &LiveLimits) {
-    let outcome = with_file(base, path).and_then(|next| {
-        for ((field, now), (_, then)) in fixed(running).iter().zip(fixed(&next).iter()) {
-            if now != then {
-                return Err(format!(
-                    "{field} cannot change without a restart ({now} in force, {then} in the file)"
-                ));
+/// Puts the file's new text in force, or says why not (the running limits stay). One stderr
+/// line either way. Runs off the async runtime: a file of many plans takes its time.
+fn reload(
+    base: &Args,
+    path: &str,
+    text: Result<String, FileError>,
+    running: &mut Args,
+    live: &LiveLimits,
+) {
+    let outcome = text
+        .map_err(|e| format!("--config {path}: {e}"))
+        .and_then(|text| with_text(base, path, &text))
+        .and_then(|next| {
+            for ((field, now), (_, then)) in fixed(running).iter().zip(fixed(&next).iter()) {
+                if now != then {
+                    return Err(format!(
+                        "{field} cannot change without a restart ({now} in force, {then} in the file)"
+                    ));
+                }
             }
-        }
-        live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
-        Ok(next)
-    });
+            live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
+            Ok(next)
+        });
     match outcome {
         Ok(next) => {
             *running = next;
@@ -808,9 +823,14 @@ fn reload(base: &Args, path: &str, running: &mut Args, live: &LiveLimits) {
     }
 }
 
-/// Reloads the file at `path` on SIGHUP and when its content changes (looked at every 200 ms),
-/// for as long as the gateway runs.
-fn watch(base: Args, path: String, mut running: Args, live: LiveLimits) {
+/// How often the watched file is looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// Reloads the file on SIGHUP and when it changes, once it has settled (its size and
+/// modification time unchanged across two looks 100 ms apart, see `FileWatch`), for as long
+/// as the gateway runs. Each look, read and check runs on tokio's blocking threads, never on
+/// the threads that serve requests.
+fn watch(base: Args, path: String, file: FileWatch, running: Args, live: LiveLimits) {
     tokio::spawn(async move {
         let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
@@ -820,18 +840,36 @@ fn watch(base: Args, path: String, mut running: Args, live: LiveLimits) {
                 None
             }
         };
-        let read = |path: &str| std::fs::read(path).ok();
-        let mut seen = read(&path);
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let fixed = Arc::new((base, path, live));
+        let mut state = Some((file, running));
+        let mut tick = tokio::time::interval(LOOK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let signalled = tokio::select! {
                 Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
                 _ = tick.tick() => false,
             };
-            let now = read(&path);
-            if signalled || now != seen {
-                seen = now;
-                reload(&base, &path, &mut running, &live);
+            let Some((mut file, mut running)) = state.take() else {
+                return;
+            };
+            if signalled {
+                file.ask();
+            }
+            let fixed = Arc::clone(&fixed);
+            let looked = tokio::task::spawn_blocking(move || {
+                if let Look::Read(text) = file.look(std::time::Instant::now()) {
+                    let (base, path, live) = &*fixed;
+                    reload(base, path, text, &mut running, live);
+                }
+                (file, running)
+            })
+            .await;
+            match looked {
+                Ok(next) => state = Some(next),
+                Err(e) => {
+                    eprintln!("config: reloads stopped ({e})");
+                    return;
+                }
             }
         }
     });
@@ -1287,6 +1325,7 @@ fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
 async fn serve(
     base: Args,
     args: Args,
+    file: Option<FileWatch>,
     store: Arc<dyn Store>,
     algorithm: Arc<dyn Algorithm>,
     metrics: Option<PrometheusHandle>,
@@ -1381,8 +1420,8 @@ async fn serve(
         }
         None => app,
     };
-    if let Some((path, live)) = watched_file {
-        watch(base, path, args.clone(), live);
+    if let (Some((path, live)), Some(file)) = (watched_file, file) {
+        watch(base, path, file, args.clone(), live);
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -1398,22 +1437,104 @@ async fn serve(
             regional,
             quotas,
         });
-        tokio::spawn(async move {
-            let app = app.into_make_service_with_connect_info::<SocketAddr>();
-            if let Err(e) = axum::serve(admin, app).await {
-                tracing::error!(error = %e, "admin listener stopped");
-            }
-        });
+        tokio::spawn(serve_http(
+            admin,
+            app,
+            MAX_ADMIN_CONNECTIONS,
+            std::future::pending(),
+        ));
     }
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
+    serve_http(listener, app, MAX_CONNECTIONS, async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await?;
+    .await;
     Ok(())
+}
+
+/// The most connections the public listener holds at once; those beyond wait in the
+/// kernel's accept queue, holding no descriptor of the gateway's.
+const MAX_CONNECTIONS: usize = 512;
+/// The most connections the admin listener holds at once.
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// How long a client has to send a request's headers, on either listener: from the
+/// connection's start, and from the end of the previous response on a kept-alive one.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` over HTTP/1.1 on `listener`, with its client's address (`ConnectInfo`), at
+/// most `max` connections at once, each closed when a request's headers take longer than
+/// [`HEADER_READ_TIMEOUT`]. When `shutdown` ends, stops accepting, lets each connection finish
+/// the request it serves, and returns once all are closed.
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    max: usize,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::{
+        rt::{TokioExecutor, TokioIo, TokioTimer},
+        server::conn::auto::Builder,
+        service::TowerToHyperService,
+    };
+    use tower::Service;
+
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    // HTTP/1 only: an HTTP/2 preface would be awaited with no timeout.
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let mut make = app.into_make_service_with_connect_info::<SocketAddr>();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = async {
+                let slot = Arc::clone(&slots).acquire_owned().await.expect("never closed");
+                (slot, listener.accept().await)
+            } => accepted,
+        };
+        let (slot, (stream, addr)) = match accepted {
+            (slot, Ok(conn)) => (slot, conn),
+            (_, Err(e)) => {
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) {
+                    // Out of descriptors, most likely: wait for some to close, one line a second.
+                    tracing::error!(error = %e, "accept failed; trying again in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                continue;
+            }
+        };
+        let service = match make.call(addr).await {
+            Ok(service) => service,
+            Err(never) => match never {},
+        };
+        let builder = builder.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection_with_upgrades(
+                TokioIo::new(stream),
+                TowerToHyperService::new(service),
+            );
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopped.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let _ = stop.send(());
+    // Every connection closed: each gave its slot back.
+    let _ = slots.acquire_many(max as u32).await;
 }
 
 /// `GET /status/{code}`: that status, 100 to 599; anything else 400. (An informational 1xx
@@ -1493,13 +1614,17 @@ fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
             "--plan gives a quota per key of --key header:NAME",
         ));
     }
-    for (i, (key, plan, given)) in args.plans.iter().enumerate() {
+    // Each plan's key and its flag as given, for a key given twice (in linear time: a file
+    // may hold many plans).
+    let mut first_given: HashMap<&str, &str> = HashMap::with_capacity(args.plans.len());
+    for (key, plan, given) in &args.plans {
         let field = format!("plans.{key}");
-        if let Some((.., first)) = args.plans[..i].iter().find(|(k, ..)| k == key) {
+        if let Some(first) = first_given.get(key.as_str()) {
             return Err(refusal(field)(format!(
                 "--plan {given}: the key {key:?} has a plan already (--plan {first})"
             )));
         }
+        first_given.insert(key, given);
         // The check the limiter makes of each request's quota (a sliding window takes only
         // quotas of its own period): a plan it would refuse is refused now.
         algorithm
@@ -1527,9 +1652,14 @@ fn check_config(args: &Args, path: &str) -> ExitCode {
 }
 
 async fn run(base: Args) -> Result<(), BoxError> {
-    let args = match &base.config {
-        Some(path) => with_file(&base, path)?,
-        None => base.clone(),
+    // The file as read at start-up; the watcher reports only changes from it.
+    let mut file = base.config.as_ref().map(FileWatch::new);
+    let args = match (&base.config, &mut file) {
+        (Some(path), Some(file)) => {
+            let text = file.read().map_err(|e| format!("--config {path}: {e}"))?;
+            with_text(&base, path, &text)?
+        }
+        _ => base.clone(),
     };
     let (quota, algorithm) = check(&args)?;
     let redis_flags = [
@@ -1660,7 +1790,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
         ),
         None => None,
     };
-    serve(base, args, store, algorithm, metrics, regional).await
+    serve(base, args, file, store, algorithm, metrics, regional).await
 }
 
 /// With `--regions`: `--region` names one of them, and nothing that cannot work across

@@ -3,13 +3,13 @@
 //! `cargo test` builds with the examples (run the whole `cargo test`, or build the examples
 //! first when running this file alone).
 
-use std::{process::Command, time::Duration};
+use std::{io::Write, process::Command, time::Duration};
 
 use crate::servers::{
     command_calls,
     gateway::{
-        assert_refused, gateway_bin, get, get_path, start_gateway, start_gateway_with_stderr,
-        Gateway,
+        assert_refused, gateway_bin, get, get_path, send, start_gateway, start_gateway_with_stderr,
+        AdminGateway, Gateway,
     },
     RedisCluster, RedisServer,
 };
@@ -1142,4 +1142,263 @@ fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
     for run in runs {
         run.join().unwrap();
     }
+}
+
+/// A directory of its own under the system's temporary directory, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("gateway-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Replaces the file at `path` at once, as a writer that renames into place does.
+fn rename_into_place(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// An emptied file (truncated for writing, and left so) is refused with a clear error, on
+/// SIGHUP too; the limits in force stay, deny list included.
+#[test]
+fn an_emptied_config_file_is_refused_and_the_limits_in_force_stay() {
+    let dir = TempDir::new("empty");
+    let file = dir.0.join("limits.toml");
+    rename_into_place(
+        &file,
+        "key = \"header:x-k\"\nlimit = 3\nper = \"1h\"\ndeny = [\"evil\"]\n",
+    );
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    let within = Duration::from_secs(10);
+    std::fs::write(&file, "").unwrap();
+    let log = gw.wait_lines("config refused", 1, within);
+    assert!(
+        log.contains("config refused: --config ") && log.contains(": the file is empty"),
+        "{log}"
+    );
+    crate::servers::signal(gw.child.id(), "-HUP");
+    let log = gw.wait_lines("config refused", 2, within);
+    assert!(!log.contains("config reloaded"), "{log}");
+    let call = |k: &str| send(gw.addr, "GET", "/", &[("x-k", k)]).status;
+    assert_eq!(call("evil"), 403, "the deny list stays");
+    let statuses: Vec<u16> = (0..4).map(|_| call("k")).collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "3 per hour stays");
+}
+
+/// A file written in place in two parts, the first of which parses (`limit = N` without its
+/// `per`), with SIGHUP sent between them: what is put in force is the whole file, once it has
+/// stopped changing, within 1 s of its last write (3 s given here). The writer pauses 30 ms
+/// between the parts, against the 100 ms the file must stay unchanged.
+#[test]
+fn a_config_file_being_written_is_read_once_it_has_settled() {
+    let dir = TempDir::new("settle");
+    let file = dir.0.join("limits.toml");
+    let whole = |n: u32| format!("key = \"header:x-k\"\nlimit = {n}\nper = \"1m\"\n");
+    rename_into_place(&file, &whole(5));
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    for (round, n) in [6, 7, 8].into_iter().enumerate() {
+        let text = whole(n);
+        let (first, rest) = text.split_at(text.find("per").unwrap());
+        let mut writer = std::fs::File::create(&file).unwrap();
+        writer.write_all(first.as_bytes()).unwrap();
+        crate::servers::signal(gw.child.id(), "-HUP");
+        std::thread::sleep(Duration::from_millis(30));
+        writer.write_all(rest.as_bytes()).unwrap();
+        drop(writer);
+        let log = gw.wait_lines("config reloaded", round + 1, Duration::from_secs(3));
+        let reloads: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("config reloaded"))
+            .collect();
+        assert!(
+            reloads.iter().all(|l| l.ends_with(" per 60s")),
+            "half a file in force: {log}"
+        );
+        assert!(
+            reloads[round].ends_with(&format!(": limit {n} per 60s")),
+            "{log}"
+        );
+    }
+    let statuses: Vec<u16> = (0..9)
+        .map(|_| send(gw.addr, "GET", "/", &[("x-k", "k")]).status)
+        .collect();
+    assert_eq!(statuses[7..], [200, 429], "8 per minute in force");
+}
+
+/// A config file that is not a regular file (a FIFO with no writer, `/dev/zero`) or is longer
+/// than 8 MiB is refused, each once, without being read whole; requests are answered
+/// meanwhile, and a good file is read again after them.
+#[test]
+fn a_config_that_is_a_fifo_a_device_or_too_long_is_refused_and_requests_go_on() {
+    let dir = TempDir::new("kinds");
+    let file = dir.0.join("limits.toml");
+    let good = |n: u32| format!("key = \"header:x-k\"\nlimit = {n}\nper = \"1h\"\n");
+    rename_into_place(&file, &good(3));
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    let within = Duration::from_secs(10);
+    let fifo = dir.0.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let link = dir.0.join("link");
+    let point_at = |target: &std::path::Path| {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        std::fs::rename(&link, &file).unwrap();
+    };
+    point_at(&fifo);
+    let log = gw.wait_lines("config refused", 1, within);
+    assert!(log.contains("not a regular file (a FIFO)"), "{log}");
+    assert_eq!(send(gw.addr, "GET", "/", &[("x-k", "a")]).status, 200);
+    point_at(std::path::Path::new("/dev/zero"));
+    let log = gw.wait_lines("config refused", 2, within);
+    assert!(
+        log.contains("not a regular file (a character device)"),
+        "{log}"
+    );
+    assert_eq!(send(gw.addr, "GET", "/", &[("x-k", "b")]).status, 200);
+    let mut long = good(4);
+    long.push_str(&"#".repeat(9 << 20));
+    rename_into_place(&file, &long);
+    let log = gw.wait_lines("config refused", 3, within);
+    assert!(
+        log.contains("a file is at most 8388608 bytes (8 MiB)"),
+        "{log}"
+    );
+    rename_into_place(&file, &good(4));
+    let log = gw.wait_lines("config reloaded", 1, within);
+    assert!(log.contains(": limit 4 per 3600s"), "{log}");
+    assert_eq!(
+        log.lines().filter(|l| l.contains("config refused")).count(),
+        3,
+        "each refused once: {log}"
+    );
+}
+
+/// A reload of a file of 100,000 plans runs off the threads that serve requests: requests
+/// sent while it runs are answered (each given 30 s, where a reload that held the runtime for
+/// its quadratic duplicate check held them for over a minute), and the plans are in force
+/// after it.
+#[test]
+fn a_reload_of_100_000_plans_keeps_requests_answered() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = TempDir::new("plans");
+    let file = dir.0.join("limits.toml");
+    let head = "key = \"header:x-k\"\nlimit = 5\nper = \"1h\"\n";
+    rename_into_place(&file, head);
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    let mut text = format!("{head}[plans]\n");
+    for i in 0..100_000 {
+        text.push_str(&format!("plan-{i} = \"{}/1h\"\n", i % 50 + 1));
+    }
+    let (done, answered) = (AtomicBool::new(false), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        let asking = s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                let r = send(gw.addr, "GET", "/", &[("x-k", "someone")]);
+                assert!(r.status == 200 || r.status == 429, "{r:?}");
+                answered.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        rename_into_place(&file, &text);
+        let reloaded = std::panic::catch_unwind(|| {
+            gw.wait_lines("config reloaded", 1, Duration::from_secs(60))
+        });
+        done.store(true, Ordering::Relaxed);
+        let asked = asking.join();
+        let log = reloaded.unwrap_or_else(|_| panic!("no reload: {}", gw.log()));
+        assert!(asked.is_ok(), "a request went unanswered during the reload");
+        assert!(log.contains(": limit 5 per 3600s"), "{log}");
+    });
+    assert!(answered.load(Ordering::Relaxed) > 0);
+    // plan-6 has 7 per hour.
+    let statuses: Vec<u16> = (0..8)
+        .map(|_| send(gw.addr, "GET", "/", &[("x-k", "plan-6")]).status)
+        .collect();
+    assert_eq!(statuses[6..], [200, 429], "the plans are in force");
+}
+
+/// Connections that send part of a request's headers and wait: each listener holds a bounded
+/// number of them (the admin one 64, the public one 512), closes each after its header-read
+/// timeout (10 s; 30 s given here), and a flood of them on one listener leaves the other
+/// serving, the gateway allowed 768 descriptors.
+#[test]
+fn half_open_connections_on_one_listener_starve_neither() {
+    use std::net::{SocketAddr, TcpStream};
+    const PART: &[u8] = b"GET /metrics HTTP/1.1\r\nhost: flood\r\n";
+    let gw = AdminGateway::start_with_descriptors(768, &[]);
+    // One half-open connection, made first so that the listener takes it first, then `n`
+    // more at once; those the kernel's accept queue has no room for are given up after 2 s
+    // (they hold no descriptor of the gateway's).
+    let half_open = |addr: SocketAddr, n: usize| -> (TcpStream, Vec<TcpStream>) {
+        let mut first = TcpStream::connect(addr).unwrap();
+        first.write_all(PART).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let rest = rt.block_on(async {
+            let mut tries = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                tries.spawn(async move {
+                    let connect = tokio::net::TcpStream::connect(addr);
+                    let mut s = tokio::time::timeout(Duration::from_secs(2), connect)
+                        .await
+                        .ok()?
+                        .ok()?;
+                    tokio::io::AsyncWriteExt::write_all(&mut s, PART)
+                        .await
+                        .ok()?;
+                    s.into_std().ok()
+                });
+            }
+            tries.join_all().await.into_iter().flatten().collect()
+        });
+        (first, rest)
+    };
+    // The first connection of a flood is closed by the gateway within its header-read
+    // timeout (10 s; 30 s given here).
+    let closed_in_time = |mut first: &TcpStream, which: &str| {
+        first
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        if let Err(e) = std::io::Read::read(&mut first, &mut buf) {
+            assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "a half-open {which} connection still open after 30 s: {e}"
+            );
+        }
+    };
+    // Past the gateway's descriptors, on the admin listener.
+    let (first, flood) = half_open(gw.admin, 800);
+    let r = send(gw.addr, "GET", "/", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    closed_in_time(&first, "admin");
+    drop((first, flood));
+    // Past the public listener's bound: the admin listener serves.
+    let (first, flood) = half_open(gw.addr, 600);
+    let r = send(gw.admin, "GET", "/metrics", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    closed_in_time(&first, "public");
+    drop((first, flood));
+    let r = send(gw.addr, "GET", "/", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
 }

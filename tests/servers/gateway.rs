@@ -142,7 +142,21 @@ impl AdminGateway {
     /// Starts the gateway with `args` and `--admin-listen 127.0.0.1:0`, and reads both of its
     /// `listening on` lines.
     pub fn start(args: &[&str]) -> AdminGateway {
-        let child = Command::new(gateway_bin())
+        Self::start_command(Command::new(gateway_bin()), args)
+    }
+
+    /// [`start`](Self::start), the gateway allowed at most `limit` open descriptors (`ulimit
+    /// -n`, through `sh`, which then runs the gateway in its place).
+    pub fn start_with_descriptors(limit: u32, args: &[&str]) -> AdminGateway {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+            .arg(gateway_bin());
+        Self::start_command(sh, args)
+    }
+
+    fn start_command(mut command: Command, args: &[&str]) -> AdminGateway {
+        let child = command
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
@@ -194,6 +208,23 @@ impl AdminGateway {
     /// What the gateway wrote on stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the gateway's stderr holds `n` lines containing `what`, for at most
+    /// `within`, and returns the whole of it; fails with the log if it does not.
+    pub fn wait_lines(&self, what: &str, n: usize, within: Duration) -> String {
+        let since = std::time::Instant::now();
+        loop {
+            let log = self.log();
+            if log.lines().filter(|l| l.contains(what)).count() >= n {
+                return log;
+            }
+            assert!(
+                since.elapsed() < within,
+                "no {n} `{what}` lines within {within:?}: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
