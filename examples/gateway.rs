@@ -151,6 +151,7 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
+    os::unix::ffi::OsStrExt,
     process::ExitCode,
     sync::Arc,
     time::Duration,
@@ -158,7 +159,7 @@ use std::{
 
 use axum::{
     extract::{ConnectInfo, Path, Query, State},
-    http::StatusCode,
+    http::{StatusCode, Uri},
     response::{IntoResponse, Response},
     routing::{get, put},
     Router,
@@ -336,8 +337,14 @@ fn parse_args() -> Result<Args, String> {
         region_share: None,
         given: Vec::new(),
     };
-    let mut it = std::env::args().skip(1);
+    // Arguments as the OS gives them: any bytes, never a panic. A list (`--allow`,
+    // `--deny`) is read as bytes, so that it can name a key that is not UTF-8; every other
+    // value is text.
+    let mut it = std::env::args_os().skip(1);
     while let Some(flag) = it.next() {
+        let Some(flag) = flag.to_str().map(str::to_owned) else {
+            return Err(format!("unknown flag {}", flag.to_string_lossy()));
+        };
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }
@@ -349,9 +356,34 @@ fn parse_args() -> Result<Args, String> {
             return Err(format!("unknown flag {flag}"));
         };
         a.given.push(flag.clone());
-        apply_flag(&mut a, &flag, value)?;
+        match value {
+            Some(list) if flag == "--allow" || flag == "--deny" => {
+                apply_list(&mut a, &flag, list.as_bytes())?
+            }
+            Some(value) => {
+                let value = value.into_string().map_err(|value| {
+                    format!("{flag}: {:?} is not UTF-8", value.to_string_lossy())
+                })?;
+                apply_flag(&mut a, &flag, Some(value))?
+            }
+            None => apply_flag(&mut a, &flag, None)?,
+        }
     }
     Ok(a)
+}
+
+/// Sets `--allow` or `--deny` (`flag`) from `value`: comma-separated entries of any bytes
+/// (see `AccessList::entry_bytes`).
+fn apply_list(a: &mut Args, flag: &str, value: &[u8]) -> Result<(), String> {
+    let list = value
+        .split(|&b| b == b',')
+        .try_fold(AccessList::new(), |list, entry| list.entry_bytes(entry))
+        .map_err(|e| format!("{flag} {}: {e}", String::from_utf8_lossy(value)))?;
+    match flag {
+        "--allow" => a.allow = Some(list),
+        _ => a.deny = Some(list),
+    }
+    Ok(())
 }
 
 /// The flags that take no value.
@@ -424,14 +456,7 @@ fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), Str
                     .map_err(|_| bad("an address like 127.0.0.1:9000"))?,
             )
         }
-        "--allow" | "--deny" => {
-            let list =
-                AccessList::parse(value.split(',')).map_err(|e| format!("{flag} {value}: {e}"))?;
-            match flag {
-                "--allow" => a.allow = Some(list),
-                _ => a.deny = Some(list),
-            }
-        }
+        "--allow" | "--deny" => apply_list(a, flag, value.as_bytes())?,
         "--config" => a.config = Some(value),
         "--check-config" => a.check_config = Some(value),
         "--admin-token" => a.admin_token = Some(value),
@@ -1059,12 +1084,19 @@ impl KeyText {
         }
     }
 
-    /// The key `text` names, or why it names none.
-    fn key(self, text: &str) -> Result<Key<'static>, String> {
+    /// The key `named` names (the bytes of an admin path's last part, percent-decoded), or
+    /// why it names none.
+    fn key(self, named: &[u8]) -> Result<Key<'static>, String> {
         let KeyText::Ip { ipv6_prefix } = self else {
-            return Ok(Key::from(text.to_owned()));
+            return Ok(Key::bytes(named.to_vec()));
         };
-        let not = || format!("{text:?} is not an address or ADDRESS/BITS");
+        let not = || {
+            format!(
+                "\"{}\" is not an address or ADDRESS/BITS",
+                percent_encoded(named)
+            )
+        };
+        let text = std::str::from_utf8(named).map_err(|_| not())?;
         match text.split_once('/') {
             Some((ip, bits)) => {
                 let ip: IpAddr = ip.parse().map_err(|_| not())?;
@@ -1167,24 +1199,76 @@ async fn region_state(State(s): State<AdminState>) -> Response {
     .into_response()
 }
 
+/// The bytes an admin path names after `/keys/` or `/bans/`, percent-decoded: any bytes, so
+/// that every key can be named (`%FF` is the byte 0xFF; a `%` not followed by two hex digits
+/// stands for itself).
+fn named_key(uri: &Uri) -> Vec<u8> {
+    let rest = uri.path().splitn(3, '/').nth(2).unwrap_or_default();
+    let hex = |b: Option<&u8>| b.and_then(|&b| (b as char).to_digit(16));
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// `bytes` percent-encoded: every byte other than an ASCII letter, a digit, `-`, `.`, `_`,
+/// `~` and `:` as `%XX`. What an admin path takes back as those bytes, and what an audit line
+/// writes (one line, no control character, whatever the key).
+fn percent_encoded(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b':' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// A key as `/top` and `/keys/{key}` show it: `(text, "utf8")` when its bytes are UTF-8,
+/// else `(percent-encoded, "percent")`.
+fn shown_key(bytes: &[u8]) -> (String, &'static str) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_owned(), "utf8"),
+        Err(_) => (percent_encoded(bytes), "percent"),
+    }
+}
+
 /// `GET /keys/{key}`: the key's state, spending nothing.
-async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Response {
-    let key = match s.keys.key(&text) {
+async fn peek_key(State(s): State<AdminState>, uri: Uri) -> Response {
+    let named = named_key(&uri);
+    let key = match s.keys.key(&named) {
         Ok(key) => key,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     let ms = |d: Duration| d.as_micros().div_ceil(1_000) as u64;
     let peeked = match &s.quotas {
         Quotas::Live(live) => live.peek(key).await,
-        Quotas::Plans(plans) => match plans.get(text.as_bytes()) {
+        Quotas::Plans(plans) => match plans.get(&named) {
             Some(quota) => s.limiter.peek_with_quota(key, *quota).await,
             None => s.limiter.peek(key).await,
         },
         Quotas::Own => s.limiter.peek(key).await,
     };
+    let (text, encoding) = shown_key(&named);
     match peeked {
         Ok(state) => axum::Json(serde_json::json!({
             "key": text,
+            "encoding": encoding,
             "policy": &*state.policy,
             "limit": state.capacity,
             "remaining": state.remaining,
@@ -1200,9 +1284,10 @@ async fn peek_key(State(s): State<AdminState>, Path(text): Path<String>) -> Resp
 async fn reset_key(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(text): Path<String>,
+    uri: Uri,
 ) -> Response {
-    let key = match s.keys.key(&text) {
+    let named = named_key(&uri);
+    let key = match s.keys.key(&named) {
         Ok(key) => key,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
@@ -1214,7 +1299,7 @@ async fn reset_key(
             return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
         }
     }
-    tracing::info!(key = %text, peer = %peer, "admin: key reset");
+    tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: key reset");
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -1222,7 +1307,7 @@ async fn reset_key(
 async fn ban_key(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(text): Path<String>,
+    uri: Uri,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let seconds = match query.get("seconds").map(|n| n.parse::<u64>()) {
@@ -1234,14 +1319,15 @@ async fn ban_key(
             )
         }
     };
-    let key = match s.keys.key(&text) {
+    let named = named_key(&uri);
+    let key = match s.keys.key(&named) {
         Ok(key) => key,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = s.limiter.ban(key, Duration::from_secs(seconds)).await {
         return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
     }
-    tracing::info!(key = %text, seconds, peer = %peer, "admin: key banned");
+    tracing::info!(key = %percent_encoded(&named), seconds, peer = %peer, "admin: key banned");
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -1249,16 +1335,17 @@ async fn ban_key(
 async fn unban_key(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path(text): Path<String>,
+    uri: Uri,
 ) -> Response {
-    let key = match s.keys.key(&text) {
+    let named = named_key(&uri);
+    let key = match s.keys.key(&named) {
         Ok(key) => key,
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = s.limiter.unban(key).await {
         return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
     }
-    tracing::info!(key = %text, peer = %peer, "admin: ban lifted");
+    tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: ban lifted");
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -1311,8 +1398,14 @@ fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
         .top_keys(n)
         .into_iter()
         .map(|c| {
+            let (key, encoding) = match &c.bytes {
+                Some(bytes) => shown_key(bytes),
+                None => (c.key.clone(), "utf8"),
+            };
+            let more = if c.cut { "…" } else { "" };
             serde_json::json!({
-                "key": c.key,
+                "key": format!("{key}{more}"),
+                "encoding": encoding,
                 "policy": &*c.policy,
                 "denied": c.denied,
                 "would_deny": c.would_deny,
