@@ -586,7 +586,11 @@ mod tests {
             (1, Some(HeaderFamily::Default429))
         );
         // Seconds past what a u64 counts are the longest pause, cut to the cap like 19 digits.
-        for digits in ["9999999999999999999", "99999999999999999999", &"9".repeat(300)] {
+        for digits in [
+            "9999999999999999999",
+            "99999999999999999999",
+            &"9".repeat(300),
+        ] {
             let r = read(429, &[("retry-after", digits)]);
             assert_eq!(
                 (r.learned.pause, r.capped, r.ignored, r.pause_from),
