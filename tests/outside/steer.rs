@@ -1003,3 +1003,154 @@ fn a_config_file_is_checked_and_its_flags_given_once() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// One request to `addr` whose `x-k` header is `key`'s bytes, whatever they are; its status.
+fn call_bytes(addr: SocketAddr, key: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\nx-k: ".to_vec();
+    request.extend_from_slice(key);
+    request.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+    s.write_all(&request).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let head = String::from_utf8_lossy(&out);
+    head.get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP reply: {head:?}"))
+}
+
+/// Calls `key` (bytes) on every gateway until each answers `want`, each asked at most once
+/// every 20 ms for at most 10 s (the bound is 1 s; the rest is for a loaded machine).
+fn until_all_bytes(gws: &[AdminGateway], key: &[u8], want: u16) {
+    let since = Instant::now();
+    for (i, gw) in gws.iter().enumerate() {
+        loop {
+            let status = call_bytes(gw.addr, key);
+            if status == want {
+                break;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "gateway {i} still answers {status} for {key:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The bytes 0xFF 0xFE then `abuser`: not UTF-8.
+const NOT_UTF8: &[u8] = b"\xff\xfeabuser";
+/// What a lossy reading of `NOT_UTF8` shows (U+FFFD twice): another key, which is UTF-8.
+const LOOKALIKE: &str = "\u{fffd}\u{fffd}abuser";
+
+#[test]
+fn a_key_that_is_not_utf8_is_listed_peeked_reset_banned_and_unbanned_on_every_instance() {
+    let redis = RedisServer::start();
+    let gws = three(&redis, &["--limit", "3", "--per", "1h"]);
+    for want in [200, 200, 200, 429] {
+        assert_eq!(call_bytes(gws[0].addr, NOT_UTF8), want);
+    }
+    // `/top` shows the key percent-encoded, and says so; a UTF-8 key as text. The lookalike
+    // is a key of its own.
+    for want in [200, 200, 200, 429] {
+        assert_eq!(gws[0].call(LOOKALIKE).status, want);
+    }
+    let r = gws[0].admin("GET", "/top", None);
+    assert_eq!(r.status, 200, "{r:?}");
+    let top: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let entry = |key: &str| {
+        top.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == key)
+            .unwrap_or_else(|| panic!("{key} not in {top}"))
+            .clone()
+    };
+    assert_eq!(entry("%FF%FEabuser")["encoding"], "percent", "{top}");
+    assert_eq!(entry(LOOKALIKE)["encoding"], "utf8", "{top}");
+
+    // The name `/top` shows is the name the admin API takes.
+    let state = gws[1].peek("%FF%FEabuser");
+    assert_eq!(
+        (&state["key"], &state["encoding"], &state["remaining"]),
+        (&"%FF%FEabuser".into(), &"percent".into(), &0.into()),
+        "{state}"
+    );
+    assert_eq!(
+        gws[2].admin("DELETE", "/keys/%FF%FEabuser", None).status,
+        204
+    );
+    // Three units again: one for each instance.
+    until_all_bytes(&gws, NOT_UTF8, 200);
+    assert_eq!(gws[1].call(LOOKALIKE).status, 429, "a reset of another key");
+
+    assert_eq!(
+        gws[1]
+            .admin("PUT", "/bans/%FF%FEabuser?seconds=3600", None)
+            .status,
+        204
+    );
+    until_all_bytes(&gws, NOT_UTF8, 429);
+    assert!(gws[2].peek("%FF%FEabuser")["banned_ms"].as_u64().unwrap() > 3_000_000);
+    let other = gws[2].peek("%EF%BF%BD%EF%BF%BDabuser");
+    assert_eq!(
+        (&other["key"], &other["encoding"], &other["banned_ms"]),
+        (&LOOKALIKE.into(), &"utf8".into(), &0.into()),
+        "the ban fell on the lookalike: {other}"
+    );
+    assert_eq!(
+        gws[0].admin("DELETE", "/bans/%FF%FEabuser", None).status,
+        204
+    );
+    assert_eq!(gws[0].peek("%FF%FEabuser")["banned_ms"], 0);
+}
+
+#[test]
+fn a_list_argument_that_is_not_utf8_names_those_bytes_and_no_argument_panics() {
+    use std::{ffi::OsStr, os::unix::ffi::OsStrExt};
+    let mut deny = Command::new(gateway_bin());
+    deny.arg("--deny")
+        .arg(OsStr::from_bytes(b"someone,\xff\xfeabuser"));
+    let gw = AdminGateway::start_command(deny, &["--key", "header:x-k"]);
+    assert_eq!(call_bytes(gw.addr, NOT_UTF8), 403);
+    assert_eq!(gw.call("someone").status, 403);
+    assert_eq!(gw.call(LOOKALIKE).status, 200);
+    drop(gw);
+
+    // Any other flag or value that is not UTF-8: a clear refusal.
+    for args in [
+        vec![&b"--limit"[..], b"\xff"],
+        vec![b"--\xff"],
+        vec![b"--key", b"header:\xff"],
+    ] {
+        let out = Command::new(gateway_bin())
+            .args(args.iter().map(|a| OsStr::from_bytes(a)))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn an_audit_line_holds_one_key_whatever_its_bytes() {
+    let gw = AdminGateway::start(&["--key", "header:x-k"]);
+    // A key holding a newline, a forged line after it and an ANSI escape.
+    let path = "/bans/victim%0Aadmin:%20ban%20lifted%20key=victim%1B%5B31m?seconds=60";
+    assert_eq!(gw.admin("PUT", path, None).status, 204);
+    let log = gw.wait_lines("admin:", 1, Duration::from_secs(10));
+    let audit: Vec<&str> = log.lines().filter(|l| l.contains("admin:")).collect();
+    assert_eq!(audit.len(), 1, "{log}");
+    assert!(audit[0].contains("admin: key banned"), "{log}");
+    assert!(
+        audit[0].contains("key=victim%0Aadmin:%20ban%20lifted%20key%3Dvictim%1B%5B31m"),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "an escape reached the log: {log:?}"
+    );
+}

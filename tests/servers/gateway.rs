@@ -155,7 +155,9 @@ impl AdminGateway {
         Self::start_command(sh, args)
     }
 
-    fn start_command(mut command: Command, args: &[&str]) -> AdminGateway {
+    /// [`start`](Self::start) by `command` (the gateway and any arguments of its own, which
+    /// come first).
+    pub fn start_command(mut command: Command, args: &[&str]) -> AdminGateway {
         let child = command
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
