@@ -25,9 +25,14 @@
 //! table, `gold = "100/1m"`), `count_only`, `concurrency`, `lease_ms`, `unit_lease_ms`,
 //! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; with
 //! `--config`, any of these given as a flag (in the file or not) is refused at start-up; every
-//! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and when its content changes (looked at every
-//! 200 ms), with one stderr line: `config reloaded: FILE: limit QUOTA`, or `config refused:
-//! REASON`, when the file does not parse (a half-written one included) or changes a setting
+//! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and
+//! when it changes (looked at every 50 ms), once it has settled: its size, modification time
+//! and inode unchanged across two looks at least 100 ms apart, so a finished file is in force
+//! within 1 s of its last write or of `SIGHUP` (a writer that needs its file read whole at
+//! once writes another file and renames it into place). Looks, reads and checks run off the
+//! threads that serve requests. Each read gives one stderr line: `config reloaded: FILE: limit
+//! QUOTA`, or `config refused: REASON`, when the file is empty, is not a regular file (a FIFO,
+//! a device), is over 8 MiB, does not parse or changes a setting
 //! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
 //! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
 //! effect for the next request, drops no connection and keeps every counter (a key's state
@@ -74,7 +79,8 @@
 //!   `would_deny`, `unavailable`; `source`: `store`, `deny_cache`, `unit_lease`, `local`,
 //!   `failure_policy`);
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
-//!   `[{"key": "...", "policy": "default", "denied": N, "would_deny": M}, ...]`, sorted by
+//!   `[{"key": "...", "encoding": "utf8", "policy": "default", "denied": N, "would_deny": M},
+//!   ...]` (a key that is not UTF-8 percent-encoded, with `"encoding": "percent"`), sorted by
 //!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied;
 //! - `GET /keys/{key}`: the key's state, spending nothing, as JSON, `{"key": "...", "policy":
 //!   "default", "limit": N, "remaining": N, "reset_ms": N, "banned_ms": N}` (`remaining` and
@@ -85,15 +91,20 @@
 //!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
 //!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s.
 //!
-//! `{key}` is the text the key extractor produces, percent-encoded: a header's value with
+//! `{key}` is the bytes the key extractor produces, percent-encoded (any bytes: a key that is
+//! not UTF-8 is named as `/top` shows it): a header's value with
 //! `--key header:NAME`, the client address with `--key ip` (an IPv6 client as its network,
 //! `2001:db8::/64`; a whole IPv6 address is taken to its network), `global` with `--key
 //! global`. `--admin-token TOKEN` or `--admin-token-file FILE` (the token on the file's first
 //! line, out of sight of `ps`): every admin request needs `Authorization: Bearer TOKEN` (the
 //! scheme in any case), else 401; one of them is required when `--admin-listen` is not a
-//! loopback address. Each change is logged once at `info` (`admin:` what, the key, the peer's
-//! address). The admin listener
-//! never shares the public one: without `--admin-listen`, none of this is reachable.
+//! loopback address. Each change is logged once at `info` (`admin:` what, the key
+//! percent-encoded so that no byte of it can write a line of its own, the peer's address).
+//! The admin listener never shares the public one: without `--admin-listen`, none of this is
+//! reachable. Each listener closes a connection whose request headers take over 10 s and
+//! holds at most 512 (public) or 64 (admin) connections at once (more wait in the kernel's
+//! queue), so a flood of idle connections on one cannot take the process's descriptors.
+//! `--allow` and `--deny` entries are read as bytes (a key that is not UTF-8 can be listed).
 //!
 //! `--region NAME --regions NAME=URL,NAME=URL,...` (several regions, see the guide's chapter
 //! "Several regions"): one limit per key across regions, each gateway deciding against its own

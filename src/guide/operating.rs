@@ -244,13 +244,18 @@
 //! as the table in [Quotas per request](#quotas-per-request) says. The algorithm and the key
 //! cannot change this way (they decide what the counters mean): build a new layer. With the
 //! `config` feature, `rate_limit::file::LimitsFile` reads them from TOML, whole,
-//! each error naming its line and field, so a reload from a file half written or wrong is
+//! each error naming its line and field, so a reload from a file that is wrong (or empty) is
 //! refused and the limits in force stay; `LimitsFile::from_toml` alone is the validation entry
-//! point. Watching the file and calling `replace` is the app's (the demo's `--config FILE`
-//! does it on `SIGHUP` and when the file changes).
+//! point. A file written in place can parse while half written: `rate_limit::file::FileWatch`
+//! reads a file only once it has settled (size, modification time and inode unchanged across
+//! two looks at least 100 ms apart), refuses what is not a regular file or is over 8 MiB,
+//! and is meant to run on a blocking thread; a writer that needs its file read whole at once
+//! writes another file and renames it into place. Watching the file and calling `replace` is
+//! the app's (the demo's `--config FILE` does it on `SIGHUP` and when the file changes).
 //!
 //! The gateway demo's admin listener (`--admin-listen ADDR`) serves these as `GET` and
-//! `DELETE /keys/{key}`, `PUT /bans/{key}?seconds=N` and `DELETE /bans/{key}`, behind
+//! `DELETE /keys/{key}`, `PUT /bans/{key}?seconds=N` and `DELETE /bans/{key}` (`{key}` any
+//! bytes, percent-encoded), behind
 //! `--admin-token` or `--admin-token-file` (required off loopback, compared in constant time,
 //! each change logged once with the key and the caller's address), and takes `--allow` and
 //! `--deny` lists, and `--config FILE` (see `examples/gateway.rs`). Never put admin
