@@ -117,7 +117,7 @@ async fn a_corrupted_value_raised_by_a_script_is_that_keys_error_and_never_opens
             .find(|(name, _)| *name == "token-bucket")
             .unwrap();
         let limiter = RateLimiter::builder(store, algorithm)
-            .prefix(&format!("bad-value-{how}"))
+            .prefix(format!("bad-value-{how}"))
             .store_timeout(Duration::from_secs(5))
             .circuit_breaker(BREAKER)
             .build()
@@ -165,7 +165,7 @@ async fn through_the_layer_a_bad_key_leaves_the_other_keys_limited() {
     for policy in [FailurePolicy::Open, FailurePolicy::Local] {
         let (name, algorithm) = each_algorithm(Quota::per_hour(2)).remove(0);
         let limiter = RateLimiter::builder(store.clone(), algorithm)
-            .prefix(&format!("bad-layer-{policy:?}"))
+            .prefix(format!("bad-layer-{policy:?}"))
             .store_timeout(Duration::from_secs(5))
             .circuit_breaker(BREAKER)
             .on_store_error(policy)

@@ -111,3 +111,87 @@ async fn a_dead_store_fails_the_call_instead_of_exceeding_the_limit() {
         "{err}"
     );
 }
+
+/// Two instances (two layers on two connections to one Redis), eight callers each, sharing
+/// a GCRA quota of 20 a second: each instance gets about half the calls (places in the
+/// schedule are kept in the order the store sees the callers, whichever instance they are
+/// in), none waits beyond the maximum wait, and no rolling second holds more than the quota's
+/// 20 calls (some room is left for a loaded machine's late wake-ups, which can only bring
+/// calls closer together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_a_configured_quota_fairly_and_within_it() {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    };
+    const TOTAL: usize = 120;
+    let redis = RedisServer::start();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let sent: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let l = limiter(
+            redis.store().await,
+            Gcra::new(Quota::per_second(20)).unwrap(),
+            "thr-fair",
+        );
+        let sent = sent.clone();
+        let upstream = service_fn(move |_req: Request<()>| {
+            sent.lock().unwrap().push(Instant::now());
+            async { Ok::<_, Infallible>(Response::new(())) }
+        });
+        let client = ServiceBuilder::new()
+            .layer(
+                ThrottleLayer::new(l, |_: &http::request::Parts| Some("api".to_owned()))
+                    .max_wait(Duration::from_secs(5))
+                    .unwrap(),
+            )
+            .service(upstream);
+        instances.push(client);
+    }
+    let mut callers = Vec::new();
+    for (i, client) in instances.iter().enumerate() {
+        for _ in 0..8 {
+            let (client, asked) = (client.clone(), asked.clone());
+            callers.push(tokio::spawn(async move {
+                let (mut ok, mut failed) = (0usize, Vec::new());
+                while asked.fetch_add(1, Ordering::Relaxed) < TOTAL {
+                    match client
+                        .clone()
+                        .oneshot(Request::get("/").body(()).unwrap())
+                        .await
+                    {
+                        Ok(_) => ok += 1,
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (i, ok, failed)
+            }));
+        }
+    }
+    let mut per_instance = [0usize; 2];
+    let mut failed = Vec::new();
+    for c in callers {
+        let (i, ok, f) = c.await.unwrap();
+        per_instance[i] += ok;
+        failed.extend(f);
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(per_instance.iter().sum::<usize>(), TOTAL);
+    assert!(
+        per_instance.iter().all(|&n| n >= TOTAL * 35 / 100),
+        "calls per instance: {per_instance:?}"
+    );
+    let mut sent = sent.lock().unwrap().clone();
+    sent.sort();
+    let most = (0..sent.len())
+        .map(|i| {
+            sent[i..]
+                .iter()
+                .take_while(|t| t.duration_since(sent[i]) < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(most <= 24, "{most} calls within one rolling second at 20 a second");
+}
