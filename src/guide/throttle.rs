@@ -229,10 +229,16 @@
 //! Callers of one key in one process are served in the order they asked: only the first in
 //! the key's line asks the stores for its turn (waiting for the configured quota and the
 //! upstream's pause there), and leaves the line once its place in the pace is kept, so a call
-//! that waited long is never overtaken by one that just came. Across instances, places in the
-//! upstream's pace are handed out in the order the store sees the calls, and kept: no
-//! instance starves another. Eight callers sharing 20 calls a second each wait about
-//! 8 / 20 = 0.4 s. A call that cannot get its turn within its maximum wait fails with a
+//! that waited long is never overtaken by one that just came. Across instances, places are
+//! handed out in the order the store sees the calls, and kept: no instance starves another.
+//! Under a configured [`Gcra`](crate::Gcra) quota (in Redis or in memory), a call's place in
+//! the quota's schedule is kept in one store call: calls go one emission interval per unit
+//! apart, never in a burst (the quota's burst is left unused, so 20 a second is at most 20
+//! calls in any rolling second), and a call whose place is beyond its maximum wait fails at
+//! once. Under a token bucket or a sliding window, a call checks until the quota has room:
+//! those quotas keep their burst, and across instances the first to check after a unit frees
+//! gets it. In the upstream's pace, places are kept the same way. Eight callers sharing 20
+//! calls a second each wait about 8 / 20 = 0.4 s. A call that cannot get its turn within its maximum wait fails with a
 //! [`ThrottleError`](crate::throttle::ThrottleError) that says how long it waited (`rate
 //! limit: waited 9004 ms, the upstream's limit frees in 982 ms, beyond the maximum wait`).
 //!
@@ -251,8 +257,8 @@
 //! answers' `RateLimit-Policy` gives the rate, and the rest are paced at 97% of it, so the
 //! gateway's burst is left unused (5.1 s where a burst and then the rate take 4.0 s) and none
 //! is refused. `waits` is how long calls waited, from asking to go until their request was
-//! sent: eight in flight at 20 a second wait 400 ms each. Run next without `--adaptive` and
-//! with `--limit 20 --per 1s`, it gave `sent 100, ok 99, limited 1, failed 0 in 4.0 s`: the
-//! configured limit matched, but part of the burst it started with had been spent by the run
-//! before, which only the upstream's headers said. Several copies with the same
+//! sent: eight in flight at 20 a second wait 400 ms each. Run without `--adaptive` and with
+//! `--limit 20 --per 1s`, the calls are paced at the configured limit, one every 50 ms; a
+//! limit that matches the upstream's is still refused now and then when the upstream's
+//! count was spent by someone else, which only its headers say. Several copies with the same
 //! `--redis` and `--key` share one limit.

@@ -5,7 +5,7 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use super::{
     leases::{Acquired, SlotTerms},
     namespaces::Namespaces,
-    reserved::Reserved,
+    reserved::{Reserved, Scheduled},
     upstream::{Blind, Gate, Learned},
     Store, StoreKey,
 };
@@ -98,6 +98,29 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reserved, Error>> {
         let _ = (algorithm, key, cost, up_to, now_us);
         unsupported("this store cannot reserve units")
+    }
+
+    /// Whether [`schedule`](Self::schedule) keeps places (in Redis and in memory).
+    fn schedules(&self) -> bool {
+        false
+    }
+
+    /// Keeps a place of `cost` units in `key`'s GCRA schedule for an outbound call that may
+    /// wait at most `budget_us` (see `lua/gcra_schedule.lua` and its twin
+    /// [`gcra_schedule`](super::reserved::gcra_schedule)): the call goes at the key's TAT and
+    /// moves it on by its cost, so callers sharing the key go in the order they asked.
+    /// [`Error::Unsupported`] for any other algorithm, or a store that does not schedule (the
+    /// default); the throttle then checks until the quota is there.
+    fn schedule<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Scheduled, Error>> {
+        let _ = (algorithm, key, cost, budget_us, now_us);
+        unsupported("this store cannot schedule calls")
     }
 
     /// `key`'s state as a check would see it, spending nothing and writing nothing (see
@@ -317,6 +340,21 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Reserved, Error>> {
         (**self).reserve(algorithm, key, cost, up_to, now_us)
+    }
+
+    fn schedules(&self) -> bool {
+        (**self).schedules()
+    }
+
+    fn schedule<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Scheduled, Error>> {
+        (**self).schedule(algorithm, key, cost, budget_us, now_us)
     }
 
     fn peek<'a>(

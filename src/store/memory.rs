@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Shard, Sharded,
-    Slot, SlotTerms, Store, StoreKey,
+    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Scheduled,
+    Shard, Sharded, Slot, SlotTerms, Store, StoreKey,
 };
 use crate::{
     algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
@@ -233,6 +233,48 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         self.decide_compact(algorithm, compact.as_bytes(), cost, now)
+    }
+
+    /// The twin of `lua/gcra_schedule.lua` (see [`Backend::schedule`]).
+    fn schedule_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        cost: u32,
+        budget_us: u64,
+        now: u64,
+    ) -> Result<Scheduled, Error> {
+        let Rule::Gcra(rate) = algorithm.rule() else {
+            return Err(Error::Unsupported("only GCRA schedules calls"));
+        };
+        if cost == 0 {
+            return Err(Error::InvalidInput("cost must be at least 1"));
+        }
+        if let Some(left) = self.ban_left(key, now) {
+            return Ok(Scheduled {
+                outcome: Outcome::banned(left),
+                wait_us: 0,
+            });
+        }
+        let mut compact = KeyBuf::new();
+        key.write_compact(algorithm.name(), &mut compact);
+        let key = compact.as_bytes();
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        let shard = &mut *shard;
+        let (scheduled, _, empty) = Entry::run_held_or_new(shard, slot, key, now, |s| {
+            let (scheduled, write) =
+                super::reserved::gcra_schedule(rate, s.tat()?, now, u64::from(cost), budget_us);
+            if let Some(tat) = write {
+                s.put_tat(tat, now, tat - now);
+            }
+            Ok(scheduled)
+        });
+        if empty {
+            shard.remove(slot, key);
+        }
+        scheduled
     }
 
     fn decide_compact(
@@ -525,6 +567,24 @@ impl Backend for MemoryStore {
         now: Option<u64>,
     ) -> Option<Result<bool, Error>> {
         Some(self.give_back(algorithm, key, charge, now.unwrap_or_else(|| self.now_us())))
+    }
+
+    fn schedules(&self) -> bool {
+        true
+    }
+
+    fn schedule<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget_us: u64,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<Scheduled, Error>> {
+        let now = now.unwrap_or_else(|| self.now_us());
+        Box::pin(std::future::ready(
+            self.schedule_now(algorithm, key, cost, budget_us, now),
+        ))
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

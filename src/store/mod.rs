@@ -25,7 +25,7 @@ pub(crate) use self::{
     key::{compact_prefix, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
-    reserved::Reserved,
+    reserved::{Reserved, Scheduled},
     sharded::{Expiring, Shard, Sharded, Slot},
     upstream::{Blind, Gate},
 };

@@ -1,7 +1,7 @@
 //! A store's answer to a reservation: several units taken at once, for a unit lease (see
 //! [`UnitLease`](crate::rate_limit::UnitLease)).
 
-use crate::algorithm::{Outcome, Placed, Position};
+use crate::algorithm::{BucketRate, Outcome, Placed, Position};
 
 /// What [`Backend::reserve`](super::Backend::reserve) took: up to the units asked for, at
 /// least the check's cost, or a denial of that cost.
@@ -52,6 +52,75 @@ impl Reserved {
         }
         Ok(Self { outcome, granted })
     }
+}
+
+/// What [`Backend::schedule`](super::Backend::schedule) answered: the call's place in its
+/// key's GCRA schedule, kept (`outcome.allowed`, and how long until the place), or why not
+/// (a place beyond the caller's budget, a cost beyond the burst, a ban).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Scheduled {
+    /// Allowed when the place is kept (remaining and reset as after it); else a denial whose
+    /// `retry_after_us` is the wait for the place (`None`: the cost never fits).
+    pub(crate) outcome: Outcome,
+    /// When kept, the wait until the place (0: at once).
+    pub(crate) wait_us: u64,
+}
+
+impl Scheduled {
+    /// Reads the reply of `lua/gcra_schedule.lua`, `{allowed, remaining, retry_after_us,
+    /// reset_after_us, wait_us}`; a wait with a denial, or a kept place with a retry time, is an
+    /// [`Error::InvalidReply`](crate::Error::InvalidReply).
+    pub(crate) fn from_ints(items: &[i64]) -> Result<Self, crate::error::Error> {
+        let bad = || crate::error::Error::InvalidReply(format!("a schedule answered {items:?}"));
+        let &[allowed, remaining, retry, reset, wait] = items else {
+            return Err(bad());
+        };
+        if allowed == 2 && remaining == 0 && retry > 0 && retry == reset && wait == 0 {
+            return Ok(Self {
+                outcome: Outcome::banned(retry as u64),
+                wait_us: 0,
+            });
+        }
+        let outcome = Outcome::from_ints(&[allowed, remaining, retry, reset])?;
+        let wait_us = u64::try_from(wait).map_err(|_| bad())?;
+        if !outcome.allowed && wait_us != 0 {
+            return Err(bad());
+        }
+        Ok(Self { outcome, wait_us })
+    }
+}
+
+/// The in-memory twin of `lua/gcra_schedule.lua` on a stored TAT (`None`: a rested key): what
+/// it answers for a call of `cost` at `now` that may wait `budget_us`, and the TAT to store
+/// when the place is kept.
+pub(crate) fn gcra_schedule(
+    rate: BucketRate,
+    stored_tat: Option<u64>,
+    now: u64,
+    cost: u64,
+    budget_us: u64,
+) -> (Scheduled, Option<u64>) {
+    let emission = rate.emission_us;
+    let tolerance = rate.tolerance_us();
+    let tat = stored_tat.map_or(now, |t| t.max(now));
+    let units_left = |t: u64| (now + tolerance).saturating_sub(t) / emission;
+    let denied = |retry| Scheduled {
+        outcome: Outcome::single(false, units_left(tat), retry, tat - now),
+        wait_us: 0,
+    };
+    if cost > rate.burst {
+        return (denied(None), None);
+    }
+    let wait = tat - now;
+    if wait > budget_us {
+        return (denied(Some(wait)), None);
+    }
+    let new_tat = tat.saturating_add(cost.saturating_mul(emission));
+    let kept = Scheduled {
+        outcome: Outcome::single(true, units_left(new_tat), Some(0), new_tat - now),
+        wait_us: wait,
+    };
+    (kept, Some(new_tat))
 }
 
 #[cfg(test)]

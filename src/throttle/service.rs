@@ -5,8 +5,9 @@ use std::{
     fmt,
     future::Future,
     marker::PhantomData,
+    sync::Arc,
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use http::{Method, Request, Response};
@@ -21,11 +22,12 @@ use super::{
     line::Place,
 };
 use crate::{
-    algorithm::Algorithm,
+    algorithm::{Algorithm, Rule},
+    decision::{Decision, Source},
     error::Chain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
-    store::{Backend, Blind, BoxFuture, Learned},
+    store::{micros, Backend, Blind, BoxFuture, Learned},
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -86,6 +88,59 @@ impl Budget {
     fn waited(&self, clock: &Clock) -> Duration {
         clock.now().saturating_sub(self.asked)
     }
+}
+
+/// The call's turn under the configured quota: how long until it may go. Under a GCRA quota,
+/// in a store that schedules and out of shadow mode, its place in the key's schedule is kept
+/// for it (one store call: callers of every instance go in the order the store sees them, one
+/// emission interval per unit apart), or it fails at once when that place is beyond the
+/// deadline. Otherwise, and when the store call fails (the check then decides by the failure
+/// policy), it waits in [`acquire`] and its turn is now.
+async fn configured_turn<A: Algorithm>(
+    clock: &Clock,
+    limiter: &RateLimiter<A>,
+    key: &Key<'_>,
+    cost: u32,
+    budget: Budget,
+) -> Result<Duration, ThrottleError> {
+    let engine = &limiter.engine;
+    let core = &engine.core;
+    let algorithm = &*engine.algorithm;
+    if limiter.is_shadow() || !core.store.schedules() || !matches!(algorithm.rule(), Rule::Gcra(_))
+    {
+        acquire(clock, limiter, key, cost, budget).await?;
+        return Ok(Duration::ZERO);
+    }
+    let store_key = engine.store_key(Some(key));
+    let budget_us = micros(budget.left(clock));
+    let started = Instant::now();
+    let scheduled = core
+        .call(|| {
+            core.store
+                .schedule(algorithm, store_key, cost, budget_us, None)
+        })
+        .await;
+    let Ok(scheduled) = scheduled else {
+        acquire(clock, limiter, key, cost, budget).await?;
+        return Ok(Duration::ZERO);
+    };
+    let d = Decision::from_outcome(
+        scheduled.outcome,
+        algorithm.quota(),
+        algorithm.window(),
+        cost,
+        Arc::clone(&core.policy),
+        algorithm.parts(),
+        Source::Store,
+    );
+    core.decided(d.verdict(), Source::Store, Some(started.elapsed()));
+    if d.allowed {
+        return Ok(Duration::from_micros(scheduled.wait_us));
+    }
+    Err(ThrottleError::WouldExceedMaxWait {
+        decision: Box::new(d),
+        waited: budget.waited(clock),
+    })
 }
 
 /// Waits until `key` has `cost` units, by the deadline. Under a limiter in shadow mode, never
@@ -176,8 +231,9 @@ async fn upstream_gate<A: Algorithm>(
 }
 
 /// Waits for the call's turn, by the deadline: first in its key's line in this process, then
-/// for the configured quota (unless the throttle only learns), then for the upstream; leaves
-/// the line once its place in the upstream's pace is kept, and waits for that place.
+/// for the configured quota (unless the throttle only learns; its place in the quota's
+/// schedule kept, see [`configured_turn`]), then for the upstream; leaves the line once its
+/// places are kept, and waits for the later of them.
 async fn turn<K, A: Algorithm>(
     settings: &Settings<K, A>,
     key: &Key<'static>,
@@ -192,16 +248,20 @@ async fn turn<K, A: Algorithm>(
             waited: budget.waited(clock),
         });
     }
+    // When the configured quota's place comes, on this clock.
+    let mut slot = clock.now();
     if settings.configured {
-        acquire(clock, limiter, key, cost, budget).await?;
+        slot += configured_turn(clock, limiter, key, cost, budget).await?;
     }
     let (how, until_place) = match &settings.adaptive {
         Some(adaptive) => upstream_gate(clock, adaptive, limiter, key, cost, budget).await?,
         None => (Blind::Counted, Duration::ZERO),
     };
     drop(place);
-    if !until_place.is_zero() {
-        clock.sleep(until_place).await;
+    let go = slot.max(clock.now() + until_place);
+    let wait = go.saturating_sub(clock.now());
+    if !wait.is_zero() {
+        clock.sleep(wait).await;
     }
     Ok(how)
 }

@@ -78,10 +78,15 @@ async fn waits_for_quota_then_gives_up_beyond_max_wait() {
     for h in handles {
         match h.await.unwrap() {
             Ok(_) => ok += 1,
-            Err(e) => assert!(matches!(
-                e.downcast_ref::<ThrottleError>(),
-                Some(ThrottleError::WouldExceedMaxWait { .. })
-            )),
+            // Beyond the maximum wait: its place in the schedule, or (on a loaded machine)
+            // while it waited in line behind the calls before it.
+            Err(e) => assert!(
+                matches!(
+                    e.downcast_ref::<ThrottleError>(),
+                    Some(ThrottleError::WouldExceedMaxWait { .. } | ThrottleError::InLine { .. })
+                ),
+                "{e}"
+            ),
         }
     }
     assert!(
@@ -193,5 +198,8 @@ async fn two_instances_share_a_configured_quota_fairly_and_within_it() {
         })
         .max()
         .unwrap();
-    assert!(most <= 24, "{most} calls within one rolling second at 20 a second");
+    assert!(
+        most <= 24,
+        "{most} calls within one rolling second at 20 a second"
+    );
 }

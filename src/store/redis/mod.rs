@@ -82,7 +82,7 @@ use self::{
 };
 use super::{
     Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved,
-    SlotTerms, Store, StoreKey,
+    Scheduled, SlotTerms, Store, StoreKey,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -385,6 +385,27 @@ impl Backend for RedisStore {
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         Box::pin(async move { reserve::parse(self.link.eval(script, &cmd).await?, cost, up_to) })
+    }
+
+    fn schedules(&self) -> bool {
+        true
+    }
+
+    /// One script call, never batched.
+    fn schedule<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Scheduled, Error>> {
+        let (script, cmd) = match reserve::schedule_command(algorithm, key, cost, budget_us, now_us)
+        {
+            Ok(call) => call,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        Box::pin(async move { reserve::parse_schedule(self.link.eval(script, &cmd).await?) })
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

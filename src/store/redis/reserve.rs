@@ -11,11 +11,12 @@ use super::{keys, link::evalsha, reply};
 use crate::{
     algorithm::{Algorithm, Outcome, Rule},
     error::Error,
-    store::{KeyBuf, Reserved, StoreKey},
+    store::{KeyBuf, Reserved, Scheduled, StoreKey},
 };
 
 static GCRA_RESERVE: LazyLock<Script> = gcra_script!("gcra_reserve.lua");
 static TOKEN_BUCKET_RESERVE: LazyLock<Script> = prelude_script!("token_bucket_reserve.lua");
+static GCRA_SCHEDULE: LazyLock<Script> = gcra_script!("gcra_schedule.lua");
 
 /// A reservation of up to `up_to` units (at least `cost`) of `key` under `algorithm`: its
 /// script and its `EVALSHA`; an [`Error::Unsupported`] for an algorithm that cannot be leased.
@@ -66,6 +67,46 @@ pub(crate) fn parse(reply: redis::Value, cost: u32, up_to: u32) -> Result<Reserv
         }
     }
     Reserved::from_ints(&ints, cost, up_to)
+}
+
+/// A place of `cost` units in `key`'s GCRA schedule within `budget_us` (see
+/// `lua/gcra_schedule.lua`): its script and its `EVALSHA`; an [`Error::Unsupported`] for any
+/// algorithm but GCRA.
+pub(crate) fn schedule_command(
+    algorithm: &dyn Algorithm,
+    key: StoreKey<'_>,
+    cost: u32,
+    budget_us: u64,
+    now_us: Option<u64>,
+) -> Result<(&'static Script, redis::Cmd), Error> {
+    let Rule::Gcra(rate) = algorithm.rule() else {
+        return Err(Error::Unsupported("only GCRA schedules calls"));
+    };
+    if cost == 0 {
+        return Err(Error::InvalidInput("cost must be at least 1"));
+    }
+    let mut buf = KeyBuf::new();
+    keys::write_key(key, keys::GCRA, &mut buf);
+    let mut ban = KeyBuf::new();
+    keys::write_key(key, keys::BAN, &mut ban);
+    let mut cmd = evalsha(
+        &GCRA_SCHEDULE,
+        2,
+        |cmd| {
+            cmd.arg(buf.as_bytes()).arg(ban.as_bytes());
+        },
+        now_us,
+    );
+    cmd.arg(cost)
+        .arg(rate.emission_us())
+        .arg(rate.burst())
+        .arg(budget_us.min(crate::quota::MAX_EXACT));
+    Ok((&GCRA_SCHEDULE, cmd))
+}
+
+/// Reads a schedule's reply (see [`Scheduled::from_ints`]).
+pub(crate) fn parse_schedule(reply: redis::Value) -> Result<Scheduled, Error> {
+    Scheduled::from_ints(&reply::ints(reply)?)
 }
 
 /// The reservation scripts against the in-memory twin, on a real Redis: a reservation of up to
