@@ -89,9 +89,13 @@ fn addr(redis: &RedisServer) -> std::net::SocketAddr {
     format!("127.0.0.1:{}", redis.port).parse().unwrap()
 }
 
+/// A limiter on `store`. Its checks get 2 s (not the default 100 ms): a check that reaches
+/// another region through the delaying link can take longer than 100 ms on a loaded machine,
+/// and the bounds below count what was admitted, however long a check took.
 fn limiter<A: Algorithm>(store: &RegionalStore, algorithm: A, prefix: &str) -> RateLimiter<A> {
     RateLimiter::builder(store.clone(), algorithm)
         .prefix(prefix)
+        .store_timeout(Duration::from_secs(2))
         .build()
         .unwrap()
 }
