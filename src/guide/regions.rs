@@ -93,7 +93,11 @@
 //! Every instance sends heartbeats to every other region's Redis, four times per detection
 //! time (default 1 s, [`detect_after`](crate::store::redis::RegionalStoreBuilder::detect_after)).
 //! When the home (or, for the home region, any other region) has not answered for the
-//! detection time, the instance **decides from a GCRA at its region's share `F`** of the key's
+//! detection time, or has never answered in the first 5 s after the instance's store was
+//! built (or the detection time, if longer: opening a link to a region far away takes several
+//! round trips, so regions up to 250 ms apart each way are not taken for cut off at start;
+//! until then a region decides from what it was granted and its credit, as when linked),
+//! the instance **decides from a GCRA at its region's share `F`** of the key's
 //! limit (rate `F·ρ`, burst `⌊F·B⌋`), on its own Redis (so shared by the region's instances):
 //! never unlimited, never an outage. It logs it once at `warn` ("cut off from the other
 //! regions"), counts it ([`RegionStats`](crate::store::redis::RegionStats): `cut_off`, `cuts`)

@@ -504,3 +504,95 @@ async fn three_regions_hold_the_bound_and_a_partial_cut_stays_within_its_bound()
         counts[0] + counts[1]
     );
 }
+
+/// Two regions `one_way` apart, each store built at once with links that open on first use
+/// (as a gateway's do), at the default detection time (1 s): the stores of `a` and `b`.
+async fn lazily_linked(regions: &Regions) -> [RegionalStore; 2] {
+    let build = |region: &str, home: RedisStore, other: RedisStore| {
+        RegionalStore::builder(region)
+            .region("a", home)
+            .region("b", other)
+            .build()
+            .unwrap()
+    };
+    let a = build(
+        "a",
+        regions.a.store().await,
+        RedisStore::connect_lazy(&regions.a_to_b.url()).unwrap(),
+    );
+    let b = build(
+        "b",
+        RedisStore::connect_lazy(&regions.b_to_a.url()).unwrap(),
+        regions.b.store().await,
+    );
+    [a, b]
+}
+
+/// Regions 0 to 250 ms apart each way (round trips up to 500 ms, within the default detection
+/// time of 1 s), links opened on first use, which takes several round trips: neither region
+/// reports a cut in the first 3 s, while checks flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_up_to_250_ms_apart_are_not_taken_for_cut_off_at_start() {
+    let runs = [0, 50, 100, 150, 200, 250].map(|ms| async move {
+        let regions = Regions::start(Duration::from_millis(ms)).await;
+        let stores = lazily_linked(&regions).await;
+        let limiters: Vec<_> = stores
+            .iter()
+            .map(|s| limiter(s, Gcra::new(Quota::per_second(20)).unwrap(), "start"))
+            .collect();
+        let started = Instant::now();
+        let mut cut = Vec::new();
+        while started.elapsed() < Duration::from_secs(3) {
+            for (l, s) in limiters.iter().zip(&stores) {
+                // Answered either way; only the cut matters here.
+                let _ = l.check("k", 1).await;
+                let stats = s.stats();
+                if stats.cut_off || stats.cuts > 0 {
+                    cut.push((stats.region, started.elapsed()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (ms, cut)
+    });
+    for (ms, cut) in futures_util::future::join_all(runs).await {
+        assert!(cut.is_empty(), "{ms} ms apart: cut off at {cut:?}");
+    }
+}
+
+/// A link that never opens: each region reports a cut, and decides from its share, once it
+/// has not reached the other for 5 s from its start (given 15 s here), and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_never_opens_is_reported_cut_after_five_seconds() {
+    let regions = Regions::start(ONE_WAY).await;
+    regions.cut();
+    let started = Instant::now();
+    let stores = lazily_linked(&regions).await;
+    for s in &stores {
+        while !s.stats().cut_off {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "{:?} not cut off",
+                s.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            started.elapsed() >= Duration::from_secs(5),
+            "{:?} cut off after only {:?}",
+            s.stats().region,
+            started.elapsed()
+        );
+    }
+    // Cut off, the home decides from its share: 1/2 of a burst of 10.
+    let home = limiter(
+        &stores[0],
+        Gcra::new(Quota::per_second(10)).unwrap(),
+        "never",
+    );
+    let mut admitted = 0;
+    for _ in 0..20 {
+        admitted += u32::from(home.check("k", 1).await.unwrap().allowed);
+    }
+    assert!((1..=6).contains(&admitted), "{admitted}");
+}

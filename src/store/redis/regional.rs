@@ -156,9 +156,19 @@ struct Inner {
 struct Peer {
     name: String,
     store: RedisStore,
-    /// Milliseconds since `Inner::epoch` of the last heartbeat this region answered.
+    /// Milliseconds since `Inner::epoch` of the last heartbeat this region answered;
+    /// [`NEVER`] until it first answers.
     last_ok_ms: AtomicU64,
 }
+
+/// `Peer::last_ok_ms` of a region that has not answered yet.
+const NEVER: u64 = u64::MAX;
+
+/// How long a region that has never answered may go unanswered from the store's start before
+/// it counts as out of reach (or the detection time, if longer): opening a link takes several
+/// round trips, so a region far away may answer its first heartbeat after the detection time
+/// without being cut off.
+const FIRST_CONTACT: Duration = Duration::from_secs(5);
 
 /// A key's global limit, as the regional scripts take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,7 +392,7 @@ impl RegionalStoreBuilder {
                 .map(|(name, store)| Peer {
                     name,
                     store,
-                    last_ok_ms: AtomicU64::new(0),
+                    last_ok_ms: AtomicU64::new(NEVER),
                 })
                 .collect(),
             own,
@@ -464,11 +474,16 @@ impl Inner {
     }
 
     /// Whether a peer that must answer has not for the detection time: the home, or for the
-    /// home region any other region.
+    /// home region any other region. A peer that has never answered is out of reach only
+    /// [`FIRST_CONTACT`] (or the detection time, if longer) after the store started.
     fn out_of_reach(&self) -> bool {
         let now = self.now_ms();
         let detect = self.detect.as_millis() as u64;
-        let stale = |p: &Peer| now.saturating_sub(p.last_ok_ms.load(Relaxed)) > detect;
+        let first_contact = self.detect.max(FIRST_CONTACT).as_millis() as u64;
+        let stale = |p: &Peer| match p.last_ok_ms.load(Relaxed) {
+            NEVER => now > first_contact,
+            last => now.saturating_sub(last) > detect,
+        };
         if self.own == 0 {
             self.regions[1..].iter().any(stale)
         } else {
