@@ -7,14 +7,20 @@
 -- KEYS[1]  the pool hash: `u1`/`e1` the older block's units and expiry, `u2`/`e2` the newer
 --          block's, `o` units admitted here that the home has not been charged with yet
 --          (borrowed, or admitted while cut off), `s` units asked for since `t`, the time of
---          the last refill asked for
+--          the last refill asked for, and
+--          `a0`..`a31` a ring of what this region admitted, `SLOT:UNITS` per slot of
+--          `slot_us`, at `SLOT % 32`
 -- KEYS[2]  the refill marker (one refill in flight per key and region)
 -- KEYS[3]  the TAT of the GCRA at the region's share (used while cut off)
 -- KEYS[4]  (in the home region only) the key's state under the global limit: GCRA's TAT or
 --          the token bucket's hash
 -- ARGV     now|'', cost, cut (0|1), borrow, lead_us, lifetime_us, pool_ttl_ms, marker_ms,
 --          emission_us, burst (the global limit), share_emission_us, share_burst,
---          bucket (0: GCRA, 1: token bucket)
+--          bucket (0: GCRA, 1: token bucket), slot_us, since_us (while cut off: how long ago
+--          this instance last reached the regions it must reach; 0 otherwise)
+-- While cut off, the share's GCRA counts everything the region admitted since then (from its
+-- pool too, before the cut was seen): its TAT is at least `now - since_us` plus those units'
+-- emission, so the region admits at most its share of the limit over the whole cut.
 -- Reply    {allowed (0|1), remaining, retry_after_us (-1 = never), reset_after_us,
 --          refill (0|1: this call took the marker, the caller asks the home), want, owed,
 --          first (0|1: no block has landed in this region's pool yet, so a refill asked for
@@ -33,11 +39,16 @@ local burst = int_arg(10, 'burst', 1)
 local s_emission = int_arg(11, 'share_emission', 1)
 local s_burst = int_arg(12, 'share_burst', 1)
 local bucket = int_arg(13, 'bucket', 0)
+local slot = int_arg(14, 'slot', 1)
+local since_us = int_arg(15, 'since', 0)
 if emission * burst > MAX or s_emission * s_burst > MAX then
   fail('invalid argument burst')
 end
 
-local h = redis.call('HMGET', KEYS[1], 'u1', 'e1', 'u2', 'e2', 'o', 's', 't')
+local RING = 32
+local cur = math.floor(now / slot)
+local at = 'a' .. fmt(cur % RING)
+local h = redis.call('HMGET', KEYS[1], 'u1', 'e1', 'u2', 'e2', 'o', 's', 't', at)
 local warm = h[1] or h[3] or h[5] or h[6] or h[7]
 local function field(i, what)
   if h[i] then
@@ -49,6 +60,32 @@ local u1, e1, u2, e2 = field(1, 'pool'), field(2, 'pool'), field(3, 'pool'), fie
 local owed, asked, since = field(5, 'pool'), field(6, 'pool'), field(7, 'pool')
 if e1 <= now then u1 = 0 end
 if e2 <= now then u2 = 0 end
+
+
+-- The ring's slot `at` with `units` more admitted in the current slot.
+local function ring_add(units)
+  local slot_of, n = string.match(h[8] or '', '^(%d+):(%d+)$')
+  if slot_of and tonumber(slot_of) == cur then
+    return fmt(cur) .. ':' .. fmt(tonumber(n) + units)
+  end
+  return fmt(cur) .. ':' .. fmt(units)
+end
+
+-- What the ring holds from slot `from` on.
+local function ring_since(from)
+  local names = {}
+  for i = 0, RING - 1 do
+    names[#names + 1] = 'a' .. fmt(i)
+  end
+  local sum = 0
+  for _, v in ipairs(redis.call('HMGET', KEYS[1], unpack(names))) do
+    local slot_of, n = string.match(v or '', '^(%d+):(%d+)$')
+    if slot_of and tonumber(slot_of) >= from then
+      sum = sum + tonumber(n)
+    end
+  end
+  return sum
+end
 
 -- The home region, cut off: `cost` admitted on its share charged to the key's global state at
 -- once, down to a drained key (as regional_grant_*.lua charge what a region owes).
@@ -92,6 +129,13 @@ if cut == 1 then
   else
     tat = now
   end
+  -- Everything admitted since the region last reached the others counts against the share.
+  if since_us > 0 then
+    local from = math.max(now - since_us, 0)
+    local spent = ring_since(math.floor(from / slot))
+    local floor = from + math.min(spent * s_emission, MAX)
+    if floor > tat then tat = math.min(floor, now + MAX) end
+  end
   local available = math.floor((now + tolerance - tat) / s_emission)
   if available < 0 then available = 0 end
   if cost > s_burst then
@@ -105,9 +149,9 @@ if cut == 1 then
     charge_home(cost)
   else
     owed = owed + cost
-    redis.call('HSET', KEYS[1], 'o', fmt(owed))
-    redis.call('PEXPIRE', KEYS[1], pool_ttl)
   end
+  redis.call('HSET', KEYS[1], 'o', fmt(owed), at, ring_add(cost))
+  redis.call('PEXPIRE', KEYS[1], pool_ttl)
   return { 1, available - cost, 0, tat - now, 0, 0, owed, 0 }
 end
 
@@ -150,6 +194,9 @@ if left <= low or owed > 0 then
 end
 redis.call('HSET', KEYS[1], 'u1', fmt(u1), 'e1', fmt(e1), 'u2', fmt(u2), 'e2', fmt(e2),
   'o', fmt(owed), 's', fmt(asked), 't', fmt(since))
+if allowed == 1 then
+  redis.call('HSET', KEYS[1], at, ring_add(cost))
+end
 redis.call('PEXPIRE', KEYS[1], pool_ttl)
 -- No block ever landed here: a grant sets e2.
 local first = 0

@@ -93,8 +93,9 @@
 //! Every instance sends heartbeats to every other region's Redis, four times per detection
 //! time (default 1 s, [`detect_after`](crate::store::redis::RegionalStoreBuilder::detect_after)).
 //! When the home (or, for the home region, any other region) has not answered for the
-//! detection time, or has never answered in the first 5 s after the instance's store was
-//! built (or the detection time, if longer: opening a link to a region far away takes several
+//! detection time, or has never answered in the first four detection times after the
+//! instance's store was built (4 s by default; at most 5 s, or one detection time if that is
+//! longer: opening a link to a region far away takes several
 //! round trips, so regions up to 250 ms apart each way are not taken for cut off at start;
 //! until then a region decides from what it was granted and its credit, as when linked),
 //! the instance **decides from a GCRA at its region's share `F`** of the key's
@@ -106,11 +107,16 @@
 //! state at once in the home region (its own Redis holds it), and counted as owed to the home
 //! in any other region.
 //!
-//! **While cut off for `T` seconds, region `r` admits at most `F_r·(B + ρ·T)`**, so with
-//! shares that sum to at most 1 (the default, 1/R each) all regions together stay within
-//! `B + ρ·T`. A window that holds the moment the link went down also holds what the pools
-//! spent before it was detected: at most `B + ρ·(W + L + δ)` from the pools and
-//! `Σ F_r·(B + ρ·W)` from the shares, twice the limit at worst, for that window only.
+//! **From the moment a region last reached the others, for `T` seconds of a cut, region `r`
+//! admits at most `F_r·(B + ρ·T)`**, home included, so with shares that sum to at most 1
+//! (the default, 1/R each) all regions together stay within `B + ρ·T`. What a region admits
+//! from its pool before the cut is detected counts: each region keeps a ring of what it
+//! admitted (per eighth of the detection time, four detection times long), and once cut off
+//! its share starts as if everything admitted since it last reached the others had gone
+//! through the share. A region that spent more than its share before it saw the cut (a busy
+//! region drains its pool, and the home refills its own from its own Redis) is refused until
+//! the share has earned that back, so over a cut longer than that it holds its share; over a
+//! shorter one, what it admitted before the detection is the most it admits.
 //!
 //! **When the link is back**, each instance of another region charges the home with what its
 //! region admitted while cut off (every key it admitted, at once; any key it missed, at its

@@ -164,10 +164,10 @@ struct Peer {
 /// `Peer::last_ok_ms` of a region that has not answered yet.
 const NEVER: u64 = u64::MAX;
 
-/// How long a region that has never answered may go unanswered from the store's start before
-/// it counts as out of reach (or the detection time, if longer): opening a link takes several
-/// round trips, so a region far away may answer its first heartbeat after the detection time
-/// without being cut off.
+/// The longest a region that has never answered may go unanswered from the store's start
+/// before it counts as out of reach: four detection times, at most this (and never less than
+/// one detection time). Opening a link takes several round trips, so a region far away may
+/// answer its first heartbeat after the detection time without being cut off.
 const FIRST_CONTACT: Duration = Duration::from_secs(5);
 
 /// A key's global limit, as the regional scripts take it.
@@ -473,13 +473,43 @@ impl Inner {
         (self.lifetime_us.max(window) / 1000 + 1_000).min(86_400_000)
     }
 
+    /// How long a region never reached may go unanswered before it is out of reach: four
+    /// detection times, at most [`FIRST_CONTACT`], at least one detection time.
+    fn first_contact(&self) -> Duration {
+        (4 * self.detect).min(FIRST_CONTACT).max(self.detect)
+    }
+
+    /// The time each slot of a pool's ring of admissions covers (`lua/regional_spend.lua`): an
+    /// eighth of the detection time, so the ring's 32 slots cover four detection times, the
+    /// longest a region goes unanswered before it is cut off.
+    fn ring_slot_us(&self) -> u64 {
+        (self.detect.as_micros() as u64 / 8).max(1_000)
+    }
+
+    /// How long ago this instance last reached every region it must reach (the home, or for
+    /// the home region every other region), in microseconds; since the store was built for a
+    /// region never reached. While cut off, the region's share counts what it admitted since.
+    fn since_reached_us(&self) -> u64 {
+        let now = self.now_ms();
+        let since = |p: &Peer| match p.last_ok_ms.load(Relaxed) {
+            NEVER => now,
+            last => now.saturating_sub(last),
+        };
+        let ms = if self.own == 0 {
+            self.regions[1..].iter().map(since).max().unwrap_or(0)
+        } else {
+            since(&self.regions[0])
+        };
+        ms.saturating_mul(1_000)
+    }
+
     /// Whether a peer that must answer has not for the detection time: the home, or for the
     /// home region any other region. A peer that has never answered is out of reach only
-    /// [`FIRST_CONTACT`] (or the detection time, if longer) after the store started.
+    /// [`first_contact`](Self::first_contact) after the store started.
     fn out_of_reach(&self) -> bool {
         let now = self.now_ms();
         let detect = self.detect.as_millis() as u64;
-        let first_contact = self.detect.max(FIRST_CONTACT).as_millis() as u64;
+        let first_contact = self.first_contact().as_millis() as u64;
         let stale = |p: &Peer| match p.last_ok_ms.load(Relaxed) {
             NEVER => now > first_contact,
             last => now.saturating_sub(last) > detect,
@@ -567,7 +597,9 @@ impl Backend for RegionalStore {
             .arg(terms.burst)
             .arg(share_emission)
             .arg(share_burst)
-            .arg(u8::from(terms.bucket));
+            .arg(u8::from(terms.bucket))
+            .arg(inner.ring_slot_us())
+            .arg(if cut { inner.since_reached_us() } else { 0 });
         Box::pin(async move {
             let mut again = true;
             loop {
@@ -943,6 +975,8 @@ mod scripts_on_a_set_clock {
                 .arg(2 * EMISSION) // the share: half the rate
                 .arg(BURST / 2) // and half the burst
                 .arg(0) // GCRA
+                .arg(SECOND / 10) // ring slots of 100 ms
+                .arg(0) // reached the others just now
                 .invoke(&mut self.conn)
                 .unwrap()
         }
@@ -966,6 +1000,8 @@ mod scripts_on_a_set_clock {
                 .arg(BURST)
                 .arg(2 * EMISSION)
                 .arg(BURST / 2)
+                .arg(0)
+                .arg(SECOND / 10)
                 .arg(0)
                 .invoke(&mut self.conn)
                 .unwrap()
