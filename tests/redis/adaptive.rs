@@ -408,20 +408,16 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
                         .unwrap(),
                 )
             };
-            let prefix = format!("zero{form}-{}", u8::from(on_redis));
-            let limiter = RateLimiter::builder(
-                MemoryStore::new(),
-                Gcra::new(Quota::per_second(10_000)).unwrap(),
-            )
-            .prefix(&prefix)
-            .build()
-            .unwrap();
+            // Learning only: the pause is the upstream's alone.
+            let name = format!("zero{form}-{}", u8::from(on_redis));
             let layer =
-                ThrottleLayer::new(limiter, |_: &http::request::Parts| Some("up".to_owned()))
-                    .adaptive(Arc::clone(&store))
-                    // A call that would have to wait fails at once.
-                    .max_wait(Duration::ZERO)
-                    .unwrap();
+                ThrottleLayer::learning(Arc::clone(&store), &name, |_: &http::request::Parts| {
+                    Some("up".to_owned())
+                })
+                .unwrap()
+                // A call that would have to wait fails at once.
+                .max_wait(Duration::ZERO)
+                .unwrap();
             let svc = ServiceBuilder::new().layer(layer).service(http());
 
             let req = Request::get(up.url()).body(Empty::new()).unwrap();
