@@ -245,12 +245,13 @@ async fn a_bad_key_fails_alone_within_its_batch() {
             Err(e) => {
                 let alone = single.check(*key, *cost).await.unwrap_err();
                 eprintln!("{key}: {e}\n  alone: {alone}");
+                let scopes = (e.scope(), alone.scope());
                 let (Error::Redis(batched), Error::Redis(alone)) = (&e, &alone) else {
                     panic!("{key}: {e:?} / {alone:?}");
                 };
                 // The same error, by its scope (Redis 5 and 6 answer a check's WRONGTYPE
                 // as `ERR Error running script …: WRONGTYPE …`, a batch's as `WRONGTYPE …`).
-                assert_eq!(e.scope(), alone.scope(), "{key}: {batched} / {alone}");
+                assert_eq!(scopes.0, scopes.1, "{key}: {batched} / {alone}");
                 assert!(
                     alone.to_string().contains(batched.detail().unwrap()),
                     "{key}: {batched} / {alone}"
