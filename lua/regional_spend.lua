@@ -9,7 +9,9 @@
 --          (borrowed, or admitted while cut off), `s` units asked for since `t`, the time of
 --          the last refill asked for, and
 --          `a0`..`a31` a ring of what this region admitted, `SLOT:UNITS` per slot of
---          `slot_us`, at `SLOT % 32`
+--          `slot_us`, at `SLOT % 32`, and `n` the time of the last script here (a clock
+--          earlier than that has stepped back: how long the blocks have lived is not known, so
+--          they are dropped, and no block outlives its lifetime in real time)
 -- KEYS[2]  the refill marker (one refill in flight per key and region)
 -- KEYS[3]  the TAT of the GCRA at the region's share (used while cut off)
 -- KEYS[4]  (in the home region only) the key's state under the global limit: GCRA's TAT or
@@ -25,7 +27,8 @@
 --          refill (0|1: this call took the marker, the caller asks the home), want, owed,
 --          first (0|1: no block has landed in this region's pool yet, so a refill asked for
 --          now is the key's first here, and a refusal may be only its wait for it; 0 while
---          cut off and for a cost that can never fit)}
+--          cut off and for a cost that can never fit), now (this script's time: a refill's
+--          grant is put into the pool with it, see regional_fill.lua)}
 local now = clock()
 local cost = int_arg(2, 'cost', 1)
 local cut = int_arg(3, 'cut', 0)
@@ -48,7 +51,7 @@ end
 local RING = 32
 local cur = math.floor(now / slot)
 local at = 'a' .. fmt(cur % RING)
-local h = redis.call('HMGET', KEYS[1], 'u1', 'e1', 'u2', 'e2', 'o', 's', 't', at)
+local h = redis.call('HMGET', KEYS[1], 'u1', 'e1', 'u2', 'e2', 'o', 's', 't', at, 'n')
 local warm = h[1] or h[3] or h[5] or h[6] or h[7]
 local function field(i, what)
   if h[i] then
@@ -58,6 +61,11 @@ local function field(i, what)
 end
 local u1, e1, u2, e2 = field(1, 'pool'), field(2, 'pool'), field(3, 'pool'), field(4, 'pool')
 local owed, asked, since = field(5, 'pool'), field(6, 'pool'), field(7, 'pool')
+local seen = field(9, 'pool')
+if seen > now then
+  -- The clock stepped back: how long the blocks have lived is not known, so they go.
+  u1, u2 = 0, 0
+end
 if e1 <= now then u1 = 0 end
 if e2 <= now then u2 = 0 end
 
@@ -139,9 +147,10 @@ if cut == 1 then
   local available = math.floor((now + tolerance - tat) / s_emission)
   if available < 0 then available = 0 end
   if cost > s_burst then
-    return { 0, available, -1, tat - now, 0, 0, owed, 0 }
+    return { 0, available, -1, tat - now, 0, 0, owed, 0, now }
   elseif cost > available then
-    return { 0, available, tat + cost * s_emission - tolerance - now, tat - now, 0, 0, owed, 0 }
+    return { 0, available, tat + cost * s_emission - tolerance - now, tat - now, 0, 0, owed, 0,
+      now }
   end
   tat = tat + cost * s_emission
   redis.call('SET', KEYS[3], fmt(tat), 'PX', ms_ceil(tat - now))
@@ -150,9 +159,10 @@ if cut == 1 then
   else
     owed = owed + cost
   end
-  redis.call('HSET', KEYS[1], 'o', fmt(owed), at, ring_add(cost))
+  redis.call('HSET', KEYS[1], 'o', fmt(owed), at, ring_add(cost), 'e1', fmt(e1), 'e2', fmt(e2),
+    'n', fmt(now))
   redis.call('PEXPIRE', KEYS[1], pool_ttl)
-  return { 1, available - cost, 0, tat - now, 0, 0, owed, 0 }
+  return { 1, available - cost, 0, tat - now, 0, 0, owed, 0, now }
 end
 
 local allowed = 0
@@ -193,7 +203,7 @@ if left <= low or owed > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'u1', fmt(u1), 'e1', fmt(e1), 'u2', fmt(u2), 'e2', fmt(e2),
-  'o', fmt(owed), 's', fmt(asked), 't', fmt(since))
+  'o', fmt(owed), 's', fmt(asked), 't', fmt(since), 'n', fmt(now))
 if allowed == 1 then
   redis.call('HSET', KEYS[1], at, ring_add(cost))
 end
@@ -204,8 +214,8 @@ if e1 == 0 and e2 == 0 then
   first = 1
 end
 if allowed == 1 then
-  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed, first }
+  return { 1, left, 0, emission * math.max(burst - left, 0), refill, want, owed, first, now }
 elseif allowed == -1 then
-  return { 0, left, -1, emission * burst, refill, want, owed, 0 }
+  return { 0, left, -1, emission * burst, refill, want, owed, 0, now }
 end
-return { 0, left, emission * (cost - left), emission * burst, refill, want, owed, first }
+return { 0, left, emission * (cost - left), emission * burst, refill, want, owed, first, now }

@@ -71,22 +71,26 @@
 //! # The bound
 //!
 //! For a key with burst `B` and rate `ρ` (the limit per second; GCRA and the token bucket
-//! admit at most `B + ρ·X` in any `X` seconds), unit lifetime `L`, `R` regions, credit `b`,
-//! and `δ` the time a grant takes from the home to the region's pool (half a round trip; a
-//! grant later than the detection time is dropped):
+//! admit at most `B + ρ·X` in any `X` seconds), unit lifetime `L`, `R` regions and credit `b`:
 //!
 //! **While the regions reach each other, all regions together admit at most
-//! `B + ρ·(W + L + δ) + R·b` in any window of `W` seconds.**
+//! `B + ρ·(W + L) + R·b` in any window of `W` seconds.**
 //!
 //! Why: every unit a region spends, but credit, was granted by the home's algorithm, which
-//! counted it when it granted it. A unit is spent at most `L` after it reached the pool, so at
-//! most `L + δ` after the home granted it: the units spent in a window of `W` were granted in
-//! a window of `W + L + δ`, where the home grants at most `B + ρ·(W + L + δ)`. Credit adds at
+//! counted it when it granted it. A block lives `L` from the check that asked for it, on the
+//! region's own Redis clock, and that check came before the grant, so a unit is spent at most
+//! `L` after the home granted it, however long the grant took to land: the units spent in a
+//! window of `W` were granted in a window of `W + L`, where the home grants at most
+//! `B + ρ·(W + L)`. A grant that lands later than the detection time after its check (the
+//! region's Redis stalled, or the link was slow) is dropped, and so are the blocks in a pool
+//! whose Redis clock has stepped back (how long they have lived is no longer known); the home
+//! has charged them, so a drop only costs the region units
+//! ([`RegionStats::units_dropped`](crate::store::redis::RegionStats) counts them). Credit adds at
 //! most `b` per region and cold key; it is charged at the home with the first grant, so it
 //! shifts admissions in time, except when the home's key is drained then (a charge takes a key
 //! down to drained, never into debt), which is the `R·b` term. With the defaults (`L` = 0.5 s,
 //! `b` = 1) and a limit of 6,000 a minute (`B` = 6,000, `ρ` = 100/s), a window of a minute
-//! admits at most 6,000 + 6,000 + 50 + 100·δ + R: less than 1% over `B + ρ·W`.
+//! admits at most 6,000 + 6,000 + 50 + R: less than 1% over `B + ρ·W`.
 //!
 //! # When a region is cut off
 //!
@@ -123,7 +127,7 @@
 //! next check), down to a drained key, and goes back to grants. The home's key had only the
 //! home region's own admissions meanwhile, so after the charges it holds `B` minus what the
 //! regions admitted (or nothing), and the window that holds the restore stays within
-//! `B + ρ·(W + L + δ)`. One exception: a region that is back first may take what the home
+//! `B + ρ·(W + L)`. One exception: a region that is back first may take what the home
 //! still has before another region's charge arrives (within a heartbeat period); that charge
 //! then stops at a drained key, and the window holding the restore may admit up to what that
 //! other region admitted while cut off over the limit.

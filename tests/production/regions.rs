@@ -622,3 +622,72 @@ async fn the_home_region_holds_its_share_from_the_cut_on() {
         counts[0]
     );
 }
+
+/// The units live in `region`'s pools now (their blocks not yet expired on its clock).
+fn live_pool_units(redis: &RedisServer) -> u64 {
+    let mut conn = redis.conn();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let time: (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now = time.0 * 1_000_000 + time.1;
+    let mut live = 0;
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
+        if kind != "hash" {
+            continue;
+        }
+        let f: Vec<Option<u64>> = redis::cmd("HMGET")
+            .arg(&key)
+            .arg(&["u1", "e1", "u2", "e2"])
+            .query(&mut conn)
+            .unwrap();
+        for (units, expiry) in [(f[0], f[1]), (f[2], f[3])] {
+            if let (Some(units), Some(expiry)) = (units, expiry) {
+                if expiry > now {
+                    live += units;
+                }
+            }
+        }
+    }
+    live
+}
+
+/// A region's Redis stalls (`SIGSTOP`) after a check asked the home for a block and before the
+/// grant lands: when it resumes, seconds later, the grant is dropped instead of living a whole
+/// lifetime from then, so no unit is spent later than its lifetime after its grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_landing_after_the_regions_redis_stalled_is_dropped() {
+    // 100 ms each way: a grant takes at least 200 ms, time to stop b's Redis before it lands.
+    let regions = Regions::start(Duration::from_millis(100)).await;
+    let b = regions.instance("b", None).await;
+    let far = limiter(&b, Gcra::new(Quota::per_second(100)).unwrap(), "rs");
+    // The links are open: a first key's grant has landed (the first ones may time out while
+    // the link to the home opens).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.stats().grants == 0 {
+        assert!(Instant::now() < deadline, "no grant: {:?}", b.stats());
+        far.check("warm", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(LIFETIME.as_millis() as u64 + 100)).await;
+    assert_eq!(live_pool_units(&regions.b), 0);
+
+    // A new key: admitted on credit, its refill on its way to the home.
+    let before = b.stats();
+    far.check("stalled", 1).await.unwrap();
+    regions.b.signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    regions.b.signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.stats().grants == before.grants {
+        assert!(Instant::now() < deadline, "no grant: {:?}", b.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The grant landed while b's Redis was stopped (its write waited past the detection
+    // time), so this run tests what it should.
+    let after = b.stats();
+    assert!(after.units_granted > before.units_granted, "{after:?}");
+    assert!(after.units_dropped > before.units_dropped, "{after:?}");
+    // The write ran when b's Redis resumed; the pool holds none of the late units.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(live_pool_units(&regions.b), 0, "{after:?}");
+}

@@ -121,6 +121,10 @@ pub struct RegionStats {
     pub units_charged: u64,
     /// Grants that failed or got no answer within the detection time.
     pub failed_grants: u64,
+    /// Granted units that never reached this region's pool: they landed later than the
+    /// detection time after they were asked for (this region's Redis stalled, or its clock
+    /// stepped back), or could not be written there. The home was charged with them.
+    pub units_dropped: u64,
     /// Checks refused before their key's first grant in this region had landed that waited
     /// for it once (about a round trip to the home) and checked again.
     pub first_grants_awaited: u64,
@@ -146,6 +150,7 @@ struct Inner {
     units_granted: AtomicU64,
     units_charged: AtomicU64,
     failed_grants: AtomicU64,
+    units_dropped: AtomicU64,
     /// Keys admitted while cut off, to charge the home with once the link is back.
     owed: Mutex<HashMap<Vec<u8>, Terms>>,
     /// Refills this instance has in flight, by key: woken when each ends.
@@ -235,6 +240,7 @@ impl RegionalStore {
             units_granted: i.units_granted.load(Relaxed),
             units_charged: i.units_charged.load(Relaxed),
             failed_grants: i.failed_grants.load(Relaxed),
+            units_dropped: i.units_dropped.load(Relaxed),
             first_grants_awaited: i.first_grants_awaited.load(Relaxed),
         }
     }
@@ -410,6 +416,7 @@ impl RegionalStoreBuilder {
             units_granted: AtomicU64::new(0),
             units_charged: AtomicU64::new(0),
             failed_grants: AtomicU64::new(0),
+            units_dropped: AtomicU64::new(0),
             owed: Mutex::new(HashMap::new()),
             refills: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
@@ -604,7 +611,7 @@ impl Backend for RegionalStore {
             let mut again = true;
             loop {
                 let ints = reply::ints(inner.own().link.eval(&SPEND, &cmd).await?)?;
-                let &[allowed, remaining, retry, reset, refill, want, owed, first] =
+                let &[allowed, remaining, retry, reset, refill, want, owed, first, asked_at] =
                     ints.as_slice()
                 else {
                     return Err(Error::InvalidReply(format!(
@@ -624,7 +631,9 @@ impl Backend for RegionalStore {
                         base.clone()
                     });
                     let inner = self.inner.clone();
-                    let refill = refill_pool(inner.clone(), base.clone(), terms, want, owed);
+                    let asked_at = asked_at.max(0) as u64;
+                    let refill =
+                        refill_pool(inner.clone(), base.clone(), terms, want, owed, asked_at);
                     tokio::spawn(async move {
                         refill.await;
                         if let Some(ended) = told.and_then(|key| inner.lock_refills().remove(&key))
@@ -689,10 +698,20 @@ impl Backend for RegionalStore {
 }
 
 /// Asks the home for up to `want` units of the key under `base`, charging it with `owed`
-/// units admitted here without it, and puts what it grants into this region's pool. Holds
-/// the key's refill marker (taken by the check that started it); on failure, the marker
-/// expires by itself after the detection time, and the next check asks again.
-async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, owed: u64) {
+/// units admitted here without it, and puts what it grants into this region's pool: a block
+/// that lives the lifetime from `asked_at` (the time of the check that asked, on this region's
+/// Redis), dropped if it lands later than the detection time after that (0: a charge only, no
+/// units wanted). Holds the key's refill marker (taken by the check that started it); on
+/// failure, the marker expires by itself after the detection time, and the next check asks
+/// again.
+async fn refill_pool(
+    inner: Arc<Inner>,
+    base: Vec<u8>,
+    terms: Terms,
+    want: u64,
+    owed: u64,
+    asked_at: u64,
+) {
     let (script, suffix): (&Script, _) = if terms.bucket {
         (&GRANT_BUCKET, keys::BUCKET)
     } else {
@@ -764,13 +783,22 @@ async fn refill_pool(inner: Arc<Inner>, base: Vec<u8>, terms: Terms, want: u64, 
         .arg(owed)
         .arg(inner.lifetime_us)
         .arg(inner.pool_ttl_ms(&terms))
-        .arg(retry_ms);
+        .arg(retry_ms)
+        .arg(asked_at)
+        .arg(inner.detect.as_micros() as u64);
     let filled = tokio::time::timeout(inner.detect, inner.own().link.eval(&FILL, &cmd)).await;
-    if !matches!(filled, Ok(Ok(_))) {
+    let landed = filled.map_err(|_| Error::Timeout(inner.detect));
+    let dropped = match landed.and_then(|answer| reply::ints(answer?)).as_deref() {
+        Ok(&[_, dropped]) => dropped.max(0) as u64,
+        _ => granted,
+    };
+    if dropped > 0 {
+        inner.units_dropped.fetch_add(dropped, Relaxed);
         tracing::debug!(
             region = %inner.regions[inner.own].name,
             granted,
-            "rate limit: granted units could not be put into the region's pool (they are lost)"
+            dropped,
+            "rate limit: granted units did not reach the region's pool in time (dropped)"
         );
     }
 }
@@ -803,7 +831,7 @@ async fn reconcile(inner: Arc<Inner>, base: Vec<u8>, terms: Terms) {
     let answer = tokio::time::timeout(inner.detect, inner.own().link.eval(&OWED, &cmd)).await;
     match answer {
         Ok(Ok(redis::Value::Int(owed))) if owed > 0 => {
-            refill_pool(inner, base, terms, 0, owed as u64).await;
+            refill_pool(inner, base, terms, 0, owed as u64, 0).await;
         }
         // Nothing owed, or a refill holds the marker: it charges what is owed itself.
         _ => {}
@@ -1007,8 +1035,15 @@ mod scripts_on_a_set_clock {
                 .unwrap()
         }
 
-        /// A grant of `granted` units at `now`, `charged` of what was owed taken off.
+        /// A grant of `granted` units at `now`, asked for at `now`, `charged` of what was owed
+        /// taken off: the units in the pool.
         fn fill(&mut self, now: u64, granted: u64, charged: u64) -> i64 {
+            self.fill_asked(now, now, granted, charged)[0]
+        }
+
+        /// A grant of `granted` units landing at `now`, asked for at `asked_at`, dropped if
+        /// later than 300 ms: {units in the pool, units dropped}.
+        fn fill_asked(&mut self, now: u64, asked_at: u64, granted: u64, charged: u64) -> Vec<i64> {
             FILL.key("{t:k}:rp")
                 .key("{t:k}:rm")
                 .arg(now)
@@ -1017,6 +1052,8 @@ mod scripts_on_a_set_clock {
                 .arg(SECOND)
                 .arg(10_000)
                 .arg(0)
+                .arg(asked_at)
+                .arg(300_000)
                 .invoke(&mut self.conn)
                 .unwrap()
         }
@@ -1065,6 +1102,47 @@ mod scripts_on_a_set_clock {
         let r = pool.spend(T0 + SECOND, 5, false, 0);
         assert_eq!(r[0], 0, "{r:?}");
         assert_eq!(pool.spend(T0 + SECOND, 4, false, 0)[..2], [1, 0]);
+    }
+
+    #[test]
+    fn a_block_lives_from_the_check_that_asked_for_it_and_a_late_grant_is_dropped() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        // A check asks for a refill at T0 and tells its time.
+        let r = pool.spend(T0, 1, false, 1);
+        assert_eq!((r[4], r[8]), (1, T0 as i64), "{r:?}");
+        // The grant lands 200 ms later: its block expires a lifetime after T0.
+        assert_eq!(pool.fill_asked(T0 + 200_000, T0, 5, 1), [5, 0]);
+        assert_eq!(pool.spend(T0 + SECOND - 1, 1, false, 0)[..2], [1, 4]);
+        assert_eq!(pool.spend(T0 + SECOND, 1, false, 0)[0], 0);
+        // A grant landing more than 300 ms after its check (a stalled Redis) is dropped.
+        let t = T0 + 2 * SECOND;
+        assert_eq!(pool.fill_asked(t + 300_001, t, 5, 0), [0, 5]);
+        assert_eq!(pool.spend(t + 300_002, 1, false, 0)[0], 0);
+        // So is one landing on a clock earlier than its check's (stepped back).
+        assert_eq!(pool.fill_asked(t - 1, t, 5, 0), [0, 5]);
+        // A charge only (no units asked for) adds no units.
+        assert_eq!(pool.fill_asked(t, 0, 5, 0), [0, 5]);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_drops_the_blocks_it_would_keep_alive() {
+        let redis = TestRedis::start();
+        let mut pool = Pool::new(&redis);
+        assert_eq!(pool.fill(T0, 10, 0), 10);
+        assert_eq!(pool.spend(T0 + 100_000, 1, false, 0)[..2], [1, 9]);
+        // The clock steps back 10 s: on it the block would live 10 s more; it goes.
+        let back = T0 + 100_000 - 10 * SECOND;
+        let r = pool.spend(back + 50_000, 1, false, 0);
+        assert_eq!(r[..2], [0, 0], "{r:?}");
+        // A block granted after the step lives its lifetime on the new clock.
+        assert_eq!(pool.fill(back + 100_000, 10, 0), 10);
+        assert_eq!(pool.spend(back + 200_000, 1, false, 0)[..2], [1, 9]);
+        // The same when the step comes between two grants: the older block goes.
+        let t = T0 + 20 * SECOND;
+        assert_eq!(pool.fill(t, 10, 0), 10);
+        assert_eq!(pool.fill(t - 5 * SECOND, 3, 0), 3);
+        assert_eq!(pool.spend(t - 5 * SECOND + 1, 4, false, 0)[0], 0);
     }
 
     #[test]
