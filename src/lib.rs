@@ -82,7 +82,9 @@
 //!
 //! A feature only adds behaviour: every item and trait has the same shape with any set of
 //! features. Without `tls`, a `rediss://` URL is a [`ConfigError`] naming `url`. Rust 1.88 or
-//! later; Redis 5 or later.
+//! later; Redis 5.0 or later, or Valkey: `scripts/compat` runs the Redis-backed suites on
+//! Redis 5.0.7, 6.2.14 and Valkey 9.1.2, CI on Redis 7.0; TLS needs a server built with it
+//! (Redis 6.0 or later; checked on 7.0).
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]

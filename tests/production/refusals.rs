@@ -28,7 +28,7 @@ enum Refusal {
     ReadOnly,
     /// A password required and the connection not authenticated.
     NoAuth,
-    /// Another client's script runs past `busy-reply-threshold`.
+    /// Another client's script runs past `busy-reply-threshold` (`lua-time-limit`).
     Busy,
     /// The dataset is being (re)loaded.
     Loading,
@@ -82,6 +82,8 @@ fn provoke(redis: &RedisServer, refusal: Refusal) -> Provoked {
         }
         Refusal::NoAuth => {
             config_set(&mut conn, "requirepass", "s3cret");
+            // Redis before 6.0 takes this connection's authentication away with it.
+            let _: () = redis::cmd("AUTH").arg("s3cret").query(&mut conn).unwrap();
             // Connections authenticated before stay so: drop them, so that the store's next
             // connection is made without the password.
             let _: redis::Value = redis::cmd("CLIENT")
@@ -92,7 +94,8 @@ fn provoke(redis: &RedisServer, refusal: Refusal) -> Provoked {
                 .unwrap();
         }
         Refusal::Busy => {
-            config_set(&mut conn, "busy-reply-threshold", "50");
+            // `busy-reply-threshold` since Redis 7.0, which keeps this name for it.
+            config_set(&mut conn, "lua-time-limit", "50");
             let mut spin = redis::cmd("EVAL");
             spin.arg("local i = 0 while true do i = i + 1 end").arg(0);
             provoked.blocked = Some(in_background(redis, spin));

@@ -93,8 +93,9 @@ use crate::{
 /// Counters in Redis, shared by every instance that points at the same server.
 ///
 /// Each check is one `EVALSHA` of the algorithm's script (falling back to loading it when Redis
-/// answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). Requires Redis 5 or later
-/// (script effects replication).
+/// answers `NOSCRIPT`, e.g. after a restart or `SCRIPT FLUSH`). Requires Redis 5.0 or later
+/// (script effects replication) or Valkey; checked on Redis 5.0.7, 6.2.14 and 7.0 and Valkey
+/// 9.1.2 (see [the guide](crate::guide::production_redis#servers)).
 ///
 /// How it reaches Redis:
 /// - [`connect`](Self::connect), [`connect_lazy`](Self::connect_lazy) and the
