@@ -5,6 +5,8 @@ use std::{
     sync::{atomic::AtomicBool, Arc},
 };
 
+use arc_swap::ArcSwapOption;
+
 use super::{engine::RateEngine, limiter::RateLimiter};
 use crate::{
     algorithm::{Algorithm, Rule},
@@ -266,6 +268,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                     key_meters: KeyMeters::default(),
                     local: None,
                     prefix,
+                    live: ArcSwapOption::empty(),
                 }))
             }
             _ => None,
@@ -297,6 +300,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             key_meters: KeyMeters::new(self.metric_keys),
             local,
             prefix,
+            live: ArcSwapOption::empty(),
         };
         Ok(RateLimiter {
             engine: Arc::new(engine),

@@ -5,6 +5,7 @@
 //! counts, reports and feeds the deny cache.
 
 use std::{
+    collections::HashMap,
     num::NonZeroU32,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -13,6 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use arc_swap::ArcSwapOption;
+
+use super::lists::key_text;
 use crate::{
     algorithm::{Algorithm, Outcome, Rule},
     core::report::{self, KeyMeters},
@@ -45,6 +49,31 @@ pub(crate) struct RateEngine {
     /// The compact prefix of this limit's keys in an in-process store (`namespace\0kind\0`,
     /// kind the algorithm's name), written once here rather than on every check.
     pub(crate) prefix: Box<[u8]>,
+    /// The quotas a layer's live limits give this limit's requests
+    /// ([`RateLimitLayer::live`](super::RateLimitLayer::live)), swapped with them; empty
+    /// without live limits. [`RateLimiter::peek`](super::RateLimiter::peek) reads them, so it
+    /// shows the quota the layer enforces.
+    pub(crate) live: ArcSwapOption<LiveQuotas>,
+}
+
+/// The quotas of live limits: the default one (`None`: the algorithm's own) and per key.
+pub(crate) struct LiveQuotas {
+    pub(crate) own: Option<Arc<Quoted>>,
+    pub(crate) plans: HashMap<Box<[u8]>, Arc<Quoted>>,
+}
+
+impl LiveQuotas {
+    /// The quota for a request of `key` (`None`: the limiter's own).
+    pub(crate) fn quoted(&self, key: Option<&Key<'_>>) -> Option<&Arc<Quoted>> {
+        if !self.plans.is_empty() {
+            if let Some(key) = key {
+                if let Some(plan) = key_text(key, |text| self.plans.get(text)) {
+                    return Some(plan);
+                }
+            }
+        }
+        self.own.as_ref()
+    }
 }
 
 impl RateEngine {

@@ -368,8 +368,12 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// ([`LiveLimits::replace`]): a new limit without a restart, counters kept. Lists set
     /// before with [`allow`](Self::allow) and [`deny`](Self::deny) give way to the limits'
     /// (the addresses are still found as [`list_addresses`](Self::list_addresses) said, so
-    /// call it first). Errors (naming the field) when a quota does not build the limiter's
-    /// algorithm, or when the layer chooses quotas with [`quota_fn`](Self::quota_fn).
+    /// call it first). Shadow mode left unset in `limits` is the limiter's. Errors (naming
+    /// the field) when a quota does not build the limiter's algorithm, when `limits`' quota is
+    /// not the algorithm's (`quota`: one quota given twice; change it with
+    /// [`LiveLimits::replace`]), when `limits` turn off the shadow mode the limiter's builder
+    /// turned on (`shadow`), when the limiter's limits are already live in another layer
+    /// (`live`), or when the layer chooses quotas with [`quota_fn`](Self::quota_fn).
     ///
     /// ```
     /// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, *};

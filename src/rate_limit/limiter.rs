@@ -211,7 +211,9 @@ impl<A: Algorithm> RateLimiter<A> {
     /// through the circuit breaker and within the store timeout; under
     /// [`FailurePolicy::Local`] with the store unavailable, the local share's state (marked
     /// [`degraded`](KeyState::degraded)). A key never seen has `remaining` = `limit`.
-    /// [`Error::Unsupported`] for a custom algorithm.
+    /// [`Error::Unsupported`] for a custom algorithm. Under a layer's
+    /// [live limits](super::RateLimitLayer::live), the quota they give the key (its plan's, or
+    /// the quota in force): the one the layer enforces.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -226,7 +228,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {
         let key = key.into();
-        self.engine.peek(Some(&key), None, None).await
+        let live = self.engine.live.load_full();
+        let quoted = live.as_ref().and_then(|q| q.quoted(Some(&key)));
+        self.engine
+            .peek(Some(&key), quoted.map(|q| &**q), None)
+            .await
     }
 
     /// Like [`peek`](Self::peek), under `quota` instead of the limiter's own: the state a

@@ -6,8 +6,8 @@ use std::{collections::HashMap, fmt, sync::Arc};
 use arc_swap::ArcSwap;
 
 use super::{
-    engine::{Quoted, RateEngine},
-    lists::{key_text, AccessList, Lists},
+    engine::{LiveQuotas, Quoted, RateEngine},
+    lists::{AccessList, Lists},
 };
 use crate::{
     decision::KeyState,
@@ -19,6 +19,12 @@ use crate::{
 /// What a layer's [`LiveLimits`] hold: the default policy's quota, quotas per key (plans),
 /// the allow and deny lists, and shadow mode. Built and checked whole, then swapped in at
 /// once ([`LiveLimits::replace`]).
+///
+/// Each setting has one place: the quota a layer starts with is the limiter's algorithm's
+/// (giving [`RateLimitLayer::live`](super::RateLimitLayer::live) another one is a
+/// [`ConfigError`]; a [`replace`](LiveLimits::replace) changes it), and shadow mode left
+/// unset here is the limiter's ([`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)),
+/// in the limits a layer starts with and in every replacement.
 ///
 /// ```
 /// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, Quota};
@@ -35,18 +41,20 @@ pub struct Limits {
     plans: HashMap<Box<[u8]>, Quota>,
     allow: AccessList,
     deny: AccessList,
-    shadow: bool,
+    /// `None`: the limiter's.
+    shadow: Option<bool>,
 }
 
 impl Limits {
-    /// `quota` for every key without a plan; no plan, empty lists, enforcing.
+    /// `quota` for every key without a plan; no plan, empty lists, shadow mode as the limiter
+    /// has it.
     pub fn new(quota: Quota) -> Self {
         Self {
             quota,
             plans: HashMap::new(),
             allow: AccessList::new(),
             deny: AccessList::new(),
-            shadow: false,
+            shadow: None,
         }
     }
 
@@ -69,8 +77,12 @@ impl Limits {
     }
 
     /// Shadow mode (see [`RateLimiterBuilder::shadow`](super::RateLimiterBuilder::shadow)).
+    /// Unset, it is the limiter's, in the limits a layer starts with and in a replacement.
+    /// Turning off here the shadow mode the limiter's builder turned on is a [`ConfigError`]
+    /// naming `shadow` in the limits a layer starts with (the same setting given twice and
+    /// different); a replacement may (a shadow rollout ends).
     pub fn shadow(mut self, on: bool) -> Self {
-        self.shadow = on;
+        self.shadow = Some(on);
         self
     }
 
@@ -79,9 +91,10 @@ impl Limits {
         self.quota
     }
 
-    /// Whether shadow mode is on.
+    /// Whether shadow mode is on: for the limits in force ([`LiveLimits::limits`]), whether
+    /// it is; for limits being built, whether it was set on.
     pub fn is_shadow(&self) -> bool {
-        self.shadow
+        self.shadow == Some(true)
     }
 }
 
@@ -105,14 +118,15 @@ struct Inner {
     engine: Arc<RateEngine>,
     /// How the lists find a client's address.
     client: ClientIp,
+    /// Shadow mode as the limiter's builder set it: the limits' when they leave it unset.
+    shadow: bool,
 }
 
 /// Limits checked and ready: each quota as the algorithm that runs it.
 pub(crate) struct Resolved {
+    /// With shadow mode set (as resolved).
     pub(crate) limits: Limits,
-    /// `None`: the limiter's own quota (no quota per request to build).
-    own: Option<Arc<Quoted>>,
-    plans: HashMap<Box<[u8]>, Arc<Quoted>>,
+    quotas: Arc<LiveQuotas>,
     pub(crate) lists: Option<Lists>,
 }
 
@@ -130,15 +144,46 @@ impl LiveLimits {
         client: ClientIp,
         limits: Limits,
     ) -> Result<Self, ConfigError> {
-        let resolved = resolve(&engine, &client, limits)?;
-        engine
-            .shadow
-            .store(resolved.limits.shadow, std::sync::atomic::Ordering::Relaxed);
+        if engine.live.load().is_some() {
+            return Err(ConfigError::new(
+                "live",
+                "this limiter's limits are already live in another layer; replace them through \
+                 its LiveLimits",
+            ));
+        }
+        let shadow = engine.shadow();
+        if shadow && limits.shadow == Some(false) {
+            return Err(ConfigError::new(
+                "shadow",
+                "the limiter's builder sets shadow(true) and the live limits shadow(false): \
+                 set it in one place",
+            ));
+        }
+        let resolved = resolve(&engine, &client, limits, shadow)?;
+        if resolved.quotas.own.is_some() {
+            return Err(ConfigError::new(
+                "quota",
+                format!(
+                    "the live limits' quota ({}) differs from the limiter's {} ({} per {:?}): \
+                     give the same quota to both, and change it later with LiveLimits::replace",
+                    resolved.limits.quota,
+                    engine.algorithm.name(),
+                    engine.algorithm.quota(),
+                    engine.algorithm.window()
+                ),
+            ));
+        }
+        engine.live.store(Some(Arc::clone(&resolved.quotas)));
+        engine.shadow.store(
+            resolved.limits.is_shadow(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(resolved),
                 engine,
                 client,
+                shadow,
             }),
         })
     }
@@ -147,11 +192,12 @@ impl LiveLimits {
     /// default or a plan's) that the limiter's algorithm does not take is a [`ConfigError`]
     /// naming the quota's field (`quota.limit`, ...) or `plans` (with the plan's key).
     pub fn replace(&self, limits: Limits) -> Result<(), ConfigError> {
-        let resolved = resolve(&self.inner.engine, &self.inner.client, limits)?;
-        let shadow = resolved.limits.shadow;
+        let engine = &self.inner.engine;
+        let resolved = resolve(engine, &self.inner.client, limits, self.inner.shadow)?;
+        let shadow = resolved.limits.is_shadow();
+        engine.live.store(Some(Arc::clone(&resolved.quotas)));
         self.inner.current.store(Arc::new(resolved));
-        self.inner
-            .engine
+        engine
             .shadow
             .store(shadow, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -165,11 +211,14 @@ impl LiveLimits {
     /// ```
     /// # use tower_redis_ratelimit::{rate_limit::Limits, *};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(5))?)?;
-    /// let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?);
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(10))?)?;
+    /// let layer = RateLimitLayer::new(limiter.clone(), HeaderKey::new("x-api-key")?);
     /// let (layer, live) = layer.live(Limits::new(Quota::per_minute(10)).plan("gold", Quota::per_minute(100)))?;
     /// assert_eq!(live.peek("gold").await?.capacity, 100);
     /// assert_eq!(live.peek("anyone").await?.capacity, 10);
+    /// // The limiter shows what the layer enforces, after a replacement too.
+    /// live.replace(Limits::new(Quota::per_minute(20)))?;
+    /// assert_eq!(limiter.peek("anyone").await?.capacity, 20);
     /// # drop(layer); Ok(()) }
     /// ```
     pub async fn peek<'k>(&self, key: impl Into<Key<'k>>) -> Result<KeyState, Error> {
@@ -194,23 +243,19 @@ impl LiveLimits {
 impl Resolved {
     /// The quota for a request of `key` (`None`: the limiter's own).
     pub(crate) fn quoted(&self, key: Option<&Key<'_>>) -> Option<&Arc<Quoted>> {
-        if !self.plans.is_empty() {
-            if let Some(key) = key {
-                if let Some(plan) = key_text(key, |text| self.plans.get(text)) {
-                    return Some(plan);
-                }
-            }
-        }
-        self.own.as_ref()
+        self.quotas.quoted(key)
     }
 }
 
-/// Checks `limits` against `engine`'s algorithm and builds what requests will use.
+/// Checks `limits` against `engine`'s algorithm and builds what requests will use; shadow
+/// mode left unset is `shadow`, the limiter's.
 fn resolve(
     engine: &RateEngine,
     client: &ClientIp,
-    limits: Limits,
+    mut limits: Limits,
+    shadow: bool,
 ) -> Result<Resolved, ConfigError> {
+    limits.shadow = Some(limits.shadow.unwrap_or(shadow));
     let own = Arc::new(engine.quoted(limits.quota)?);
     // The limiter's own quota needs no quota per request (and keeps its unit leases).
     let own = (!own.same_rule(&*engine.algorithm)).then_some(own);
@@ -231,8 +276,7 @@ fn resolve(
     });
     Ok(Resolved {
         limits,
-        own,
-        plans,
+        quotas: Arc::new(LiveQuotas { own, plans }),
         lists,
     })
 }

@@ -241,3 +241,94 @@ async fn a_policys_window_is_the_time_its_burst_takes_to_earn_back() {
         );
     }
 }
+
+/// A shadow rollout made live: the limiter's builder turns shadow mode on, the layer's live
+/// limits leave it unset, and every request is served (none refused) while the limits report
+/// shadow mode; a replacement that leaves it unset keeps the limiter's, one that turns it off
+/// enforces. Turning it off in the limits the layer is made live with contradicts the
+/// builder: refused.
+#[tokio::test]
+async fn a_shadow_rollout_stays_in_shadow_mode_with_live_limits() {
+    use tower_redis_ratelimit::{rate_limit::Limits, MemoryStore};
+    let quota = Quota::per_hour(2);
+    let limiter = || {
+        RateLimiter::builder(MemoryStore::new(), Gcra::new(quota).unwrap())
+            .shadow(true)
+            .build()
+            .unwrap()
+    };
+    let (layer, live) = RateLimitLayer::new(limiter(), GlobalKey)
+        .live(Limits::new(quota))
+        .unwrap();
+    assert!(live.limits().is_shadow());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(calls.clone()));
+    let statuses = |n: usize| {
+        let svc = svc.clone();
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..n {
+                let req = Request::get("/").body(Body::empty()).unwrap();
+                out.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            out
+        }
+    };
+    assert_eq!(statuses(5).await, [200; 5]);
+    live.replace(Limits::new(Quota::per_hour(1))).unwrap();
+    assert!(live.limits().is_shadow());
+    assert_eq!(statuses(2).await, [200; 2]);
+    live.replace(Limits::new(quota).shadow(false)).unwrap();
+    assert!(!live.limits().is_shadow());
+    assert_eq!(statuses(1).await, [429]);
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
+
+    let err = RateLimitLayer::new(limiter(), GlobalKey)
+        .live(Limits::new(quota).shadow(false))
+        .unwrap_err();
+    assert_eq!(err.field(), "shadow", "{err}");
+}
+
+/// One quota given twice and different (to the limiter's algorithm and to the live limits)
+/// is refused naming `quota`; given alike it is taken, and `RateLimiter::peek` shows the
+/// quota the layer enforces, a key's plan and a replacement's quota included.
+#[tokio::test]
+async fn a_quota_given_twice_and_different_is_refused_and_peek_shows_the_enforced_one() {
+    use tower_redis_ratelimit::{rate_limit::Limits, MemoryStore};
+    let limiter =
+        RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_hour(5)).unwrap()).unwrap();
+    let err = RateLimitLayer::new(limiter.clone(), GlobalKey)
+        .live(Limits::new(Quota::per_hour(10)))
+        .unwrap_err();
+    assert_eq!(err.field(), "quota", "{err}");
+    assert!(err.to_string().contains("10 per 3600s"), "{err}");
+
+    let (layer, live) = RateLimitLayer::new(limiter.clone(), HeaderKey::new("x-k").unwrap())
+        .live(Limits::new(Quota::per_hour(5)).plan("gold", Quota::per_hour(50)))
+        .unwrap();
+    assert_eq!(limiter.peek("anyone").await.unwrap().capacity, 5);
+    assert_eq!(limiter.peek("gold").await.unwrap().capacity, 50);
+    live.replace(Limits::new(Quota::per_hour(7))).unwrap();
+    assert_eq!(limiter.peek("anyone").await.unwrap().capacity, 7);
+    assert_eq!(limiter.peek("gold").await.unwrap().capacity, 7);
+    // The layer enforces what the limiter shows.
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(Arc::default()));
+    let req = Request::get("/")
+        .header("x-k", "anyone")
+        .body(Body::empty())
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"default\";q=7;w=3600")
+    );
+    // A second layer cannot make the same limiter's limits live too.
+    let err = RateLimitLayer::new(limiter, GlobalKey)
+        .live(Limits::new(Quota::per_hour(5)))
+        .unwrap_err();
+    assert_eq!(err.field(), "live", "{err}");
+}
