@@ -282,7 +282,8 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             (Some(lease), Some(cap)) => {
                 let emission_us = match dyn_algorithm.rule() {
                     Rule::Gcra(r) | Rule::TokenBucket(r) => r.emission_us(),
-                    _ => 0, // refused by `UnitLease::validate`
+                    // Refused by `UnitLease::validate`.
+                    Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => 0,
                 };
                 Some(Leasing::new(lease, cap, emission_us))
             }

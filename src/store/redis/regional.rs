@@ -196,7 +196,7 @@ impl Terms {
                 emission_us: r.emission_us(),
                 burst: r.burst(),
             }),
-            _ => Err(Error::Unsupported(
+            Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => Err(Error::Unsupported(
                 "only GCRA and the token bucket run across regions",
             )),
         }

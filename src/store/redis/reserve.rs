@@ -30,7 +30,7 @@ pub(crate) fn command(
     let (script, suffix, rate): (&'static Script, _, _) = match algorithm.rule() {
         Rule::Gcra(r) => (&GCRA_RESERVE, keys::GCRA, r),
         Rule::TokenBucket(r) => (&TOKEN_BUCKET_RESERVE, keys::BUCKET, r),
-        _ => {
+        Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => {
             return Err(Error::Unsupported(
                 "only GCRA and the token bucket reserve units",
             ))

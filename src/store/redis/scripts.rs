@@ -754,10 +754,10 @@ mod tests {
     fn rate(per_second: u32, burst: u32) -> BucketRate {
         use crate::algorithm::Gcra;
         let g = Gcra::new(crate::Quota::per_second(per_second).burst(burst)).unwrap();
-        match g.rule() {
-            Rule::Gcra(r) => r,
-            _ => unreachable!(),
-        }
+        let Rule::Gcra(r) = g.rule() else {
+            unreachable!("a Gcra's rule is Rule::Gcra")
+        };
+        r
     }
 
     #[test]
