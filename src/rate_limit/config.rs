@@ -11,12 +11,18 @@ use std::{
 
 use http::request::Parts;
 
-use super::{counting::CountFn, engine::RateEngine, lists::Lists, live::LiveLimits};
+use super::{
+    counting::CountFn,
+    engine::{Quoted, RateEngine},
+    lists::{Listed, Lists},
+    live::{LiveLimits, Resolved},
+};
 use crate::{
     decision::Decision,
-    extract::{CostFn, MissingKey},
-    http::{PolicyField, Responder},
+    extract::{CostFn, Key, KeyExtractor, MissingKey},
+    http::{headers::partition_key, PolicyField, Responder},
     quota::Quota,
+    store::KeyBuf,
 };
 
 /// A policy of one layer, as [`RateLimitLayer::add_policy`](super::RateLimitLayer::add_policy)
@@ -157,5 +163,62 @@ impl<K> Config<K> {
             },
             Class::Policy(id) => Selected::Foreign(id),
         }
+    }
+
+    /// Whether the allow or deny list (the live limits', else the layer's) has the request.
+    pub(crate) fn listed(&self, live: Option<&Resolved>, parts: &Parts) -> Listed
+    where
+        K: KeyExtractor,
+    {
+        let lists = match live {
+            Some(live) => live.lists.as_ref(),
+            None => self.lists.as_deref(),
+        };
+        let Some(lists) = lists else {
+            return Listed::No;
+        };
+        let key = self.key.extract(parts);
+        lists.check(parts, key.as_ref())
+    }
+
+    /// The quota a request of `key` under `policy` is decided by, when not the policy's own:
+    /// the live limits' (the default policy's: a key's plan, or the quota in force), else the
+    /// quota function's.
+    pub(crate) fn quota_for(
+        &self,
+        live: Option<&Resolved>,
+        policy: &Policy,
+        key: Option<&Key<'_>>,
+        parts: &Parts,
+    ) -> Option<Arc<Quoted>> {
+        if let Some(live) = live.filter(|_| std::ptr::eq(policy, &self.policies[0])) {
+            return live.quoted(key).cloned();
+        }
+        let quota = self.quota.as_ref()?(parts)?;
+        let engine = &policy.engine;
+        engine
+            .quoted(quota)
+            .map(Arc::new)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    policy = %engine.policy(),
+                    %quota,
+                    error = %crate::error::Chain(&e),
+                    "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
+                );
+            })
+            .ok()
+    }
+
+    /// The IETF `pk` of `key` under `engine`, when the layer has a partition secret.
+    pub(crate) fn partition_key(
+        &self,
+        engine: &RateEngine,
+        key: Option<&Key<'_>>,
+    ) -> Option<String> {
+        let secret = self.partition_secret.as_ref()?;
+        let mut compact = KeyBuf::new();
+        engine.store_key(key).write_key_compact(&mut compact);
+        Some(partition_key(secret, compact.as_bytes()))
     }
 }

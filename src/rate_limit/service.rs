@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use super::{
     config::{Config, Selected},
+    engine::RateEngine,
     future::{Answer, Refund, ResponseFuture, Shadow},
     lists::Listed,
     live::LiveLimits,
@@ -19,9 +20,9 @@ use super::{
 use crate::{
     error::Error,
     extract::{Key, KeyExtractor},
-    http::{forbidden, headers::partition_key, is_grpc, key_of, Keyed, ResponseBody},
+    http::{forbidden, is_grpc, key_of, Keyed, ResponseBody},
+    store::BoxFuture,
     store::FailurePolicy,
-    store::{BoxFuture, KeyBuf},
 };
 
 static WARNED_UNKEYED: AtomicBool = AtomicBool::new(false);
@@ -96,57 +97,33 @@ where
         let responder = &config.responder;
 
         let (parts, body) = req.into_parts();
-        let live = config.live.as_ref().map(LiveLimits::load);
-        let lists = match &live {
-            Some(live) => live.lists.as_ref(),
-            None => config.lists.as_deref(),
-        };
-        if let Some(lists) = lists {
-            let key = config.key.extract(&parts);
-            match lists.check(&parts, key.as_ref()) {
-                Listed::Denied => {
-                    drop(key);
-                    let grpc = is_grpc(&parts.headers);
-                    return ResponseFuture::refused(forbidden(responder.problem_details, grpc));
-                }
-                Listed::Allowed => {
-                    drop(key);
-                    let req = Request::from_parts(parts, body);
-                    return ResponseFuture::unchecked(req, inner);
-                }
-                Listed::No => {}
+        let guard = config.live.as_ref().map(LiveLimits::load);
+        let live = guard.as_deref().map(Arc::as_ref);
+        match config.listed(live, &parts) {
+            Listed::Denied => {
+                let grpc = is_grpc(&parts.headers);
+                return ResponseFuture::refused(forbidden(responder.problem_details, grpc));
             }
+            Listed::Allowed => {
+                let req = Request::from_parts(parts, body);
+                return ResponseFuture::unchecked(req, inner);
+            }
+            Listed::No => {}
         }
-        let selected = config.policy_for(&parts);
         let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
-        let policy = match selected {
+        let selected = match config.policy_for(&parts) {
             Selected::Policy(policy) if cost > 0 => policy,
             Selected::Policy(_) | Selected::Bypass => {
                 let req = Request::from_parts(parts, body);
                 return ResponseFuture::unchecked(req, inner);
             }
             Selected::Foreign(id) => {
-                tracing::error!(
-                    ?id,
-                    "rate limit: classify returned a policy handle of another layer; answering 503"
-                );
-                let e = Error::InvalidInput("a policy handle of another layer");
-                let answer = Answer {
-                    failure: FailurePolicy::Closed,
-                    shadow: Shadow::Off,
-                    grpc: is_grpc(&parts.headers),
-                    partition_key: None,
-                    refund: None,
-                    extension: false,
-                };
                 let req = Request::from_parts(parts, body);
-                let field = &config.policies[0].field;
-                return ResponseFuture::decided(Err(e), req, inner, responder, answer, field);
+                return foreign(id, req, inner, config);
             }
         };
-        let selected_policy = policy;
-        let field = &policy.field;
-        let policy = &policy.engine;
+        let field = &selected.field;
+        let policy = &selected.engine;
         // The key borrows from the request head: decide what can be decided at once before
         // the head goes back into the request.
         let key = match key_of(
@@ -162,55 +139,15 @@ where
                 return ResponseFuture::unchecked(req, inner);
             }
         };
-        let pk = config.partition_secret.as_ref().map(|secret| {
-            let mut compact = KeyBuf::new();
-            policy
-                .store_key(key.as_ref())
-                .write_key_compact(&mut compact);
-            partition_key(secret, compact.as_bytes())
-        });
-        let live_quota = match &live {
-            // Live limits are the default policy's.
-            Some(live) if std::ptr::eq(selected_policy, &config.policies[0]) => {
-                Some(live.quoted(key.as_ref()).cloned())
-            }
-            _ => None,
-        };
-        drop(live);
-        let quoted = live_quota.unwrap_or_else(|| config.quota.as_ref().and_then(|f| {
-            let quota = f(&parts)?;
-            policy
-                .quoted(quota)
-                .map(Arc::new)
-                .inspect_err(|e| {
-                    tracing::warn!(
-                        policy = %policy.policy(),
-                        %quota,
-                        error = %crate::error::Chain(&e),
-                        "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
-                    );
-                })
-                .ok()
-        }));
-        let refund = config.count.as_ref().map(|count| Refund {
-            policy: Arc::clone(policy),
-            key: key.as_ref().map(|k| k.clone().into_owned()),
-            count: Arc::clone(count),
-        });
-        let answer = |grpc| Answer {
-            failure: policy.core.failure,
-            shadow: Shadow::of(policy),
-            grpc,
-            partition_key: pk,
-            refund,
-            extension: config.extension,
-        };
+        let quoted = config.quota_for(live, selected, key.as_ref(), &parts);
+        drop(guard);
+        let answer = |grpc| answer_of(config, policy, key.as_ref(), grpc);
         // Answered without waiting (deny cache, in-memory store): no boxed future.
         if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_deref()) {
-            drop(key);
             // Only an answer the limiter writes itself depends on the protocol.
             let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
             let answer = answer(grpc);
+            drop(key);
             let req = Request::from_parts(parts, body);
             return ResponseFuture::decided(result, req, inner, responder, answer, field);
         }
@@ -227,4 +164,53 @@ where
         let responder = Arc::clone(responder);
         ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }
+}
+
+/// How the answer to a request of `key` decided under `policy` is made.
+fn answer_of<K>(
+    config: &Config<K>,
+    policy: &Arc<RateEngine>,
+    key: Option<&Key<'_>>,
+    grpc: bool,
+) -> Answer {
+    Answer {
+        failure: policy.core.failure,
+        shadow: Shadow::of(policy),
+        grpc,
+        partition_key: config.partition_key(policy, key),
+        refund: config.count.as_ref().map(|count| Refund {
+            policy: Arc::clone(policy),
+            key: key.map(|k| k.clone().into_owned()),
+            count: Arc::clone(count),
+        }),
+        extension: config.extension,
+    }
+}
+
+/// The answer to a request that `classify` put under another layer's policy: 503, decided
+/// under no policy.
+fn foreign<S, K, ReqBody>(
+    id: super::config::PolicyId,
+    req: Request<ReqBody>,
+    inner: &mut S,
+    config: &Config<K>,
+) -> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    tracing::error!(
+        ?id,
+        "rate limit: classify returned a policy handle of another layer; answering 503"
+    );
+    let e = Error::InvalidInput("a policy handle of another layer");
+    let answer = Answer {
+        failure: FailurePolicy::Closed,
+        shadow: Shadow::Off,
+        grpc: is_grpc(req.headers()),
+        partition_key: None,
+        refund: None,
+        extension: false,
+    };
+    let field = &config.policies[0].field;
+    ResponseFuture::decided(Err(e), req, inner, &config.responder, answer, field)
 }
