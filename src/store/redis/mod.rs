@@ -7,8 +7,8 @@ macro_rules! prelude_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../../../lua/prelude.lua"),
-                include_str!(concat!("../../../lua/", $file))
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/prelude.lua")),
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
             ))
         })
     };
