@@ -245,32 +245,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             .options
             .build(self.store, algorithm.name(), rule, self.common_counters)?;
         let local = match core.failure {
-            FailurePolicy::Local => {
-                let Some(shared) = algorithm.local_share(core.share) else {
-                    return Err(ConfigError::new(
-                        "on_store_error",
-                        format!(
-                            "FailurePolicy::Local needs an algorithm whose quota can be divided \
-                             among instances; {} cannot",
-                            algorithm.name()
-                        ),
-                    ));
-                };
-                let prefix = compact_prefix(&namespace, shared.name());
-                Some(Arc::new(RateEngine {
-                    core: Core::local(Arc::new(MemoryStore::new()), &namespace, &core.policy),
-                    algorithm: shared,
-                    deny_cache: None,
-                    leasing: None,
-                    shadow: AtomicBool::new(false),
-                    shadow_headers: false,
-                    top: None,
-                    key_meters: KeyMeters::default(),
-                    local: None,
-                    prefix,
-                    live: ArcSwapOption::empty(),
-                }))
-            }
+            FailurePolicy::Local => Some(local_engine(&*algorithm, &core, &namespace)?),
             _ => None,
         };
         let dyn_algorithm: Arc<dyn Algorithm> = algorithm.clone();
@@ -308,6 +283,38 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             algorithm,
         })
     }
+}
+
+/// Under [`FailurePolicy::Local`]: the same algorithm at the local share, in memory.
+fn local_engine(
+    algorithm: &dyn Algorithm,
+    core: &Core,
+    namespace: &str,
+) -> Result<Arc<RateEngine>, ConfigError> {
+    let Some(shared) = algorithm.local_share(core.share) else {
+        return Err(ConfigError::new(
+            "on_store_error",
+            format!(
+                "FailurePolicy::Local needs an algorithm whose quota can be divided among \
+                 instances; {} cannot",
+                algorithm.name()
+            ),
+        ));
+    };
+    let prefix = compact_prefix(namespace, shared.name());
+    Ok(Arc::new(RateEngine {
+        core: Core::local(Arc::new(MemoryStore::new()), namespace, &core.policy),
+        algorithm: shared,
+        deny_cache: None,
+        leasing: None,
+        shadow: AtomicBool::new(false),
+        shadow_headers: false,
+        top: None,
+        key_meters: KeyMeters::default(),
+        local: None,
+        prefix,
+        live: ArcSwapOption::empty(),
+    }))
 }
 
 /// What a limiter on a store spread across regions cannot do: an algorithm other than GCRA

@@ -283,6 +283,65 @@ where
 
 const DONE: &str = "ResponseFuture polled after completion";
 
+/// What an answer of the inner service still needs.
+enum After<R> {
+    /// Nothing: it is the response.
+    Ready(Response<R>),
+    /// Its units given back first (it does not count), then its fields.
+    Refund(
+        BoxFuture<'static, Result<bool, Error>>,
+        Response<R>,
+        Box<Decided>,
+    ),
+}
+
+impl Then {
+    /// Finishes `res` as this says: its headers, or the refund of a response that does not
+    /// count, before them.
+    fn apply<R>(self, mut res: Response<R>) -> After<R> {
+        match self {
+            Then::Nothing => {}
+            Then::Stamp(stamp) => stamp.apply(res.headers_mut()),
+            Then::Decided(mut decided) => {
+                // Not counted: give the units back before answering.
+                let uncounted = decided.refund.take().and_then(|r| {
+                    let charge = *decided.decision.charge()?;
+                    (!(r.count)(res.status(), res.headers())).then_some((r, charge))
+                });
+                if let Some((r, charge)) = uncounted {
+                    let refund: BoxFuture<'static, _> =
+                        Box::pin(
+                            async move { r.policy.refund(r.key.as_ref(), &charge, None).await },
+                        );
+                    return After::Refund(refund, res, decided);
+                }
+                decided.stamp(&mut res);
+            }
+        }
+        After::Ready(res)
+    }
+}
+
+impl Decided {
+    /// The decision once its units are back: a quota full again resets now. Otherwise the
+    /// reset time stays the charge's, an upper bound.
+    fn given_back(&mut self) {
+        let d = &mut self.decision;
+        d.remaining = d.capacity.min(d.remaining + u64::from(d.cost));
+        if d.remaining == d.capacity {
+            d.reset_after = Duration::ZERO;
+        }
+    }
+
+    /// Writes the decision's fields on `res`, unless in quiet shadow mode.
+    fn stamp<R>(&self, res: &mut Response<R>) {
+        if self.headers {
+            let pk = self.partition_key.as_deref();
+            self.responder.allowed(&self.decision, res, pk);
+        }
+    }
+}
+
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
@@ -335,50 +394,24 @@ where
                         ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                         *budget = false;
                     }
-                    let mut res = ready!(future.poll(cx))?;
-                    match then.take().expect(DONE) {
-                        Then::Nothing => {}
-                        Then::Stamp(stamp) => stamp.apply(res.headers_mut()),
-                        Then::Decided(mut decided) => {
-                            // Not counted: give the units back before answering.
-                            let uncounted = decided.refund.take().and_then(|r| {
-                                let charge = *decided.decision.charge()?;
-                                (!(r.count)(res.status(), res.headers())).then_some((r, charge))
+                    let res = ready!(future.poll(cx))?;
+                    match then.take().expect(DONE).apply(res) {
+                        After::Ready(res) => return Poll::Ready(Ok(res.map(ResponseBody::inner))),
+                        After::Refund(refund, res, decided) => {
+                            this.state.set(State::Refunding {
+                                refund,
+                                response: Some((res, decided)),
                             });
-                            if let Some((r, charge)) = uncounted {
-                                let refund: BoxFuture<'static, _> = Box::pin(async move {
-                                    r.policy.refund(r.key.as_ref(), &charge, None).await
-                                });
-                                this.state.set(State::Refunding {
-                                    refund,
-                                    response: Some((res, decided)),
-                                });
-                                continue;
-                            }
-                            if decided.headers {
-                                let pk = decided.partition_key.as_deref();
-                                decided.responder.allowed(&decided.decision, &mut res, pk);
-                            }
                         }
                     }
-                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
                 StateProj::Refunding { refund, response } => {
                     let given = ready!(refund.as_mut().poll(cx));
                     let (mut res, mut decided) = response.take().expect(DONE);
-                    let d = &mut decided.decision;
                     if let Ok(true) = given {
-                        // The units are back; a quota full again resets now. Otherwise the
-                        // reset time stays the charge's, an upper bound.
-                        d.remaining = d.capacity.min(d.remaining + u64::from(d.cost));
-                        if d.remaining == d.capacity {
-                            d.reset_after = Duration::ZERO;
-                        }
+                        decided.given_back();
                     }
-                    if decided.headers {
-                        let pk = decided.partition_key.as_deref();
-                        decided.responder.allowed(&decided.decision, &mut res, pk);
-                    }
+                    decided.stamp(&mut res);
                     return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
             }
