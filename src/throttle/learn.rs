@@ -130,56 +130,7 @@ pub fn read_limits(
     // Absolute times (Unix resets, HTTP dates) are the upstream's: read them against its
     // `Date` when its clock and ours disagree by more than a second.
     let now = answer_clock(headers, now);
-    let (window, name) = match ietf(headers, &mut r.ignored) {
-        Some((w, name)) => (Some(w), name),
-        None => (None, None),
-    };
-    r.stated = policies(headers, name.as_deref(), &mut r.ignored);
-    let window = window
-        .map(|w| (w, HeaderFamily::Ietf))
-        .or_else(|| {
-            pair(
-                headers,
-                "ratelimit-remaining",
-                "ratelimit-reset",
-                now,
-                &mut r.ignored,
-            )
-            .map(|w| (w, HeaderFamily::IetfDraft))
-        })
-        .or_else(|| {
-            pair(
-                headers,
-                "x-ratelimit-remaining",
-                "x-ratelimit-reset",
-                now,
-                &mut r.ignored,
-            )
-            .map(|w| (w, HeaderFamily::XRateLimit))
-        });
-    if let Some(((remaining, reset), from)) = window {
-        let reset = cap(reset, max_pause, &mut r.capped);
-        r.learned = r.learned.window(remaining, reset);
-        r.window_from = Some(from);
-        // A limit beside the count and its reset: a rate over a window at least as long as
-        // the reset, in whole seconds rounded down (a Unix-time reset rounded up by the
-        // upstream reads up to a second long), at least one.
-        let limit = match from {
-            HeaderFamily::IetfDraft => Some("ratelimit-limit"),
-            HeaderFamily::XRateLimit => Some("x-ratelimit-limit"),
-            _ => None,
-        };
-        let limit = limit
-            .and_then(|name| headers.get(name))
-            .and_then(|v| header_number(v).or_else(|| bad(&mut r.ignored)))
-            .filter(|&q| q > 0);
-        if let Some(quota) = limit {
-            let window = Duration::from_secs(reset.as_secs());
-            r.learned = r
-                .learned
-                .rate(Rate::inferred(quota, window.max(Duration::from_secs(1))));
-        }
-    }
+    r.read_window(headers, now, max_pause);
     if let Some(p) = r.stated {
         r.learned = r.learned.rate(Rate::stated(p.quota, p.window));
     }
@@ -192,6 +143,77 @@ pub fn read_limits(
         }
     }
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        r.read_pause(status, headers, now, max_pause);
+    }
+    r
+}
+
+impl Reading {
+    /// The window and the rate the headers tell (the first header family that has them).
+    fn read_window(&mut self, headers: &HeaderMap, now: SystemTime, max_pause: Duration) {
+        let r = self;
+        let (window, name) = match ietf(headers, &mut r.ignored) {
+            Some((w, name)) => (Some(w), name),
+            None => (None, None),
+        };
+        r.stated = policies(headers, name.as_deref(), &mut r.ignored);
+        let window = window
+            .map(|w| (w, HeaderFamily::Ietf))
+            .or_else(|| {
+                pair(
+                    headers,
+                    "ratelimit-remaining",
+                    "ratelimit-reset",
+                    now,
+                    &mut r.ignored,
+                )
+                .map(|w| (w, HeaderFamily::IetfDraft))
+            })
+            .or_else(|| {
+                pair(
+                    headers,
+                    "x-ratelimit-remaining",
+                    "x-ratelimit-reset",
+                    now,
+                    &mut r.ignored,
+                )
+                .map(|w| (w, HeaderFamily::XRateLimit))
+            });
+        if let Some(((remaining, reset), from)) = window {
+            let reset = cap(reset, max_pause, &mut r.capped);
+            r.learned = r.learned.window(remaining, reset);
+            r.window_from = Some(from);
+            // A limit beside the count and its reset: a rate over a window at least as long as
+            // the reset, in whole seconds rounded down (a Unix-time reset rounded up by the
+            // upstream reads up to a second long), at least one.
+            let limit = match from {
+                HeaderFamily::IetfDraft => Some("ratelimit-limit"),
+                HeaderFamily::XRateLimit => Some("x-ratelimit-limit"),
+                _ => None,
+            };
+            let limit = limit
+                .and_then(|name| headers.get(name))
+                .and_then(|v| header_number(v).or_else(|| bad(&mut r.ignored)))
+                .filter(|&q| q > 0);
+            if let Some(quota) = limit {
+                let window = Duration::from_secs(reset.as_secs());
+                r.learned = r
+                    .learned
+                    .rate(Rate::inferred(quota, window.max(Duration::from_secs(1))));
+            }
+        }
+    }
+
+    /// The pause of an answer refusing calls (429 or 503): its `Retry-After`, else for a 429
+    /// until the window it tells resets, else the default pause.
+    fn read_pause(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        now: SystemTime,
+        max_pause: Duration,
+    ) {
+        let r = self;
         let retry = headers
             .get_all(http::header::RETRY_AFTER)
             .iter()
@@ -213,7 +235,6 @@ pub fn read_limits(
             r.pause_from = Some(from);
         }
     }
-    r
 }
 
 /// The pause of an answer that refuses calls: what it said, or [`DEFAULT_429_PAUSE`] when it
