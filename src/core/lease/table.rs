@@ -203,41 +203,7 @@ impl Table {
         if waited {
             return Step::Untracked;
         }
-        // Seen fewer than HOT times in the last lifetime (a new key, a key that rested): cold,
-        // and what it did before it rested says nothing about its next lifetime.
-        if !tracked.hot(now, self.lifetime) {
-            tracked.per_lifetime = 0;
-            tracked.since = now;
-            tracked.demand = 0;
-            let give_back = tracked.lease.take_rest();
-            return Step::Exact { give_back };
-        }
-        // The demand since the last reservation, per lifetime, averaged with the past.
-        let elapsed = now
-            .saturating_duration_since(tracked.since)
-            .as_micros()
-            .max(1);
-        let sample = u128::from(tracked.demand) * self.lifetime.as_micros() / elapsed;
-        let sample = u64::try_from(sample).unwrap_or(u64::MAX).min(self.cap * 4);
-        tracked.per_lifetime = match tracked.per_lifetime {
-            0 => sample,
-            past => past / 2 + sample / 2,
-        };
-        tracked.since = now;
-        tracked.demand = 0;
-        // A quarter more than the expected use, so a lease usually lasts its lifetime.
-        let extra = tracked
-            .per_lifetime
-            .saturating_add(tracked.per_lifetime / 4);
-        let up_to = u64::from(cost)
-            .saturating_add(extra)
-            .min(self.cap.max(u64::from(cost)));
-        let give_back = tracked.lease.take_rest();
-        if up_to <= u64::from(cost) {
-            return Step::Exact { give_back };
-        }
-        tracked.in_flight = Some(Arc::new(Notify::new()));
-        Step::Reserve { up_to, give_back }
+        tracked.next_lease(cost, now, self.lifetime, self.cap)
     }
 
     /// A reservation of `key` sent at `sent` landed with `extra` units beyond the check's
@@ -366,6 +332,45 @@ impl Tracked {
         self.lease.left == 0
             && self.in_flight.is_none()
             && now.saturating_duration_since(self.since) > lifetime
+    }
+}
+
+impl Tracked {
+    /// What a check that found no units in hand and no reservation in flight does next: an
+    /// exact check for a cold key (seen fewer than `HOT` times in the last `lifetime`), else a
+    /// reservation sized on the key's demand (at most `cap`), or an exact check when that is
+    /// no more than the cost. Either way, what the old lease held is given back.
+    fn next_lease(&mut self, cost: u32, now: Instant, lifetime: Duration, cap: u64) -> Step {
+        // Seen fewer than HOT times in the last lifetime (a new key, a key that rested): cold,
+        // and what it did before it rested says nothing about its next lifetime.
+        if !self.hot(now, lifetime) {
+            self.per_lifetime = 0;
+            self.since = now;
+            self.demand = 0;
+            let give_back = self.lease.take_rest();
+            return Step::Exact { give_back };
+        }
+        // The demand since the last reservation, per lifetime, averaged with the past.
+        let elapsed = now.saturating_duration_since(self.since).as_micros().max(1);
+        let sample = u128::from(self.demand) * lifetime.as_micros() / elapsed;
+        let sample = u64::try_from(sample).unwrap_or(u64::MAX).min(cap * 4);
+        self.per_lifetime = match self.per_lifetime {
+            0 => sample,
+            past => past / 2 + sample / 2,
+        };
+        self.since = now;
+        self.demand = 0;
+        // A quarter more than the expected use, so a lease usually lasts its lifetime.
+        let extra = self.per_lifetime.saturating_add(self.per_lifetime / 4);
+        let up_to = u64::from(cost)
+            .saturating_add(extra)
+            .min(cap.max(u64::from(cost)));
+        let give_back = self.lease.take_rest();
+        if up_to <= u64::from(cost) {
+            return Step::Exact { give_back };
+        }
+        self.in_flight = Some(Arc::new(Notify::new()));
+        Step::Reserve { up_to, give_back }
     }
 }
 

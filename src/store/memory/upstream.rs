@@ -177,6 +177,20 @@ impl Said {
                 self.rate = Some(((n + 1).min(MAX), w));
             }
         }
+        self.learn_window(now, &learned, probed, blind);
+        if probed || self.window.is_some_and(|(_, ends)| ends > now) {
+            self.probe = None;
+        }
+        let until = self.paused.max(self.window.map_or(0, |w| w.1));
+        self.keep_until = until.max(now) + KEEP_US;
+    }
+}
+
+impl Said {
+    /// The window an answer tells, as `upstream_learn.lua` keeps it: the same window keeps
+    /// the smaller count and the earlier end, a new one takes the calls still on their way
+    /// (`blind`) off its count; a call that went first and learned nothing forgets the old.
+    fn learn_window(&mut self, now: u64, learned: &Learned, probed: bool, blind: u64) {
         let known = self.window.is_some_and(|(_, ends)| ends > now);
         match (learned.remaining, learned.reset.map(micros)) {
             (Some(r), Some(t)) => {
@@ -199,11 +213,6 @@ impl Said {
             _ if probed && !known => self.window = None,
             _ => {}
         }
-        if probed || self.window.is_some_and(|(_, ends)| ends > now) {
-            self.probe = None;
-        }
-        let until = self.paused.max(self.window.map_or(0, |w| w.1));
-        self.keep_until = until.max(now) + KEEP_US;
     }
 }
 
