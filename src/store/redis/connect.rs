@@ -195,41 +195,8 @@ impl Connector {
                 insecure,
                 ..
             } => {
-                if *insecure {
-                    return Err(Error::Config(ConfigError::new(
-                        "url",
-                        "`#insecure` (TLS without verifying the server) is not supported: \
-                         trust the server's CA with `RedisStoreBuilder::ca_pem`",
-                    )));
-                }
-                #[cfg(feature = "tls")]
-                {
-                    let Some(tls) = &self.tls else {
-                        return Err(Error::Config(ConfigError::new(
-                            "url",
-                            "rediss:// needs TLS settings (internal error)",
-                        )));
-                    };
-                    let stream = tcp(host, *port).await?;
-                    phase.set(Step::Tls);
-                    let stream = super::tls::handshake(Arc::clone(tls), host, stream)
-                        .await
-                        .map_err(Error::Connect)?;
-                    phase.set(Step::Redis);
-                    let (conn, driver) =
-                        MultiplexedConnection::new_with_config(settings, stream, config())
-                            .await
-                            .map_err(|e| classify(&name, e))?;
-                    (conn, driver.boxed())
-                }
-                #[cfg(not(feature = "tls"))]
-                {
-                    let _ = (host, port);
-                    return Err(Error::Config(ConfigError::new(
-                        "url",
-                        "rediss:// needs the `tls` feature of tower-redis-ratelimit",
-                    )));
-                }
+                self.open_tls(host, *port, *insecure, settings, phase, &name)
+                    .await?
             }
             #[cfg(unix)]
             ConnectionAddr::Unix(path) => {
@@ -257,6 +224,53 @@ impl Connector {
         // does not give answers only now.
         ping(&name, opened.conn.clone()).await?;
         Ok(opened)
+    }
+
+    /// A TLS connection to `host:port` (`name` in errors), the handshake run: the connection
+    /// and its driver.
+    async fn open_tls(
+        &self,
+        host: &str,
+        port: u16,
+        insecure: bool,
+        settings: &RedisConnectionInfo,
+        phase: &Phase,
+        name: &str,
+    ) -> Result<(MultiplexedConnection, BoxFuture<'static, ()>), Error> {
+        if insecure {
+            return Err(Error::Config(ConfigError::new(
+                "url",
+                "`#insecure` (TLS without verifying the server) is not supported: \
+                 trust the server's CA with `RedisStoreBuilder::ca_pem`",
+            )));
+        }
+        #[cfg(feature = "tls")]
+        {
+            let Some(tls) = &self.tls else {
+                return Err(Error::Config(ConfigError::new(
+                    "url",
+                    "rediss:// needs TLS settings (internal error)",
+                )));
+            };
+            let stream = tcp(host, port).await?;
+            phase.set(Step::Tls);
+            let stream = super::tls::handshake(Arc::clone(tls), host, stream)
+                .await
+                .map_err(Error::Connect)?;
+            phase.set(Step::Redis);
+            let (conn, driver) = MultiplexedConnection::new_with_config(settings, stream, config())
+                .await
+                .map_err(|e| classify(name, e))?;
+            Ok((conn, driver.boxed()))
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = (host, port, settings, phase, name);
+            Err(Error::Config(ConfigError::new(
+                "url",
+                "rediss:// needs the `tls` feature of tower-redis-ratelimit",
+            )))
+        }
     }
 
     /// Asks every Sentinel at once for the primary of `master`, and tries each distinct
@@ -307,16 +321,7 @@ impl Connector {
                         continue;
                     }
                     tried.push((host.clone(), port));
-                    let addr = if tls {
-                        ConnectionAddr::TcpTls {
-                            host,
-                            port,
-                            insecure: false,
-                            tls_params: None,
-                        }
-                    } else {
-                        ConnectionAddr::Tcp(host, port)
-                    };
+                    let addr = primary_addr(host, port, tls);
                     pending.push(
                         async move {
                             let outcome = self.try_primary(&addr, settings, phase).await;
@@ -341,14 +346,7 @@ impl Connector {
                 }
             }
         }
-        let kind = match refusals.split_first() {
-            Some((Some(first), rest)) if rest.iter().all(|k| *k == Some(*first)) => *first,
-            _ => ConnectErrorKind::NoPrimary,
-        };
-        Err(connect_error(
-            kind,
-            format!("no primary for {master:?}: {}", problems.join("; ")),
-        ))
+        Err(no_primary(master, &refusals, &problems))
     }
 
     /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one Sentinel; why not, as a problem.
@@ -676,4 +674,32 @@ fn tune(stream: &tokio::net::TcpStream) {
     let _ = socket.set_tcp_keepalive(&keepalive);
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let _ = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
+}
+
+/// The address of a primary a Sentinel named.
+fn primary_addr(host: String, port: u16, tls: bool) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
+}
+
+/// The error when no primary named by the Sentinels worked: the kind the primaries' failures
+/// share when they all refused the same way, else [`ConnectErrorKind::NoPrimary`]; every
+/// problem listed.
+fn no_primary(master: &str, refusals: &[Option<ConnectErrorKind>], problems: &[String]) -> Error {
+    let kind = match refusals.split_first() {
+        Some((Some(first), rest)) if rest.iter().all(|k| *k == Some(*first)) => *first,
+        _ => ConnectErrorKind::NoPrimary,
+    };
+    connect_error(
+        kind,
+        format!("no primary for {master:?}: {}", problems.join("; ")),
+    )
 }
