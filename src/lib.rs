@@ -90,6 +90,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
 pub mod algorithm;
 pub mod concurrency;

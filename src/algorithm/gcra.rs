@@ -32,6 +32,11 @@ pub struct Gcra(BucketQuota);
 
 impl Gcra {
     /// Validates the quota (see [`ConfigError`] for the fields named).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the quota's field (`quota.limit`, `quota.period`,
+    /// `quota.burst`) when the quota cannot be run exactly (see [`Quota`](crate::Quota)).
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         BucketQuota::new(quota).map(Self)
     }

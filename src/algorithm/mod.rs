@@ -87,6 +87,12 @@ pub trait Algorithm: Send + Sync + 'static {
     /// exactly as the store-side implementation would.
     ///
     /// The default returns [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] by default (an algorithm with no in-memory twin); an
+    /// implementation's own error, e.g. [`Error::WrongType`] for a state another algorithm
+    /// wrote.
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {
         let _ = (state, now_us, cost);
         Err(Error::Unsupported(
@@ -101,6 +107,12 @@ pub trait Algorithm: Send + Sync + 'static {
     ///
     /// The default returns [`Error::Unsupported`]; the built-in algorithms all refund, in
     /// Redis and in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] by default (an algorithm that cannot give units back); an
+    /// implementation's own error, e.g. [`Error::WrongType`] for a state another algorithm
+    /// wrote.
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
         let _ = (state, now_us, charge);
         Err(Error::Unsupported("this algorithm cannot give units back"))
@@ -123,6 +135,11 @@ pub trait Algorithm: Send + Sync + 'static {
     ///
     /// The default is a [`ConfigError`] naming `quota`: an algorithm with no single quota
     /// to replace ([`MultiLimit`], a custom one) does not take one per request.
+    ///
+    /// # Errors
+    ///
+    /// By default a [`ConfigError`] naming `quota`; for the built-in algorithms, a quota that
+    /// does not build the algorithm, naming the quota's field.
     fn with_quota(&self, quota: Quota) -> Result<Box<dyn Algorithm>, ConfigError> {
         let _ = quota;
         Err(ConfigError::new(

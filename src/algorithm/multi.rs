@@ -45,6 +45,12 @@ pub struct MultiLimit {
 impl MultiLimit {
     /// The limits, by name. Names are 1 to 32 characters from `A-Z a-z 0-9 - _`, unique; there
     /// must be 1 to 8 limits; each quota is validated as for [`Gcra`](crate::Gcra).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `limits` for a count outside 1 to 8, a name that is empty, too
+    /// long, not from `A-Z a-z 0-9 - _` or given twice, and naming the quota's field for a
+    /// quota that does not build a [`Gcra`](crate::Gcra).
     pub fn new<N: AsRef<str>>(
         limits: impl IntoIterator<Item = (N, Quota)>,
     ) -> Result<Self, ConfigError> {

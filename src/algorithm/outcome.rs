@@ -90,6 +90,11 @@ impl Outcome {
     /// Anything else (wrong length, negative values, an allowed reply with a retry time) is an
     /// [`Error::InvalidReply`], never a panic and never an "allowed".
     ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidReply`] when `items` is not of the shape above (too short, or a value
+    /// out of its range).
+    ///
     /// ```
     /// use tower_redis_ratelimit::algorithm::Outcome;
     ///

@@ -74,6 +74,11 @@ pub trait Scripted: Send + Sync {
     /// Reads the script's reply, an array of integers; the default reads the shared shape
     /// (see [`Outcome::from_ints`]). A reply that is not an array of integers is an
     /// [`Error::InvalidReply`] before this is called.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidReply`] when the reply is not of the shape this reads (by default, the
+    /// one [`Outcome::from_ints`] reads).
     fn parse_reply(&self, reply: &[i64]) -> Result<Outcome, Error> {
         Outcome::from_ints(reply)
     }

@@ -41,6 +41,11 @@ pub struct SlidingWindow {
 impl SlidingWindow {
     /// Validates the quota. A window under 1 ms, a zero limit, or a burst different from the
     /// limit (a sliding window has no separate burst) is rejected.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the quota's field (`quota.limit`, `quota.period`,
+    /// `quota.burst`) when the quota cannot be run exactly (see [`Quota`](crate::Quota)).
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
         let window_us = quota.period_us()?;
         if matches!(quota.explicit_burst(), Some(b) if b != quota.limit()) {

@@ -62,6 +62,10 @@ pub(crate) struct Log {
 impl MemoryState {
     /// The stored value, if any; [`Error::WrongType`] if a value of another type is stored
     /// under this key (two algorithms sharing a key), like Redis' `WRONGTYPE`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when a value of another type is stored under this key.
     pub fn get_mut<T: Any + Send>(&mut self) -> Result<Option<&mut T>, Error> {
         match &mut self.value {
             Value::Empty => Ok(None),

@@ -110,6 +110,10 @@ impl ConcurrencyLimiterBuilder {
 
     /// Validates the options; the error names the field.
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting that cannot work.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};

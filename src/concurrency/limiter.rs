@@ -76,6 +76,12 @@ impl ConcurrencyLimiter {
     /// gives that permit back in the background.
     ///
     /// `key` is text (`&str`, `String`), an IP address, a number or a [`Key`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise.
     pub async fn acquire<'k>(&self, key: impl Into<Key<'k>>) -> Result<Option<Permit>, Error> {
         tokio::task::coop::consume_budget().await;
         let key = Some(key.into().into_owned());
@@ -95,6 +101,12 @@ impl ConcurrencyLimiter {
     /// instance. A request still running keeps its permit, and its next renewal (every third
     /// of the [permit TTL](Self::permit_ttl)) counts it again, even over the limit; a request
     /// that has gone away without releasing (a crashed instance) no longer holds a slot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise.
     ///
     /// ```
     /// # use tower_redis_ratelimit::{MemoryStore, concurrency::ConcurrencyLimiter};

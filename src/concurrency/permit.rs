@@ -106,6 +106,12 @@ impl Permit {
     /// Gives the permit back now and waits for the store to confirm (within the store timeout).
     /// On an error, the release is also sent again in the background until it succeeds or the
     /// permit would have expired by itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. The release is sent again in the background then.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop_renewing();
         self.released = true;

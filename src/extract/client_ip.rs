@@ -84,6 +84,11 @@ impl ClientIp {
 
     /// Trusts the proxies in `cidr` (e.g. `10.0.0.0/8`, `2001:db8::/32`, or one address).
     /// An invalid CIDR is rejected (field `trusted_proxy`).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `trusted_proxy` when `cidr` is not an address or a network in
+    /// CIDR notation.
     pub fn trust(mut self, cidr: &str) -> Result<Self, ConfigError> {
         let net = cidr
             .parse::<IpNet>()
@@ -106,6 +111,10 @@ impl ClientIp {
 
     /// Keys IPv6 clients by their `/bits` network (default 64; 128 keys each address).
     /// Outside 1..=128 is rejected (field `ipv6_prefix`).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `ipv6_prefix` when `bits` is outside the range above.
     pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
         if !(1..=128).contains(&bits) {
             return Err(ConfigError::new("ipv6_prefix", "must be 1 to 128"));

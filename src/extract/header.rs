@@ -25,6 +25,10 @@ pub struct HeaderKey {
 
 impl HeaderKey {
     /// Keys by the header `name`; an invalid header name is rejected (field `header`).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `header` when `name` is not a valid HTTP header name.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| ConfigError::new("header", format!("{name:?} is not a header name")))?;

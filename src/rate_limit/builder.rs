@@ -35,6 +35,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// under the default namespace (`rl:default`) with another algorithm or quota: give each
     /// its own [`policy_name`](RateLimiterBuilder::policy_name) with
     /// [`builder`](Self::builder).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `policy_name` when another limiter on the same store already
+    /// counts under the same prefix and policy name with another algorithm or quota.
     pub fn new(store: impl Store, algorithm: A) -> Result<Self, ConfigError> {
         Self::builder(store, algorithm).build()
     }
@@ -221,6 +226,11 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     }
 
     /// Validates the options; the error names the field.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting that cannot work (the store timeout, the
+    /// failure policy, unit leases, top keys, a setting the store cannot run).
     pub fn build(self) -> Result<RateLimiter<A>, ConfigError> {
         if self.top_keys > MAX_TOP_KEYS {
             return Err(ConfigError::new(

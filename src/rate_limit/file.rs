@@ -115,6 +115,11 @@ impl std::error::Error for FileError {}
 ///
 /// An empty text (nothing but white space) is refused: a file truncated for writing looks the
 /// same. A file that means to take every default says so with a comment.
+///
+/// # Errors
+///
+/// A [`FileError`] naming the line (and, when it can tell, the field) of the first syntax
+/// error, value of the wrong type or unknown key.
 pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, FileError> {
     if text.trim().is_empty() {
         return Err(FileError::whole(EMPTY));
@@ -202,6 +207,10 @@ pub struct LimitsFile {
 
 impl LimitsFile {
     /// Reads a file's text (see [`from_toml`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`FileError`] naming the line and the field of the first value that does not read.
     pub fn from_toml(text: &str) -> Result<Self, FileError> {
         let mut file: Self = from_toml(text)?;
         file.text = text.to_owned();
@@ -221,6 +230,11 @@ impl LimitsFile {
     /// out. Every value is checked here (a period, a plan, a list entry), each error naming
     /// its line and field; whether the quotas build the limiter's algorithm is checked when
     /// they are put in force ([`LiveLimits::replace`](crate::rate_limit::LiveLimits::replace)).
+    ///
+    /// # Errors
+    ///
+    /// A [`FileError`] naming the line and the field of the first value that cannot be used (a
+    /// period, a plan, a list entry).
     pub fn limits(&self, defaults: Quota) -> Result<Limits, FileError> {
         let text = &self.text;
         let per = match &self.per {
@@ -308,6 +322,11 @@ pub const SETTLE: Duration = Duration::from_millis(100);
 /// [`MAX_FILE_LEN`] (its length is checked before it is read, and at most one byte past the
 /// bound is read should it grow), text that is not UTF-8, and an empty file. Blocks: call it
 /// off an async runtime (`tokio::task::spawn_blocking`).
+///
+/// # Errors
+///
+/// A [`FileError`] when the file cannot be read, is empty, is not a regular file or is over the
+/// size bound.
 pub fn read(path: impl AsRef<Path>) -> Result<String, FileError> {
     let io = |e: std::io::Error| FileError::whole(e.to_string());
     let path = path.as_ref();
@@ -489,6 +508,11 @@ impl FileWatch {
 
     /// Reads the file now, without waiting for it to settle (at start-up), as [`read`]; a
     /// look after it reports only a change from what this read saw.
+    ///
+    /// # Errors
+    ///
+    /// A [`FileError`] when the file cannot be read, is empty, is not a regular file or is over
+    /// the size bound.
     pub fn read(&mut self) -> Result<String, FileError> {
         let stamp = Stamp::of(&self.path);
         let text = read(&self.path);

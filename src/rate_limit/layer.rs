@@ -103,6 +103,11 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// under its own name: a second policy with a name already in this layer is an error
     /// (field `policy_name`).
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `policy_name` when a policy of this layer already has that
+    /// name.
+    ///
     /// ```
     /// use tower_redis_ratelimit::{rate_limit::Class, *};
     ///
@@ -257,6 +262,10 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// Errors with a [`ConfigError`] naming `count_if` when a policy's algorithm cannot give
     /// units back (a custom script); the built-in algorithms all can.
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when a policy's algorithm cannot give units back (a custom script).
+    ///
     /// ```
     /// # use tower_redis_ratelimit::*;
     /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
@@ -279,6 +288,11 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
 
     /// Counts only the responses whose status is in `statuses` (see
     /// [`count_if`](Self::count_if), whose rules apply).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `count_only` for an empty set, or as
+    /// [`count_if`](Self::count_if).
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -375,6 +389,10 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// turned on (`shadow`), when the limiter's limits are already live in another layer
     /// (`live`), or when the layer chooses quotas with [`quota_fn`](Self::quota_fn).
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field, for each case listed above.
+    ///
     /// ```
     /// use tower_redis_ratelimit::{rate_limit::{AccessList, Limits}, *};
     ///
@@ -430,6 +448,11 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// shorter than [`MIN_PARTITION_SECRET`](Self::MIN_PARTITION_SECRET) bytes is a
     /// [`ConfigError`] naming `partition_key`: with a guessable secret, anyone could hash the
     /// likely keys (addresses, ids) and read the key back from `pk`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `partition_key` for a secret shorter than
+    /// [`MIN_PARTITION_SECRET`](Self::MIN_PARTITION_SECRET) bytes.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;

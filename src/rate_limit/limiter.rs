@@ -74,6 +74,14 @@ impl<A: Algorithm> RateLimiter<A> {
     /// its [`FailurePolicy`]).
     ///
     /// `key` is text (`&str`, `String`), an IP address, a number or a [`Key`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. Under [`FailurePolicy::Local`], those are decided in
+    /// this process instead. A key the store cannot use (e.g. one holding another type) is that
+    /// key's error.
     pub async fn check<'k>(&self, key: impl Into<Key<'k>>, cost: u32) -> Result<Decision, Error> {
         // Answers from the deny cache or a MemoryStore never wait: spend the task's budget so a
         // tight loop of checks still lets the runtime run other tasks and timers.
@@ -97,6 +105,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// [`Error::Config`] naming the field (`quota.limit`, `quota.period`, `quota.burst`),
     /// and nothing is spent; [`MultiLimit`](crate::algorithm::MultiLimit) and custom algorithms take
     /// no quota per request (`quota`).
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check); [`Error::Config`] naming the quota's field for a quota that
+    /// does not build the algorithm.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -129,6 +142,10 @@ impl<A: Algorithm> RateLimiter<A> {
     /// instance must use the store's clock, or instances with skewed clocks disagree. Redis
     /// still expires keys on its own clock, so keep simulated periods far longer than the
     /// test's real run time.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
     pub async fn check_at<'k>(
         &self,
         key: impl Into<Key<'k>>,
@@ -162,6 +179,13 @@ impl<A: Algorithm> RateLimiter<A> {
     /// the units may or may not have come back (a refund is atomic: all or nothing), so do
     /// not retry it with another check's decision.
     ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] for an algorithm that cannot
+    /// give units back (a custom script).
+    ///
     /// ```
     /// # use tower_redis_ratelimit::*;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -192,6 +216,10 @@ impl<A: Algorithm> RateLimiter<A> {
 
     /// Like [`refund`](Self::refund), at an explicit time (see [`check_at`](Self::check_at)):
     /// for tests and simulations only.
+    ///
+    /// # Errors
+    ///
+    /// As [`refund`](Self::refund).
     pub async fn refund_at<'k>(
         &self,
         key: impl Into<Key<'k>>,
@@ -214,6 +242,13 @@ impl<A: Algorithm> RateLimiter<A> {
     /// [`Error::Unsupported`] for a custom algorithm. Under a layer's
     /// [live limits](super::RateLimitLayer::live), the quota they give the key (its plan's, or
     /// the quota in force): the one the layer enforces.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] for a custom algorithm or a
+    /// store that cannot peek.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -239,6 +274,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// [`check_with_quota`](Self::check_with_quota) of cost 0 would show (a key with a plan
     /// of its own is peeked under its plan's quota). A quota the algorithm cannot take is an
     /// error, as for a check.
+    ///
+    /// # Errors
+    ///
+    /// As [`peek`](Self::peek); [`Error::Config`] naming the quota's field for a quota the
+    /// algorithm cannot take.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -269,6 +309,13 @@ impl<A: Algorithm> RateLimiter<A> {
     /// Under a quota given per request, only the limiter's own quota's cached denials are
     /// forgotten here; the others end within the same 1 s. A [`refund`](Self::refund) of a
     /// decision made before the reset gives nothing back (the reset gave back all it held).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] for a store that cannot reset
+    /// keys.
     ///
     /// ```
     /// # use tower_redis_ratelimit::*;
@@ -303,6 +350,12 @@ impl<A: Algorithm> RateLimiter<A> {
     /// cached denial of it, at most 1 s old, is gone); a refusal that must hold then belongs
     /// on a layer's [`deny`](crate::RateLimitLayer::deny) list.
     ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] for a store that cannot ban.
+    ///
     /// ```
     /// # use std::time::Duration;
     /// # use tower_redis_ratelimit::*;
@@ -324,6 +377,12 @@ impl<A: Algorithm> RateLimiter<A> {
 
     /// Lifts `key`'s ban (nothing when it has none): this process at once, other instances
     /// within 1 s (their cached denial of the key, see [`reset`](Self::reset)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] for a store that cannot ban.
     pub async fn unban<'k>(&self, key: impl Into<Key<'k>>) -> Result<(), Error> {
         let key = key.into();
         self.engine.unban(Some(&key)).await

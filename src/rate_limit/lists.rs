@@ -51,6 +51,11 @@ impl AccessList {
     /// A list of `entries`, each a key, an address or a CIDR (see [`AccessList`]). An entry
     /// that is empty, or that looks like a CIDR but is not one (`10.0.0.0/33`), is a
     /// [`ConfigError`] naming `list`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `list` for the first entry that is empty or looks like a
+    /// network but does not read as one.
     pub fn parse<S: AsRef<str>>(entries: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
         let mut list = Self::new();
         for entry in entries {
@@ -60,6 +65,11 @@ impl AccessList {
     }
 
     /// Adds one entry (see [`parse`](Self::parse)).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `list` when `entry` is empty or looks like a network but does
+    /// not read as one.
     pub fn entry(mut self, entry: &str) -> Result<Self, ConfigError> {
         let entry = entry.trim();
         if entry.is_empty() {
@@ -100,6 +110,10 @@ impl AccessList {
     /// Adds one entry given as bytes: an entry that is UTF-8 reads as [`entry`](Self::entry)
     /// reads it; any other is a key (bytes a key extractor may produce, e.g. a header's
     /// value, see [`Key::bytes`]), ASCII whitespace around it trimmed.
+    ///
+    /// # Errors
+    ///
+    /// As [`entry`](Self::entry), for an entry that is UTF-8.
     ///
     /// ```
     /// use tower_redis_ratelimit::rate_limit::AccessList;

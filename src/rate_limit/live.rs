@@ -191,6 +191,12 @@ impl LiveLimits {
     /// Replaces the limits, or leaves them as they are and says why not: a quota (the
     /// default or a plan's) that the limiter's algorithm does not take is a [`ConfigError`]
     /// naming the quota's field (`quota.limit`, ...) or `plans` (with the plan's key).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `quota.limit`, `quota.period` or `quota.burst` for the default
+    /// quota, or `plans` (with the plan's key) for a plan, when the limiter's algorithm does
+    /// not take it; nothing changes then.
     pub fn replace(&self, limits: Limits) -> Result<(), ConfigError> {
         let engine = &self.inner.engine;
         let resolved = resolve(engine, &self.inner.client, limits, self.inner.shadow)?;
@@ -207,6 +213,10 @@ impl LiveLimits {
     /// quota when it has one, else under the quota in force (see
     /// [`RateLimiter::peek`](super::RateLimiter::peek)). `key` is the text (or value) the
     /// layer's key extractor produces.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::peek`](super::RateLimiter::peek).
     ///
     /// ```
     /// # use tower_redis_ratelimit::{rate_limit::Limits, *};

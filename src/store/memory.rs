@@ -353,6 +353,10 @@ impl MemoryStoreBuilder {
     }
 
     /// The store, or a [`ConfigError`] naming the first setting that cannot work.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting that cannot work.
     pub fn build(self) -> Result<MemoryStore, ConfigError> {
         if self.max_keys == 0 {
             return Err(ConfigError::new("max_keys", "must be at least 1"));

@@ -66,6 +66,11 @@ impl<K: KeyExtractor> ThrottleLayer<K, Gcra> {
     /// Until an answer says something, calls go as they come (blind, counted until their
     /// answers come back); a 429 pauses every instance.
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `policy_name` when another limiter on `store` already counts
+    /// under that name with another algorithm or quota.
+    ///
     /// ```
     /// # use std::time::Duration;
     /// # use tower_redis_ratelimit::{MemoryStore, GlobalKey, throttle::ThrottleLayer};
@@ -149,6 +154,10 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// 10 s). A request that would have to wait longer fails at once, without waiting in vain.
     /// Zero (never wait: fail when the quota is not there) up to one day; beyond, a
     /// [`ConfigError`] naming `max_wait`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `max_wait` beyond one day.
     pub fn max_wait(mut self, max_wait: Duration) -> Result<Self, ConfigError> {
         if max_wait > MAX_WAIT_CAP {
             return Err(ConfigError::new(
@@ -188,6 +197,10 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// The longest pause or reset an upstream's header may impose (default 60 s): a header
     /// saying to wait an hour, or a reset in a year, is cut to it (and counted). More than
     /// zero and at most one day; otherwise a [`ConfigError`] naming `max_pause`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `max_pause` for zero or more than one day.
     ///
     /// ```
     /// # use std::time::Duration;

@@ -122,6 +122,13 @@ impl RedisStoreBuilder {
 
     /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`,
     /// `rediss://…` for TLS, `redis+unix:///path`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a URL that does not parse or a setting that cannot work;
+    /// [`Error::Connect`] when the server cannot be reached, refuses the credentials or the TLS
+    /// handshake, or does not answer within the connect timeout
+    /// ([`ConnectErrorKind`](crate::store::redis::ConnectErrorKind) says which).
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
         self.supervised(Target::Direct(connection_info(url)?)).await
     }
@@ -137,6 +144,11 @@ impl RedisStoreBuilder {
     /// server's failure. After a failover the old primary answers `READONLY` or drops its
     /// connections; the store then asks the Sentinels again, so checks go to the new primary
     /// once Sentinel has promoted it (the checks in between go to the failure policy).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect); [`Error::Connect`] of kind `NoPrimary` when no Sentinel
+    /// names a primary that works, listing each one's answer.
     pub async fn connect_sentinel<S: AsRef<str>>(
         self,
         sentinels: &[S],
@@ -152,6 +164,10 @@ impl RedisStoreBuilder {
     /// connection that failed and bounds connecting by the connect timeout. Unlike the other
     /// connect methods, a connection that Redis closed while idle is noticed only when a
     /// check fails on it.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect), for the client's first connection.
     pub async fn connect_client(self, client: redis::Client) -> Result<RedisStore, Error> {
         self.supervised(Target::Client(client)).await
     }
@@ -162,6 +178,10 @@ impl RedisStoreBuilder {
     /// Redirections (`MOVED`, `ASK`) and a failing-over node are retried for up to about a
     /// second (bounded anyway by the limiter's store timeout); what still fails goes to the
     /// failure policy. Lazy start is not available for a Cluster.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect), for the cluster's nodes.
     pub async fn connect_cluster<S: AsRef<str>>(self, nodes: &[S]) -> Result<RedisStore, Error> {
         self.validate()?;
         if self.lazy {

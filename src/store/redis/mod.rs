@@ -153,6 +153,10 @@ impl RedisStore {
     /// [`DEFAULT_CONNECT_TIMEOUT`], so that a wrong address, a missing password or an
     /// untrusted certificate fails here, with a [`ConnectError`]
     /// saying which, rather than on the first request.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::builder().connect(url).await
     }
@@ -160,6 +164,11 @@ impl RedisStore {
     /// Like [`RedisStore::connect`], but connects on the first check (so the app can start
     /// while Redis is away; checks fail, and the failure policy applies, until it answers).
     /// The URL is still parsed now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a URL that does not parse; connecting fails later, in the first
+    /// checks.
     pub fn connect_lazy(url: &str) -> Result<Self, Error> {
         Self::builder().lazy_direct(url)
     }
@@ -186,6 +195,10 @@ impl RedisStore {
     /// Connects to a Redis Cluster through any of its `nodes` (e.g.
     /// `["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]`) and waits for the slot map, so a
     /// wrong address fails here. See [`RedisStoreBuilder::connect_cluster`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect_cluster`].
     pub async fn connect_cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Self, Error> {
         Self::builder().connect_cluster(nodes).await
     }
@@ -248,6 +261,10 @@ impl RedisStore {
     ///
     /// Errors when `batching` is out of range (naming the field) or when called outside a
     /// Tokio runtime (the batching task runs on it).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first batching setting that cannot work.
     ///
     /// ```no_run
     /// use tower_redis_ratelimit::{RedisStore, store::redis::Batching};

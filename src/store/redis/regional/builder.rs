@@ -72,6 +72,11 @@ impl RegionalStoreBuilder {
 
     /// Validates the settings and starts the heartbeats; the error names the field. Must be
     /// called inside a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting that cannot work (`regions`, `region`,
+    /// `share`, `lifetime`, `detect_after`, `lead`), or `runtime` outside a Tokio runtime.
     pub fn build(self) -> Result<RegionalStore, ConfigError> {
         let (own, share) = self.check()?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
