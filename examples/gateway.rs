@@ -185,7 +185,7 @@ use tower_redis_ratelimit::{
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
     },
     store::redis::{Batching, RegionalStore},
-    store::Store,
+    store::{SlotStore, Store},
     ClientIp, ConfigError, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore,
     Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
@@ -994,10 +994,15 @@ fn refusal<E: std::fmt::Display>(field: impl Into<String>) -> impl FnOnce(E) -> 
 /// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
 fn concurrency_limiter(
     args: &Args,
-    store: Arc<dyn Store>,
+    store: Option<Arc<dyn SlotStore>>,
 ) -> Result<Option<ConcurrencyLimiter>, Refusal> {
     let Some(n) = args.concurrency else {
         return Ok(None);
+    };
+    let Some(store) = store else {
+        return Err(refusal("concurrency")(
+            "--concurrency does not work across regions",
+        ));
     };
     let lease = args.lease.unwrap_or(DEFAULT_LEASE);
     ConcurrencyLimiter::builder(store, n)
@@ -1426,16 +1431,18 @@ fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
     axum::Json(items).into_response()
 }
 
+#[allow(clippy::too_many_arguments)] // The stores and settings `run` made, each once.
 async fn serve(
     base: Args,
     args: Args,
     file: Option<FileWatch>,
     store: Arc<dyn Store>,
+    slots: Option<Arc<dyn SlotStore>>,
     algorithm: Arc<dyn Algorithm>,
     metrics: Option<PrometheusHandle>,
     regional: Option<RegionalStore>,
 ) -> Result<(), BoxError> {
-    let concurrency = concurrency_limiter(&args, Arc::clone(&store))?;
+    let concurrency = concurrency_limiter(&args, slots)?;
     let limiter = rate_limiter(&args, store, algorithm)?;
     let watched = limiter.clone();
     let admin_concurrency = concurrency.clone();
@@ -1709,7 +1716,7 @@ fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
             "--lease-ms is the lease of --concurrency: give --concurrency N",
         ));
     }
-    concurrency_limiter(args, Arc::new(MemoryStore::new()))?;
+    concurrency_limiter(args, Some(Arc::new(MemoryStore::new())))?;
     let uses_redis =
         args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
     check_regions(args, uses_redis)?;
@@ -1827,6 +1834,8 @@ async fn run(base: Args) -> Result<(), BoxError> {
         ""
     };
     let mut regional = None;
+    // The store's concurrency slots: every store but the regional one keeps them.
+    let mut slots: Option<Arc<dyn SlotStore>> = None;
     let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
         _ if args.regions.is_some() => {
             let store = regional_store(&args, builder).await?;
@@ -1842,7 +1851,9 @@ async fn run(base: Args) -> Result<(), BoxError> {
                 "store: redis cluster via {} (shared by every instance pointing at it)",
                 shown(nodes)
             );
-            Arc::new(batching(store)?)
+            let store = Arc::new(batching(store)?);
+            slots = Some(store.clone());
+            store
         }
         (_, _, Some(sentinels)) => {
             let master = args.sentinel_master.as_deref().unwrap_or_default();
@@ -1854,7 +1865,9 @@ async fn run(base: Args) -> Result<(), BoxError> {
                 "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
                 shown(sentinels)
             );
-            Arc::new(batching(store)?)
+            let store = Arc::new(batching(store)?);
+            slots = Some(store.clone());
+            store
         }
         (Some(url), _, _) => {
             let shown = RedisStore::redact_url(url);
@@ -1863,11 +1876,15 @@ async fn run(base: Args) -> Result<(), BoxError> {
                 .await
                 .map_err(|e| format!("--redis {shown}: {}", chain(&e)))?;
             println!("store: redis at {shown}{lazy} (shared by every instance pointing at it)");
-            Arc::new(batching(store)?)
+            let store = Arc::new(batching(store)?);
+            slots = Some(store.clone());
+            store
         }
         (None, None, None) => {
             println!("store: in-memory (no --redis given; limits hold for this process only)");
-            Arc::new(MemoryStore::new())
+            let store = Arc::new(MemoryStore::new());
+            slots = Some(store.clone());
+            store
         }
     };
     println!(
@@ -1894,7 +1911,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
         ),
         None => None,
     };
-    serve(base, args, file, store, algorithm, metrics, regional).await
+    serve(base, args, file, store, slots, algorithm, metrics, regional).await
 }
 
 /// With `--regions`: `--region` names one of them, and nothing that cannot work across

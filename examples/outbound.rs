@@ -44,7 +44,8 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    store::Store, throttle::ThrottleLayer, Gcra, MemoryStore, Quota, RateLimiter, RedisStore,
+    store::UpstreamStore, throttle::ThrottleLayer, Gcra, MemoryStore, Quota, RateLimiter,
+    RedisStore,
 };
 
 const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \
@@ -174,7 +175,7 @@ fn note_sent(req: Request<Empty<Bytes>>) -> Request<Empty<Bytes>> {
 }
 
 /// The HTTP client, throttled as the flags say.
-fn client<S: Store + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
+fn client<S: UpstreamStore + Clone>(args: &Args, store: S) -> Result<Throttled, BoxError> {
     let http = ServiceBuilder::new()
         .map_request(note_sent)
         .service(Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>());

@@ -11,7 +11,7 @@ use crate::{
     decision::{Source, Verdict},
     error::{Chain, Error},
     extract::Key,
-    store::{Acquired, Backend},
+    store::{Acquired, Slots},
     unique_id,
 };
 
@@ -28,7 +28,7 @@ impl Semaphore {
         let core = &self.core;
         let store_key = self.store_key(holder.key.as_ref());
         let result = core
-            .call(|| self.core.store.acquire(store_key, &holder.id, &self.terms))
+            .call(|| self.slots.acquire(store_key, &holder.id, &self.terms))
             .await;
         // Any error may come after the script ran (a timeout, a connection cut before the
         // reply, a reply that did not parse): give back what may have been taken. Releasing a
@@ -63,10 +63,9 @@ impl Semaphore {
     /// A permit of an in-memory semaphore (the local share), decided at once.
     fn acquire_now(self: &Arc<Self>, key: Option<Key<'static>>) -> Result<Option<Permit>, Error> {
         let holder = Arc::new(Holder::new(Arc::clone(self), key, unique_id::next()));
-        let call =
-            self.core
-                .store
-                .acquire(self.store_key(holder.key.as_ref()), &holder.id, &self.terms);
+        let call = self
+            .slots
+            .acquire(self.store_key(holder.key.as_ref()), &holder.id, &self.terms);
         match call.now_or_never() {
             Some(Ok(a)) => Ok(self.conclude(holder, a, Source::Local)),
             Some(Err(e)) => Err(e),

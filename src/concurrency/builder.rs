@@ -8,7 +8,7 @@ use crate::{
     core::{common_options, Core, Options},
     error::ConfigError,
     store::FailurePolicy,
-    store::{MemoryStore, SlotTerms, Store},
+    store::{MemoryStore, SlotStore, SlotTerms, Slots, Store},
 };
 
 /// The most requests of one key a limiter may allow in flight.
@@ -31,9 +31,11 @@ impl ConcurrencyLimiter {
     /// (`rl`), policy name ([`DEFAULT_POLICY_NAME`](Self::DEFAULT_POLICY_NAME)), permit time
     /// to live ([`DEFAULT_PERMIT_TTL`](Self::DEFAULT_PERMIT_TTL)), store timeout (100 ms) and
     /// failure policy ([`FailurePolicy::Open`]).
-    pub fn builder(store: impl Store, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
+    pub fn builder(store: impl SlotStore, max_in_flight: u32) -> ConcurrencyLimiterBuilder {
+        let store = Arc::new(store);
         ConcurrencyLimiterBuilder {
-            store: Arc::new(store),
+            slots: store.clone(),
+            store,
             limit: max_in_flight,
             ttl: Self::DEFAULT_PERMIT_TTL,
             options: Options::new(Self::DEFAULT_POLICY_NAME),
@@ -77,6 +79,8 @@ impl ConcurrencyLimiter {
 /// A [`MemoryStore`] never loses its permits.
 pub struct ConcurrencyLimiterBuilder {
     store: Arc<dyn Store>,
+    /// The same store, for its concurrency slots.
+    slots: Arc<dyn Slots>,
     limit: u32,
     ttl: Duration,
     options: Options,
@@ -127,12 +131,6 @@ impl ConcurrencyLimiterBuilder {
     /// assert_eq!(err.field(), "permit_ttl");
     /// ```
     pub fn build(self) -> Result<ConcurrencyLimiter, ConfigError> {
-        if self.store.regional() {
-            return Err(ConfigError::new(
-                "store",
-                "concurrency limits do not work across regions: give a RedisStore of one region",
-            ));
-        }
         if !(1..=MAX_IN_FLIGHT).contains(&self.limit) {
             return Err(ConfigError::new(
                 "max_in_flight",
@@ -165,8 +163,10 @@ impl ConcurrencyLimiterBuilder {
         let pause = self.ttl / 3 + core.timeout.saturating_mul(2);
         let local = (core.failure == FailurePolicy::Local).then(|| {
             let limit = (self.limit / core.share.get()).max(1);
+            let store = Arc::new(MemoryStore::new());
             Arc::new(Semaphore {
-                core: Core::local(Arc::new(MemoryStore::new()), &namespace, &core.policy),
+                core: Core::local(store.clone(), &namespace, &core.policy),
+                slots: store,
                 terms: SlotTerms::new(limit, self.ttl, pause),
                 local: None,
                 releases: Releases::default(),
@@ -175,6 +175,7 @@ impl ConcurrencyLimiterBuilder {
         Ok(ConcurrencyLimiter {
             semaphore: Arc::new(Semaphore {
                 core,
+                slots: self.slots,
                 terms: SlotTerms::new(self.limit, self.ttl, pause),
                 local,
                 releases: Releases::default(),

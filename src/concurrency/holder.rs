@@ -86,7 +86,7 @@ impl Holder {
         let late_renewal = self.give_up();
         let semaphore = &self.semaphore;
         let key = semaphore.store_key(self.key.as_ref());
-        if let Some(result) = semaphore.core.store.release_now(key, &self.id) {
+        if let Some(result) = semaphore.slots.release_now(key, &self.id) {
             if let Err(e) = result {
                 tracing::warn!(error = %Chain(&e), "concurrency limit: release failed; the permit comes back when it expires");
             }
@@ -135,7 +135,7 @@ impl Holder {
                 return;
             }
             let key = semaphore.store_key(self.key.as_ref());
-            let call = semaphore.core.store.renew(key, &self.id, &semaphore.terms);
+            let call = semaphore.slots.renew(key, &self.id, &semaphore.terms);
             let result = core.call_always(call).await;
             self.extended();
             match result {

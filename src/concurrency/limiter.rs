@@ -123,7 +123,8 @@ impl ConcurrencyLimiter {
         let key = key.into();
         let core = &self.semaphore.core;
         let store_key = self.semaphore.store_key(Some(&key));
-        core.call(|| core.store.release_all(store_key)).await
+        core.call(|| self.semaphore.slots.release_all(store_key))
+            .await
     }
 
     /// The Redis key holding `key`'s permits: its base key (see

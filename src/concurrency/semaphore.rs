@@ -8,12 +8,14 @@ use crate::{
     core::Core,
     error::Error,
     extract::Key,
-    store::{Backend, SlotTerms, StoreKey},
+    store::{SlotTerms, Slots, StoreKey},
 };
 
 /// A concurrency limit without its handle: what the layer holds.
 pub(crate) struct Semaphore {
     pub(crate) core: Core,
+    /// The store's concurrency slots (the store `core` calls).
+    pub(crate) slots: Arc<dyn Slots>,
     /// The limit, the permits' time to live, the pause after a loss, and the store epochs
     /// seen.
     pub(crate) terms: SlotTerms,
@@ -51,7 +53,7 @@ impl Semaphore {
         late_renewal: bool,
     ) -> Result<(), Error> {
         let key = self.store_key(key);
-        let store = &self.core.store;
+        let store = &self.slots;
         if let Some(result) = store.release_now(key, holder) {
             return result;
         }

@@ -14,7 +14,9 @@ use super::{
 use crate::error::Error;
 use crate::{
     concurrency::ConcurrencyLimiter,
-    store::{Acquired, Backend, BoxFuture, MemoryStore, Namespaces, SlotTerms, Store, StoreKey},
+    store::{
+        Acquired, Backend, BoxFuture, MemoryStore, Namespaces, SlotTerms, Slots, Store, StoreKey,
+    },
 };
 
 /// An in-memory store whose releases fail (as an unavailable store) while `down`.
@@ -38,8 +40,77 @@ impl Backend for Flaky {
         self.inner.check(algorithm, key, cost, now_us)
     }
 
+    fn refund<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a crate::decision::Charge,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.refund(algorithm, key, charge, now_us)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        up_to: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Reserved, Error>> {
+        self.inner.reserve(algorithm, key, cost, up_to, now_us)
+    }
+
+    fn schedule<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        cost: u32,
+        budget_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Scheduled, Error>> {
+        self.inner.schedule(algorithm, key, cost, budget_us, now_us)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Peeked, Error>> {
+        self.inner.peek(algorithm, key, now_us)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.reset(algorithm, key, now_us)
+    }
+
+    fn ban<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        duration_us: u64,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.ban(key, duration_us, now_us)
+    }
+
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.unban(key)
+    }
+
     fn namespaces(&self) -> Option<&Namespaces> {
         None
+    }
+}
+
+impl Slots for Flaky {
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.release_all(key)
     }
 
     fn acquire<'a>(

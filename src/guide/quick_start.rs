@@ -150,4 +150,7 @@
 //!
 //! A store is passed to a builder by value (`impl Store`), or shared and chosen at run time
 //! as an `Arc<dyn Store>` (see [`Store`](crate::store::Store)); clones of a store share its
-//! counters.
+//! counters. A concurrency limiter takes a [`SlotStore`](crate::store::SlotStore) and an
+//! adaptive throttle an [`UpstreamStore`](crate::store::UpstreamStore): a `RedisStore`, a
+//! `MemoryStore`, or an `Arc<dyn SlotStore>` / `Arc<dyn UpstreamStore>` when chosen at run
+//! time.

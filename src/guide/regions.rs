@@ -147,7 +147,7 @@
 //! | GCRA, token bucket, quotas per request (`quota_fn`, plans) | global: the bound above |
 //! | sliding window, multi-limits, custom algorithms | refused: [`ConfigError`](crate::ConfigError) naming `algorithm` (a sliding-window log cannot grant blocks that expire on their own time) |
 //! | unit leases | refused: `lease` (a region's pool is a lease already) |
-//! | concurrency limits | refused: `store` (give them a `RedisStore` of one region) |
+//! | concurrency limits | a build error: a `RegionalStore` is no [`SlotStore`](crate::store::SlotStore) (give them a `RedisStore` of one region) |
 //! | the deny cache | off (a denial is not final: a refill may come at any time) |
 //! | refunds (`count_if`), peeks, resets, bans | not supported yet: [`Error::Unsupported`](crate::Error::Unsupported) |
 //! | allow and deny lists, shadow mode, the failure policy, stats and top keys | per instance, as always |

@@ -66,10 +66,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         charge: &'a Charge,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (algorithm, key, charge, now_us);
-        unsupported("this store cannot give units back")
-    }
+    ) -> BoxFuture<'a, Result<bool, Error>>;
 
     /// Like [`refund`](Self::refund), at once, when this store can (see
     /// [`check_now`](Self::check_now)).
@@ -87,7 +84,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Takes up to `up_to` units of `key` at once, as many as it has available, but at least
     /// `cost` (else a denial of `cost`, exactly as [`check`](Self::check) would deny it): a
     /// unit lease's reservation. GCRA and the token bucket reserve; [`Error::Unsupported`]
-    /// otherwise (the default), and the limiter then checks each request alone.
+    /// otherwise, or from a store that does not reserve, and the limiter then checks each
+    /// request alone.
     fn reserve<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
@@ -95,10 +93,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         cost: u32,
         up_to: u32,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<Reserved, Error>> {
-        let _ = (algorithm, key, cost, up_to, now_us);
-        unsupported("this store cannot reserve units")
-    }
+    ) -> BoxFuture<'a, Result<Reserved, Error>>;
 
     /// Whether [`schedule`](Self::schedule) keeps places (in Redis and in memory).
     fn schedules(&self) -> bool {
@@ -109,8 +104,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// wait at most `budget_us` (see `lua/gcra_schedule.lua` and its twin
     /// [`gcra_schedule`](super::reserved::gcra_schedule)): the call goes at the key's TAT and
     /// moves it on by its cost, so callers sharing the key go in the order they asked.
-    /// [`Error::Unsupported`] for any other algorithm, or a store that does not schedule (the
-    /// default); the throttle then checks until the quota is there.
+    /// [`Error::Unsupported`] for any other algorithm, or from a store that does not schedule;
+    /// the throttle then checks until the quota is there.
     fn schedule<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
@@ -118,10 +113,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         cost: u32,
         budget_us: u64,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<Scheduled, Error>> {
-        let _ = (algorithm, key, cost, budget_us, now_us);
-        unsupported("this store cannot schedule calls")
-    }
+    ) -> BoxFuture<'a, Result<Scheduled, Error>>;
 
     /// `key`'s state as a check would see it, spending nothing and writing nothing (see
     /// [`peek`](crate::algorithm::peek)), and the time its ban has left. [`Error::Unsupported`]
@@ -131,10 +123,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<Peeked, Error>> {
-        let _ = (algorithm, key, now_us);
-        unsupported("this store cannot show a key's state")
-    }
+    ) -> BoxFuture<'a, Result<Peeked, Error>>;
 
     /// Removes `key`'s state under `algorithm` (not its ban) at `now_us` (`None`: the store's
     /// clock): the key's next check starts from a rested key, and a refund of a check admitted
@@ -144,10 +133,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = (algorithm, key, now_us);
-        unsupported("this store cannot reset a key")
-    }
+    ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Bans `key` for `duration_us` from now (replacing a ban it has): until then, every
     /// check of it is denied by the check's own script, without taking anything.
@@ -156,22 +142,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         duration_us: u64,
         now_us: Option<u64>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = (key, duration_us, now_us);
-        unsupported("this store cannot ban a key")
-    }
+    ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Lifts `key`'s ban, if it has one.
-    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = key;
-        unsupported("this store cannot ban a key")
-    }
-
-    /// Removes every concurrency holder of `key`.
-    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = key;
-        unsupported("this store keeps no concurrency slots")
-    }
+    fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>>;
 
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
@@ -205,8 +179,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn clock(&self) -> Option<super::memory::ManualClock> {
         None
     }
+}
 
-    /// Concurrency slots: admits `holder` (an id unique across instances) under `key` if
+/// A store's concurrency slots, for the [concurrency limiter](crate::concurrency): the
+/// crate-private side of [`SlotStore`](super::SlotStore). A store without them (a
+/// [`RegionalStore`](super::redis::RegionalStore)) does not implement it, so a concurrency
+/// limiter on it does not build.
+pub(crate) trait Slots: Send + Sync + 'static {
+    /// Removes every concurrency holder of `key`.
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Admits `holder` (an id unique across instances) under `key` if
     /// fewer than [`limit`](SlotTerms::limit) unexpired holders hold it, with a lease of
     /// [`lease`](SlotTerms::lease); first drops expired holders. Admits no new holder while
     /// admissions are paused after the store lost its state (see [`SlotTerms`]); a holder
@@ -216,10 +199,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         holder: &'a str,
         terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<Acquired, Error>> {
-        let _ = (key, holder, terms);
-        unsupported("this store keeps no concurrency slots")
-    }
+    ) -> BoxFuture<'a, Result<Acquired, Error>>;
 
     /// Moves `holder`'s deadline to [`lease`](SlotTerms::lease) from now. `false` when it held
     /// no slot any more (its lease expired unrenewed, or the store lost its state): it is then
@@ -230,10 +210,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         holder: &'a str,
         terms: &'a SlotTerms,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (key, holder, terms);
-        unsupported("this store keeps no concurrency slots")
-    }
+    ) -> BoxFuture<'a, Result<bool, Error>>;
 
     /// Gives `holder`'s slot back; releasing a slot not held does nothing, so a release may be
     /// sent again. `late_renewal`: a renewal of this holder got no answer and may still reach
@@ -243,10 +220,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         holder: &'a str,
         late_renewal: Option<Duration>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = (key, holder, late_renewal);
-        unsupported("this store keeps no concurrency slots")
-    }
+    ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Gives the slot back at once, without a future, when this store can (in memory); `None`
     /// when it must go through [`release`](Self::release).
@@ -254,8 +228,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         let _ = (key, holder);
         None
     }
+}
 
-    /// What upstreams said: whether an outbound call of `cost` may go now; when it may and the
+/// What upstreams said, for the [adaptive throttle](crate::throttle): the crate-private side
+/// of [`UpstreamStore`](super::UpstreamStore).
+pub(crate) trait Upstreams: Send + Sync + 'static {
+    /// Whether an outbound call of `cost` may go now; when it may and the
     /// units left are known, they are taken. When the upstream's rate is known, the call's
     /// place in its pace is kept for it if the wait for it is at most `budget` (see
     /// `lua/upstream_take.lua`).
@@ -264,10 +242,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         cost: u32,
         budget: Duration,
-    ) -> BoxFuture<'a, Result<Gate, Error>> {
-        let _ = (key, cost, budget);
-        unsupported("this store keeps nothing of upstreams")
-    }
+    ) -> BoxFuture<'a, Result<Gate, Error>>;
 
     /// Records what an upstream's answer said (see `lua/upstream_learn.lua` for the rules): a
     /// pause only grows; a new window replaces one that ended; the same window keeps the
@@ -278,13 +253,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'a>,
         learned: Learned,
         how: Blind,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let _ = (key, learned, how);
-        unsupported("this store keeps nothing of upstreams")
-    }
+    ) -> BoxFuture<'a, Result<(), Error>>;
 }
 
-fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, Error>> {
+/// A call a store cannot make: [`Error::Unsupported`] saying `what`.
+pub(crate) fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, Error>> {
     Box::pin(std::future::ready(Err(Error::Unsupported(what))))
 }
 
@@ -388,10 +361,6 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         (**self).unban(key)
     }
 
-    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).release_all(key)
-    }
-
     fn namespaces(&self) -> Option<&Namespaces> {
         (**self).namespaces()
     }
@@ -410,6 +379,14 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn clock(&self) -> Option<super::memory::ManualClock> {
         (**self).clock()
+    }
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {}
+
+impl<S: Slots + ?Sized> Slots for Arc<S> {
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).release_all(key)
     }
 
     fn acquire<'a>(
@@ -442,7 +419,9 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
     fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
         (**self).release_now(key, holder)
     }
+}
 
+impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,
@@ -461,5 +440,3 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         (**self).learn(key, learned, how)
     }
 }
-
-impl<S: Store + ?Sized> Store for Arc<S> {}

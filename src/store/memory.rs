@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Scheduled,
-    Shard, Sharded, Slot, SlotTerms, Store, StoreKey,
+    unsupported, Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked,
+    Scheduled, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
@@ -573,6 +573,18 @@ impl Backend for MemoryStore {
         Some(self.give_back(algorithm, key, charge, now.unwrap_or_else(|| self.now_us())))
     }
 
+    /// Unit leases save round trips to a remote store; in memory there are none to save.
+    fn reserve<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _cost: u32,
+        _up_to: u32,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<super::Reserved, Error>> {
+        unsupported("this store cannot reserve units")
+    }
+
     fn schedules(&self) -> bool {
         true
     }
@@ -631,17 +643,19 @@ impl Backend for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
-    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
-        self.release_every_holder(key);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
     fn manual_clock(&self) -> bool {
         self.inner.clock.is_some()
     }
 
     fn clock(&self) -> Option<ManualClock> {
         self.inner.clock.clone()
+    }
+}
+
+impl Slots for MemoryStore {
+    fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        self.release_every_holder(key);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn acquire<'a>(
@@ -680,7 +694,9 @@ impl Backend for MemoryStore {
         self.release_holder(key, holder);
         Some(Ok(()))
     }
+}
 
+impl Upstreams for MemoryStore {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,

@@ -20,7 +20,7 @@ pub(crate) mod upstream;
 
 pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
-    backend::{Backend, BoxFuture, Peeked},
+    backend::{unsupported, Backend, BoxFuture, Peeked, Slots, Upstreams},
     clock::micros,
     key::{compact_prefix, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},
@@ -81,3 +81,45 @@ pub(crate) async fn within<T>(
 /// settles, is a change that breaks no one.
 #[allow(private_bounds)] // The sealed part: its methods are the crate's.
 pub trait Store: Backend {}
+
+/// A [`Store`] that keeps concurrency slots, as a
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) needs: a
+/// [`RedisStore`](crate::RedisStore), a [`MemoryStore`], or an `Arc` of either (shared as an
+/// `Arc<dyn SlotStore>`).
+///
+/// ```
+/// # fn run(redis: Option<tower_redis_ratelimit::RedisStore>) {
+/// use std::sync::Arc;
+/// use tower_redis_ratelimit::{concurrency::ConcurrencyLimiter, store::SlotStore, MemoryStore};
+///
+/// let store: Arc<dyn SlotStore> = match redis {
+///     Some(redis) => Arc::new(redis),
+///     None => Arc::new(MemoryStore::new()),
+/// };
+/// let _ = ConcurrencyLimiter::builder(store, 3);
+/// # }
+/// ```
+///
+/// A store without them is refused when the limiter is built, by the compiler:
+///
+/// ```compile_fail
+/// # async fn run(regional: tower_redis_ratelimit::store::redis::RegionalStore) {
+/// // Concurrency limits do not work across regions.
+/// let _ = tower_redis_ratelimit::concurrency::ConcurrencyLimiter::builder(regional, 3);
+/// # }
+/// ```
+///
+/// Sealed, like [`Store`].
+#[allow(private_bounds)]
+pub trait SlotStore: Store + Slots {}
+
+impl<S: Store + Slots + ?Sized> SlotStore for S {}
+
+/// A [`Store`] that keeps what upstreams said, as an adaptive
+/// [`ThrottleLayer`](crate::throttle::ThrottleLayer) needs: a
+/// [`RedisStore`](crate::RedisStore), a [`MemoryStore`], or an `Arc` of either (shared as an
+/// `Arc<dyn UpstreamStore>`). Sealed, like [`Store`].
+#[allow(private_bounds)]
+pub trait UpstreamStore: Store + Upstreams {}
+
+impl<S: Store + Upstreams + ?Sized> UpstreamStore for S {}

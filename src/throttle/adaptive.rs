@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use crate::store::{memory::MemoryStore, Store};
+use crate::store::{memory::MemoryStore, Backend, UpstreamStore};
 
 /// What an adaptive throttle learned (see
 /// [`ThrottleLayer::adaptive_stats`](super::ThrottleLayer::adaptive_stats)).
@@ -71,7 +71,7 @@ impl AdaptiveCounters {
 #[derive(Clone)]
 pub(crate) struct Adaptive {
     /// Where what the upstream said is shared with the other instances.
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn UpstreamStore>,
     /// What this process learned while `store` failed: calls go by it then, so that a store
     /// failure never lets calls out without what the upstream said (a learn-only throttle has
     /// no configured limit to fall back on).
@@ -82,7 +82,7 @@ pub(crate) struct Adaptive {
 impl Adaptive {
     /// Learns into `store`; what this process learns while it fails, in memory, on the
     /// same clock.
-    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(store: Arc<dyn UpstreamStore>) -> Self {
         let local = match store.clock() {
             Some(clock) => MemoryStore::builder()
                 .clock(clock)

@@ -17,7 +17,7 @@ use crate::{
     extract::KeyExtractor,
     quota::Quota,
     rate_limit::RateLimiter,
-    store::Store,
+    store::UpstreamStore,
 };
 
 /// Makes each outbound request wait for its quota (see the [`throttle`](crate::throttle) module docs).
@@ -81,7 +81,7 @@ impl<K: KeyExtractor> ThrottleLayer<K, Gcra> {
     /// # Ok(()) }
     /// ```
     pub fn learning(
-        store: impl Store + Clone,
+        store: impl UpstreamStore + Clone,
         name: &str,
         key: K,
     ) -> Result<ThrottleLayer<K, Gcra>, ConfigError> {
@@ -186,7 +186,7 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
     /// Costs one more store call before each request, and one after each answer that says
     /// something. When the limiter's store is on the wall clock and `store` has a
     /// [`ManualClock`](crate::store::memory::ManualClock), waits are counted on that clock.
-    pub fn adaptive(mut self, store: impl Store) -> Self {
+    pub fn adaptive(mut self, store: impl UpstreamStore) -> Self {
         if let (Clock::Wall, Some(manual)) = (&self.settings.clock, store.clock()) {
             self.settings.clock = Clock::Manual(manual);
         }

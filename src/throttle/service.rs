@@ -27,7 +27,7 @@ use crate::{
     error::Chain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
-    store::{micros, Backend, Blind, BoxFuture, Learned},
+    store::{micros, Backend, Blind, BoxFuture, Learned, Upstreams},
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).

@@ -18,7 +18,6 @@ use std::{
 use crate::servers::{link::RegionLink, RedisServer};
 use tower_redis_ratelimit::{
     algorithm::Algorithm,
-    concurrency::ConcurrencyLimiter,
     rate_limit::UnitLease,
     store::redis::{RegionalStore, RegionalStoreBuilder},
     Error, Gcra, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
@@ -391,10 +390,7 @@ async fn regional_settings_that_cannot_work_are_refused_naming_the_field() {
         .store_timeout(Duration::from_millis(21))
         .build()
         .unwrap();
-    let err = ConcurrencyLimiter::builder(regional.clone(), 3)
-        .build()
-        .unwrap_err();
-    assert_eq!(err.field(), "store", "{err}");
+    // A concurrency limiter on it does not build at all (`SlotStore`'s compile_fail example).
     // What is not supported across regions yet says so, and spends nothing.
     let gcra = RateLimiter::builder(regional, Gcra::new(q).unwrap())
         .build()

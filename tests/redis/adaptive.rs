@@ -347,7 +347,7 @@ async fn a_rate_limited_get_is_sent_again_after_the_pause() {
 async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
     use std::time::{SystemTime, UNIX_EPOCH};
     use tower_redis_ratelimit::{
-        store::memory::ManualClock, store::Store, throttle::ThrottleError,
+        store::memory::ManualClock, store::UpstreamStore, throttle::ThrottleError,
         throttle::DEFAULT_429_PAUSE, MemoryStore,
     };
 
@@ -398,7 +398,7 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
             );
             let up = Fixed::start(*status, headers).await;
             // The in-memory store's clock stands still: the pause it records is exact.
-            let store: Arc<dyn Store> = if on_redis {
+            let store: Arc<dyn UpstreamStore> = if on_redis {
                 Arc::new(redis.store().await)
             } else {
                 Arc::new(
@@ -462,7 +462,7 @@ async fn an_upstream_saying_to_come_back_at_once_still_pauses_every_instance() {
 /// calls back for the pause the upstream's 429 asked for, instead of letting them all out.
 #[tokio::test]
 async fn a_learning_throttle_keeps_the_upstreams_pause_while_its_store_fails() {
-    use tower_redis_ratelimit::{store::Store, throttle::ThrottleError};
+    use tower_redis_ratelimit::{store::UpstreamStore, throttle::ThrottleError};
 
     let mut redis = RedisServer::start();
     let store = RedisStore::builder()
@@ -470,7 +470,7 @@ async fn a_learning_throttle_keeps_the_upstreams_pause_while_its_store_fails() {
         .connect(&redis.url())
         .await
         .unwrap();
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store: Arc<dyn UpstreamStore> = Arc::new(store);
     redis.kill();
     let up = Fixed::start(StatusCode::TOO_MANY_REQUESTS, &[("retry-after", "30")]).await;
     let layer = ThrottleLayer::learning(Arc::clone(&store), "up", |_: &http::request::Parts| {

@@ -24,7 +24,7 @@ use tower_redis_ratelimit::{
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter, Permit},
     redis,
     store::memory::ManualClock,
-    store::Store,
+    store::SlotStore,
     FailurePolicy, Gcra, GlobalKey, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
     RedisStore,
 };
@@ -32,7 +32,7 @@ use tower_redis_ratelimit::{
 /// Generous: a bound that catches a hang or a leaked slot, not a benchmark.
 const EVENTUALLY: Duration = Duration::from_secs(5);
 
-fn limiter(store: impl Store, n: u32, prefix: &str) -> ConcurrencyLimiter {
+fn limiter(store: impl SlotStore, n: u32, prefix: &str) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
         .store_timeout(Duration::from_secs(2))
@@ -40,7 +40,7 @@ fn limiter(store: impl Store, n: u32, prefix: &str) -> ConcurrencyLimiter {
         .unwrap()
 }
 
-fn short_ttl(store: impl Store, n: u32, prefix: &str, ttl: Duration) -> ConcurrencyLimiter {
+fn short_ttl(store: impl SlotStore, n: u32, prefix: &str, ttl: Duration) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(store, n)
         .prefix(prefix)
         .permit_ttl(ttl)

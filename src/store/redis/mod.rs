@@ -82,7 +82,7 @@ use self::{
 };
 use super::{
     Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved,
-    Scheduled, SlotTerms, Store, StoreKey,
+    Scheduled, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -505,7 +505,9 @@ impl Backend for RedisStore {
             Keep::Tat,
         )
     }
+}
 
+impl Slots for RedisStore {
     fn release_all<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         let mut holders = KeyBuf::new();
         keys::write_key(key, keys::HOLDERS, &mut holders);
@@ -538,7 +540,9 @@ impl Backend for RedisStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.release_holder(key, holder, late_renewal)
     }
+}
 
+impl Upstreams for RedisStore {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,

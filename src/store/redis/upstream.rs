@@ -161,7 +161,7 @@ mod agreement {
             clock::ManualClock,
             redis::RedisStore,
             upstream::{Blind, Gate, Learned, Rate},
-            Backend, MemoryStore, Store, StoreKey,
+            MemoryStore, StoreKey, UpstreamStore, Upstreams,
         },
     };
 
@@ -448,7 +448,7 @@ mod agreement {
         let redis = TestRedis::start();
         let mut went = Vec::new();
         for store in [
-            Arc::new(redis.store().await) as Arc<dyn Store>,
+            Arc::new(redis.store().await) as Arc<dyn UpstreamStore>,
             Arc::new(MemoryStore::new()),
         ] {
             let k = Key::from("twin");

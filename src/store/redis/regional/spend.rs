@@ -2,6 +2,7 @@
 //! share), and the refill it may start.
 
 use super::*;
+use crate::store::unsupported;
 
 impl Store for RegionalStore {}
 
@@ -61,6 +62,74 @@ impl Backend for RegionalStore {
                 return Outcome::from_ints(&[allowed, remaining, retry, reset]);
             }
         })
+    }
+
+    fn refund<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _charge: &'a crate::decision::Charge,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        unsupported("units are not given back across regions")
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _cost: u32,
+        _up_to: u32,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Reserved, Error>> {
+        // A region's pool is a lease already.
+        unsupported("units are not reserved across regions")
+    }
+
+    fn schedules(&self) -> bool {
+        false
+    }
+
+    fn schedule<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _cost: u32,
+        _budget_us: u64,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Scheduled, Error>> {
+        unsupported("calls are not scheduled across regions")
+    }
+
+    fn peek<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::Peeked, Error>> {
+        unsupported("a key's state is not shown across regions")
+    }
+
+    fn reset<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        unsupported("keys are not reset across regions")
+    }
+
+    fn ban<'a>(
+        &'a self,
+        _key: StoreKey<'a>,
+        _duration_us: u64,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        unsupported("keys are not banned across regions")
+    }
+
+    fn unban<'a>(&'a self, _key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        unsupported("keys are not banned across regions")
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {
