@@ -106,6 +106,47 @@ impl Backend for Flaky {
     fn namespaces(&self) -> Option<&Namespaces> {
         None
     }
+
+    // The rest as a remote store: every call through its future, on the wall clock.
+    fn check_now(
+        &self,
+        _algorithm: &dyn crate::algorithm::Algorithm,
+        _key: StoreKey<'_>,
+        _cost: u32,
+        _now_us: Option<u64>,
+    ) -> Option<Result<crate::algorithm::Outcome, Error>> {
+        None
+    }
+
+    fn refund_now(
+        &self,
+        _algorithm: &dyn crate::algorithm::Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &crate::decision::Charge,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
+    fn schedules(&self) -> bool {
+        false
+    }
+
+    fn regional(&self) -> bool {
+        false
+    }
+
+    fn check_timeout(&self, _timeout: Duration) -> Result<(), crate::ConfigError> {
+        Ok(())
+    }
+
+    fn manual_clock(&self) -> bool {
+        false
+    }
+
+    fn clock(&self) -> Option<crate::store::memory::ManualClock> {
+        None
+    }
 }
 
 impl Slots for Flaky {
@@ -144,6 +185,11 @@ impl Slots for Flaky {
             ))));
         }
         self.inner.release(key, holder, late_renewal)
+    }
+
+    /// Through [`release`](Slots::release), which fails while the store is down.
+    fn release_now(&self, _key: StoreKey<'_>, _holder: &str) -> Option<Result<(), Error>> {
+        None
     }
 }
 

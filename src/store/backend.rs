@@ -26,8 +26,10 @@ pub(crate) struct Peeked {
 /// A boxed, sendable future, as the store's calls return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The store's side of every limit: rate checks and refunds, concurrency slots, what
-/// upstreams said, and the bookkeeping of the limiters built on it. Crate-private: it is the
+/// The store's side of every rate limit: checks and refunds, reservations, peeks, resets and
+/// bans, and the bookkeeping of the limiters built on it (concurrency slots and what upstreams
+/// said are [`Slots`] and [`Upstreams`]). No method has a default body: each store says what
+/// it does and what it cannot, and the `Arc` forwarding below cannot forget a method. Crate-private: it is the
 /// sealed part of [`Store`] (see there why).
 ///
 /// Keys are the limiter's namespace and the request's key ([`StoreKey`]); times are on the
@@ -52,10 +54,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'_>,
         cost: u32,
         now_us: Option<u64>,
-    ) -> Option<Result<Outcome, Error>> {
-        let _ = (algorithm, key, cost, now_us);
-        None
-    }
+    ) -> Option<Result<Outcome, Error>>;
 
     /// Gives back what an allowed check took (`charge`) on `key` and still holds, atomically
     /// (see [`Algorithm::refund`]): `Ok(true)` when units were given back, `Ok(false)` when
@@ -76,10 +75,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: StoreKey<'_>,
         charge: &Charge,
         now_us: Option<u64>,
-    ) -> Option<Result<bool, Error>> {
-        let _ = (algorithm, key, charge, now_us);
-        None
-    }
+    ) -> Option<Result<bool, Error>>;
 
     /// Takes up to `up_to` units of `key` at once, as many as it has available, but at least
     /// `cost` (else a denial of `cost`, exactly as [`check`](Self::check) would deny it): a
@@ -96,9 +92,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reserved, Error>>;
 
     /// Whether [`schedule`](Self::schedule) keeps places (in Redis and in memory).
-    fn schedules(&self) -> bool {
-        false
-    }
+    fn schedules(&self) -> bool;
 
     /// Keeps a place of `cost` units in `key`'s GCRA schedule for an outbound call that may
     /// wait at most `budget_us` (see `lua/gcra_schedule.lua` and its twin
@@ -149,36 +143,25 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
-    fn namespaces(&self) -> Option<&Namespaces> {
-        None
-    }
+    fn namespaces(&self) -> Option<&Namespaces>;
 
     /// True for a store that spreads one limit across regions
     /// ([`RegionalStore`](super::redis::RegionalStore)): limiters built on it refuse what
     /// cannot work across regions.
-    fn regional(&self) -> bool {
-        false
-    }
+    fn regional(&self) -> bool;
 
     /// Refuses a limiter's store timeout that this store's calls may need more than (a
-    /// [`ConfigError`](crate::ConfigError) naming `store_timeout`); every timeout by default.
-    fn check_timeout(&self, timeout: Duration) -> Result<(), ConfigError> {
-        let _ = timeout;
-        Ok(())
-    }
+    /// [`ConfigError`](crate::ConfigError) naming `store_timeout`).
+    fn check_timeout(&self, timeout: Duration) -> Result<(), ConfigError>;
 
     /// True when this store's time is not the wall clock (a `MemoryStore` on a
     /// [`ManualClock`](super::memory::ManualClock)): limiters built on it keep no deny cache, whose
     /// deadlines are in real time.
-    fn manual_clock(&self) -> bool {
-        false
-    }
+    fn manual_clock(&self) -> bool;
 
     /// This store's [`ManualClock`](super::memory::ManualClock), when it has one: a
     /// [`ThrottleLayer`](crate::throttle::ThrottleLayer) on this store waits on it.
-    fn clock(&self) -> Option<super::memory::ManualClock> {
-        None
-    }
+    fn clock(&self) -> Option<super::memory::ManualClock>;
 }
 
 /// A store's concurrency slots, for the [concurrency limiter](crate::concurrency): the
@@ -224,10 +207,7 @@ pub(crate) trait Slots: Send + Sync + 'static {
 
     /// Gives the slot back at once, without a future, when this store can (in memory); `None`
     /// when it must go through [`release`](Self::release).
-    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>> {
-        let _ = (key, holder);
-        None
-    }
+    fn release_now(&self, key: StoreKey<'_>, holder: &str) -> Option<Result<(), Error>>;
 }
 
 /// What upstreams said, for the [adaptive throttle](crate::throttle): the crate-private side

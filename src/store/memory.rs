@@ -650,6 +650,15 @@ impl Backend for MemoryStore {
     fn clock(&self) -> Option<ManualClock> {
         self.inner.clock.clone()
     }
+
+    fn regional(&self) -> bool {
+        false
+    }
+
+    /// Answers at once: any store timeout will do.
+    fn check_timeout(&self, _timeout: std::time::Duration) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 impl Slots for MemoryStore {

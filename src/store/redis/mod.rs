@@ -505,6 +505,45 @@ impl Backend for RedisStore {
             Keep::Tat,
         )
     }
+
+    /// Every check goes through [`check`](Backend::check): every answer is a round trip to Redis.
+    fn check_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _cost: u32,
+        _now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        None
+    }
+
+    fn refund_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &Charge,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
+    /// On the servers' clocks: the wall clock.
+    fn manual_clock(&self) -> bool {
+        false
+    }
+
+    fn clock(&self) -> Option<crate::store::memory::ManualClock> {
+        None
+    }
+
+    fn regional(&self) -> bool {
+        false
+    }
+
+    /// Any store timeout: a call that takes longer fails by it.
+    fn check_timeout(&self, _timeout: std::time::Duration) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 impl Slots for RedisStore {
@@ -539,6 +578,11 @@ impl Slots for RedisStore {
         late_renewal: Option<std::time::Duration>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.release_holder(key, holder, late_renewal)
+    }
+
+    /// Every release is a round trip to Redis.
+    fn release_now(&self, _key: StoreKey<'_>, _holder: &str) -> Option<Result<(), Error>> {
+        None
     }
 }
 

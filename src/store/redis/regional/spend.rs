@@ -154,6 +154,36 @@ impl Backend for RegionalStore {
             ),
         ))
     }
+
+    /// Every check goes through [`check`](Backend::check): every answer is a round trip to the region's Redis.
+    fn check_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _cost: u32,
+        _now_us: Option<u64>,
+    ) -> Option<Result<Outcome, Error>> {
+        None
+    }
+
+    fn refund_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &crate::decision::Charge,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
+    /// On the servers' clocks: the wall clock.
+    fn manual_clock(&self) -> bool {
+        false
+    }
+
+    fn clock(&self) -> Option<crate::store::memory::ManualClock> {
+        None
+    }
 }
 
 /// The spend script's call for the key under `base` (see `lua/regional_spend.lua`).
