@@ -1,4 +1,4 @@
-//! Operating the limiter: what it reports, shadow mode, the deny cache, steering it at run
+//! Operating the limiter: what it reports, shadow mode, the deny cache, acting on it at run
 //! time (a key's state, resets, bans, allow and deny lists), several policies and plans,
 //! quotas per request, counting by response status, unit leases, concurrency limits.
 //!

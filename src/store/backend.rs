@@ -6,7 +6,7 @@ use super::{
     leases::{Acquired, SlotTerms},
     namespaces::Namespaces,
     reserved::{Reserved, Scheduled},
-    upstream::{Blind, Gate, Learned},
+    upstream::{Gate, Learned, Sent},
     Store, StoreKey,
 };
 use crate::{
@@ -232,7 +232,7 @@ pub(crate) trait Upstreams: Send + Sync + 'static {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
     ) -> BoxFuture<'a, Result<(), Error>>;
 }
 
@@ -415,7 +415,7 @@ impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
     ) -> BoxFuture<'a, Result<(), Error>> {
         (**self).learn(key, learned, how)
     }

@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    unsupported, Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked,
-    Scheduled, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked,
+    Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
@@ -719,7 +719,7 @@ impl Upstreams for MemoryStore {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.learn_said(key, learned, how);
         Box::pin(std::future::ready(Ok(())))

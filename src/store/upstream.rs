@@ -114,13 +114,12 @@ pub(crate) struct Gate {
     /// How the call goes: counted against a known window, blind, or first to learn the next
     /// window. The answer to a blind call is recorded even when it says nothing
     /// ([`Backend::learn`](super::Backend::learn)).
-    pub(crate) blind: Blind,
+    pub(crate) blind: Sent,
 }
 
-/// How a call that may go goes (see [`Gate::blind`]).
+/// How a call that may go is sent (see [`Gate::blind`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(clippy::enum_variant_names)] // `Blind::Blind`: a call sent blind.
-pub(crate) enum Blind {
+pub(crate) enum Sent {
     /// Counted against the upstream's known window.
     #[default]
     Counted,
@@ -136,12 +135,12 @@ impl Gate {
         Self {
             go,
             wait,
-            blind: Blind::Counted,
+            blind: Sent::Counted,
         }
     }
 
-    /// The same answer, for a call that goes blind or first (see [`Blind`]).
-    pub(crate) const fn blind(mut self, blind: Blind) -> Self {
+    /// The same answer, for a call that goes blind or first (see [`Sent`]).
+    pub(crate) const fn blind(mut self, blind: Sent) -> Self {
         self.blind = blind;
         self
     }

@@ -27,7 +27,7 @@ use crate::{
     error::Chain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
-    store::{micros, Backend, Blind, BoxFuture, Learned, Upstreams},
+    store::{micros, Backend, BoxFuture, Learned, Sent, Upstreams},
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -196,7 +196,7 @@ async fn upstream_gate<A: Algorithm>(
     key: &Key<'_>,
     cost: u32,
     budget: Budget,
-) -> Result<(Blind, Duration), ThrottleError> {
+) -> Result<(Sent, Duration), ThrottleError> {
     let engine = &limiter.engine;
     loop {
         let store_key = engine.store_key(Some(key));
@@ -210,7 +210,7 @@ async fn upstream_gate<A: Algorithm>(
                 .await
             {
                 Ok(gate) => gate,
-                Err(_) => return Ok((Blind::Counted, Duration::ZERO)),
+                Err(_) => return Ok((Sent::Counted, Duration::ZERO)),
             },
         };
         if gate.go {
@@ -239,7 +239,7 @@ async fn turn<K, A: Algorithm>(
     key: &Key<'static>,
     cost: u32,
     budget: Budget,
-) -> Result<Blind, ThrottleError> {
+) -> Result<Sent, ThrottleError> {
     let clock = &settings.clock;
     let limiter = &settings.limiter;
     let mut place = settings.lines.join(key);
@@ -255,7 +255,7 @@ async fn turn<K, A: Algorithm>(
     }
     let (how, until_place) = match &settings.adaptive {
         Some(adaptive) => upstream_gate(clock, adaptive, limiter, key, cost, budget).await?,
-        None => (Blind::Counted, Duration::ZERO),
+        None => (Sent::Counted, Duration::ZERO),
     };
     drop(place);
     let go = slot.max(clock.now() + until_place);
@@ -366,9 +366,9 @@ async fn record<A: Algorithm>(
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
     learned: Learned,
-    how: Blind,
+    how: Sent,
 ) {
-    if learned.is_empty() && how == Blind::Counted {
+    if learned.is_empty() && how == Sent::Counted {
         return;
     }
     let engine = &limiter.engine;

@@ -210,7 +210,7 @@ async fn every_written_key_expires_on(backend: &crate::servers::Backend) {
 /// Arguments and stored state are validated before any write; broken state is an error.
 /// (GCRA's check, `lua/gcra.lua`, validates no argument: only the store calls it, with
 /// arguments built from validated types, and the store refuses a cost of 0 or a time past 2^52
-/// before sending: see `store::redis::steering`. The scripts that validate their arguments are
+/// before sending: see `store::redis::operating`. The scripts that validate their arguments are
 /// held to it here.)
 #[tokio::test]
 async fn scripts_reject_bad_arguments_and_foreign_data() {

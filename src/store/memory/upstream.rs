@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::MemoryStore;
 use crate::store::{
     micros,
-    upstream::{Blind, Gate, Learned, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
+    upstream::{Gate, Learned, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
     Expiring, KeyBuf, StoreKey,
 };
 
@@ -82,7 +82,7 @@ impl Said {
             self.keep_until = self.pace.saturating_add(KEEP_US);
             return Gate::new(true, Duration::from_micros(wait));
         }
-        let mut blind = Blind::Blind;
+        let mut blind = Sent::Blind;
         if let Some((left, ends)) = &mut self.window {
             if *ends > now {
                 if *left < cost {
@@ -95,7 +95,7 @@ impl Said {
                 return Gate::new(false, Duration::from_micros((q - now).min(POLL_US)));
             }
             self.probe = Some(now + PROBE_US);
-            blind = Blind::Probe;
+            blind = Sent::Probe;
         }
         self.blind = match self.blind {
             Some((count, since)) if since >= now.saturating_sub(BLIND_US) => {
@@ -103,7 +103,7 @@ impl Said {
             }
             _ => Some((1, now)),
         };
-        if blind == Blind::Blind && self.count_start.is_none() {
+        if blind == Sent::Blind && self.count_start.is_none() {
             self.count_start = Some(now);
         }
         if self.keep_until <= now {
@@ -113,10 +113,10 @@ impl Said {
     }
 
     /// As `upstream_learn.lua`.
-    fn learn(&mut self, now: u64, learned: Learned, how: Blind) {
-        let probed = how == Blind::Probe;
+    fn learn(&mut self, now: u64, learned: Learned, how: Sent) {
+        let probed = how == Sent::Probe;
         let mut blind = self.recent_blind(now);
-        if how != Blind::Counted && blind > 0 {
+        if how != Sent::Counted && blind > 0 {
             // This call's answer is back: it is no longer on its way.
             blind -= 1;
             if let Some((count, _)) = &mut self.blind {
@@ -167,13 +167,13 @@ impl Said {
                     }
                     _ => self.count_start = Some(self.paused),
                 }
-            } else if how != Blind::Counted {
+            } else if how != Sent::Counted {
                 self.answered += 1;
             }
         } else if let (None, true, Some((n, w))) = (rate_told, was_estimated, self.rate) {
-            if pause.is_some() && how == Blind::Counted {
+            if pause.is_some() && how == Sent::Counted {
                 self.rate = Some(((n - n / 8).max(1), w));
-            } else if pause.is_none() && how != Blind::Counted && remaining.is_none() {
+            } else if pause.is_none() && how != Sent::Counted && remaining.is_none() {
                 self.rate = Some(((n + 1).min(MAX), w));
             }
         }
@@ -253,7 +253,7 @@ impl MemoryStore {
     }
 
     /// Records what an answer said (see [`Backend::learn`](crate::store::Backend::learn)).
-    pub(super) fn learn_said(&self, key: StoreKey<'_>, learned: Learned, how: Blind) {
+    pub(super) fn learn_said(&self, key: StoreKey<'_>, learned: Learned, how: Sent) {
         self.with_said(key, |s, now| s.learn(now, learned, how));
     }
 }

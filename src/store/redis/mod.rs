@@ -44,14 +44,14 @@ mod custom;
 pub(crate) mod keys;
 mod leases;
 mod link;
+#[cfg(test)]
+mod operating;
 mod packed;
 mod redact;
 mod regional;
 mod reply;
 mod reserve;
 mod scripts;
-#[cfg(test)]
-mod steering;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(feature = "tls")]
@@ -81,8 +81,8 @@ use self::{
     scripts::Wire,
 };
 use super::{
-    Acquired, Backend, Blind, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved,
-    Scheduled, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved, Scheduled,
+    Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -600,7 +600,7 @@ impl Upstreams for RedisStore {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.learn_said(key, learned, how)
     }

@@ -10,7 +10,7 @@ use crate::{
     error::Error,
     store::{
         micros,
-        upstream::{Blind, Gate, Learned, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
+        upstream::{Gate, Learned, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
         BoxFuture, KeyBuf, StoreKey,
     },
 };
@@ -39,7 +39,7 @@ fn parse_gate(reply: Value) -> Result<Gate, Error> {
     let items = reply::ints(reply)?;
     match items.as_slice() {
         [1, 0, how @ (0..=2)] => {
-            let how = [Blind::Counted, Blind::Blind, Blind::Probe][*how as usize];
+            let how = [Sent::Counted, Sent::Blind, Sent::Probe][*how as usize];
             Ok(Gate::new(true, Duration::ZERO).blind(how))
         }
         [1, wait, 0] if *wait > 0 => Ok(Gate::new(true, Duration::from_micros(*wait as u64))),
@@ -78,7 +78,7 @@ impl RedisStore {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.learn_said_at(key, learned, how, None)
     }
@@ -88,7 +88,7 @@ impl RedisStore {
         &'a self,
         key: StoreKey<'a>,
         learned: Learned,
-        how: Blind,
+        how: Sent,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         let mut cmd = call(&LEARN, key, now);
@@ -99,9 +99,9 @@ impl RedisStore {
             _ => cmd.arg(-1).arg(-1),
         };
         cmd.arg(match how {
-            Blind::Counted => 0,
-            Blind::Blind => 1,
-            Blind::Probe => 2,
+            Sent::Counted => 0,
+            Sent::Blind => 1,
+            Sent::Probe => 2,
         });
         match learned.rate.filter(|r| r.quota > 0 && !r.window.is_zero()) {
             Some(r) => cmd
@@ -125,8 +125,8 @@ mod tests {
     fn gate_replies_are_checked() {
         let arr = |v: Vec<i64>| Value::Array(v.into_iter().map(Value::Int).collect());
         assert!(parse_gate(arr(vec![1, 0, 0])).unwrap().go);
-        assert_eq!(parse_gate(arr(vec![1, 0, 1])).unwrap().blind, Blind::Blind);
-        assert_eq!(parse_gate(arr(vec![1, 0, 2])).unwrap().blind, Blind::Probe);
+        assert_eq!(parse_gate(arr(vec![1, 0, 1])).unwrap().blind, Sent::Blind);
+        assert_eq!(parse_gate(arr(vec![1, 0, 2])).unwrap().blind, Sent::Probe);
         assert_eq!(
             parse_gate(arr(vec![0, 1500, 0])).unwrap(),
             Gate::new(false, Duration::from_micros(1500))
@@ -160,7 +160,7 @@ mod agreement {
         store::{
             clock::ManualClock,
             redis::RedisStore,
-            upstream::{Blind, Gate, Learned, Rate},
+            upstream::{Gate, Learned, Rate, Sent},
             MemoryStore, StoreKey, UpstreamStore, Upstreams,
         },
     };
@@ -189,7 +189,7 @@ mod agreement {
             .unwrap()
         }
 
-        async fn learn(&self, key: StoreKey<'_>, learned: Learned, how: Blind) {
+        async fn learn(&self, key: StoreKey<'_>, learned: Learned, how: Sent) {
             match self {
                 Self::Redis(store, clock) => {
                     store.learn_said_at(key, learned, how, Some(clock.now_us()))
@@ -225,7 +225,7 @@ mod agreement {
 
     /// Every gate of a run of takes and answers with a rate, on Redis and in memory: the
     /// same places in the pace, to the microsecond.
-    async fn paced_run(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Blind)> {
+    async fn paced_run(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Sent)> {
         let mut gates = Vec::new();
         let mut take = |g: Gate| gates.push((g.go, g.wait.as_micros(), g.blind));
         let rate = |r: u64, stated: bool| {
@@ -242,7 +242,7 @@ mod agreement {
         for _ in 0..3 {
             take(store.take(key, 1).await);
         }
-        store.learn(key, rate(37, true), Blind::Blind).await;
+        store.learn(key, rate(37, true), Sent::Blind).await;
         for _ in 0..3 {
             take(store.take(key, 2).await);
         }
@@ -251,7 +251,7 @@ mod agreement {
         take(store.take_within(key, 1, Duration::from_secs(1)).await);
         // None left: the pace moves one unit on.
         store.advance(Duration::from_millis(700));
-        store.learn(key, rate(0, true), Blind::Counted).await;
+        store.learn(key, rate(0, true), Sent::Counted).await;
         take(store.take(key, 1).await);
         // An inferred window keeps the longest seen: a 2 s reset slows the pace to 40 per 2 s.
         store.advance(Duration::from_secs(2));
@@ -259,10 +259,10 @@ mod agreement {
             .learn(
                 key,
                 Learned::new().rate(Rate::inferred(40, Duration::from_secs(2))),
-                Blind::Counted,
+                Sent::Counted,
             )
             .await;
-        store.learn(key, rate(5, false), Blind::Counted).await;
+        store.learn(key, rate(5, false), Sent::Counted).await;
         take(store.take(key, 1).await);
         take(store.take(key, 1).await);
         // A 429's pause holds every call back, paced or not.
@@ -270,7 +270,7 @@ mod agreement {
             .learn(
                 key,
                 Learned::new().pause(Duration::from_secs(3)),
-                Blind::Counted,
+                Sent::Counted,
             )
             .await;
         take(store.take(key, 1).await);
@@ -290,8 +290,8 @@ mod agreement {
         assert_eq!(gates, paced_run(&on_memory, key).await);
         // One unit every 1 s / 40 / 0.97 = 25,774 µs.
         let i = 25_774;
-        let blind = (true, 0, Blind::Blind);
-        let paced = |wait| (true, wait, Blind::Counted);
+        let blind = (true, 0, Sent::Blind);
+        let paced = |wait| (true, wait, Sent::Counted);
         assert_eq!(
             gates,
             vec![
@@ -301,14 +301,14 @@ mod agreement {
                 paced(5 * i),
                 paced(7 * i),
                 paced(9 * i),
-                (false, 11 * i, Blind::Counted),
+                (false, 11 * i, Sent::Counted),
                 paced(11 * i),
                 // 700 ms later the pace has passed; the empty window moves it one unit on.
                 paced(i),
                 // 40 per 2 s: each unit twice as long; the pace had already passed.
                 paced(0),
                 paced(51_547),
-                (false, 3_000_000, Blind::Counted),
+                (false, 3_000_000, Sent::Counted),
             ]
         );
     }
@@ -319,27 +319,27 @@ mod agreement {
     /// and in memory.
     #[tokio::test]
     async fn a_rate_is_estimated_from_the_first_pause_alike_in_redis_and_in_memory() {
-        async fn estimate(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Blind)> {
+        async fn estimate(store: &OnClock, key: StoreKey<'_>) -> Vec<(bool, u128, Sent)> {
             let mut gates = Vec::new();
             for _ in 0..9 {
                 gates.push(store.take(key, 1).await);
             }
             store.advance(Duration::from_millis(200));
             for _ in 0..7 {
-                store.learn(key, Learned::new(), Blind::Blind).await;
+                store.learn(key, Learned::new(), Sent::Blind).await;
             }
             // The first 429: paused for 800 ms; 7 answered over the 1 s until it ends.
             let pause = Learned::new().pause(Duration::from_millis(800));
-            store.learn(key, pause, Blind::Blind).await;
+            store.learn(key, pause, Sent::Blind).await;
             // One more sent before it, answered since: 8 a second.
-            store.learn(key, Learned::new(), Blind::Blind).await;
+            store.learn(key, Learned::new(), Sent::Blind).await;
             gates.push(store.take(key, 1).await);
             store.advance(Duration::from_millis(800));
             for _ in 0..3 {
                 gates.push(store.take(key, 1).await);
             }
             // A paced call answered 429: the pause holds, and 8 - 8/8 = 7 a second after it.
-            store.learn(key, pause, Blind::Counted).await;
+            store.learn(key, pause, Sent::Counted).await;
             gates.push(store.take(key, 1).await);
             store.advance(Duration::from_millis(800));
             for _ in 0..2 {
@@ -358,18 +358,18 @@ mod agreement {
         let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let gates = estimate(&on_redis, key).await;
         assert_eq!(gates, estimate(&OnClock::Memory(memory, clock), key).await);
-        let blind = (true, 0, Blind::Blind);
-        let paced = |wait| (true, wait, Blind::Counted);
+        let blind = (true, 0, Sent::Blind);
+        let paced = |wait| (true, wait, Sent::Counted);
         // One unit every 1 s / 8 / 0.97 = 128,866 µs from the pause's end; then every
         // 1 s / 7 / 0.97 = 147,276 µs, from where the pace was, after the second pause.
         let (i8, i7) = (128_866, 147_276);
         let mut expected = vec![blind; 9];
         expected.extend([
-            (false, 800_000, Blind::Counted),
+            (false, 800_000, Sent::Counted),
             paced(0),
             paced(i8),
             paced(2 * i8),
-            (false, 800_000, Blind::Counted),
+            (false, 800_000, Sent::Counted),
             paced(0),
             paced(i7),
         ]);
@@ -385,9 +385,9 @@ mod agreement {
             let k = Key::from("late");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             let w = |r| Learned::new().window(r, Duration::from_secs(10));
-            store.learn(key, w(0), Blind::Counted).await;
+            store.learn(key, w(0), Sent::Counted).await;
             store.advance(Duration::from_millis(1_500));
-            store.learn(key, w(9), Blind::Counted).await;
+            store.learn(key, w(9), Sent::Counted).await;
             assert!(!store.take(key, 1).await.go, "{name}");
         })
         .await;
@@ -403,14 +403,14 @@ mod agreement {
             let k = Key::from("probe");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             let w = Learned::new().window(5, Duration::from_millis(300));
-            store.learn(key, w, Blind::Counted).await;
+            store.learn(key, w, Sent::Counted).await;
             store.advance(Duration::from_millis(400));
             let first = store.take(key, 1).await;
-            assert_eq!((first.go, first.blind), (true, Blind::Probe), "{name}");
+            assert_eq!((first.go, first.blind), (true, Sent::Probe), "{name}");
             assert!(!store.take(key, 1).await.go, "{name}: waits for the probe");
-            store.learn(key, Learned::new(), Blind::Probe).await;
+            store.learn(key, Learned::new(), Sent::Probe).await;
             let next = store.take(key, 1).await;
-            assert_eq!((next.go, next.blind), (true, Blind::Blind), "{name}");
+            assert_eq!((next.go, next.blind), (true, Sent::Blind), "{name}");
         })
         .await;
     }
@@ -425,7 +425,7 @@ mod agreement {
             let key = StoreKey::bounded("rv", Some(&k), 128);
             for _ in 0..100 {
                 let g = store.take(key, 1).await;
-                assert_eq!(g.blind, Blind::Blind, "{name}");
+                assert_eq!(g.blind, Sent::Blind, "{name}");
                 store.learn(key, Learned::new(), g.blind).await;
             }
             let g = store.take(key, 1).await;
@@ -457,9 +457,9 @@ mod agreement {
                 assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
             }
             let zero = Learned::new().pause(Duration::ZERO);
-            store.learn(key, zero, Blind::Counted).await.unwrap();
+            store.learn(key, zero, Sent::Counted).await.unwrap();
             let w = Learned::new().window(10, Duration::from_secs(5));
-            store.learn(key, w, Blind::Counted).await.unwrap();
+            store.learn(key, w, Sent::Counted).await.unwrap();
             let mut n = 0;
             for _ in 0..12 {
                 n += u32::from(store.take(key, 1, Duration::ZERO).await.unwrap().go);
@@ -482,7 +482,7 @@ mod agreement {
         let k = Key::from("expiry");
         let key = StoreKey::bounded("rv", Some(&k), 128);
         let w = Learned::new().window(0, Duration::from_secs(1));
-        store.learn(key, w, Blind::Counted).await.unwrap();
+        store.learn(key, w, Sent::Counted).await.unwrap();
         clock.advance(Duration::from_secs(600));
         assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
         assert!(

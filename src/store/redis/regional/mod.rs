@@ -383,7 +383,8 @@ impl Inner {
     }
 }
 
-fn key_of(base: &[u8], suffix: &str) -> Vec<u8> {
+/// The Redis key of the key under `base` with `suffix` (see `keys.rs`: `:rp`, `:rm`, ...).
+fn with_suffix(base: &[u8], suffix: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(base.len() + suffix.len());
     k.extend_from_slice(base);
     k.extend_from_slice(suffix.as_bytes());

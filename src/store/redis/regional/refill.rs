@@ -72,8 +72,8 @@ async fn grant(
     } else {
         (&GRANT_GCRA, keys::GCRA)
     };
-    let state = key_of(base, suffix);
-    let demand = key_of(base, keys::REGION_DEMAND);
+    let state = with_suffix(base, suffix);
+    let demand = with_suffix(base, keys::REGION_DEMAND);
     let mut cmd = evalsha(
         script,
         2,
@@ -121,8 +121,8 @@ struct Fill {
 /// Puts `fill` into this region's pool of the key under `base`: the granted units dropped
 /// (landed too late, or not written at all).
 async fn fill_pool(inner: &Inner, base: &[u8], terms: Terms, fill: Fill) -> u64 {
-    let pool = key_of(base, keys::REGION_POOL);
-    let marker = key_of(base, keys::REGION_MARKER);
+    let pool = with_suffix(base, keys::REGION_POOL);
+    let marker = with_suffix(base, keys::REGION_MARKER);
     let mut cmd = evalsha(
         &FILL,
         2,
@@ -160,8 +160,8 @@ pub(super) fn smooth(cell: &AtomicU64, rtt_us: u64) {
 
 /// Charges the home with what this region admitted on `base` while cut off.
 pub(super) async fn reconcile(inner: Arc<Inner>, base: Vec<u8>, terms: Terms) {
-    let pool = key_of(&base, keys::REGION_POOL);
-    let marker = key_of(&base, keys::REGION_MARKER);
+    let pool = with_suffix(&base, keys::REGION_POOL);
+    let marker = with_suffix(&base, keys::REGION_MARKER);
     let mut cmd = evalsha(
         &OWED,
         2,

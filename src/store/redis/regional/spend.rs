@@ -189,12 +189,12 @@ impl Backend for RegionalStore {
 /// The spend script's call for the key under `base` (see `lua/regional_spend.lua`).
 fn spend_cmd(inner: &Inner, base: &[u8], terms: Terms, cost: u32, cut: bool) -> redis::Cmd {
     let (share_emission, share_burst) = terms.share(inner.share);
-    let pool = key_of(base, keys::REGION_POOL);
-    let marker = key_of(base, keys::REGION_MARKER);
-    let local = key_of(base, keys::REGION_SHARE);
+    let pool = with_suffix(base, keys::REGION_POOL);
+    let marker = with_suffix(base, keys::REGION_MARKER);
+    let local = with_suffix(base, keys::REGION_SHARE);
     // The home region charges what it admits on its share to the key's own state.
     let home_state = (inner.own == 0).then(|| {
-        key_of(
+        with_suffix(
             base,
             if terms.bucket {
                 keys::BUCKET
