@@ -15,9 +15,9 @@ macro_rules! prelude_script {
     ($file:literal, after $($library:literal),+) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../../../lua/prelude.lua"),
-                $(include_str!(concat!("../../../lua/", $library)),)+
-                include_str!(concat!("../../../lua/", $file))
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/prelude.lua")),
+                $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $library)),)+
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
             ))
         })
     };
@@ -29,8 +29,8 @@ macro_rules! gcra_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../../../lua/gcra_core.lua"),
-                include_str!(concat!("../../../lua/", $file))
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/gcra_core.lua")),
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
             ))
         })
     };

@@ -49,8 +49,12 @@ static FILL: LazyLock<Script> = prelude_script!("regional_fill.lua");
 static OWED: LazyLock<Script> = prelude_script!("regional_owed.lua");
 static GRANT_GCRA: LazyLock<Script> = prelude_script!("regional_grant_gcra.lua");
 static GRANT_BUCKET: LazyLock<Script> = prelude_script!("regional_grant_bucket.lua");
-static PING: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/regional_ping.lua")));
+static PING: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/lua/regional_ping.lua"
+    )))
+});
 
 /// The most keys a region remembers having admitted while cut off, to charge the home with
 /// when the link is back; past it, a key is charged on its next check instead.
