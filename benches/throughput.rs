@@ -33,7 +33,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 use tower_redis_ratelimit::{
-    algorithm::{Algorithm, MultiLimit, Rule},
+    algorithm::{Algorithm, MultiLimit},
     concurrency::ConcurrencyLimiter,
     rate_limit::UnitLease,
     redis,
@@ -202,18 +202,17 @@ fn raw_script<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
     // unit), the tolerance, a rested key's lifetime in ms; no time (the script reads TIME).
     static SCRIPT: std::sync::LazyLock<redis::Script> =
         std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/gcra.lua")));
-    let Rule::Gcra(rate) = gcra.rule() else {
-        unreachable!("GCRA's rule")
-    };
+    // The emission interval (the period over the limit, rounded up) and the tolerance (the
+    // emission interval times the burst), as the crate validates them.
+    let q = gcra.quota_config();
+    let step = (q.period().as_micros() as u64).div_ceil(u64::from(q.limit()));
+    let tolerance = step * u64::from(q.burst_size());
     Arc::new(move |key| {
         let mut conn = conn.clone();
         Box::pin(async move {
             let mut inv = SCRIPT.prepare_invoke();
             inv.key(format!("{{raw:{key}}}:g"));
-            let step = rate.emission_us();
-            inv.arg(step)
-                .arg(rate.tolerance_us())
-                .arg(step.div_ceil(1_000));
+            inv.arg(step).arg(tolerance).arg(step.div_ceil(1_000));
             // Admitted: the string `TAT SECS USECS`; denied: an integer (banned: an array).
             let reply: redis::Value = inv.invoke_async(&mut conn).await.expect("script failed");
             matches!(reply, redis::Value::BulkString(_))

@@ -17,15 +17,9 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::{
-    algorithm::{Algorithm, Rule},
-    rate_limit::HeaderStyle,
-    redis,
-    redis::Script,
-    store::redis::bb8,
-    store::redis::bb8_redis::RedisConnectionManager,
-    store::Store,
-    FailurePolicy, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore,
-    SlidingWindow, TokenBucket,
+    algorithm::Algorithm, rate_limit::HeaderStyle, redis, redis::Script, store::redis::bb8,
+    store::redis::bb8_redis::RedisConnectionManager, store::Store, FailurePolicy, Gcra, HeaderKey,
+    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 /// A boxed, sendable future.
@@ -317,7 +311,7 @@ fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>
     )
 }
 
-/// The script our store runs for a check of one unit under `algorithm` (from the crate's
+/// The script our store runs for a check of one unit under `algorithm` on [`quota`] (from the crate's
 /// `lua/`), the suffixes of its keys, and its arguments: GCRA's check takes the step, the
 /// tolerance and a rested key's lifetime (no time: the script reads Redis' TIME); the others
 /// `''` (no explicit time), the cost and two parameters.
@@ -337,23 +331,28 @@ fn raw_wire(algorithm: &dyn Algorithm) -> (&'static Script, &'static [&'static s
         ))
     });
     let args = |a: &[u64]| a.iter().map(u64::to_string).collect();
-    match algorithm.rule() {
-        Rule::Gcra(r) => {
-            let step = r.emission_us();
-            let wire = args(&[step, r.tolerance_us(), step.div_ceil(1_000)]);
+    // The parameters as the crate validates the quota: the emission interval is the period
+    // over the limit, rounded up; the tolerance, the emission interval times the burst.
+    let q = quota();
+    let period_us = q.period().as_micros() as u64;
+    let (limit, burst) = (u64::from(q.limit()), u64::from(q.burst_size()));
+    let emission = period_us.div_ceil(limit);
+    match algorithm.name() {
+        "gcra" => {
+            let wire = args(&[emission, emission * burst, emission.div_ceil(1_000)]);
             (&GCRA, &[":g"], wire)
         }
-        Rule::TokenBucket(r) => {
+        "token-bucket" => {
             let mut wire = vec![String::new()];
-            wire.extend(args(&[1, r.emission_us(), r.burst()]));
+            wire.extend(args(&[1, emission, burst]));
             (&BUCKET, &[":b"], wire)
         }
-        Rule::SlidingWindow(w) => {
+        "sliding-window" => {
             let mut wire = vec![String::new()];
-            wire.extend(args(&[1, w.window_us(), w.limit()]));
+            wire.extend(args(&[1, period_us, limit]));
             (&WINDOW, &[":l2", ":m2"], wire)
         }
-        other => panic!("no raw script for {other:?}"),
+        other => panic!("no raw script for {other}"),
     }
 }
 

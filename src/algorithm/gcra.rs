@@ -7,7 +7,7 @@ use super::{
     held::{self, GivenBack, Ledger, Placed},
     outcome::{Outcome, Position},
     rate::BucketRate,
-    Algorithm, MemoryState, Rule,
+    Algorithm, Kind, MemoryState, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
@@ -44,6 +44,21 @@ impl Gcra {
     /// The quota this was built from.
     pub fn quota_config(&self) -> Quota {
         self.0.quota
+    }
+
+    /// The validated rate the stores run.
+    pub(crate) fn rate(&self) -> BucketRate {
+        self.0.rate
+    }
+}
+
+impl Twin for Gcra {
+    fn peek(&self, state: &mut MemoryState, now_us: u64) -> Result<Outcome, Error> {
+        Ok(decide(self.0.rate, state.tat()?, now_us, NEVER).0)
+    }
+
+    fn reset(&self) -> Reset {
+        Reset::Floors(vec![self.0.rate.tolerance_us()])
     }
 }
 
@@ -106,7 +121,7 @@ impl Algorithm for Gcra {
     }
 
     fn rule(&self) -> Rule<'_> {
-        Rule::Gcra(self.0.rate)
+        Rule::builtin(Kind::Gcra(self))
     }
 
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {

@@ -26,7 +26,6 @@ pub(crate) mod gcra;
 mod held;
 mod multi;
 mod outcome;
-mod peek;
 mod rate;
 mod scripted;
 mod sliding_window;
@@ -37,7 +36,6 @@ pub use self::{
     gcra::Gcra,
     multi::MultiLimit,
     outcome::{Outcome, PartInfo, PartOutcome},
-    rate::{BucketRate, WindowRate},
     scripted::Scripted,
     sliding_window::SlidingWindow,
     state::MemoryState,
@@ -46,7 +44,7 @@ pub use self::{
 pub(crate) use self::{
     held::Placed,
     outcome::{LogEntry, Position},
-    peek::peek,
+    rate::BucketRate,
 };
 pub use crate::quota::Quota;
 
@@ -61,7 +59,7 @@ use crate::{
 /// in-memory twin.
 ///
 /// The built-ins are [`Gcra`], [`TokenBucket`], [`SlidingWindow`] and [`MultiLimit`]. For a
-/// custom algorithm, return [`Rule::Script`] with its Lua implementation (see [`Scripted`])
+/// custom algorithm, return [`Rule::script`] with its Lua implementation (see [`Scripted`])
 /// and, to run it in a [`MemoryStore`](crate::MemoryStore), implement
 /// [`decide`](Self::decide).
 pub trait Algorithm: Send + Sync + 'static {
@@ -149,33 +147,88 @@ pub trait Algorithm: Send + Sync + 'static {
     }
 }
 
-/// What a store runs to decide a check: a built-in algorithm with its validated parameters,
-/// or a custom script.
+/// What a store runs to decide a check: a built-in algorithm, or a custom script.
+///
+/// Opaque: the built-ins' parameters are theirs and their stores' business. A custom
+/// algorithm returns [`Rule::script`] with its Lua implementation (see [`Scripted`]).
 #[derive(Clone, Copy)]
-#[non_exhaustive]
-pub enum Rule<'a> {
-    /// [`Gcra`].
-    Gcra(BucketRate),
-    /// [`TokenBucket`].
-    TokenBucket(BucketRate),
-    /// [`SlidingWindow`].
-    SlidingWindow(WindowRate),
-    /// [`MultiLimit`]: one GCRA per limit, in the order of [`Algorithm::parts`].
-    Multi(&'a [BucketRate]),
-    /// A custom algorithm's Lua implementation (see [`Scripted`]).
+pub struct Rule<'a>(Kind<'a>);
+
+/// Which algorithm a [`Rule`] runs: each built-in by reference (its in-memory twin and its
+/// Redis calls are implemented on its type, in its own files), or a custom script.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind<'a> {
+    Gcra(&'a Gcra),
+    TokenBucket(&'a TokenBucket),
+    SlidingWindow(&'a SlidingWindow),
+    /// One GCRA per limit, in the order of [`Algorithm::parts`].
+    Multi(&'a MultiLimit),
     Script(&'a dyn Scripted),
+}
+
+impl<'a> Rule<'a> {
+    /// A custom algorithm's rule: its Lua implementation.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::algorithm::{Rule, Scripted};
+    ///
+    /// struct Once;
+    /// impl Scripted for Once {
+    ///     fn source(&self) -> &'static str { "return { 1, 0, 0, 0 }" }
+    ///     fn key_suffixes(&self) -> &[&'static str] { &[] }
+    ///     fn args(&self, _cost: u32) -> Vec<u64> { Vec::new() }
+    /// }
+    /// let rule = Rule::script(&Once);
+    /// ```
+    pub fn script(script: &'a dyn Scripted) -> Self {
+        Self(Kind::Script(script))
+    }
+
+    pub(crate) const fn builtin(kind: Kind<'a>) -> Self {
+        Self(kind)
+    }
+
+    /// Which algorithm this runs.
+    pub(crate) const fn kind(self) -> Kind<'a> {
+        self.0
+    }
+
+    /// Whether this is a custom script (whose checks read no ban).
+    pub(crate) const fn is_script(self) -> bool {
+        matches!(self.0, Kind::Script(_))
+    }
+
+    /// The bucket rate of GCRA or the token bucket; `None` for any other algorithm.
+    pub(crate) fn bucket_rate(self) -> Option<BucketRate> {
+        match self.0 {
+            Kind::Gcra(g) => Some(g.rate()),
+            Kind::TokenBucket(t) => Some(t.rate()),
+            Kind::SlidingWindow(_) | Kind::Multi(_) | Kind::Script(_) => None,
+        }
+    }
+
+    /// The in-memory twin's reads and resets; `None` for a custom script.
+    pub(crate) fn twin(self) -> Option<&'a dyn Twin> {
+        match self.0 {
+            Kind::Gcra(g) => Some(g),
+            Kind::TokenBucket(t) => Some(t),
+            Kind::SlidingWindow(w) => Some(w),
+            Kind::Multi(m) => Some(m),
+            Kind::Script(_) => None,
+        }
+    }
 }
 
 impl fmt::Debug for Rule<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rule::Gcra(r) => f.debug_tuple("Gcra").field(r).finish(),
-            Rule::TokenBucket(r) => f.debug_tuple("TokenBucket").field(r).finish(),
-            Rule::SlidingWindow(r) => f.debug_tuple("SlidingWindow").field(r).finish(),
-            Rule::Multi(r) => f.debug_tuple("Multi").field(r).finish(),
+        match self.0 {
+            Kind::Gcra(g) => f.debug_tuple("Gcra").field(&g.rate()).finish(),
+            Kind::TokenBucket(t) => f.debug_tuple("TokenBucket").field(&t.rate()).finish(),
+            Kind::SlidingWindow(w) => f.debug_tuple("SlidingWindow").field(&w.rate()).finish(),
+            Kind::Multi(m) => f.debug_tuple("Multi").field(&m.rates()).finish(),
             // The source's digest tells scripts apart (limiters on one namespace with two
             // scripts are two policies).
-            Rule::Script(s) => f
+            Kind::Script(s) => f
                 .debug_struct("Script")
                 .field(
                     "sha1",
@@ -184,6 +237,52 @@ impl fmt::Debug for Rule<'_> {
                 .field("key_suffixes", &s.key_suffixes())
                 .finish(),
         }
+    }
+}
+
+/// A built-in algorithm's in-memory twin beyond [`Algorithm::decide`] and
+/// [`Algorithm::refund`]: a read without a check, and what a reset leaves. Each built-in
+/// implements it beside its `decide`.
+pub(crate) trait Twin {
+    /// The state as a check at `now_us` would see it, spending nothing: the same arithmetic
+    /// as a check of a cost no limit can fit (which never writes), so its numbers are the
+    /// next check's. `remaining` and `reset_after_us` are what a check of cost 0 would show;
+    /// the outcome is a denial.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] for a state another algorithm wrote.
+    fn peek(&self, state: &mut MemoryState, now_us: u64) -> Result<Outcome, Error>;
+
+    /// What a reset leaves of a key's state (the twin of `lua/reset.lua`).
+    fn reset(&self) -> Reset;
+}
+
+/// What a reset leaves of a key's state.
+pub(crate) enum Reset {
+    /// The state goes; each limit's refund ledger becomes a floor just after now, kept as
+    /// long as a charge admitted before may hold part of that limit's time (its lead).
+    Floors(Vec<u64>),
+    /// The log empties, keeping its newest time and last sequence number, so that no entry
+    /// written after bears the name of one written before.
+    EmptyLog,
+}
+
+/// Never holds more than a check of this cost can: the cost a peek checks.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The state of a key under `algorithm` as a check at `now_us` would see it, spending
+/// nothing (see [`Twin::peek`]); [`Error::Unsupported`] for a custom algorithm.
+pub(crate) fn peek(
+    algorithm: &dyn Algorithm,
+    state: &mut MemoryState,
+    now_us: u64,
+) -> Result<Outcome, Error> {
+    match algorithm.rule().twin() {
+        Some(twin) => twin.peek(state, now_us),
+        None => Err(Error::Unsupported(
+            "a custom algorithm cannot be read without a check",
+        )),
     }
 }
 

@@ -8,7 +8,7 @@ use super::{
     held::Placed,
     outcome::{Outcome, PartInfo, PartOutcome, Position},
     rate::BucketRate,
-    Algorithm, MemoryState, Rule,
+    Algorithm, Kind, MemoryState, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
@@ -169,6 +169,40 @@ pub(crate) fn decide(
     }
 }
 
+impl MultiLimit {
+    /// Each limit's validated rate, in the order of [`Algorithm::parts`].
+    pub(crate) fn rates(&self) -> &[BucketRate] {
+        &self.rates
+    }
+}
+
+impl Twin for MultiLimit {
+    fn peek(&self, state: &mut MemoryState, now_us: u64) -> Result<Outcome, Error> {
+        let n = self.rates.len();
+        let mut tats = [None; 8];
+        if let Some(stored) = state.tats(n)? {
+            tats[..n].copy_from_slice(stored);
+        }
+        let mut o = decide(&self.rates, &mut tats[..n], now_us, NEVER);
+        // The binding limit of a peek: the one with the fewest units left (the first of
+        // equals), as the peek script's reply is read.
+        let mut b = 0;
+        for (i, p) in o.parts.iter().enumerate() {
+            if p.remaining < o.parts[b].remaining {
+                b = i;
+            }
+        }
+        o.binding = b;
+        o.remaining = o.parts[b].remaining;
+        o.reset_after_us = o.parts[b].reset_after_us;
+        Ok(o)
+    }
+
+    fn reset(&self) -> Reset {
+        Reset::Floors(self.rates.iter().map(BucketRate::tolerance_us).collect())
+    }
+}
+
 impl Algorithm for MultiLimit {
     fn name(&self) -> &'static str {
         "multi-gcra"
@@ -187,7 +221,7 @@ impl Algorithm for MultiLimit {
     }
 
     fn rule(&self) -> Rule<'_> {
-        Rule::Multi(&self.rates)
+        Rule::builtin(Kind::Multi(self))
     }
 
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {

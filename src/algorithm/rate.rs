@@ -8,7 +8,7 @@ use crate::{
 /// A validated bucket rate (GCRA, token bucket): one unit every `emission_us` microseconds,
 /// at most `burst` units stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketRate {
+pub(crate) struct BucketRate {
     pub(crate) emission_us: u64,
     pub(crate) burst: u64,
 }
@@ -39,36 +39,36 @@ impl BucketRate {
     }
 
     /// Microseconds between two units (the period divided by the limit, rounded up).
-    pub const fn emission_us(&self) -> u64 {
+    pub(crate) const fn emission_us(&self) -> u64 {
         self.emission_us
     }
 
     /// Units a rested key holds.
-    pub const fn burst(&self) -> u64 {
+    pub(crate) const fn burst(&self) -> u64 {
         self.burst
     }
 
     /// Time to refill the whole burst from empty.
-    pub const fn tolerance_us(&self) -> u64 {
+    pub(crate) const fn tolerance_us(&self) -> u64 {
         self.emission_us * self.burst
     }
 }
 
 /// A validated sliding window: at most `limit` units in any `window_us` microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowRate {
+pub(crate) struct WindowRate {
     pub(crate) window_us: u64,
     pub(crate) limit: u64,
 }
 
 impl WindowRate {
     /// The window's length in microseconds.
-    pub const fn window_us(&self) -> u64 {
+    pub(crate) const fn window_us(&self) -> u64 {
         self.window_us
     }
 
     /// The most units any window admits.
-    pub const fn limit(&self) -> u64 {
+    pub(crate) const fn limit(&self) -> u64 {
         self.limit
     }
 }

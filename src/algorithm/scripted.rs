@@ -5,7 +5,7 @@
 use super::outcome::Outcome;
 use crate::error::Error;
 
-/// A custom algorithm's Lua implementation, for [`Rule::Script`](super::Rule::Script).
+/// A custom algorithm's Lua implementation, for [`Rule::script`](super::Rule::script).
 ///
 /// The store runs [`source`](Self::source) as one script call per check (by its SHA-1, loading
 /// it again when the server lost it). The script must be atomic (one call decides), read the
@@ -44,7 +44,7 @@ use crate::error::Error;
 ///     fn name(&self) -> &'static str { "fixed-window" }
 ///     fn quota(&self) -> u64 { 10 }
 ///     fn window(&self) -> Duration { Duration::from_secs(60) }
-///     fn rule(&self) -> Rule<'_> { Rule::Script(self) }
+///     fn rule(&self) -> Rule<'_> { Rule::script(self) }
 /// }
 /// ```
 pub trait Scripted: Send + Sync {

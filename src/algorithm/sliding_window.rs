@@ -7,7 +7,7 @@ use super::{
     outcome::{LogEntry, Outcome, Position},
     rate::WindowRate,
     state::{Log, MemoryState},
-    Algorithm, Rule,
+    Algorithm, Kind, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
@@ -66,6 +66,27 @@ impl SlidingWindow {
     /// The quota this was built from.
     pub fn quota_config(&self) -> Quota {
         self.quota
+    }
+
+    /// The validated window the stores run.
+    pub(crate) fn rate(&self) -> WindowRate {
+        self.rate
+    }
+}
+
+impl Twin for SlidingWindow {
+    /// A log drops the entries that left the window, as a check does: that changes nothing
+    /// any check can see.
+    fn peek(&self, state: &mut MemoryState, now_us: u64) -> Result<Outcome, Error> {
+        let WindowRate { window_us, limit } = self.rate;
+        if state.is_empty() {
+            return Ok(Outcome::single(false, limit, None, 0));
+        }
+        Ok(decide(window_us, limit, state.log()?, now_us, NEVER).0)
+    }
+
+    fn reset(&self) -> Reset {
+        Reset::EmptyLog
     }
 }
 
@@ -202,7 +223,7 @@ impl Algorithm for SlidingWindow {
     }
 
     fn rule(&self) -> Rule<'_> {
-        Rule::SlidingWindow(self.rate)
+        Rule::builtin(Kind::SlidingWindow(self))
     }
 
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {

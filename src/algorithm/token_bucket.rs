@@ -8,7 +8,7 @@ use super::{
     outcome::{Outcome, Position},
     rate::BucketRate,
     state::{Bucket, MemoryState},
-    Algorithm, Rule,
+    Algorithm, Kind, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
@@ -47,6 +47,21 @@ impl TokenBucket {
     /// The quota this was built from.
     pub fn quota_config(&self) -> Quota {
         self.0.quota
+    }
+
+    /// The validated rate the stores run.
+    pub(crate) fn rate(&self) -> BucketRate {
+        self.0.rate
+    }
+}
+
+impl Twin for TokenBucket {
+    fn peek(&self, state: &mut MemoryState, now_us: u64) -> Result<Outcome, Error> {
+        Ok(decide(self.0.rate, state.bucket()?, now_us, NEVER).0)
+    }
+
+    fn reset(&self) -> Reset {
+        Reset::Floors(vec![self.0.rate.tolerance_us()])
     }
 }
 
@@ -176,7 +191,7 @@ impl Algorithm for TokenBucket {
     }
 
     fn rule(&self) -> Rule<'_> {
-        Rule::TokenBucket(self.0.rate)
+        Rule::builtin(Kind::TokenBucket(self))
     }
 
     fn decide(&self, state: &mut MemoryState, now_us: u64, cost: u32) -> Result<Outcome, Error> {

@@ -19,7 +19,7 @@ mod top;
 
 pub(crate) use self::{
     deny_cache::DenyCache,
-    lease::{Leasing, Return},
+    lease::{Leasing, PendingReturn},
     options::{common_options, Options},
     stats::Counters,
     top::TopKeys,

@@ -100,7 +100,7 @@
 //! # A custom algorithm
 //!
 //! An algorithm tells the store what to run with [`Algorithm::rule`](crate::algorithm::Algorithm::rule).
-//! A custom one returns [`Rule::Script`](crate::algorithm::Rule::Script) with its Lua side
+//! A custom one returns [`Rule::script`](crate::algorithm::Rule::script) with its Lua side
 //! (the [`Scripted`](crate::algorithm::Scripted) trait: its source, its keys' suffixes, its
 //! arguments, whether concurrent checks may share a batched call, how its reply reads; the
 //! `RedisStore` loads, caches and runs it) and, to run in a `MemoryStore` too, implements

@@ -9,7 +9,7 @@ use arc_swap::ArcSwapOption;
 
 use super::{engine::RateEngine, limiter::RateLimiter};
 use crate::{
-    algorithm::{Algorithm, Rule},
+    algorithm::Algorithm,
     core::report::KeyMeters,
     core::{common_options, Core, DenyCache, Leasing, Options, TopKeys, UnitLease},
     error::ConfigError,
@@ -265,11 +265,11 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             .then(|| DenyCache::new(self.deny_cache));
         let leasing = match (&self.lease, cap) {
             (Some(lease), Some(cap)) => {
-                let emission_us = match dyn_algorithm.rule() {
-                    Rule::Gcra(r) | Rule::TokenBucket(r) => r.emission_us(),
-                    // Refused by `UnitLease::validate`.
-                    Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => 0,
-                };
+                // Any other algorithm is refused by `UnitLease::validate`.
+                let emission_us = dyn_algorithm
+                    .rule()
+                    .bucket_rate()
+                    .map_or(0, |r| r.emission_us());
                 Some(Leasing::new(lease, cap, emission_us))
             }
             _ => None,
@@ -330,7 +330,7 @@ fn local_engine(
 /// What a limiter on a store spread across regions cannot do: an algorithm other than GCRA
 /// or the token bucket, unit leases.
 fn refuse_across_regions(algorithm: &dyn Algorithm, leased: bool) -> Result<(), ConfigError> {
-    if !matches!(algorithm.rule(), Rule::Gcra(_) | Rule::TokenBucket(_)) {
+    if algorithm.rule().bucket_rate().is_none() {
         return Err(ConfigError::new(
             "algorithm",
             format!(

@@ -18,9 +18,9 @@ use arc_swap::ArcSwapOption;
 
 use super::lists::key_text;
 use crate::{
-    algorithm::{Algorithm, Outcome, Rule},
+    algorithm::{Algorithm, Outcome},
     core::report::{self, KeyMeters},
-    core::{Core, DenyCache, KeyCount, Leasing, Return, TopKeys},
+    core::{Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
     decision::{Charge, Decision, KeyState, Source},
     error::{Chain, ConfigError, Error},
     extract::{Key, Out, COMPACT_SCRATCH},
@@ -96,7 +96,7 @@ impl RateEngine {
     /// Whether this limit's algorithm can give units back ([`RateEngine::refund`]): every
     /// built-in one; a custom script cannot.
     pub(crate) fn refundable(&self) -> bool {
-        !matches!(self.algorithm.rule(), Rule::Script(_))
+        !self.algorithm.rule().is_script()
     }
 
     /// Counts and reports a decision of `key` answered by `d.source` (see
@@ -241,7 +241,7 @@ impl RateEngine {
         let started = Instant::now();
         let (outcome, source) = match self.leasing(quoted) {
             Some(leasing) => {
-                let returns = |r: Return| {
+                let returns = |r: PendingReturn| {
                     let engine = Arc::clone(self);
                     tokio::spawn(async move { r.send(&engine.core, &*engine.algorithm).await });
                 };
@@ -476,7 +476,7 @@ impl RateEngine {
         now_us: Option<u64>,
     ) -> Result<(), Error> {
         check_time(now_us)?;
-        if matches!(self.algorithm.rule(), Rule::Script(_)) {
+        if self.algorithm.rule().is_script() {
             return Err(Error::Unsupported(
                 "a custom algorithm's script reads no ban",
             ));

@@ -97,7 +97,7 @@ pub(crate) struct Refund {
 }
 
 /// What the inner service's response gets.
-enum Then {
+enum OnResponse {
     /// Nothing: the request was not checked, or the store failed and the policy let it
     /// through.
     Nothing,
@@ -123,7 +123,7 @@ enum Next {
     /// The limiter answers: a rejection, or the store failed and the policy is closed.
     Answer(Response<ResponseBody<Infallible>>),
     /// The inner service answers.
-    Call(Then),
+    Call(OnResponse),
 }
 
 /// A decision on its way from a store that must be waited for, with everything needed once
@@ -155,7 +155,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            then: Option<Then>,
+            then: Option<OnResponse>,
             // Decided without waiting: spend the task's budget before the inner service runs.
             budget: bool,
         },
@@ -188,20 +188,20 @@ fn next_step(
             if answer.failure != FailurePolicy::Open && answer.shadow == Shadow::Off {
                 return Next::Answer(responder.unavailable(answer.grpc));
             }
-            return Next::Call(Then::Nothing);
+            return Next::Call(OnResponse::Nothing);
         }
     };
     let headers = answer.shadow != Shadow::Quiet;
     if answer.refund.is_none() {
         if !headers {
-            return Next::Call(Then::Nothing);
+            return Next::Call(OnResponse::Nothing);
         }
         let pk = answer.partition_key.as_deref();
         if let Some(stamp) = Stamp::of(responder.style, &d, pk, Some(field)) {
-            return Next::Call(Then::Stamp(stamp));
+            return Next::Call(OnResponse::Stamp(stamp));
         }
     }
-    Next::Call(Then::Decided(Box::new(Decided {
+    Next::Call(OnResponse::Decided(Box::new(Decided {
         decision: d,
         headers,
         responder: Arc::clone(responder),
@@ -274,7 +274,7 @@ where
         Self {
             state: State::Calling {
                 future: service.call(request),
-                then: Some(Then::Nothing),
+                then: Some(OnResponse::Nothing),
                 budget: false,
             },
         }
@@ -295,14 +295,14 @@ enum After<R> {
     ),
 }
 
-impl Then {
+impl OnResponse {
     /// Finishes `res` as this says: its headers, or the refund of a response that does not
     /// count, before them.
     fn apply<R>(self, mut res: Response<R>) -> After<R> {
         match self {
-            Then::Nothing => {}
-            Then::Stamp(stamp) => stamp.apply(res.headers_mut()),
-            Then::Decided(mut decided) => {
+            OnResponse::Nothing => {}
+            OnResponse::Stamp(stamp) => stamp.apply(res.headers_mut()),
+            OnResponse::Decided(mut decided) => {
                 // Not counted: give the units back before answering.
                 let uncounted = decided.refund.take().and_then(|r| {
                     let charge = *decided.decision.charge()?;

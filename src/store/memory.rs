@@ -15,7 +15,7 @@ use super::{
     Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
-    algorithm::{Algorithm, BucketRate, MemoryState, Outcome, Rule},
+    algorithm::{Algorithm, Kind, MemoryState, Outcome, Reset},
     decision::Charge,
     error::{ConfigError, Error},
 };
@@ -225,7 +225,7 @@ impl MemoryStore {
         now: u64,
     ) -> Result<Outcome, Error> {
         // As in the scripts: a custom algorithm's checks read no ban.
-        if !matches!(algorithm.rule(), Rule::Script(_)) {
+        if !algorithm.rule().is_script() {
             if let Some(left) = self.ban_left(key, now) {
                 return Ok(Outcome::banned(left));
             }
@@ -244,9 +244,10 @@ impl MemoryStore {
         budget_us: u64,
         now: u64,
     ) -> Result<Scheduled, Error> {
-        let Rule::Gcra(rate) = algorithm.rule() else {
+        let Kind::Gcra(gcra) = algorithm.rule().kind() else {
             return Err(Error::Unsupported("only GCRA schedules calls"));
         };
+        let rate = gcra.rate();
         if cost == 0 {
             return Err(Error::InvalidInput("cost must be at least 1"));
         }
@@ -472,10 +473,9 @@ impl MemoryStore {
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
         // How long a charge admitted before now may hold part of each limit's time.
-        let leads: Vec<u64> = match algorithm.rule() {
-            Rule::Gcra(r) | Rule::TokenBucket(r) => vec![r.tolerance_us()],
-            Rule::Multi(rates) => rates.iter().map(BucketRate::tolerance_us).collect(),
-            Rule::SlidingWindow(_) => {
+        let leads = match algorithm.rule().twin().map(|twin| twin.reset()) {
+            Some(Reset::Floors(leads)) => leads,
+            Some(Reset::EmptyLog) => {
                 if let Some(entry) = shard.get_mut(slot, key) {
                     let ((), grown, empty) = entry.run(now, MemoryState::empty_log);
                     shard.weight = shard.weight.wrapping_add_signed(grown);
@@ -485,7 +485,7 @@ impl MemoryStore {
                 }
                 return;
             }
-            Rule::Script(_) => {
+            None => {
                 if let Some(entry) = shard.remove(slot, key) {
                     shard.weight = shard.weight.saturating_sub(entry.entries());
                 }

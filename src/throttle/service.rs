@@ -22,7 +22,7 @@ use super::{
     line::Place,
 };
 use crate::{
-    algorithm::{Algorithm, Rule},
+    algorithm::{Algorithm, Kind},
     decision::{Decision, Source},
     error::Chain,
     extract::{Key, KeyExtractor},
@@ -106,7 +106,9 @@ async fn configured_turn<A: Algorithm>(
     let engine = &limiter.engine;
     let core = &engine.core;
     let algorithm = &*engine.algorithm;
-    if limiter.is_shadow() || !core.store.schedules() || !matches!(algorithm.rule(), Rule::Gcra(_))
+    if limiter.is_shadow()
+        || !core.store.schedules()
+        || !matches!(algorithm.rule().kind(), Kind::Gcra(_))
     {
         acquire(clock, limiter, key, cost, budget).await?;
         return Ok(Duration::ZERO);

@@ -36,7 +36,7 @@ async fn counting_needs_an_algorithm_that_can_give_back() {
             Duration::from_secs(1)
         }
         fn rule(&self) -> Rule<'_> {
-            Rule::Script(self)
+            Rule::script(self)
         }
     }
     let store = MemoryStore::new();

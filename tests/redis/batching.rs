@@ -428,7 +428,7 @@ async fn custom_scripts_batch_and_a_bad_reply_fails_alone() {
             Duration::from_secs(60)
         }
         fn rule(&self) -> Rule<'_> {
-            Rule::Script(self)
+            Rule::script(self)
         }
     }
 

@@ -186,7 +186,7 @@ impl Algorithm for Unsplittable {
         Duration::from_secs(1)
     }
     fn rule(&self) -> Rule<'_> {
-        Rule::Script(self)
+        Rule::script(self)
     }
 }
 

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::{algorithm::Rule, error::ConfigError};
+use crate::{
+    algorithm::{Kind, Rule},
+    error::ConfigError,
+};
 
 /// Unit leases for hot keys that are allowed: a limiter reserves a block of units of a key
 /// from the store in one call and hands them out in this process, within `lifetime` of
@@ -97,11 +100,12 @@ impl UnitLease {
         if self.max_keys == 0 {
             return Err(ConfigError::new("lease.max_keys", "must be at least 1"));
         }
-        let burst = match rule {
-            Rule::Gcra(r) | Rule::TokenBucket(r) => r.burst(),
-            Rule::SlidingWindow(_) => return Err(not_leased("the sliding window")),
-            Rule::Multi(_) => return Err(not_leased("a multi-limit")),
-            Rule::Script(_) => return Err(not_leased("a custom script")),
+        let burst = match rule.kind() {
+            Kind::Gcra(g) => g.rate().burst(),
+            Kind::TokenBucket(t) => t.rate().burst(),
+            Kind::SlidingWindow(_) => return Err(not_leased("the sliding window")),
+            Kind::Multi(_) => return Err(not_leased("a multi-limit")),
+            Kind::Script(_) => return Err(not_leased("a custom script")),
         };
         let share = u32::try_from((burst / 8).max(1)).unwrap_or(u32::MAX);
         match self.max_units {

@@ -72,7 +72,7 @@ use std::{
     time::Instant,
 };
 
-use self::table::{before_the_last, Rest, Step, Table};
+use self::table::{before_the_last, Step, Table, Unspent};
 use super::Core;
 use crate::{
     algorithm::{Algorithm, Outcome, Position},
@@ -97,16 +97,16 @@ pub(crate) struct Leasing {
 
 /// Units of a lease going back to the store: the rest of a lease, now or when its lifetime
 /// ends. The limiter sends it in a task of its own (see [`Leasing::check`]).
-pub(crate) struct Return {
+pub(crate) struct PendingReturn {
     key: Option<Key<'static>>,
     /// When to take the rest out of the lease (its end), with the lease's number; `None`:
     /// the rest is taken already.
     at: Option<(Instant, Box<[u8]>, u64)>,
-    rest: Rest,
+    rest: Unspent,
     table: Arc<Table>,
 }
 
-impl Return {
+impl PendingReturn {
     /// Waits for the lease's end if there is one to wait for, then gives what is left back
     /// through `core` (through the circuit breaker, within the store timeout):
     /// what the units still hold of the key's time; units whose share of the time has
@@ -182,13 +182,13 @@ impl Leasing {
         algorithm: &dyn Algorithm,
         key: StoreKey<'_>,
         cost: u32,
-        returns: impl Fn(Return),
+        returns: impl Fn(PendingReturn),
     ) -> Result<(Outcome, Source), Error> {
         let mut compact = KeyBuf::new();
         key.write_key_compact(&mut compact);
         let id = compact.as_bytes();
         let mut waited = false;
-        let give_back = |rest: Rest| {
+        let give_back = |rest: Unspent| {
             if rest.units > 0 {
                 returns(self.returned(key, None, rest));
             }
@@ -233,7 +233,7 @@ impl Leasing {
         id: &[u8],
         cost: u32,
         up_to: u64,
-        returns: impl Fn(Return),
+        returns: impl Fn(PendingReturn),
     ) -> Result<Outcome, Error> {
         // Dropped before the reply (the store timeout): waiters go to the store, and the
         // units the reservation may have taken are lost (fewer admitted, never more).
@@ -281,7 +281,7 @@ impl Leasing {
         }
         if extra > 0 {
             let until = sent + self.table.lifetime();
-            let rest = Rest {
+            let rest = Unspent {
                 units: 0,
                 placed: None,
             };
@@ -294,9 +294,9 @@ impl Leasing {
         &self,
         key: StoreKey<'_>,
         at: Option<(Instant, Box<[u8]>, u64)>,
-        rest: Rest,
-    ) -> Return {
-        Return {
+        rest: Unspent,
+    ) -> PendingReturn {
+        PendingReturn {
             key: key.key().cloned().map(Key::into_owned),
             at,
             rest,

@@ -76,15 +76,15 @@ struct Lease {
 
 /// Units of a lease that go back to the store, and where they lie on the key's time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rest {
+pub(crate) struct Unspent {
     pub(crate) units: u64,
     pub(crate) placed: Option<Placed>,
 }
 
 impl Lease {
     /// The rest of this lease, taken out of it.
-    fn take_rest(&mut self) -> Rest {
-        Rest {
+    fn take_rest(&mut self) -> Unspent {
+        Unspent {
             units: std::mem::take(&mut self.left),
             placed: self.placed,
         }
@@ -116,12 +116,12 @@ pub(crate) enum Step {
     Wait(OwnedNotified),
     /// Send a reservation of up to `up_to` units (at least the cost); first give the rest of
     /// the previous lease back to the store.
-    Reserve { up_to: u64, give_back: Rest },
+    Reserve { up_to: u64, give_back: Unspent },
     /// Not tracked (the table is full): check in the store, as without leases.
     Untracked,
     /// A cold key (or a cost no lease would add to): check in the store, exactly as without
     /// leases, after giving the rest of the previous lease back.
-    Exact { give_back: Rest },
+    Exact { give_back: Unspent },
 }
 
 impl Table {
@@ -247,12 +247,12 @@ impl Table {
 
     /// Ends lease `generation` of `key` (its lifetime is over): the units it still held, to
     /// give back (none when that lease is gone or used up).
-    pub(crate) fn expire(&self, key: &[u8], generation: u64) -> Rest {
+    pub(crate) fn expire(&self, key: &[u8], generation: u64) -> Unspent {
         let at = self.keys.slot(key);
         let mut shard = self.keys.lock(at);
         match shard.get_mut(at, key) {
             Some(tracked) if tracked.generation == generation => tracked.lease.take_rest(),
-            _ => Rest {
+            _ => Unspent {
                 units: 0,
                 placed: None,
             },

@@ -382,7 +382,7 @@ async fn send_gcra(batch: Vec<Job>, link: &Link, timeout: Duration) {
             };
             for (&i, reply) in order.iter().zip(replies) {
                 let reply = match reply {
-                    // Admitted: its reset and the time (see scripts::parse_gcra).
+                    // Admitted: its reset and the time (see algorithms::gcra::parse_gcra).
                     Value::Int(reset) if reset > 0 => {
                         Ok(Value::Array(vec![Value::Int(reset), Value::Int(now)]))
                     }

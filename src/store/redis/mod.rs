@@ -36,11 +36,11 @@ macro_rules! gcra_script {
     };
 }
 
+pub(crate) mod algorithms;
 mod batch;
 mod builder;
 mod connect;
 mod connection;
-mod custom;
 pub(crate) mod keys;
 mod leases;
 mod link;
@@ -51,7 +51,6 @@ mod redact;
 mod regional;
 mod reply;
 mod reserve;
-mod scripts;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(feature = "tls")]
@@ -76,9 +75,9 @@ use bb8_redis::RedisConnectionManager;
 use redis::{aio::ConnectionLike, cluster_async::ClusterConnection};
 
 use self::{
+    algorithms::{on, ResetCall},
     batch::Batcher,
     link::{Link, Shared},
-    scripts::Wire,
 };
 use super::{
     Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved, Scheduled,
@@ -305,12 +304,16 @@ impl RedisStore {
     /// Deletes `keys` (all of one base key, so of one hash slot) in one script call, but what
     /// `keep` keeps of the GCRA state given first.
     fn forget(&self, keys: Vec<Vec<u8>>, keep: Keep) -> BoxFuture<'_, Result<(), Error>> {
-        let mut cmd =
-            link::evalsha_keys(&scripts::FORGET, keys.len(), (keys.len() + 4, 256), |cmd| {
+        let mut cmd = link::evalsha_keys(
+            &algorithms::FORGET,
+            keys.len(),
+            (keys.len() + 4, 256),
+            |cmd| {
                 for k in &keys {
                     cmd.arg(k.as_slice());
                 }
-            });
+            },
+        );
         match keep {
             Keep::Nothing => {}
             Keep::Tat => {
@@ -318,7 +321,7 @@ impl RedisStore {
             }
         }
         Box::pin(async move {
-            match self.link.eval(&scripts::FORGET, &cmd).await? {
+            match self.link.eval(&algorithms::FORGET, &cmd).await? {
                 redis::Value::Int(_) => Ok(()),
                 other => Err(Error::InvalidReply(format!(
                     "a deletion answered {other:?}"
@@ -350,24 +353,23 @@ impl Backend for RedisStore {
             ))));
         }
         // Everything the call needs is copied before the future: it borrows no key.
-        let wire = Wire::of(algorithm, cost);
-        if let (Some(batcher), Some(batch)) = (&self.batcher, wire.batch) {
-            let wire_layout = wire.layout;
+        let call = on!(algorithm, check(cost));
+        if let (Some(batcher), Some(batch)) = (&self.batcher, call.batch) {
+            let layout = call.layout;
             let mut keys = packed::Keys::default();
-            wire.each_key(key, |k| keys.push(k));
-            let args = packed::Args::new(wire.args());
+            call.each_key(key, |k| keys.push(k));
+            let args = packed::Args::new(call.args());
             return Box::pin(async move {
-                let reply = batcher
-                    .submit(batch, wire_layout, keys, args, now_us)
-                    .await?;
-                scripts::parse(algorithm, cost, reply)
+                let reply = batcher.submit(batch, layout, keys, args, now_us).await?;
+                on!(algorithm, parse(cost, reply))
             });
         }
-        let cmd = wire.command(key, now_us);
-        let script = wire.script;
-        Box::pin(
-            async move { scripts::parse(algorithm, cost, self.link.eval(script, &cmd).await?) },
-        )
+        let cmd = call.command(key, now_us);
+        let script = call.script;
+        Box::pin(async move {
+            let reply = self.link.eval(script, &cmd).await?;
+            on!(algorithm, parse(cost, reply))
+        })
     }
 
     /// One script call, never batched (a refund is rarer than a check, and its answer is not
@@ -379,14 +381,14 @@ impl Backend for RedisStore {
         charge: &'a Charge,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let wire = match Wire::refund(algorithm, charge, self.link.is_cluster()) {
-            Ok(Some(wire)) => wire,
+        let call = match on!(algorithm, refund(charge, self.link.is_cluster())) {
+            Ok(Some(call)) => call,
             Ok(None) => return Box::pin(std::future::ready(Ok(false))),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let cmd = wire.command(key, now_us);
-        let script = wire.script;
-        Box::pin(async move { scripts::parse_refund(self.link.eval(script, &cmd).await?) })
+        let cmd = call.command(key, now_us);
+        let script = call.script;
+        Box::pin(async move { algorithms::parse_refund(self.link.eval(script, &cmd).await?) })
     }
 
     /// One script call, never batched (one call stands for a whole lease of checks).
@@ -398,10 +400,11 @@ impl Backend for RedisStore {
         up_to: u32,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Reserved, Error>> {
-        let (script, cmd) = match reserve::command(algorithm, key, cost, up_to, now_us) {
+        let call = match on!(algorithm, reserve(cost, up_to)) {
             Ok(call) => call,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
+        let (script, cmd) = (call.script, call.command(key, now_us));
         Box::pin(async move { reserve::parse(self.link.eval(script, &cmd).await?, cost, up_to) })
     }
 
@@ -418,11 +421,11 @@ impl Backend for RedisStore {
         budget_us: u64,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Scheduled, Error>> {
-        let (script, cmd) = match reserve::schedule_command(algorithm, key, cost, budget_us, now_us)
-        {
+        let call = match on!(algorithm, schedule(cost, budget_us)) {
             Ok(call) => call,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
+        let (script, cmd) = (call.script, call.command(key, now_us));
         Box::pin(async move { reserve::parse_schedule(self.link.eval(script, &cmd).await?) })
     }
 
@@ -437,13 +440,14 @@ impl Backend for RedisStore {
         key: StoreKey<'a>,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Peeked, Error>> {
-        let wire = match Wire::peek(algorithm) {
-            Ok(wire) => wire,
+        let call = match on!(algorithm, peek()) {
+            Ok(call) => call,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let cmd = wire.command(key, now_us);
-        let script = wire.script;
-        Box::pin(async move { scripts::parse_peek(algorithm, self.link.eval(script, &cmd).await?) })
+        let (script, cmd) = (call.script, call.command(key, now_us));
+        Box::pin(async move {
+            algorithms::parse_peek(algorithm.parts(), self.link.eval(script, &cmd).await?)
+        })
     }
 
     fn reset<'a>(
@@ -452,12 +456,13 @@ impl Backend for RedisStore {
         key: StoreKey<'a>,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let wire = match Wire::reset(algorithm) {
-            Ok(wire) => wire,
-            Err(script) => return self.forget(Wire::script_keys(script, key), Keep::Nothing),
+        let call = match on!(algorithm, reset()) {
+            ResetCall::Script(call) => call,
+            ResetCall::Delete(suffixes) => {
+                return self.forget(algorithms::suffixed_keys(suffixes, key), Keep::Nothing)
+            }
         };
-        let cmd = wire.command(key, now_us);
-        let script = wire.script;
+        let (script, cmd) = (call.script, call.command(key, now_us));
         Box::pin(async move {
             match self.link.eval(script, &cmd).await? {
                 redis::Value::Int(_) => Ok(()),
@@ -478,7 +483,7 @@ impl Backend for RedisStore {
         let mut state = KeyBuf::new();
         keys::write_key(key, keys::GCRA, &mut state);
         let mut cmd = link::evalsha(
-            &scripts::BAN,
+            &algorithms::BAN,
             2,
             |cmd| {
                 cmd.arg(ban.as_bytes()).arg(state.as_bytes());
@@ -487,7 +492,7 @@ impl Backend for RedisStore {
         );
         cmd.arg(duration_us);
         Box::pin(async move {
-            let ends = self.link.eval(&scripts::BAN, &cmd).await?;
+            let ends = self.link.eval(&algorithms::BAN, &cmd).await?;
             match ends {
                 redis::Value::Int(_) => Ok(()),
                 other => Err(Error::InvalidReply(format!("a ban answered {other:?}"))),

@@ -1,59 +1,13 @@
-//! The wire format of a reservation (a unit lease's call): which script takes several units
-//! at once for an algorithm, its keys and arguments, and how its reply reads. Only GCRA and
-//! the token bucket reserve; the scripts live in `lua/*_reserve.lua` (GCRA's after the GCRA
-//! core, the token bucket's after the prelude).
+//! How the replies of a reservation (a unit lease's call) and of a place in a schedule read.
+//! Only GCRA and the token bucket reserve, only GCRA schedules; their calls are in
+//! `algorithms/`.
 
-use std::sync::LazyLock;
-
-use redis::Script;
-
-use super::{keys, link::evalsha, reply};
+use super::reply;
 use crate::{
-    algorithm::{Algorithm, Outcome, Rule},
+    algorithm::Outcome,
     error::Error,
-    store::{KeyBuf, Reserved, Scheduled, StoreKey},
+    store::{Reserved, Scheduled},
 };
-
-static GCRA_RESERVE: LazyLock<Script> = gcra_script!("gcra_reserve.lua");
-static TOKEN_BUCKET_RESERVE: LazyLock<Script> = prelude_script!("token_bucket_reserve.lua");
-static GCRA_SCHEDULE: LazyLock<Script> = gcra_script!("gcra_schedule.lua");
-
-/// A reservation of up to `up_to` units (at least `cost`) of `key` under `algorithm`: its
-/// script and its `EVALSHA`; an [`Error::Unsupported`] for an algorithm that cannot be leased.
-pub(crate) fn command(
-    algorithm: &dyn Algorithm,
-    key: StoreKey<'_>,
-    cost: u32,
-    up_to: u32,
-    now_us: Option<u64>,
-) -> Result<(&'static Script, redis::Cmd), Error> {
-    let (script, suffix, rate): (&'static Script, _, _) = match algorithm.rule() {
-        Rule::Gcra(r) => (&GCRA_RESERVE, keys::GCRA, r),
-        Rule::TokenBucket(r) => (&TOKEN_BUCKET_RESERVE, keys::BUCKET, r),
-        Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => {
-            return Err(Error::Unsupported(
-                "only GCRA and the token bucket reserve units",
-            ))
-        }
-    };
-    let mut buf = KeyBuf::new();
-    keys::write_key(key, suffix, &mut buf);
-    let mut ban = KeyBuf::new();
-    keys::write_key(key, keys::BAN, &mut ban);
-    let mut cmd = evalsha(
-        script,
-        2,
-        |cmd| {
-            cmd.arg(buf.as_bytes()).arg(ban.as_bytes());
-        },
-        now_us,
-    );
-    cmd.arg(cost)
-        .arg(rate.emission_us())
-        .arg(rate.burst())
-        .arg(up_to);
-    Ok((script, cmd))
-}
 
 /// Reads a reservation's reply (see [`Reserved::from_ints`]).
 pub(crate) fn parse(reply: redis::Value, cost: u32, up_to: u32) -> Result<Reserved, Error> {
@@ -67,41 +21,6 @@ pub(crate) fn parse(reply: redis::Value, cost: u32, up_to: u32) -> Result<Reserv
         }
     }
     Reserved::from_ints(&ints, cost, up_to)
-}
-
-/// A place of `cost` units in `key`'s GCRA schedule within `budget_us` (see
-/// `lua/gcra_schedule.lua`): its script and its `EVALSHA`; an [`Error::Unsupported`] for any
-/// algorithm but GCRA.
-pub(crate) fn schedule_command(
-    algorithm: &dyn Algorithm,
-    key: StoreKey<'_>,
-    cost: u32,
-    budget_us: u64,
-    now_us: Option<u64>,
-) -> Result<(&'static Script, redis::Cmd), Error> {
-    let Rule::Gcra(rate) = algorithm.rule() else {
-        return Err(Error::Unsupported("only GCRA schedules calls"));
-    };
-    if cost == 0 {
-        return Err(Error::InvalidInput("cost must be at least 1"));
-    }
-    let mut buf = KeyBuf::new();
-    keys::write_key(key, keys::GCRA, &mut buf);
-    let mut ban = KeyBuf::new();
-    keys::write_key(key, keys::BAN, &mut ban);
-    let mut cmd = evalsha(
-        &GCRA_SCHEDULE,
-        2,
-        |cmd| {
-            cmd.arg(buf.as_bytes()).arg(ban.as_bytes());
-        },
-        now_us,
-    );
-    cmd.arg(cost)
-        .arg(rate.emission_us())
-        .arg(rate.burst())
-        .arg(budget_us.min(crate::quota::MAX_EXACT));
-    Ok((&GCRA_SCHEDULE, cmd))
 }
 
 /// Reads a schedule's reply (see [`Scheduled::from_ints`]).

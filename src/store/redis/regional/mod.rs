@@ -38,7 +38,7 @@ mod heartbeat;
 mod refill;
 mod spend;
 use crate::{
-    algorithm::{Algorithm, Outcome, Rule},
+    algorithm::{Algorithm, Kind, Outcome},
     error::{ConfigError, Error},
     quota::MAX_EXACT,
     store::{Backend, BoxFuture, Namespaces, Store, StoreKey},
@@ -196,21 +196,20 @@ struct Terms {
 
 impl Terms {
     fn of(algorithm: &dyn Algorithm) -> Result<Self, Error> {
-        match algorithm.rule() {
-            Rule::Gcra(r) => Ok(Self {
-                bucket: false,
-                emission_us: r.emission_us(),
-                burst: r.burst(),
-            }),
-            Rule::TokenBucket(r) => Ok(Self {
-                bucket: true,
-                emission_us: r.emission_us(),
-                burst: r.burst(),
-            }),
-            Rule::SlidingWindow(_) | Rule::Multi(_) | Rule::Script(_) => Err(Error::Unsupported(
-                "only GCRA and the token bucket run across regions",
-            )),
-        }
+        let (bucket, r) = match algorithm.rule().kind() {
+            Kind::Gcra(g) => (false, g.rate()),
+            Kind::TokenBucket(t) => (true, t.rate()),
+            Kind::SlidingWindow(_) | Kind::Multi(_) | Kind::Script(_) => {
+                return Err(Error::Unsupported(
+                    "only GCRA and the token bucket run across regions",
+                ))
+            }
+        };
+        Ok(Self {
+            bucket,
+            emission_us: r.emission_us(),
+            burst: r.burst(),
+        })
     }
 
     /// The GCRA a region runs while cut off: rate and burst times `share`, at least one unit,

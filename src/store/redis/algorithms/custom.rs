@@ -1,6 +1,7 @@
-//! The scripts of custom algorithms ([`Scripted`]): built (and hashed) once per source, on
-//! first use, and kept for the life of the process, so that every check of a custom
-//! algorithm is an `EVALSHA` with no hashing, as a built-in's is.
+//! A custom algorithm's calls ([`Scripted`]): its checks only (it reads no ban, gives nothing
+//! back, cannot be read without a check; a reset deletes its keys). Its scripts are built (and
+//! hashed) once per source, on first use, and kept for the life of the process, so that every
+//! check of a custom algorithm is an `EVALSHA` with no hashing, as a built-in's is.
 
 use std::{
     collections::HashMap,
@@ -9,17 +10,64 @@ use std::{
 
 use redis::Script;
 
-use super::batch::batch_form;
-use crate::algorithm::Scripted;
+use super::{batch_form, reply, Args, Calls, Keys, ResetCall, ScriptCall};
+use crate::{
+    algorithm::{Outcome, Scripted},
+    decision::Charge,
+    error::Error,
+    store::redis::batch::Layout,
+};
+
+impl<'a> Calls<'a> for &'a dyn Scripted {
+    fn check(self, cost: u32) -> ScriptCall<'a> {
+        let scripts = scripts(self);
+        ScriptCall {
+            script: &scripts.single,
+            batch: self.batchable().then(|| scripts.batch()),
+            keys: Keys::Suffixes(self.key_suffixes()),
+            args: Args::List(self.args(cost)),
+            marker: None,
+            ban: false,
+            time_last: false,
+            layout: Layout::Generic,
+        }
+    }
+
+    fn parse(self, _cost: u32, reply: redis::Value) -> Result<Outcome, Error> {
+        self.parse_reply(&reply::ints(reply)?)
+    }
+
+    fn refund(self, _: &Charge, _: bool) -> Result<Option<ScriptCall<'a>>, Error> {
+        Err(Error::Unsupported("a custom script cannot give units back"))
+    }
+
+    fn peek(self) -> Result<ScriptCall<'a>, Error> {
+        Err(Error::Unsupported(
+            "a custom algorithm cannot be read without a check",
+        ))
+    }
+
+    fn reset(self) -> ResetCall<'a> {
+        ResetCall::Delete(self.key_suffixes())
+    }
+
+    fn reserve(self, _cost: u32, _up_to: u32) -> Result<ScriptCall<'a>, Error> {
+        Err(super::not_reserved())
+    }
+
+    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
+        Err(super::not_scheduled())
+    }
+}
 
 /// A custom algorithm's script, and its batch form once asked for.
-pub(crate) struct Custom {
+pub(crate) struct CustomScripts {
     pub(crate) single: Script,
     batch: OnceLock<Script>,
     source: &'static str,
 }
 
-impl Custom {
+impl CustomScripts {
     /// The batch form (see `lua/batch.lua`), built on first use.
     pub(crate) fn batch(&'static self) -> &'static Script {
         self.batch.get_or_init(|| batch_form("", self.source))
@@ -30,8 +78,8 @@ impl Custom {
 /// program has custom algorithms: each is built once and never freed. Looked up by the
 /// source's address and length (no hashing of the text per check); the same text at two
 /// addresses is two entries with one SHA-1, which Redis loads once.
-pub(crate) fn scripts(scripted: &dyn Scripted) -> &'static Custom {
-    type Known = HashMap<(usize, usize), &'static Custom>;
+fn scripts(scripted: &dyn Scripted) -> &'static CustomScripts {
+    type Known = HashMap<(usize, usize), &'static CustomScripts>;
     static KNOWN: LazyLock<RwLock<Known>> = LazyLock::new(RwLock::default);
     let source = scripted.source();
     let id = (source.as_ptr() as usize, source.len());
@@ -40,7 +88,7 @@ pub(crate) fn scripts(scripted: &dyn Scripted) -> &'static Custom {
     }
     let mut known = KNOWN.write().unwrap_or_else(|e| e.into_inner());
     known.entry(id).or_insert_with(|| {
-        Box::leak(Box::new(Custom {
+        Box::leak(Box::new(CustomScripts {
             single: Script::new(source),
             batch: OnceLock::new(),
             source,

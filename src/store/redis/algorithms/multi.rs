@@ -1,0 +1,122 @@
+//! The multi-limit's calls (`lua/multi_gcra.lua`, and GCRA's peek and refund scripts, which
+//! take several limits): one GCRA per limit, each under `:q:NAME`.
+
+use super::{
+    gcra, parse_banned, reply, scripts, Args, Calls, Keys, ResetCall, ScriptCall, Scripts,
+};
+use crate::{
+    algorithm::{Algorithm, BucketRate, MultiLimit, Outcome, Placed, Position},
+    decision::Charge,
+    error::Error,
+};
+
+static CHECK: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
+
+/// Each limit's emission interval and burst, after `first`.
+fn rates_after(first: Option<u64>, rates: &[BucketRate], extra: usize) -> Vec<u64> {
+    let mut args = Vec::with_capacity(1 + 2 * rates.len() + extra);
+    args.extend(first);
+    for r in rates {
+        args.extend([r.emission_us(), r.burst()]);
+    }
+    args
+}
+
+impl<'a> Calls<'a> for &'a MultiLimit {
+    fn check(self, cost: u32) -> ScriptCall<'a> {
+        let args = rates_after(Some(u64::from(cost)), self.rates(), 0);
+        ScriptCall::builtin_check(&CHECK, Keys::Parts(self.parts()), Args::List(args))
+    }
+
+    fn parse(self, _cost: u32, reply: redis::Value) -> Result<Outcome, Error> {
+        match parse_banned(&reply) {
+            Some(banned) => banned,
+            None => parse_multi(reply),
+        }
+    }
+
+    fn refund(self, charge: &Charge, resendable: bool) -> Result<Option<ScriptCall<'a>>, Error> {
+        let rates = self.rates();
+        let Some(p) = charge
+            .position
+            .placed()
+            .filter(|p| p.ends().len() == rates.len())
+        else {
+            return Ok(None); // not placed on these limits' times: nothing it provably holds
+        };
+        let mut args = rates_after(Some(u64::from(charge.cost())), rates, 1 + rates.len());
+        args.push(p.at_us);
+        args.extend(p.ends());
+        let keys = Keys::PartsAndLedgers(self.parts());
+        Ok(Some(
+            ScriptCall::alone(&gcra::REFUND, keys, args).marked(resendable),
+        ))
+    }
+
+    fn peek(self) -> Result<ScriptCall<'a>, Error> {
+        let args = rates_after(None, self.rates(), 0);
+        Ok(ScriptCall::alone(&gcra::PEEK, Keys::Parts(self.parts()), args).with_ban())
+    }
+
+    fn reset(self) -> ResetCall<'a> {
+        let leads = std::iter::once(0).chain(self.rates().iter().map(BucketRate::tolerance_us));
+        ScriptCall::reset(Keys::PartsAndLedgers(self.parts()), leads.collect())
+    }
+
+    fn reserve(self, _cost: u32, _up_to: u32) -> Result<ScriptCall<'a>, Error> {
+        Err(super::not_reserved())
+    }
+
+    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
+        Err(super::not_scheduled())
+    }
+}
+
+/// The multi-limit's reply: the shared shape with its parts, then, when admitted, the time the
+/// script admitted it at.
+fn parse_multi(reply: redis::Value) -> Result<Outcome, Error> {
+    let items = reply::ints(reply)?;
+    match items.split_last() {
+        Some((&now, rest)) if items.first() == Some(&1) => {
+            let mut o = Outcome::from_ints(rest)?;
+            if o.parts.is_empty() {
+                return Err(Error::InvalidReply(format!("no limits in {items:?}")));
+            }
+            o.position =
+                Position::Placed(Placed::read(now, o.parts.iter().map(|p| p.reset_after_us))?);
+            Ok(o)
+        }
+        _ => Outcome::from_ints(&items),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::algorithms::ints;
+    use redis::Value::{self, Int};
+
+    #[test]
+    fn an_admission_names_when_it_was_admitted() {
+        let multi = parse_multi(ints(&[1, 3, 0, 10, 1, 5, 0, 20, 3, 0, 10, 7_000])).unwrap();
+        assert_eq!(multi.position.placed().unwrap().ends(), &[7_020, 7_010]);
+        assert_eq!(multi.binding, 1);
+    }
+
+    #[test]
+    fn broken_replies_are_errors() {
+        for bad in [
+            &[1, 3, 0, 10, 1, 5, 0, 20, 3, 0, 10][..], // admitted without its time
+            &[1, 3, 0, 10, 7_000],                     // no limits
+            &[0, 0, 50, 60, 1, 3, 0, 10, 0, 50, 60, 7_000],
+        ] {
+            assert!(
+                matches!(parse_multi(ints(bad)), Err(Error::InvalidReply(_))),
+                "{bad:?}"
+            );
+        }
+        for other in [Value::Nil, Int(1), Value::Array(vec![Value::Nil; 5])] {
+            assert!(parse_multi(other.clone()).is_err(), "{other:?}");
+        }
+    }
+}
