@@ -8,7 +8,7 @@
 //!     [--redis-sentinel redis://HOST:PORT,redis://HOST:PORT,... --sentinel-master NAME]
 //!     [--redis-ca FILE] [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N]
 //!     [--lazy-connect]
-//!     [--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per 1s|60s|1m|1h]
+//!     [--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per 1s|60s|1m|1h]
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
@@ -51,8 +51,8 @@
 //!
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
 //! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`. Each KEY has one plan; with
-//! `--algorithm sliding-window`, PERIOD is `--per`'s (a sliding window takes only quotas of
-//! its own period). A plan the limiter would refuse stops the gateway at start-up.
+//! `--algorithm sliding-window` or `fixed-window`, PERIOD is `--per`'s (a window takes only
+//! quotas of its own period). A plan the limiter would refuse stops the gateway at start-up.
 //!
 //! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
 //! in LIST spend quota; the others give their units back before they are answered.
@@ -115,7 +115,7 @@
 //! default 1/the number of regions): the share of each key's limit a region decides from while
 //! it cannot reach the others (logged, and the gauge `ratelimit_region_cut_off{region}` on
 //! `/metrics`). Refused with `--regions`, as they do not work across regions yet:
-//! `--algorithm sliding-window` (GCRA and the token bucket only), `--unit-lease-ms` (the
+//! `--algorithm sliding-window` and `fixed-window` (GCRA and the token bucket only), `--unit-lease-ms` (the
 //! region's pool is a lease already), `--count-only` (refunds), `--concurrency`, `--batch`.
 //! Not used across regions: the deny cache (a region's denial is not final, a refill may come).
 //! Per region, not global: `--allow`/`--deny` (per gateway, as always). The admin listener's
@@ -138,7 +138,7 @@
 //!   `--redis-cert FILE --redis-key FILE`: mutual TLS. `--connect-timeout-ms N` (3,000): the
 //!   bound on each connection attempt. `--lazy-connect`: start without Redis (not with
 //!   `--redis-cluster`); the failure policy answers until Redis does.
-//! - `--algorithm gcra|token-bucket|sliding-window` (`gcra`), `--limit N` (10) and `--per
+//! - `--algorithm gcra|token-bucket|sliding-window|fixed-window` (`gcra`), `--limit N` (10) and `--per
 //!   DURATION` (`1s`; `ms`, `s`, `m`, `h`, `d`): N requests per DURATION (for the buckets:
 //!   capacity N, refilled at N per DURATION); `--burst N`: another capacity.
 //! - `--key ip|global|header:NAME` (`ip`): per client address, one key for everybody, or
@@ -186,14 +186,14 @@ use tower_redis_ratelimit::{
     },
     store::redis::{Batching, RegionalStore},
     store::{SlotStore, Store},
-    ClientIp, ConfigError, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore,
-    Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    ClientIp, ConfigError, FailurePolicy, FixedWindow, Gcra, GlobalKey, HeaderKey, KeyExtractor,
+    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--redis-sentinel URL,URL,... --sentinel-master NAME] [--redis-ca FILE] \
 [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N] [--lazy-connect] \
-[--algorithm token-bucket|gcra|sliding-window] [--limit N] [--per DURATION] [--burst N] \
+[--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
@@ -496,8 +496,8 @@ fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), Str
             )
         }
         "--algorithm" => match value.as_str() {
-            "token-bucket" | "gcra" | "sliding-window" => a.algorithm = value,
-            _ => return Err(bad("token-bucket, gcra or sliding-window")),
+            "token-bucket" | "gcra" | "sliding-window" | "fixed-window" => a.algorithm = value,
+            _ => return Err(bad("token-bucket, gcra, sliding-window or fixed-window")),
         },
         "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
         "--per" => {
@@ -1691,6 +1691,7 @@ fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
     let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
         "token-bucket" => Arc::new(TokenBucket::new(quota).map_err(quota_refusal)?),
         "sliding-window" => Arc::new(SlidingWindow::new(quota).map_err(quota_refusal)?),
+        "fixed-window" => Arc::new(FixedWindow::new(quota).map_err(quota_refusal)?),
         _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
     };
     rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
@@ -1944,6 +1945,11 @@ fn check_regions(args: &Args, uses_redis: bool) -> Result<(), Refusal> {
         (
             args.algorithm == "sliding-window",
             "--algorithm sliding-window (GCRA and the token bucket run across regions)",
+            Some("algorithm"),
+        ),
+        (
+            args.algorithm == "fixed-window",
+            "--algorithm fixed-window (GCRA and the token bucket run across regions)",
             Some("algorithm"),
         ),
         (

@@ -10,12 +10,30 @@
 -- The sliding window: the log goes, its totals say nothing is in use, and its hash keeps the
 -- newest time and the last sequence number (and its expiry), so that no member written after
 -- the reset bears the name (time, sequence number) of one written before.
--- KEYS     times: each limit's state, then each limit's ledger; a log: its hash, the log
--- ARGV     now|'', kind (0: times; 1: GCRA's time, which may hold a ban's copy; 2: a log), then
---          for times each limit's lead in microseconds (emission interval times burst)
+-- A fixed window: its count goes to zero under a new id, just after now and after the old one
+-- (see fixed_window_core.lua), keeping its expiry: a refund of a check admitted before
+-- reported the old id, and gives nothing back.
+-- KEYS     times: each limit's state, then each limit's ledger; a log: its hash, the log; a
+--          fixed window: its state
+-- ARGV     now|'', kind (0: times; 1: GCRA's time, which may hold a ban's copy; 2: a log; 3: a
+--          fixed window), then for times each limit's lead in microseconds (emission interval
+--          times burst)
 -- Reply    how many of the states existed
 local now = clock()
 local kind = int_arg(2, 'kind', 0)
+if kind == 3 then
+  local raw = redis.call('GET', KEYS[1])
+  local ttl = redis.call('PTTL', KEYS[1])
+  if not raw or ttl < 1 then
+    return 0
+  end
+  local id = stored_int(string.match(raw, '^(%d+) ') or '', 'window')
+  if id < now then
+    id = now
+  end
+  redis.call('SET', KEYS[1], fmt(id + 1) .. ' 0', 'PX', ttl)
+  return 1
+end
 if kind == 2 then
   local existed = redis.call('DEL', KEYS[2])
   local added = redis.call('HGET', KEYS[1], 'a')

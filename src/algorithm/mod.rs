@@ -11,6 +11,7 @@
 //! | [`Gcra`] | one integer | the default: smooth rate with a burst, cheapest in Redis |
 //! | [`TokenBucket`] | a two-field hash | the same decisions as GCRA, state readable as "tokens left" |
 //! | [`SlidingWindow`] | one log entry per admitted request | an exact "at most N in any window" contract, e.g. a third-party API quota |
+//! | [`FixedWindow`] | one counter | long quotas and calendar plans (a week, a month, a year) |
 //!
 //! ```
 //! use tower_redis_ratelimit::{Gcra, Quota, SlidingWindow, TokenBucket};
@@ -22,6 +23,7 @@
 //! ```
 
 mod bucket;
+mod fixed_window;
 pub(crate) mod gcra;
 mod held;
 mod multi;
@@ -33,6 +35,7 @@ mod state;
 mod token_bucket;
 
 pub use self::{
+    fixed_window::{Calendar, FixedWindow},
     gcra::Gcra,
     multi::MultiLimit,
     outcome::{Outcome, PartInfo, PartOutcome},
@@ -161,6 +164,7 @@ pub(crate) enum Kind<'a> {
     Gcra(&'a Gcra),
     TokenBucket(&'a TokenBucket),
     SlidingWindow(&'a SlidingWindow),
+    FixedWindow(&'a FixedWindow),
     /// One GCRA per limit, in the order of [`Algorithm::parts`].
     Multi(&'a MultiLimit),
     Script(&'a dyn Scripted),
@@ -203,7 +207,9 @@ impl<'a> Rule<'a> {
         match self.0 {
             Kind::Gcra(g) => Some(g.rate()),
             Kind::TokenBucket(t) => Some(t.rate()),
-            Kind::SlidingWindow(_) | Kind::Multi(_) | Kind::Script(_) => None,
+            Kind::SlidingWindow(_) | Kind::FixedWindow(_) | Kind::Multi(_) | Kind::Script(_) => {
+                None
+            }
         }
     }
 
@@ -213,6 +219,7 @@ impl<'a> Rule<'a> {
             Kind::Gcra(g) => Some(g),
             Kind::TokenBucket(t) => Some(t),
             Kind::SlidingWindow(w) => Some(w),
+            Kind::FixedWindow(w) => Some(w),
             Kind::Multi(m) => Some(m),
             Kind::Script(_) => None,
         }
@@ -225,6 +232,7 @@ impl fmt::Debug for Rule<'_> {
             Kind::Gcra(g) => f.debug_tuple("Gcra").field(&g.rate()).finish(),
             Kind::TokenBucket(t) => f.debug_tuple("TokenBucket").field(&t.rate()).finish(),
             Kind::SlidingWindow(w) => f.debug_tuple("SlidingWindow").field(&w.rate()).finish(),
+            Kind::FixedWindow(w) => f.debug_tuple("FixedWindow").field(w).finish(),
             Kind::Multi(m) => f.debug_tuple("Multi").field(&m.rates()).finish(),
             // The source's digest tells scripts apart (limiters on one namespace with two
             // scripts are two policies).
@@ -266,6 +274,9 @@ pub(crate) enum Reset {
     /// The log empties, keeping its newest time and last sequence number, so that no entry
     /// written after bears the name of one written before.
     EmptyLog,
+    /// The window's count goes to zero under a new id, so that a refund of a check admitted
+    /// before gives nothing back.
+    Window,
 }
 
 /// Never holds more than a check of this cost can: the cost a peek checks.

@@ -48,6 +48,9 @@ pub(crate) enum Position {
     /// GCRA, the token bucket, the multi-limit: where the charge lies on the key's time, so
     /// that a refund gives back only what it still holds.
     Placed(Placed),
+    /// A fixed window: the id of the window that counted the charge, so that a refund gives
+    /// back only to that window, unreset.
+    Window { id: u64 },
 }
 
 impl Position {

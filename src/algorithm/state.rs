@@ -25,6 +25,7 @@ enum Value {
     Empty,
     Tat(u64),
     Bucket(Bucket),
+    Window(Window),
     Tats(Box<[Option<u64>]>),
     /// Boxed: the largest state stays out of line, so the value of every other key is small.
     Log(Box<Log>),
@@ -45,6 +46,14 @@ struct Ledgered {
 pub(crate) struct Bucket {
     pub(crate) tokens: u64,
     pub(crate) ts: u64,
+}
+
+/// Fixed-window state: the units admitted in the current window, and the window's id (a time
+/// inside it: its start, or the time just after the reset that zeroed it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) id: u64,
+    pub(crate) count: u64,
 }
 
 /// Sliding-window state: the log (time, running total, sequence number) and the totals of
@@ -137,6 +146,31 @@ impl MemoryState {
 
     pub(crate) fn put_bucket(&mut self, bucket: Bucket, now_us: u64, ttl_us: u64) {
         self.put_plain(Value::Bucket(bucket), now_us, ttl_us);
+    }
+
+    /// A fixed window, if one is stored.
+    pub(crate) fn window(&self) -> Result<Option<Window>, Error> {
+        match *self.plain() {
+            Value::Empty => Ok(None),
+            Value::Window(w) => Ok(Some(w)),
+            _ => Err(Error::WrongType),
+        }
+    }
+
+    pub(crate) fn put_window(&mut self, window: Window, now_us: u64, ttl_us: u64) {
+        self.put_plain(Value::Window(window), now_us, ttl_us);
+    }
+
+    /// Zeroes a fixed window (a reset) under a new id, just after `now_us` and after the
+    /// stored one, keeping its expiry (see `lua/reset.lua`), so that a refund of a check
+    /// admitted before gives nothing back; nothing if the key holds no window.
+    pub(crate) fn zero_window(&mut self, now_us: u64) {
+        if let Value::Window(w) = &mut self.value {
+            *w = Window {
+                id: now_us.max(w.id) + 1,
+                count: 0,
+            };
+        }
     }
 
     /// Several GCRAs' arrival times, if `n` of them are stored.

@@ -11,7 +11,7 @@
 //! the change to be atomic write a file beside it and rename it into place.
 //!
 //! ```toml
-//! algorithm = "sliding-window"   # gcra (default), token-bucket, sliding-window
+//! algorithm = "sliding-window"   # gcra (default), token-bucket, sliding-window, fixed-window
 //! limit = 100                    # per `per`
 //! per = "1m"                     # ms, s, m, h, d
 //! burst = 100                    # buckets only; default: the limit
@@ -180,7 +180,7 @@ fn line_of(text: &str, field: &str) -> Option<usize> {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LimitsFile {
-    /// `gcra`, `token-bucket` or `sliding-window`: what the limiter must run. A live layer
+    /// `gcra`, `token-bucket`, `sliding-window` or `fixed-window`: what the limiter must run. A live layer
     /// cannot change its algorithm: compare it with yours.
     pub algorithm: Option<String>,
     /// Requests per `per`.
@@ -215,11 +215,11 @@ impl LimitsFile {
         let mut file: Self = from_toml(text)?;
         file.text = text.to_owned();
         if let Some(a) = &file.algorithm {
-            if !["gcra", "token-bucket", "sliding-window"].contains(&a.as_str()) {
+            if !["gcra", "token-bucket", "sliding-window", "fixed-window"].contains(&a.as_str()) {
                 return Err(FileError::field_error(
                     text,
                     "algorithm",
-                    format!("{a:?} is not gcra, token-bucket or sliding-window"),
+                    format!("{a:?} is not gcra, token-bucket, sliding-window or fixed-window"),
                 ));
             }
         }

@@ -485,6 +485,12 @@ impl MemoryStore {
                 }
                 return;
             }
+            Some(Reset::Window) => {
+                if let Some(entry) = shard.get_mut(slot, key) {
+                    entry.run(now, |s| s.zero_window(now));
+                }
+                return;
+            }
             None => {
                 if let Some(entry) = shard.remove(slot, key) {
                     shard.weight = shard.weight.saturating_sub(entry.entries());

@@ -111,3 +111,54 @@ async fn every_algorithm_follows_the_manual_clock() {
     assert!(bucket.check("k", 1).await.unwrap().allowed);
     assert!(!bucket.check("k", 1).await.unwrap().allowed);
 }
+
+/// A fixed window counts from the window of the clock a request falls in and answers with its
+/// end: a calendar month's requests come back on the first of the next month (UTC), and the
+/// headers count down to it.
+#[tokio::test]
+async fn a_calendar_month_ends_on_the_first_of_the_next() {
+    use tower_redis_ratelimit::{algorithm::Calendar, FixedWindow};
+    // 2024-02-28T12:00:00Z: February of a leap year has a day left and a half.
+    const FEB_28_NOON: u64 = 1_709_121_600;
+    let clock = ManualClock::starting_at(Duration::from_secs(FEB_28_NOON));
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let monthly = FixedWindow::calendar(Calendar::Month, 2).unwrap();
+    let limiter = RateLimiter::new(store, monthly).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            limiter,
+            HeaderKey::new("x-api-key").unwrap(),
+        ));
+    let get = || {
+        Request::get("/")
+            .header("x-api-key", "carol")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // 36 hours to March 1st, 00:00 UTC; the policy states a 30-day month.
+    assert_eq!(first.headers()["ratelimit"], "\"default\";r=1;t=129600");
+    assert_eq!(
+        first.headers()["ratelimit-policy"],
+        "\"default\";q=2;w=2592000"
+    );
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "129600");
+    // A second before midnight: still February.
+    clock.advance(Duration::from_secs(129_599));
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    // March: a fresh window of 31 days.
+    clock.advance(Duration::from_secs(1));
+    let march = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(march.status(), StatusCode::OK);
+    assert_eq!(march.headers()["ratelimit"], "\"default\";r=1;t=2678400");
+}

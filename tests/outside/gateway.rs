@@ -45,16 +45,22 @@ fn with_redis_the_limit_is_shared_between_instances() {
 }
 
 fn shared_limit(store: &[&str]) {
+    shared_limit_of(store, "sliding-window", "60s");
+}
+
+/// Two gateways on `store`, running `algorithm` at 4 per `per`: a key's fifth and sixth
+/// requests are refused, whichever instance they reach. Returns the first refusal.
+fn shared_limit_of(store: &[&str], algorithm: &str, per: &str) -> String {
     let args: Vec<&str> = store
         .iter()
         .copied()
         .chain([
             "--algorithm",
-            "sliding-window",
+            algorithm,
             "--limit",
             "4",
             "--per",
-            "60s",
+            per,
             "--key",
             "header:x-api-key",
         ])
@@ -80,13 +86,68 @@ fn shared_limit(store: &[&str]) {
         a.banner
     );
     let key = "x-api-key: k1\r\n";
-    let statuses: Vec<u16> = [&a, &b, &a, &b, &a, &b]
+    let answers: Vec<(u16, String)> = [&a, &b, &a, &b, &a, &b]
         .iter()
-        .map(|gw| get(gw.addr, key).0)
+        .map(|gw| get(gw.addr, key))
         .collect();
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
     // Another key has its own quota.
     assert_eq!(get(a.addr, "x-api-key: k2\r\n").0, 200);
+    answers[4].1.clone()
+}
+
+/// A fixed window of a day, shared by two gateways on one Redis: the count is one, and a
+/// refusal waits for midnight UTC (the window's end), which `Retry-After` and the `RateLimit`
+/// header's `t` both say. A run that crosses midnight is run again.
+#[test]
+fn a_daily_fixed_window_is_shared_and_ends_at_midnight_utc() {
+    let to_midnight = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        (now / 86_400, 86_400 - now % 86_400)
+    };
+    for _ in 0..2 {
+        let redis = RedisServer::start();
+        let url = redis.url();
+        let (day, before) = to_midnight();
+        let refusal = shared_limit_of(&["--redis", &url], "fixed-window", "1d");
+        let (same_day, after) = to_midnight();
+        if day != same_day {
+            continue;
+        }
+        let field = |name: &str| {
+            refusal
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {refusal}"))
+                .trim()
+                .to_owned()
+        };
+        let retry: u64 = field("retry-after:").parse().unwrap();
+        assert!(
+            (after..=before).contains(&retry),
+            "{after}..={before}: {refusal}"
+        );
+        let t: u64 = field("ratelimit:")
+            .rsplit("t=")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (after..=before).contains(&t),
+            "{after}..={before}: {refusal}"
+        );
+        assert!(
+            refusal.contains("ratelimit-policy: \"default\";q=4;w=86400"),
+            "{refusal}"
+        );
+        return;
+    }
+    panic!("two runs crossed midnight UTC");
 }
 
 #[test]

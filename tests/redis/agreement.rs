@@ -11,6 +11,7 @@ use std::{
 
 use crate::servers::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
+use tower_redis_ratelimit::FixedWindow;
 use tower_redis_ratelimit::{
     algorithm::Algorithm, rate_limit::Decision, store::redis::Batching, Gcra, MemoryStore, Quota,
     RateLimiter, RedisStore, SlidingWindow, TokenBucket,
@@ -66,6 +67,11 @@ struct Stores {
 }
 
 async fn agree<A: Algorithm>(redis: &Stores, make: impl Fn() -> A, case: &Case) {
+    agree_from(T0, redis, make, case).await;
+}
+
+/// [`agree`] with the case's timeline starting at `t0`.
+async fn agree_from<A: Algorithm>(t0: u64, redis: &Stores, make: impl Fn() -> A, case: &Case) {
     let prefix = format!("agree{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
     let on = |store: &RedisStore, prefix: &str| {
         RateLimiter::builder(store.clone(), make())
@@ -80,7 +86,7 @@ async fn agree<A: Algorithm>(redis: &Stores, make: impl Fn() -> A, case: &Case) 
         .prefix(&prefix)
         .build()
         .unwrap();
-    let mut now = T0;
+    let mut now = t0;
     // Allowed decisions not given back yet: (Redis, batched, in memory).
     let mut held: Vec<[Decision; 3]> = Vec::new();
     for (i, &(step, cost, refund)) in case.steps.iter().enumerate() {
@@ -90,13 +96,17 @@ async fn agree<A: Algorithm>(redis: &Stores, make: impl Fn() -> A, case: &Case) 
             let r = on_redis.refund_at("k", &mut r, now).await.unwrap();
             let b = batched.refund_at("k", &mut b, now).await.unwrap();
             let m = in_memory.refund_at("k", &mut m, now).await.unwrap();
-            assert_eq!((r, b), (m, m), "refund before step {i} of {case:?}");
+            assert_eq!(
+                (r, b),
+                (m, m),
+                "refund before step {i} of {case:?} from {t0}"
+            );
         }
         let r = on_redis.check_at("k", cost, now).await.unwrap();
         let b = batched.check_at("k", cost, now).await.unwrap();
         let m = in_memory.check_at("k", cost, now).await.unwrap();
-        assert_eq!(r, m, "step {i} of {case:?}");
-        assert_eq!(b, m, "step {i} of {case:?}, batched");
+        assert_eq!(r, m, "step {i} of {case:?} from {t0}");
+        assert_eq!(b, m, "step {i} of {case:?} from {t0}, batched");
         if m.allowed {
             held.push([r, b, m]);
         }
@@ -156,6 +166,76 @@ fn sliding_window_memory_matches_redis() {
             case,
         ));
     });
+}
+
+#[test]
+fn fixed_window_memory_matches_redis() {
+    run("fixed window", |store, case| {
+        let q = Quota::new(case.limit, Duration::from_secs(case.period_s));
+        tokio::runtime::Handle::current().block_on(agree(
+            store,
+            || FixedWindow::new(q).unwrap(),
+            case,
+        ));
+    });
+}
+
+/// Calendar windows cut where the scripts cut them: weeks, months and years over two
+/// centuries, each case starting on a random day (often near a month's end) and stepping by
+/// up to 40 days, so that checks cross week, month and year ends (leap years included).
+#[test]
+fn calendar_windows_in_memory_match_redis() {
+    use tower_redis_ratelimit::algorithm::Calendar;
+    const DAY: u64 = 86_400_000_000;
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stores = rt.block_on(async {
+        Stores {
+            single: redis.store().await,
+            batched: redis.store().await.with_batching(Batching::new()).unwrap(),
+        }
+    });
+    // From 1970 to 2099; a start in the last days of a month half of the time.
+    let start = prop_oneof![
+        (0u64..47_000).prop_map(|d| d * DAY),
+        (0u64..1_550, 27u64..32, 0..DAY).prop_map(|(m, d, t)| (m * 30 + d) * DAY + t),
+    ];
+    let step = prop_oneof![
+        2 => Just(0u64),
+        3 => 0..DAY,
+        3 => 0..40 * DAY,
+        1 => Just(366 * DAY),
+    ];
+    let steps = prop::collection::vec(
+        (
+            step,
+            1u32..8,
+            prop_oneof![3 => Just(None), 1 => (0usize..4).prop_map(Some)],
+        ),
+        1..30,
+    );
+    let calendars = prop::sample::select(vec![Calendar::Week, Calendar::Month, Calendar::Year]);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(start, calendars, 1u32..6, steps),
+            |(t0, calendar, limit, steps)| {
+                let case = Case {
+                    limit,
+                    burst: limit,
+                    period_s: 0,
+                    steps,
+                };
+                let make = || FixedWindow::calendar(calendar, limit).unwrap();
+                rt.block_on(agree_from(t0, &stores, make, &case));
+                Ok(())
+            },
+        )
+        .unwrap();
 }
 
 #[test]

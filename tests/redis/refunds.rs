@@ -16,7 +16,7 @@ use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::{
     algorithm::{Algorithm, MultiLimit},
     rate_limit::{Decision, LimitState},
-    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    FixedWindow, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -32,6 +32,10 @@ fn algorithms(limit: u32, burst: u32, period_s: u64) -> Vec<(&'static str, Arc<d
         (
             "sliding-window",
             Arc::new(SlidingWindow::new(Quota::new(limit, period)).unwrap()),
+        ),
+        (
+            "fixed-window",
+            Arc::new(FixedWindow::new(Quota::new(limit, period)).unwrap()),
         ),
         (
             "multi",

@@ -104,6 +104,7 @@ impl UnitLease {
             Kind::Gcra(g) => g.rate().burst(),
             Kind::TokenBucket(t) => t.rate().burst(),
             Kind::SlidingWindow(_) => return Err(not_leased("the sliding window")),
+            Kind::FixedWindow(_) => return Err(not_leased("a fixed window")),
             Kind::Multi(_) => return Err(not_leased("a multi-limit")),
             Kind::Script(_) => return Err(not_leased("a custom script")),
         };

@@ -13,11 +13,12 @@
 //! | `{NS:KEY}:gr` | string: the refund ledger of `:g` (`until floor`, then `at moved_at back until` per refund) | `gcra_refund.lua`; `reset.lua` (a floor at the reset's time, for one burst's worth of the key's time) | when every charge a refund moved has drained (`until`) |
 //! | `{NS:KEY}:b` | hash: token bucket, `n` whole tokens, `t` when the last one was credited | `token_bucket.lua`, `token_bucket_reserve.lua`, `token_bucket_refund.lua` | when the bucket is full again |
 //! | `{NS:KEY}:br` | string: the refund ledger of `:b` (as `:gr`) | `token_bucket_refund.lua`, `reset.lua` | as `:gr` |
+//! | `{NS:KEY}:w` | string: a fixed window, `ID COUNT`: the units admitted in the current window and its id (a time inside it: its start, or just after the reset that zeroed it) | `fixed_window.lua`, `fixed_window_refund.lua`; `reset.lua` (count 0, a new id, its expiry kept) | when the window ends |
 //! | `{NS:KEY}:l2` | sorted set: sliding-window log, one member `TOTAL:SEQ` per admitted check, scored by its time | `sliding_window.lua`, `sliding_window_refund.lua` | a window after the newest member |
 //! | `{NS:KEY}:m2` | hash: the log's totals, `a` admitted, `r` expired, `l` newest member's time, `s` last sequence number | `sliding_window.lua`, `sliding_window_refund.lua`; `reset.lua` (nothing in use, `l` and `s` kept) | with its log |
 //! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua` | as `:g` |
 //! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua`, `reset.lua` | as `:gr` |
-//! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua` | 30 s |
+//! | `{NS:KEY}:rf:ID` | string `1`: a refund with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua`, `fixed_window_refund.lua` | 30 s |
 //! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
@@ -60,6 +61,8 @@ pub(crate) const GCRA_LEDGER: &str = ":gr";
 pub(crate) const BUCKET: &str = ":b";
 /// The token bucket's refund ledger.
 pub(crate) const BUCKET_LEDGER: &str = ":br";
+/// A fixed window's id and count.
+pub(crate) const WINDOW: &str = ":w";
 /// The sliding-window log.
 pub(crate) const LOG: &str = ":l2";
 /// The sliding-window log's totals.

@@ -12,6 +12,7 @@
 //! check carries the base key's hash tag and lands on one cluster slot.
 
 mod custom;
+mod fixed_window;
 mod gcra;
 mod multi;
 mod sliding_window;
@@ -99,6 +100,7 @@ macro_rules! on {
             Kind::Gcra(c) => Calls::$method(c, $($arg),*),
             Kind::TokenBucket(c) => Calls::$method(c, $($arg),*),
             Kind::SlidingWindow(c) => Calls::$method(c, $($arg),*),
+            Kind::FixedWindow(c) => Calls::$method(c, $($arg),*),
             Kind::Multi(c) => Calls::$method(c, $($arg),*),
             Kind::Script(c) => Calls::$method(c, $($arg),*),
         }
@@ -120,18 +122,21 @@ struct Scripts {
 }
 
 macro_rules! scripts {
-    // After `library` (the prelude, or the GCRA core); the batch form from `batch.lua`.
-    ($file:literal, after $library:literal) => {
+    // After the libraries (the prelude, or the GCRA core, and more); the batch form from
+    // `batch.lua`.
+    ($file:literal, after $($library:literal),+) => {
         Scripts {
             single: ::std::sync::LazyLock::new(|| {
                 ::redis::Script::new(concat!(
-                    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $library)),
+                    $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $library)),)+
                     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
                 ))
             }),
             batch: ::std::sync::LazyLock::new(|| {
                 super::batch_form(
-                    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $library)),
+                    concat!(
+                        $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $library)),)+
+                    ),
                     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
                 )
             }),
@@ -169,7 +174,7 @@ pub(crate) static FORGET: LazyLock<Script> = LazyLock::new(|| {
 });
 /// A reset of a key's state under a built-in algorithm: its state goes, and refunds of the
 /// checks admitted before it give nothing back. Its arguments: the state's kind (0 a bucket,
-/// 1 GCRA, 2 a log), then each limit's lead (how long a charge admitted before now may hold
+/// 1 GCRA, 2 a log, 3 a fixed window), then each limit's lead (how long a charge admitted before now may hold
 /// part of its time).
 static RESET: LazyLock<Script> = prelude_script!("reset.lua", after "gcra_state.lua");
 

@@ -199,7 +199,7 @@ impl Terms {
         let (bucket, r) = match algorithm.rule().kind() {
             Kind::Gcra(g) => (false, g.rate()),
             Kind::TokenBucket(t) => (true, t.rate()),
-            Kind::SlidingWindow(_) | Kind::Multi(_) | Kind::Script(_) => {
+            Kind::SlidingWindow(_) | Kind::FixedWindow(_) | Kind::Multi(_) | Kind::Script(_) => {
                 return Err(Error::Unsupported(
                     "only GCRA and the token bucket run across regions",
                 ))
