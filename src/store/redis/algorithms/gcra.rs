@@ -43,27 +43,18 @@ impl<'a> Calls<'a> for &'a Gcra {
     }
 
     fn refund(self, charge: &Charge, resendable: bool) -> Result<Option<ScriptCall<'a>>, Error> {
-        let r = self.rate();
-        let Some(p) = charge.position.placed().filter(|p| p.ends().len() == 1) else {
-            return Ok(None); // not placed on this key's time: nothing it provably holds
-        };
-        let args = vec![
-            u64::from(charge.cost()),
-            r.emission_us(),
-            r.burst(),
-            p.at_us,
-            p.ends()[0],
-        ];
-        let keys = Keys::Suffixes(&[keys::GCRA, keys::GCRA_LEDGER]);
-        Ok(Some(
-            ScriptCall::alone(&REFUND, keys, args).marked(resendable),
+        let state = &[keys::GCRA, keys::GCRA_LEDGER];
+        Ok(bucket_refund(
+            &REFUND,
+            state,
+            self.rate(),
+            charge,
+            resendable,
         ))
     }
 
     fn peek(self) -> Result<ScriptCall<'a>, Error> {
-        let r = self.rate();
-        let keys = Keys::Suffixes(&[keys::GCRA]);
-        Ok(ScriptCall::alone(&PEEK, keys, vec![r.emission_us(), r.burst()]).with_ban())
+        Ok(bucket_peek(&PEEK, &[keys::GCRA], self.rate()))
     }
 
     fn reset(self) -> ResetCall<'a> {
@@ -88,6 +79,40 @@ impl<'a> Calls<'a> for &'a Gcra {
         ];
         Ok(ScriptCall::alone(&SCHEDULE, Keys::Suffixes(&[keys::GCRA]), args).with_ban())
     }
+}
+
+// What GCRA and the token bucket share: their refunds, peeks and reservations take the same
+// arguments, on their own state keys.
+
+/// A refund of `charge` by a bucket's script (on its state and its ledger, `state`): where the
+/// charge lies on the key's time; `None` when the store did not say.
+pub(super) fn bucket_refund(
+    script: &'static Script,
+    state: &'static [&'static str],
+    rate: BucketRate,
+    charge: &Charge,
+    resendable: bool,
+) -> Option<ScriptCall<'static>> {
+    // Not placed on this key's time: nothing it provably holds.
+    let p = charge.position.placed().filter(|p| p.ends().len() == 1)?;
+    let args = vec![
+        u64::from(charge.cost()),
+        rate.emission_us(),
+        rate.burst(),
+        p.at_us,
+        p.ends()[0],
+    ];
+    Some(ScriptCall::alone(script, Keys::Suffixes(state), args).marked(resendable))
+}
+
+/// A read of a bucket's `state` without a check, the key's ban after it.
+pub(super) fn bucket_peek(
+    script: &'static Script,
+    state: &'static [&'static str],
+    rate: BucketRate,
+) -> ScriptCall<'static> {
+    let args = vec![rate.emission_us(), rate.burst()];
+    ScriptCall::alone(script, Keys::Suffixes(state), args).with_ban()
 }
 
 /// A reservation of a bucket rate's units (GCRA's or the token bucket's script, on the state

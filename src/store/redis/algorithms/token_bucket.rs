@@ -39,27 +39,18 @@ impl<'a> Calls<'a> for &'a TokenBucket {
     }
 
     fn refund(self, charge: &Charge, resendable: bool) -> Result<Option<ScriptCall<'a>>, Error> {
-        let r = self.rate();
-        let Some(p) = charge.position.placed().filter(|p| p.ends().len() == 1) else {
-            return Ok(None); // not placed on this key's time: nothing it provably holds
-        };
-        let args = vec![
-            u64::from(charge.cost()),
-            r.emission_us(),
-            r.burst(),
-            p.at_us,
-            p.ends()[0],
-        ];
-        let keys = Keys::Suffixes(&[keys::BUCKET, keys::BUCKET_LEDGER]);
-        Ok(Some(
-            ScriptCall::alone(&REFUND, keys, args).marked(resendable),
+        let state = &[keys::BUCKET, keys::BUCKET_LEDGER];
+        Ok(gcra::bucket_refund(
+            &REFUND,
+            state,
+            self.rate(),
+            charge,
+            resendable,
         ))
     }
 
     fn peek(self) -> Result<ScriptCall<'a>, Error> {
-        let r = self.rate();
-        let keys = Keys::Suffixes(&[keys::BUCKET]);
-        Ok(ScriptCall::alone(&PEEK, keys, vec![r.emission_us(), r.burst()]).with_ban())
+        Ok(gcra::bucket_peek(&PEEK, &[keys::BUCKET], self.rate()))
     }
 
     fn reset(self) -> ResetCall<'a> {
