@@ -115,7 +115,7 @@
 //! `rate(ratelimit_decisions_total{decision="would_deny"}[5m])`; Redis trouble,
 //! `ratelimit_decisions_total{source=~"local|failure_policy"}`. The gateway demo's
 //! `--admin-listen ADDR` serves `/metrics` (Prometheus text) and `/top?n=N` (JSON) as a worked
-//! example (see `examples/gateway.rs`).
+//! example (see the gateway, `gateway/` in the repository).
 //!
 //! # Shadow mode
 //!
@@ -258,7 +258,7 @@
 //! bytes, percent-encoded), behind
 //! `--admin-token` or `--admin-token-file` (required off loopback, compared in constant time,
 //! each change logged once with the key and the caller's address), and takes `--allow` and
-//! `--deny` lists, and `--config FILE` (see `examples/gateway.rs`). Never put admin
+//! `--deny` lists, and `--config FILE` (see the gateway, `gateway/` in the repository). Never put admin
 //! endpoints on the public listener.
 //!
 //! # Several policies on one layer

@@ -261,10 +261,10 @@
 //! # let _ = store; Ok(()) }
 //! ```
 //!
-//! # The gateway demo on production Redis
+//! # The gateway on production Redis
 //!
-//! The demo (`cargo run --example gateway`; every flag in the doc header of
-//! `examples/gateway.rs`) takes the same settings:
+//! The gateway (`cargo run --bin gateway` in the repository; every flag in the doc header of
+//! `gateway/src/main.rs`, and in `gateway --help`) takes the same settings:
 //!
 //! ```text
 //! --redis rediss://HOST:PORT                        TLS, verified against the system's roots

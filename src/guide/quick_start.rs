@@ -107,7 +107,7 @@
 //! a JSON `429` body; a `RedisStore` when `REDIS_URL` is set, else a `MemoryStore`
 //! (`cargo run --example recipe`). Other examples: `examples/axum.rs` (per IP),
 //! `examples/custom_key.rs` (an API-key header, a cost per route, a JSON rejection body),
-//! `examples/gateway.rs` (the demo, whose doc header lists every flag).
+//! the gateway (`gateway/` in the repository, whose `src/main.rs` doc header lists every flag).
 //!
 //! # Without HTTP
 //!

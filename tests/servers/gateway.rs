@@ -1,4 +1,4 @@
-//! The gateway demo as a user runs it: the example binary, its flags, its `listening on` line.
+//! The gateway as a user runs it: its binary, its flags, its `listening on` line.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -9,9 +9,13 @@ use std::{
     time::Duration,
 };
 
-/// `target/<profile>/examples/gateway`, built by `cargo test` before the tests run.
+/// The gateway's binary, which Cargo builds for the gateway package's tests
+/// (`CARGO_BIN_EXE_gateway`); the library's own tests do not start it.
 pub fn gateway_bin() -> PathBuf {
-    super::example_bin("gateway")
+    match option_env!("CARGO_BIN_EXE_gateway") {
+        Some(bin) => PathBuf::from(bin),
+        None => panic!("the gateway runs in the gateway package's tests (gateway/tests/)"),
+    }
 }
 
 pub struct Gateway {

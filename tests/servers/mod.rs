@@ -1,7 +1,7 @@
 //! The servers and processes the tests start, each on a free 127.0.0.1 port and stopped by
 //! PID: `redis-server` standalone, as a local Cluster, with Sentinels ([`sentinel`]) or TLS
 //! ([`tls`]); a proxy that cuts connections ([`proxy`]); a link between regions that delays and cuts ([`link`]); an HTTP upstream with a limit of its
-//! own ([`upstream`]); the example binaries ([`gateway`], [`example_bin`]).
+//! own ([`upstream`]); the gateway's binary ([`gateway`]) and the examples' ([`example_bin`]).
 //!
 //! A test that cannot start its server panics with the reason; it never skips.
 #![allow(dead_code, unreachable_pub)]
@@ -38,7 +38,12 @@ pub struct RedisServer {
 /// Where each running server's PID is recorded, so `scripts/test` can stop any server a
 /// crashed test binary left behind.
 fn pid_file(pid: u32) -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-redis-pids");
+    // The workspace's target directory, from the library's tests and the gateway's alike.
+    let mut root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if !root.join("lua").is_dir() {
+        root = root.parent().unwrap_or(root);
+    }
+    let dir = root.join("target/test-redis-pids");
     let _ = std::fs::create_dir_all(&dir);
     dir.join(pid.to_string())
 }

@@ -1,9 +1,12 @@
-//! The demo gateway: an axum server that rate-limits every route. It answers `GET /` with
+//! The gateway: an HTTP server that rate-limits every route. It answers `GET /` with
 //! `200 ok`, `GET /status/{code}` with that status (100-599, else 400) and `GET /sleep/{ms}`
 //! with 200 after sleeping that long (at most 60,000 ms, else 400).
 //!
+//! Built from the repository's root with `cargo build --release --bin gateway` (into
+//! `target/release/gateway`), run with `cargo run --bin gateway -- FLAGS`.
+//!
 //! ```text
-//! cargo run --example gateway -- [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
+//! gateway [--listen 127.0.0.1:3000] [--redis redis://HOST:PORT]
 //!     [--redis-cluster redis://HOST:PORT,redis://HOST:PORT,...]
 //!     [--redis-sentinel redis://HOST:PORT,redis://HOST:PORT,... --sentinel-master NAME]
 //!     [--redis-ca FILE] [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N]
@@ -16,7 +19,8 @@
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
-//!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]]
+//!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
+//! gateway --help | --version
 //! ```
 //!
 //! `--config FILE`: the limit settings in TOML, one key per flag with the flag's name
@@ -152,6 +156,13 @@
 //! - `--log LEVEL` (`info`): the log level.
 //! - `--batch`: exact batching of Redis calls. `--no-limit`: serve without the layer (to
 //!   measure its overhead).
+//! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the
+//!   requests in flight finish (their concurrency slots go back as each ends) for at most N ms,
+//!   and exits 0.
+//! - `--help` prints the usage on stdout and exits 0; `--version` prints `gateway VERSION`.
+//!
+//! `SIGHUP` reloads `--config`'s file; without `--config` it is logged (at most once a
+//! second) and ignored, so that a fleet-wide reload signal leaves the other gateways running.
 //!
 //! `GET /status/{code}` answers with that status; an informational 1xx other than 101 cannot
 //! end an HTTP response, and hyper answers it with 500.
@@ -200,7 +211,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
-[--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]]";
+[--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
+       gateway --help | --version";
 
 /// `--lease-ms` when not given.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -228,6 +240,8 @@ struct Args {
     on_error: FailurePolicy,
     local_share: u32,
     timeout: Duration,
+    /// How long requests in flight may take to finish once a stop is asked for.
+    drain: Duration,
     headers: HeaderStyle,
     prefix: String,
     log: tracing::Level,
@@ -303,7 +317,23 @@ fn url_list(value: &str) -> Option<Vec<String>> {
     (!urls.is_empty()).then_some(urls)
 }
 
-fn parse_args() -> Result<Args, String> {
+/// Why the arguments stop the gateway before it starts.
+enum Stop {
+    /// `--help`: the usage, on stdout, exit 0.
+    Help,
+    /// `--version`: the version, on stdout, exit 0.
+    Version,
+    /// A refusal: the reason (none for a bare usage), then the usage on stderr, exit 2.
+    Refused(String),
+}
+
+impl From<String> for Stop {
+    fn from(reason: String) -> Self {
+        Stop::Refused(reason)
+    }
+}
+
+fn parse_args() -> Result<Args, Stop> {
     let mut a = Args {
         listen: "127.0.0.1:3000".parse().unwrap(),
         redis: None,
@@ -325,6 +355,7 @@ fn parse_args() -> Result<Args, String> {
         on_error: FailurePolicy::Open,
         local_share: 1,
         timeout: Duration::from_millis(100),
+        drain: Duration::from_secs(10),
         headers: HeaderStyle::Ietf,
         prefix: "gateway".into(),
         log: tracing::Level::INFO,
@@ -354,17 +385,20 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args_os().skip(1);
     while let Some(flag) = it.next() {
         let Some(flag) = flag.to_str().map(str::to_owned) else {
-            return Err(format!("unknown flag {}", flag.to_string_lossy()));
+            return Err(format!("unknown flag {}", flag.to_string_lossy()).into());
         };
         if flag == "--help" || flag == "-h" {
-            return Err(String::new());
+            return Err(Stop::Help);
+        }
+        if flag == "--version" || flag == "-V" {
+            return Err(Stop::Version);
         }
         let value = if BOOLEAN_FLAGS.contains(&flag.as_str()) {
             None
         } else if VALUE_FLAGS.contains(&flag.as_str()) {
             Some(it.next().ok_or_else(|| format!("{flag} needs a value"))?)
         } else {
-            return Err(format!("unknown flag {flag}"));
+            return Err(format!("unknown flag {flag}").into());
         };
         a.given.push(flag.clone());
         match value {
@@ -411,6 +445,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--redis-cert",
     "--redis-key",
     "--connect-timeout-ms",
+    "--drain-ms",
     "--algorithm",
     "--limit",
     "--per",
@@ -534,6 +569,9 @@ fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), Str
         }
         "--timeout-ms" => {
             a.timeout = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
+        }
+        "--drain-ms" => {
+            a.drain = Duration::from_millis(value.parse().map_err(|_| bad("a whole number"))?)
         }
         "--headers" => {
             a.headers = match value.as_str() {
@@ -1535,6 +1573,11 @@ async fn serve(
         watch(base, path, file, args.clone(), live);
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // The signals are ours before anyone is told where we listen.
+    if args.config.is_none() {
+        ignore_hangups()?;
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     println!("listening on http://{}", listener.local_addr()?);
     if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
         let admin = tokio::net::TcpListener::bind(addr).await?;
@@ -1553,12 +1596,38 @@ async fn serve(
             app,
             MAX_ADMIN_CONNECTIONS,
             std::future::pending(),
+            Duration::ZERO,
         ));
     }
-    serve_http(listener, app, MAX_CONNECTIONS, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!(
+            drain_ms = args.drain.as_millis() as u64,
+            "stopping: draining the requests in flight"
+        );
+    };
+    if !serve_http(listener, app, MAX_CONNECTIONS, stop, args.drain).await {
+        tracing::warn!("requests still in flight after the drain time; exiting");
+    }
+    Ok(())
+}
+
+/// `SIGHUP` without `--config`: nothing to reload. Logged (at most once a second) and
+/// ignored, instead of the default action that ends the process.
+fn ignore_hangups() -> std::io::Result<()> {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        let mut logged: Option<tokio::time::Instant> = None;
+        while hangup.recv().await.is_some() {
+            if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                tracing::info!("SIGHUP ignored: no --config file to reload");
+                logged = Some(tokio::time::Instant::now());
+            }
+        }
+    });
     Ok(())
 }
 
@@ -1574,13 +1643,15 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Serves `app` over HTTP/1.1 on `listener`, with its client's address (`ConnectInfo`), at
 /// most `max` connections at once, each closed when a request's headers take longer than
 /// [`HEADER_READ_TIMEOUT`]. When `shutdown` ends, stops accepting, lets each connection finish
-/// the request it serves, and returns once all are closed.
+/// the request it serves, and returns once all are closed (`true`) or `drain` has passed
+/// (`false`).
 async fn serve_http(
     listener: tokio::net::TcpListener,
     app: Router,
     max: usize,
     shutdown: impl std::future::Future<Output = ()>,
-) {
+    drain: Duration,
+) -> bool {
     use hyper_util::{
         rt::{TokioExecutor, TokioIo, TokioTimer},
         server::conn::auto::Builder,
@@ -1645,7 +1716,10 @@ async fn serve_http(
     drop(listener);
     let _ = stop.send(());
     // Every connection closed: each gave its slot back.
-    let _ = slots.acquire_many(max as u32).await;
+    let drained = tokio::time::timeout(drain, slots.acquire_many(max as u32))
+        .await
+        .is_ok();
+    drained
 }
 
 /// `GET /status/{code}`: that status, 100 to 599; anything else 400. (An informational 1xx
@@ -2030,7 +2104,15 @@ async fn regional_store(
 async fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
-        Err(e) => {
+        Err(Stop::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(Stop::Version) => {
+            println!("gateway {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(Stop::Refused(e)) => {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
