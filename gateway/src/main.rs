@@ -1,6 +1,7 @@
-//! The gateway: an HTTP server that rate-limits every route. It answers `GET /` with
-//! `200 ok`, `GET /status/{code}` with that status (100-599, else 400) and `GET /sleep/{ms}`
-//! with 200 after sleeping that long (at most 60,000 ms, else 400).
+//! The gateway: an HTTP server that rate-limits every route, in front of a service
+//! (`--upstream`) or, by itself, answering demo routes: `GET /` with `200 ok`,
+//! `GET /status/{code}` with that status (100-599, else 400) and `GET /sleep/{ms}` with 200
+//! after sleeping that long (at most 60,000 ms, else 400).
 //!
 //! Built from the repository's root with `cargo build --release --bin gateway` (into
 //! `target/release/gateway`), run with `cargo run --bin gateway -- FLAGS`.
@@ -20,6 +21,7 @@
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
+//!     [--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]]
 //! gateway --help | --version
 //! ```
 //!
@@ -156,6 +158,15 @@
 //! - `--log LEVEL` (`info`): the log level.
 //! - `--batch`: exact batching of Redis calls. `--no-limit`: serve without the layer (to
 //!   measure its overhead).
+//! - `--upstream http://HOST:PORT[/PREFIX]`: stand in front of a service. Every request the
+//!   limiter lets through goes to the upstream with its method, its path and query byte for
+//!   byte (after PREFIX), its headers (hop-by-hop ones dropped, `x-forwarded-for` appended with
+//!   the client's address) and its body (its `content-length` kept), streamed both ways over
+//!   pooled connections; the upstream's status, headers and body come back with the
+//!   rate-limit fields added, and `--count-only` reads the upstream's status. A refused
+//!   request never reaches the upstream. An upstream that cannot be reached answers 502; one
+//!   whose response headers take longer than `--upstream-timeout-ms N` (30,000), 504. Printed
+//!   at start-up as `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
 //! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the
 //!   requests in flight finish (their concurrency slots go back as each ends) for at most N ms,
 //!   and exits 0.
@@ -169,6 +180,8 @@
 //!
 //! Without `--redis` it uses the in-memory store. Try it:
 //! `for i in $(seq 12); do curl -si 127.0.0.1:3000/ | head -1; done`.
+
+mod proxy;
 
 use std::{
     collections::HashMap,
@@ -211,7 +224,8 @@ const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-clust
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
-[--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
+[--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
+[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]]
        gateway --help | --version";
 
 /// `--lease-ms` when not given.
@@ -281,6 +295,10 @@ struct Args {
     regions: Option<Vec<(String, String)>>,
     /// `--region-share F`: the share of each limit a region uses while cut off.
     region_share: Option<f64>,
+    /// `--upstream`: where requests go; `None`, the demo routes.
+    upstream: Option<proxy::Upstream>,
+    /// How long the upstream has to answer with its headers.
+    upstream_timeout: Duration,
     /// The flags given on the command line (the file may not give them again).
     given: Vec<String>,
 }
@@ -377,6 +395,8 @@ fn parse_args() -> Result<Args, Stop> {
         region: None,
         regions: None,
         region_share: None,
+        upstream: None,
+        upstream_timeout: Duration::from_secs(30),
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. A list (`--allow`,
@@ -474,6 +494,8 @@ const VALUE_FLAGS: &[&str] = &[
     "--region",
     "--regions",
     "--region-share",
+    "--upstream",
+    "--upstream-timeout-ms",
 ];
 
 /// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
@@ -632,6 +654,18 @@ fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), Str
                     .collect()
             });
             a.regions = Some(regions.ok_or_else(|| bad("a list NAME=URL,NAME=URL,..."))?);
+        }
+        "--upstream" => {
+            a.upstream =
+                Some(proxy::Upstream::parse(&value).map_err(|e| format!("--upstream {e}"))?)
+        }
+        "--upstream-timeout-ms" => {
+            a.upstream_timeout = value
+                .parse()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?
         }
         "--region-share" => {
             a.region_share = Some(
@@ -1543,11 +1577,19 @@ async fn serve(
             plans.get(key.as_bytes()).copied()
         });
     }
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route("/status/{code}", get(status))
-        .route("/sleep/{ms}", get(sleep))
-        .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") });
+    let app = match &args.upstream {
+        Some(upstream) => {
+            println!("upstream: {}", upstream.describe());
+            Router::new()
+                .fallback(proxy::forward)
+                .with_state(proxy::Proxy::new(upstream.clone(), args.upstream_timeout))
+        }
+        None => Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route("/status/{code}", get(status))
+            .route("/sleep/{ms}", get(sleep))
+            .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") }),
+    };
     if args.shadow && !args.no_limit {
         println!("shadow mode: over-limit requests are served (and logged), never rejected");
     }

@@ -20,6 +20,8 @@ mod gateway_production;
 mod lifecycle;
 #[path = "outside/operators.rs"]
 mod operators;
+#[path = "outside/proxy.rs"]
+mod proxy;
 #[path = "outside/regions.rs"]
 mod regions;
 #[path = "outside/steer.rs"]

@@ -1,0 +1,251 @@
+//! `--upstream URL`: the gateway in front of a service. The upstreams here are axum servers
+//! of the test's own on 127.0.0.1, each on a runtime of its own thread.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{
+    body::{Body, Bytes},
+    extract::Request,
+    http::{HeaderMap, Method, StatusCode, Uri},
+    response::IntoResponse,
+    routing::any,
+    Router,
+};
+
+use crate::servers::gateway::{assert_refused, get, get_path, start_gateway};
+
+/// An upstream serving `app` on a free 127.0.0.1 port until the test process ends.
+fn upstream(app: Router) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    addr
+}
+
+/// Sends `request` (whole, as bytes) to `addr` and reads the answer to the end.
+fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What the echoing upstream saw, one `name: value` line each, as its body.
+async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
+    let h = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_else(|| "-".into())
+    };
+    let seen = format!(
+        "method: {method}\nuri: {uri}\nx-custom: {}\nx-forwarded-for: {}\ncontent-length: {}\ntransfer-encoding: {}\nconnection-private: {}\nbody: {}\n",
+        h("x-custom"),
+        h("x-forwarded-for"),
+        h("content-length"),
+        h("transfer-encoding"),
+        h("x-private"),
+        String::from_utf8_lossy(&body),
+    );
+    (StatusCode::CREATED, [("x-from-upstream", "yes")], seen)
+}
+
+#[test]
+fn a_proxied_request_keeps_its_method_target_headers_and_body() {
+    let up = upstream(Router::new().fallback(any(echo)));
+    let url = format!("http://{up}/prefix/");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "100"]);
+    assert!(
+        gw.banner
+            .iter()
+            .any(|l| l == &format!("upstream: http://{up}/prefix")),
+        "{:?}",
+        gw.banner
+    );
+    let answer = exchange(
+        gw.addr,
+        b"POST /a/b%2Fc?x=1&y=%20z HTTP/1.1\r\nhost: gw\r\nx-custom: kept\r\nx-forwarded-for: 203.0.113.7\r\nconnection: close, x-private\r\nx-private: dropped\r\ncontent-length: 5\r\n\r\nhello",
+    );
+    let lower = answer.to_ascii_lowercase();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(lower.contains("\r\nx-from-upstream: yes\r\n"), "{answer}");
+    assert!(
+        lower.contains("\r\nratelimit: "),
+        "the limiter's fields: {answer}"
+    );
+    for line in [
+        "method: POST",
+        "uri: /prefix/a/b%2Fc?x=1&y=%20z",
+        "x-custom: kept",
+        "x-forwarded-for: 203.0.113.7, 127.0.0.1",
+        "content-length: 5",
+        "transfer-encoding: -",
+        "connection-private: -",
+        "body: hello",
+    ] {
+        assert!(answer.contains(line), "{line} in {answer}");
+    }
+}
+
+#[test]
+fn a_refused_request_never_reaches_the_upstream() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    let up = upstream(Router::new().fallback(any(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { "upstream" }
+    })));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&[
+        "--upstream",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "2",
+        "--per",
+        "1h",
+    ]);
+    let statuses: Vec<u16> = (0..5).map(|_| get(gw.addr, "").0).collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
+
+/// The first bytes of a slow upstream's body reach the client before its last are sent: the
+/// upstream sends its last chunk only once the client has read the first.
+#[test]
+fn a_slow_upstreams_body_is_streamed_to_the_client() {
+    let (go, wait) = tokio::sync::watch::channel(false);
+    let up = upstream(Router::new().fallback(any(move || {
+        let wait = wait.clone();
+        async move {
+            // `first-chunk` at once, `last-chunk` once the test says go.
+            let chunks = futures_util::stream::unfold(0u8, move |step| {
+                let mut wait = wait.clone();
+                async move {
+                    match step {
+                        0 => Some((
+                            Ok::<_, std::io::Error>(Bytes::from_static(b"first-chunk\n")),
+                            1,
+                        )),
+                        1 => {
+                            let _ = wait.wait_for(|go| *go).await;
+                            Some((Ok(Bytes::from_static(b"last-chunk\n")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            Body::from_stream(chunks)
+        }
+    })));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "100"]);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /stream HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("first-chunk") {
+        let n = s
+            .read(&mut buf)
+            .expect("the first chunk did not come before the last was sent");
+        assert!(
+            n > 0,
+            "closed before the first chunk: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(!String::from_utf8_lossy(&seen).contains("last-chunk"));
+    go.send(true).unwrap();
+    s.read_to_end(&mut seen).unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("last-chunk"), "{text}");
+}
+
+#[test]
+fn an_unreachable_upstream_is_502_and_a_silent_one_504() {
+    // A port that was free a moment ago: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{closed}");
+    let gw = start_gateway(&["--upstream", &url]);
+    assert_eq!(get(gw.addr, "").0, 502);
+    // An upstream that never answers, and a timeout of 300 ms.
+    let silent = upstream(Router::new().fallback(any(std::future::pending::<&str>)));
+    let url = format!("http://{silent}");
+    let gw = start_gateway(&["--upstream", &url, "--upstream-timeout-ms", "300"]);
+    let (status, text) = get_path(gw.addr, "/anything", "");
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("ratelimit: "), "the limiter's fields: {text}");
+}
+
+/// `--count-only` reads the upstream's status: only the listed statuses spend quota.
+#[test]
+fn count_only_reads_the_upstreams_status() {
+    let up = upstream(Router::new().fallback(any(|req: Request| async move {
+        match req.uri().path() {
+            "/fail" => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::OK,
+        }
+    })));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&[
+        "--upstream",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "2",
+        "--per",
+        "1h",
+        "--count-only",
+        "401",
+    ]);
+    // Successes spend nothing; two 401s spend the quota.
+    for _ in 0..5 {
+        assert_eq!(get(gw.addr, "").0, 200);
+    }
+    assert_eq!(get_path(gw.addr, "/fail", "").0, 401);
+    assert_eq!(get_path(gw.addr, "/fail", "").0, 401);
+    assert_eq!(get(gw.addr, "").0, 429);
+}
+
+#[test]
+fn a_bad_upstream_url_is_refused_at_start_up() {
+    for bad in [
+        "https://backend",
+        "backend:80",
+        "http://u:p@backend",
+        "http://backend/?q=1",
+    ] {
+        assert_refused(&["--upstream", bad], "--upstream");
+    }
+    assert_refused(&["--upstream-timeout-ms", "soon"], "--upstream-timeout-ms");
+    assert_refused(&["--upstream-timeout-ms", "0"], "--upstream-timeout-ms");
+}
