@@ -1,0 +1,313 @@
+//! Building the limiter from the arguments: the key, the algorithm, the rate and concurrency
+//! limiters, the regional store, and the refusals at start-up.
+
+use super::*;
+
+pub(crate) fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, Refusal> {
+    Ok(match args.key.as_str() {
+        "global" => Arc::new(GlobalKey),
+        "ip" => Arc::new(client_ip(args)?),
+        header => Arc::new(HeaderKey::new(&header["header:".len()..]).map_err(refusal("key"))?),
+    })
+}
+
+/// The client address as `--key ip` finds it: the peer, or what `--trusted-proxy` forwarded.
+pub(crate) fn client_ip(args: &Args) -> Result<ClientIp, Refusal> {
+    let mut ip = ClientIp::new()
+        .ipv6_prefix(args.ipv6_prefix)
+        .map_err(refusal("ipv6_prefix"))?;
+    for cidr in &args.trusted {
+        ip = ip.trust(cidr).map_err(refusal("trusted_proxy"))?;
+    }
+    Ok(ip)
+}
+
+/// A setting that cannot work: why, and the `--config` file key of the setting at fault
+/// (`plans.KEY` for a plan), so that a file's error names its line and field.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) field: Option<String>,
+    pub(crate) message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+impl From<String> for Refusal {
+    /// A refusal of no file setting (the command line's flags).
+    fn from(message: String) -> Self {
+        Self {
+            field: None,
+            message,
+        }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
+/// Names `field` (a file key) as the setting an error refuses.
+pub(crate) fn refusal<E: std::fmt::Display>(field: impl Into<String>) -> impl FnOnce(E) -> Refusal {
+    let field = field.into();
+    move |e| Refusal {
+        field: Some(field),
+        message: e.to_string(),
+    }
+}
+
+/// `--concurrency N --lease-ms M`: the concurrency limiter, checked before anything connects.
+pub(crate) fn concurrency_limiter(
+    args: &Args,
+    store: Option<Arc<dyn SlotStore>>,
+) -> Result<Option<ConcurrencyLimiter>, Refusal> {
+    let Some(n) = args.concurrency else {
+        return Ok(None);
+    };
+    let Some(store) = store else {
+        return Err(refusal("concurrency")(
+            "--concurrency does not work across regions",
+        ));
+    };
+    let lease = args.lease.unwrap_or(DEFAULT_LEASE);
+    ConcurrencyLimiter::builder(store, n)
+        .prefix(&args.prefix)
+        .permit_ttl(lease)
+        .store_timeout(args.timeout)
+        .on_store_error(args.on_error)
+        .local_share(args.local_share)
+        .build()
+        .map(Some)
+        .map_err(|e| {
+            let field = if e.field() == "permit_ttl" {
+                "lease_ms"
+            } else {
+                "concurrency"
+            };
+            refusal(field)(format!(
+                "--concurrency {n} --lease-ms {}: {e}",
+                lease.as_millis()
+            ))
+        })
+}
+
+/// The rate limiter, checked before anything connects (with a `MemoryStore`) and built again
+/// on the real store.
+pub(crate) fn rate_limiter(
+    args: &Args,
+    store: Arc<dyn Store>,
+    algorithm: Arc<dyn Algorithm>,
+) -> Result<RateLimiter<Arc<dyn Algorithm>>, Refusal> {
+    let mut builder = RateLimiter::builder(store, algorithm)
+        .prefix(&args.prefix)
+        .store_timeout(args.timeout)
+        .on_store_error(args.on_error)
+        .local_share(args.local_share)
+        .shadow(args.shadow);
+    if let Some(lifetime) = args.unit_lease {
+        builder = builder.lease(UnitLease::up_to(lifetime));
+    }
+    builder.build().map_err(|e| match e.field() {
+        f if f.starts_with("lease") => refusal("unit_lease_ms")(format!(
+            "--unit-lease-ms {} (--algorithm {}): {e}",
+            args.unit_lease.unwrap_or_default().as_millis(),
+            args.algorithm
+        )),
+        "store_timeout" => refusal("timeout_ms")(e),
+        "local_share" => refusal("local_share")(e),
+        _ => e.to_string().into(),
+    })
+}
+
+/// Everything that can be checked before connecting to anything: the quota and the algorithm
+/// it builds, or the first setting that cannot work (at start-up, `--check-config`, a reload).
+pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
+    let mut quota = Quota::new(args.limit, args.per);
+    if let Some(b) = args.burst {
+        quota = quota.burst(b);
+    }
+    // Reject a bad configuration before connecting to anything.
+    let quota_refusal = |e: ConfigError| {
+        let field = match e.field() {
+            "quota.limit" => "limit",
+            "quota.burst" => "burst",
+            "quota.period" => "per",
+            _ => "algorithm",
+        };
+        refusal(field)(e)
+    };
+    let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
+        "token-bucket" => Arc::new(TokenBucket::new(quota).map_err(quota_refusal)?),
+        "sliding-window" => Arc::new(SlidingWindow::new(quota).map_err(quota_refusal)?),
+        "fixed-window" => Arc::new(FixedWindow::new(quota).map_err(quota_refusal)?),
+        _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
+    };
+    rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
+    key_extractor(args)?;
+    admin_token(args)?;
+    if args.shadow && args.concurrency.is_some() {
+        return Err(refusal("shadow")(
+            "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other",
+        ));
+    }
+    if (args.allow.is_some() || args.deny.is_some()) && args.concurrency.is_some() {
+        let field = if args.allow.is_some() {
+            "allow"
+        } else {
+            "deny"
+        };
+        return Err(refusal(field)(
+            "--allow and --deny cover the rate limit only: --concurrency would still count and refuse listed keys; give one or the other",
+        ));
+    }
+    if args.lease.is_some() && args.concurrency.is_none() {
+        return Err(refusal("lease_ms")(
+            "--lease-ms is the lease of --concurrency: give --concurrency N",
+        ));
+    }
+    concurrency_limiter(args, Some(Arc::new(MemoryStore::new())))?;
+    let uses_redis =
+        args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
+    check_regions(args, uses_redis)?;
+    if !args.plans.is_empty() && !args.key.starts_with("header:") {
+        return Err(refusal("plans")(
+            "--plan gives a quota per key of --key header:NAME",
+        ));
+    }
+    // Each plan's key and its flag as given, for a key given twice (in linear time: a file
+    // may hold many plans).
+    let mut first_given: HashMap<&str, &str> = HashMap::with_capacity(args.plans.len());
+    for (key, plan, given) in &args.plans {
+        let field = format!("plans.{key}");
+        if let Some(first) = first_given.get(key.as_str()) {
+            return Err(refusal(field)(format!(
+                "--plan {given}: the key {key:?} has a plan already (--plan {first})"
+            )));
+        }
+        first_given.insert(key, given);
+        // The check the limiter makes of each request's quota (a sliding window takes only
+        // quotas of its own period): a plan it would refuse is refused now.
+        algorithm
+            .with_quota(*plan)
+            .map_err(|e| refusal(field)(format!("--plan {given}: {e}")))?;
+    }
+    Ok((quota, algorithm))
+}
+
+/// With `--regions`: `--region` names one of them, and nothing that cannot work across
+/// regions is given.
+pub(crate) fn check_regions(args: &Args, uses_redis: bool) -> Result<(), Refusal> {
+    let Some(regions) = &args.regions else {
+        if args.region.is_some() || args.region_share.is_some() {
+            return Err("--region and --region-share go with --regions NAME=URL,...".into());
+        }
+        return Ok(());
+    };
+    if uses_redis {
+        return Err(
+            "--regions replaces --redis, --redis-cluster and --redis-sentinel: give one".into(),
+        );
+    }
+    let Some(region) = &args.region else {
+        return Err("--regions needs --region NAME: this gateway's region".into());
+    };
+    if !regions.iter().any(|(name, _)| name == region) {
+        let names: Vec<&str> = regions.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(format!(
+            "--region {region} is not one of --regions ({})",
+            names.join(", ")
+        )
+        .into());
+    }
+    // (given, what, the file key)
+    let refused = [
+        (
+            args.algorithm == "sliding-window",
+            "--algorithm sliding-window (GCRA and the token bucket run across regions)",
+            Some("algorithm"),
+        ),
+        (
+            args.algorithm == "fixed-window",
+            "--algorithm fixed-window (GCRA and the token bucket run across regions)",
+            Some("algorithm"),
+        ),
+        (
+            args.unit_lease.is_some(),
+            "--unit-lease-ms (a region's pool is a lease already)",
+            Some("unit_lease_ms"),
+        ),
+        (
+            args.count_only.is_some(),
+            "--count-only (refunds)",
+            Some("count_only"),
+        ),
+        (
+            args.concurrency.is_some(),
+            "--concurrency",
+            Some("concurrency"),
+        ),
+        (args.batch, "--batch", None),
+    ];
+    match refused.iter().find(|(given, ..)| *given) {
+        Some((_, what, field)) => {
+            let message = format!("{what} does not work across regions yet: not with --regions");
+            Err(match field {
+                Some(field) => refusal(*field)(message),
+                None => message.into(),
+            })
+        }
+        None => Ok(()),
+    }
+}
+
+/// `--region NAME --regions NAME=URL,...`: this region's Redis connected now (it decides every
+/// request), the others lazily (a region away at start-up is what the share is for).
+pub(crate) async fn regional_store(
+    args: &Args,
+    builder: tower_redis_ratelimit::store::redis::RedisStoreBuilder,
+) -> Result<RegionalStore, String> {
+    let (Some(regions), Some(own)) = (&args.regions, &args.region) else {
+        unreachable!("checked by check_regions");
+    };
+    let mut store = RegionalStore::builder(own.clone());
+    for (name, url) in regions {
+        let shown = RedisStore::redact_url(url);
+        let redis = if name == own {
+            builder.clone().connect(url).await
+        } else {
+            builder.clone().lazy(true).connect(url).await
+        }
+        .map_err(|e| format!("--regions {name}={shown}: {}", chain(&e)))?;
+        store = store.region(name.clone(), redis);
+    }
+    if let Some(share) = args.region_share {
+        store = store.share(share);
+    }
+    let store = store.build().map_err(|e| format!("--regions: {e}"))?;
+    let listed: Vec<String> = regions
+        .iter()
+        .enumerate()
+        .map(|(i, (name, url))| {
+            let role = match (i, name == own) {
+                (0, true) => " (home, this region)",
+                (0, false) => " (home)",
+                (_, true) => " (this region)",
+                _ => "",
+            };
+            format!("{name}={}{role}", RedisStore::redact_url(url))
+        })
+        .collect();
+    println!(
+        "store: regions {}; share {} of each limit while cut off",
+        listed.join(", "),
+        store.share()
+    );
+    Ok(store)
+}

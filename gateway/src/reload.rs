@@ -1,0 +1,90 @@
+//! Reloads of `--config`'s file: on `SIGHUP` and when it changes, once it has settled.
+
+use super::*;
+
+/// Puts the file's new text in force, or says why not (the running limits stay). One stderr
+/// line either way. Runs off the async runtime: a file of many plans takes its time.
+pub(crate) fn reload(
+    base: &Args,
+    path: &str,
+    text: Result<String, FileError>,
+    running: &mut Args,
+    live: &LiveLimits,
+) {
+    let outcome = text
+        .map_err(|e| format!("--config {path}: {e}"))
+        .and_then(|text| with_text(base, path, &text))
+        .and_then(|next| {
+            for ((field, now), (_, then)) in fixed(running).iter().zip(fixed(&next).iter()) {
+                if now != then {
+                    return Err(format!(
+                        "{field} cannot change without a restart ({now} in force, {then} in the file)"
+                    ));
+                }
+            }
+            live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
+            Ok(next)
+        });
+    match outcome {
+        Ok(next) => {
+            *running = next;
+            eprintln!(
+                "config reloaded: {path}: limit {}",
+                limits_of(running).quota()
+            );
+        }
+        Err(reason) => eprintln!("config refused: {reason}"),
+    }
+}
+
+/// How often the watched file is looked at.
+pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// Reloads the file on SIGHUP and when it changes, once it has settled (its size and
+/// modification time unchanged across two looks 100 ms apart, see `FileWatch`), for as long
+/// as the gateway runs. Each look, read and check runs on tokio's blocking threads, never on
+/// the threads that serve requests.
+pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, live: LiveLimits) {
+    tokio::spawn(async move {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("config: no SIGHUP reloads ({e}); the file is still watched");
+                None
+            }
+        };
+        let fixed = Arc::new((base, path, live));
+        let mut state = Some((file, running));
+        let mut tick = tokio::time::interval(LOOK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let signalled = tokio::select! {
+                Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                _ = tick.tick() => false,
+            };
+            let Some((mut file, mut running)) = state.take() else {
+                return;
+            };
+            if signalled {
+                file.ask();
+            }
+            let fixed = Arc::clone(&fixed);
+            let looked = tokio::task::spawn_blocking(move || {
+                if let Look::Read(text) = file.look(std::time::Instant::now()) {
+                    let (base, path, live) = &*fixed;
+                    reload(base, path, text, &mut running, live);
+                }
+                (file, running)
+            })
+            .await;
+            match looked {
+                Ok(next) => state = Some(next),
+                Err(e) => {
+                    eprintln!("config: reloads stopped ({e})");
+                    return;
+                }
+            }
+        }
+    });
+}
