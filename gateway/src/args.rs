@@ -174,42 +174,129 @@ pub(crate) fn parse_args() -> Result<Args, Stop> {
         upstream_timeout: Duration::from_secs(30),
         given: Vec::new(),
     };
-    // Arguments as the OS gives them: any bytes, never a panic. A list (`--allow`,
+    // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
+    // (which flags, their values, `--flag=value`); each flag's meaning and refusals are
+    // `apply_flag`'s, in the order given, as for a `--config` file. A list (`--allow`,
     // `--deny`) is read as bytes, so that it can name a key that is not UTF-8; every other
     // value is text.
-    let mut it = std::env::args_os().skip(1);
-    while let Some(flag) = it.next() {
-        let Some(flag) = flag.to_str().map(str::to_owned) else {
-            return Err(format!("unknown flag {}", flag.to_string_lossy()).into());
-        };
-        if flag == "--help" || flag == "-h" {
-            return Err(Stop::Help);
-        }
-        if flag == "--version" || flag == "-V" {
-            return Err(Stop::Version);
-        }
-        let value = if BOOLEAN_FLAGS.contains(&flag.as_str()) {
-            None
-        } else if VALUE_FLAGS.contains(&flag.as_str()) {
-            Some(it.next().ok_or_else(|| format!("{flag} needs a value"))?)
-        } else {
-            return Err(format!("unknown flag {flag}").into());
-        };
-        a.given.push(flag.clone());
+    for (flag, value) in command_line(std::env::args_os())? {
+        a.given.push(flag.to_owned());
         match value {
             Some(list) if flag == "--allow" || flag == "--deny" => {
-                apply_list(&mut a, &flag, list.as_bytes())?
+                apply_list(&mut a, flag, list.as_bytes())?
             }
             Some(value) => {
                 let value = value.into_string().map_err(|value| {
                     format!("{flag}: {:?} is not UTF-8", value.to_string_lossy())
                 })?;
-                apply_flag(&mut a, &flag, Some(value))?
+                apply_flag(&mut a, flag, Some(value))?
             }
-            None => apply_flag(&mut a, &flag, None)?,
+            None => apply_flag(&mut a, flag, None)?,
         }
     }
     Ok(a)
+}
+
+/// The command line's flags, each with its value (`None` for a flag without one), in the
+/// order given; `--help` and `--version` stop here.
+fn command_line(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<Vec<(&'static str, Option<std::ffi::OsString>)>, Stop> {
+    use clap::{Arg, ArgAction, Command};
+    let mut command = Command::new("gateway")
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .arg(
+            Arg::new("help")
+                .short('h')
+                .long("help")
+                .action(ArgAction::SetTrue),
+        )
+        .arg(
+            Arg::new("version")
+                .short('V')
+                .long("version")
+                .action(ArgAction::SetTrue),
+        );
+    for &flag in BOOLEAN_FLAGS {
+        command = command.arg(Arg::new(flag).long(&flag[2..]).action(ArgAction::Count));
+    }
+    for &flag in VALUE_FLAGS {
+        command = command.arg(
+            Arg::new(flag)
+                .long(&flag[2..])
+                .action(ArgAction::Append)
+                .num_args(1)
+                // The next argument is the value, whatever it looks like (`--ipv6-prefix -1`
+                // is refused by `--ipv6-prefix`, not taken for a flag).
+                .allow_hyphen_values(true)
+                .value_parser(clap::value_parser!(std::ffi::OsString)),
+        );
+    }
+    let matches = command.try_get_matches_from(args).map_err(refused)?;
+    if matches.get_flag("help") {
+        return Err(Stop::Help);
+    }
+    if matches.get_flag("version") {
+        return Err(Stop::Version);
+    }
+    let mut given: Vec<(usize, &'static str, Option<std::ffi::OsString>)> = Vec::new();
+    for &flag in BOOLEAN_FLAGS {
+        if matches.get_count(flag) > 0 {
+            for at in matches.indices_of(flag).into_iter().flatten() {
+                given.push((at, flag, None));
+            }
+        }
+    }
+    for &flag in VALUE_FLAGS {
+        let (Some(at), Some(values)) = (
+            matches.indices_of(flag),
+            matches.get_many::<std::ffi::OsString>(flag),
+        ) else {
+            continue;
+        };
+        given.extend(at.zip(values).map(|(at, v)| (at, flag, Some(v.clone()))));
+    }
+    given.sort_by_key(|(at, ..)| *at);
+    Ok(given
+        .into_iter()
+        .map(|(_, flag, value)| (flag, value))
+        .collect())
+}
+
+/// clap's refusal of a command line, in the gateway's words: `unknown flag X`, `X needs a
+/// value`, or clap's own message.
+fn refused(e: clap::Error) -> Stop {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    // `--limit <N>` as clap names an argument: the flag alone.
+    let flag = context(ContextKind::InvalidArg)
+        .map(|a| a.split_whitespace().next().unwrap_or_default().to_owned());
+    let reason = match (e.kind(), flag) {
+        (ErrorKind::UnknownArgument | ErrorKind::InvalidUtf8, Some(flag)) => {
+            format!("unknown flag {flag}")
+        }
+        (ErrorKind::InvalidValue | ErrorKind::NoEquals, Some(flag))
+            if context(ContextKind::InvalidValue).is_none_or(|v| v.is_empty()) =>
+        {
+            format!("{flag} needs a value")
+        }
+        _ => {
+            let text = e
+                .kind()
+                .as_str()
+                .unwrap_or("the command line does not read");
+            let mut shown = text.to_owned();
+            if let Some(arg) = context(ContextKind::InvalidArg) {
+                shown = format!("{arg}: {shown}");
+            }
+            shown
+        }
+    };
+    Stop::Refused(reason)
 }
 
 /// Sets `--allow` or `--deny` (`flag`) from `value`: comma-separated entries of any bytes

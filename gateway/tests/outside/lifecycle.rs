@@ -136,3 +136,22 @@ fn a_request_longer_than_the_drain_time_does_not_hold_the_exit() {
     };
     assert_eq!(exit.code(), Some(0));
 }
+
+/// The command line takes `--flag=value` as `--flag value`, applies repeated flags in order
+/// (the last wins), and refuses a flag without its value.
+#[test]
+fn flags_read_with_equals_and_in_order_and_a_missing_value_is_refused() {
+    let gw = start_gateway_with_stderr(
+        &["--limit=5", "--per=1h", "--key=global", "--limit", "1"],
+        Stdio::null(),
+    );
+    assert_eq!(get(gw.addr, "").0, 200);
+    assert_eq!(get(gw.addr, "").0, 429, "the last --limit is in force");
+    let out = Command::new(gateway_bin()).arg("--limit").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: --limit needs a value\nusage: gateway "),
+        "{stderr}"
+    );
+}
