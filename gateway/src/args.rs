@@ -391,6 +391,20 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
         "--check-config" => a.check_config = Some(value),
         "--admin-token" => a.admin_token = Some(value),
         "--admin-token-file" => a.admin_token_file = Some(value),
+        _ => {
+            let handled = store_flag(a, flag, value.clone())?
+                || limit_flag(a, flag, value.clone())?
+                || operating_flag(a, flag, value)?;
+            assert!(handled, "{flag} is checked against VALUE_FLAGS");
+        }
+    }
+    Ok(())
+}
+
+/// Sets a flag of the store: Redis, Cluster, Sentinel, TLS, the connection. Whether `flag` is one of them.
+fn store_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    match flag {
         "--redis" => a.redis = Some(value),
         "--redis-cluster" => {
             a.redis_cluster =
@@ -414,6 +428,15 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
                     .ok_or_else(|| bad("a whole number of milliseconds, at least 1"))?,
             )
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Sets a flag of the limit: the algorithm, the quota, the key, the failure policy, the headers, plans. Whether `flag` is one of them.
+fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    match flag {
         "--algorithm" => match value.as_str() {
             "token-bucket" | "gcra" | "sliding-window" | "fixed-window" => a.algorithm = value,
             _ => return Err(bad("token-bucket, gcra, sliding-window or fixed-window")),
@@ -480,6 +503,15 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
             let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
             a.count_only = Some(set);
         }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Sets a flag of how the gateway runs: concurrency, leases, the log, regions, the upstream. Whether `flag` is one of them.
+fn operating_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    match flag {
         "--concurrency" => {
             a.concurrency = Some(
                 value
@@ -538,7 +570,7 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
                     .ok_or_else(|| bad("a decimal F with 0 < F <= 1"))?,
             )
         }
-        _ => unreachable!("checked against VALUE_FLAGS"),
+        _ => return Ok(false),
     }
-    Ok(())
+    Ok(true)
 }
