@@ -169,7 +169,8 @@
 //!   at start-up as `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
 //! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the
 //!   requests in flight finish (their concurrency slots go back as each ends) for at most N ms,
-//!   and exits 0.
+//!   then drops those still running (their slots go back to the store before it exits), and
+//!   exits 0.
 //! - `--help` prints the usage on stdout and exits 0; `--version` prints `gateway VERSION`.
 //!
 //! `SIGHUP` reloads `--config`'s file; without `--config` it is logged (at most once a

@@ -137,7 +137,7 @@ pub(crate) async fn serve(
             app,
             MAX_ADMIN_CONNECTIONS,
             std::future::pending(),
-            Duration::ZERO,
+            (Duration::ZERO, Duration::ZERO),
         ));
     }
     let stop = async move {
@@ -150,7 +150,10 @@ pub(crate) async fn serve(
             "stopping: draining the requests in flight"
         );
     };
-    if !serve_http(listener, app, MAX_CONNECTIONS, stop, args.drain).await {
+    // Past the drain time, the slots of the requests cut off get a store call's time (and a
+    // little more) to go back.
+    let settle = args.timeout + Duration::from_millis(250);
+    if !serve_http(listener, app, MAX_CONNECTIONS, stop, (args.drain, settle)).await {
         tracing::warn!("requests still in flight after the drain time; exiting");
     }
     Ok(())
@@ -185,13 +188,14 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// most `max` connections at once, each closed when a request's headers take longer than
 /// [`HEADER_READ_TIMEOUT`]. When `shutdown` ends, stops accepting, lets each connection finish
 /// the request it serves, and returns once all are closed (`true`) or `drain` has passed
-/// (`false`).
+/// (`false`: the requests still running are dropped, and what they hold, such as concurrency
+/// slots, gets `settle` to go back).
 pub(crate) async fn serve_http(
     listener: tokio::net::TcpListener,
     app: Router,
     max: usize,
     shutdown: impl std::future::Future<Output = ()>,
-    drain: Duration,
+    (drain, settle): (Duration, Duration),
 ) -> bool {
     use hyper_util::{
         rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -201,6 +205,7 @@ pub(crate) async fn serve_http(
     use tower::Service;
 
     let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut connections = tokio::task::JoinSet::new();
     // HTTP/1 only: an HTTP/2 preface would be awaited with no timeout.
     let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
@@ -238,7 +243,9 @@ pub(crate) async fn serve_http(
         };
         let builder = builder.clone();
         let mut stopped = stopped.clone();
-        tokio::spawn(async move {
+        // Finished connections are forgotten as new ones come.
+        while connections.try_join_next().is_some() {}
+        connections.spawn(async move {
             let conn = builder.serve_connection_with_upgrades(
                 TokioIo::new(stream),
                 TowerToHyperService::new(service),
@@ -260,6 +267,14 @@ pub(crate) async fn serve_http(
     let drained = tokio::time::timeout(drain, slots.acquire_many(max as u32))
         .await
         .is_ok();
+    if !drained {
+        // The requests still running are dropped here, and with them their concurrency
+        // permits, each of which gives its slot back in a task of its own: those get `settle`
+        // to reach the store before the process ends.
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+        tokio::time::sleep(settle).await;
+    }
     drained
 }
 

@@ -155,3 +155,65 @@ fn flags_read_with_equals_and_in_order_and_a_missing_value_is_refused() {
         "{stderr}"
     );
 }
+
+/// Past `--drain-ms`, a request cut off gives its concurrency slot back to the store before
+/// the gateway exits: a gateway started afterwards on the same Redis serves the key at once,
+/// although the slot's lease (30 s) has not run out.
+#[test]
+fn a_request_cut_off_by_the_drain_gives_its_concurrency_slot_back() {
+    let redis = crate::servers::RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "1000",
+        "--concurrency",
+        "1",
+        "--lease-ms",
+        "30000",
+        "--timeout-ms",
+        "2000",
+    ];
+    let mut gw =
+        start_gateway_with_stderr(&[&args[..], &["--drain-ms", "200"]].concat(), Stdio::null());
+    let addr = gw.addr;
+    let sleeper = move || {
+        std::thread::spawn(move || {
+            let _ = std::panic::catch_unwind(|| get_path(addr, "/sleep/60000", ""));
+        })
+    };
+    // A sleeper holds the key's one slot: another request is refused. (A sleeper that came
+    // while a probe held the slot was refused and ended: another one is sent.)
+    let mut in_flight = sleeper();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if in_flight.is_finished() {
+            in_flight = sleeper();
+            continue;
+        }
+        if get(addr, "").0 == 429 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no sleeper held the slot");
+    }
+    signal(gw.child.id(), "TERM");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = gw.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(exit.code(), Some(0));
+    let next = start_gateway_with_stderr(&args, Stdio::null());
+    assert_eq!(
+        get(next.addr, "").0,
+        200,
+        "the cut-off request's slot is still held"
+    );
+}
