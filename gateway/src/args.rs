@@ -14,7 +14,7 @@ pub(crate) const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
 [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
-[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]]
+[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N]
        gateway --help | --version";
 
 /// `--lease-ms` when not given.
@@ -88,6 +88,8 @@ pub(crate) struct Args {
     pub(crate) upstream: Option<proxy::Upstream>,
     /// How long the upstream has to answer with its headers.
     pub(crate) upstream_timeout: Duration,
+    /// `--threads N`: the runtime's threads; `None`, one per CPU.
+    pub(crate) threads: Option<usize>,
     /// The flags given on the command line (the file may not give them again).
     pub(crate) given: Vec<String>,
 }
@@ -172,6 +174,7 @@ pub(crate) fn parse_args() -> Result<Args, Stop> {
         region_share: None,
         upstream: None,
         upstream_timeout: Duration::from_secs(30),
+        threads: None,
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
@@ -358,6 +361,7 @@ pub(crate) const VALUE_FLAGS: &[&str] = &[
     "--region-share",
     "--upstream",
     "--upstream-timeout-ms",
+    "--threads",
 ];
 
 /// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
@@ -548,6 +552,15 @@ fn operating_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, Strin
                     .collect()
             });
             a.regions = Some(regions.ok_or_else(|| bad("a list NAME=URL,NAME=URL,..."))?);
+        }
+        "--threads" => {
+            a.threads = Some(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=1024).contains(&n))
+                    .ok_or_else(|| bad("a number of threads from 1 to 1024"))?,
+            )
         }
         "--upstream" => {
             a.upstream =

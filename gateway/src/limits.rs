@@ -82,6 +82,10 @@ pub(crate) const NOT_IN_FILE: &[&str] = &[
     "region",
     "regions",
     "region_share",
+    "upstream",
+    "upstream_timeout_ms",
+    "drain_ms",
+    "threads",
 ];
 
 /// The settings of `base` (the command line) with those of the file at `path`: every error

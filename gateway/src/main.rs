@@ -21,7 +21,7 @@
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
-//!     [--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]]
+//!     [--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N]
 //! gateway --help | --version
 //! ```
 //!
@@ -167,6 +167,8 @@
 //!   request never reaches the upstream. An upstream that cannot be reached answers 502; one
 //!   whose response headers take longer than `--upstream-timeout-ms N` (30,000), 504. Printed
 //!   at start-up as `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
+//! - `--threads N` (one per CPU): the threads serving requests; with 1, one thread does
+//!   everything, with no hand-offs between threads (the fastest on one core).
 //! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the
 //!   requests in flight finish (their concurrency slots go back as each ends) for at most N ms,
 //!   then drops those still running (their slots go back to the store before it exits), and
@@ -395,8 +397,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
     serve(base, args, file, store, slots, algorithm, metrics, regional).await
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(Stop::Help) => {
@@ -415,6 +416,28 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // `--threads 1`: one thread serves everything, with no hand-offs between threads.
+    let runtime = match args.threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(start(args)),
+        Err(e) => {
+            eprintln!("error: the runtime did not start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(args: Args) -> ExitCode {
     if let Some(path) = &args.check_config {
         return check_config(&args, path);
     }

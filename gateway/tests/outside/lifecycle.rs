@@ -217,3 +217,38 @@ fn a_request_cut_off_by_the_drain_gives_its_concurrency_slot_back() {
         "the cut-off request's slot is still held"
     );
 }
+
+/// `--threads 1` serves on one thread (as `--threads 4` on four); a count outside 1 to 1024 is
+/// refused, and so is the key in a limits file (it stays a flag).
+#[test]
+fn threads_set_the_serving_threads_and_stay_a_flag() {
+    for threads in ["1", "4"] {
+        let gw = start_gateway_with_stderr(
+            &[
+                "--threads",
+                threads,
+                "--key",
+                "global",
+                "--limit",
+                "1",
+                "--per",
+                "1h",
+            ],
+            Stdio::null(),
+        );
+        assert_eq!(get(gw.addr, "").0, 200, "--threads {threads}");
+        assert_eq!(get(gw.addr, "").0, 429, "--threads {threads}");
+    }
+    for bad in ["0", "1025", "x"] {
+        crate::servers::gateway::assert_refused(&["--threads", bad], "--threads");
+    }
+    let dir = std::env::temp_dir().join(format!("gw-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    std::fs::write(&file, "limit = 5\nthreads = 1\n").unwrap();
+    crate::servers::gateway::assert_refused(
+        &["--config", file.to_str().unwrap()],
+        "--threads stays a flag",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
