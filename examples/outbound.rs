@@ -44,32 +44,14 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{util::BoxCloneService, Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::{
-    store::UpstreamStore, throttle::ThrottleLayer, Gcra, MemoryStore, Quota, RateLimiter,
-    RedisStore,
+    store::UpstreamStore, telemetry::ErrorChain, throttle::ThrottleLayer, Gcra, MemoryStore, Quota,
+    RateLimiter, RedisStore,
 };
 
 const USAGE: &str = "usage: outbound --upstream URL --requests N --concurrency C [--redis URL] \
 [--key NAME] [--limit N --per P] [--adaptive] [--max-wait-ms N]";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// An error and its causes on one line, `error: cause: cause`, each cause once (an error that
-/// prints its cause in its own message, as redis-rs' does, is not followed by it again).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut last = out.clone();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !last.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        last = text;
-        source = cause.source();
-    }
-    out
-}
 
 /// How long a call may take beyond `--max-wait-ms` (its wait for quota) before it is failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -311,7 +293,7 @@ async fn main() -> std::process::ExitCode {
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", chain(&*e));
+            eprintln!("error: {}", ErrorChain(&*e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! Each error's `Display` says what happened at its own level and `source()` returns the
 //! cause, so an error reporter prints every cause once; the crate's own logs print the whole
-//! chain with [`Chain`].
+//! chain with [`ErrorChain`](crate::telemetry::ErrorChain).
 
 use std::{error::Error as StdError, fmt, sync::Arc, time::Duration};
 
@@ -368,11 +368,32 @@ impl From<redis::RedisError> for Error {
 }
 
 /// An error and its causes on one line, `error: cause: cause`, each cause once: for logs and
-/// messages that stand alone (`tracing::warn!(error = %Chain(&e), ...)`). A cause whose text
+/// messages that stand alone (`tracing::warn!(error = %ErrorChain(&e), ...)`). A cause whose text
 /// its error already printed (redis-rs prints its source in its own message) is skipped.
-pub(crate) struct Chain<'a>(pub(crate) &'a (dyn StdError + 'a));
+///
+/// ```
+/// use std::{error::Error, fmt};
+/// use tower_redis_ratelimit::telemetry::ErrorChain;
+///
+/// #[derive(Debug)]
+/// struct Unavailable(std::io::Error);
+/// impl fmt::Display for Unavailable {
+///     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+///         f.write_str("store unavailable")
+///     }
+/// }
+/// impl Error for Unavailable {
+///     fn source(&self) -> Option<&(dyn Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+///
+/// let e = Unavailable(std::io::Error::other("connection refused"));
+/// assert_eq!(ErrorChain(&e).to_string(), "store unavailable: connection refused");
+/// ```
+pub struct ErrorChain<'a>(pub &'a (dyn StdError + 'a));
 
-impl fmt::Display for Chain<'_> {
+impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut last = self.0.to_string();
         f.write_str(&last)?;
@@ -389,7 +410,7 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
-impl fmt::Debug for Chain<'_> {
+impl fmt::Debug for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
@@ -486,7 +507,10 @@ mod tests {
         // redis-rs prints its I/O error and also returns it as the source.
         let e = Error::Redis(refused().into());
         assert_eq!(e.to_string(), "redis error");
-        assert_eq!(Chain(&e).to_string(), format!("redis error: {}", refused()));
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            format!("redis error: {}", refused())
+        );
         let c =
             ConnectError::new(ConnectErrorKind::Unreachable, "127.0.0.1:1").caused_by(refused());
         let e = Error::Connect(c.clone());
@@ -495,15 +519,15 @@ mod tests {
             e.to_string(),
             "cannot connect to redis (unreachable): 127.0.0.1:1"
         );
-        assert_eq!(Chain(&e).to_string(), format!("{e}: {}", refused()));
+        assert_eq!(ErrorChain(&e).to_string(), format!("{e}: {}", refused()));
         let config = Error::Config(ConfigError::new("url", "not a URL"));
-        assert_eq!(Chain(&config).to_string(), "invalid url: not a URL");
+        assert_eq!(ErrorChain(&config).to_string(), "invalid url: not a URL");
         assert!(config.source().is_none());
         // A value another library refused keeps that library's error as its source.
         let parsed = ConfigError::new("url", "cannot be read").caused_by(refused());
         assert_eq!(parsed.to_string(), "invalid url: cannot be read");
         assert_eq!(
-            Chain(&parsed).to_string(),
+            ErrorChain(&parsed).to_string(),
             format!("invalid url: cannot be read: {}", refused())
         );
         assert_eq!(Error::WrongType.scope(), ErrorScope::Key);

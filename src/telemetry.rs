@@ -57,3 +57,4 @@ pub use crate::core::{
     KeyCount, LimiterStats,
 };
 pub use crate::decision::{Source, Verdict};
+pub use crate::error::ErrorChain;

@@ -240,7 +240,7 @@ pub(crate) async fn peek_key(State(s): State<AdminState>, uri: Uri) -> Response 
             "banned_ms": state.banned_for.map_or(0, ms),
         }))
         .into_response(),
-        Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e)),
+        Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e)),
     }
 }
 
@@ -256,11 +256,11 @@ pub(crate) async fn reset_key(
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = s.limiter.reset(key.clone()).await {
-        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     if let Some(concurrency) = &s.concurrency {
         if let Err(e) = concurrency.reset(key).await {
-            return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+            return admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
         }
     }
     tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: key reset");
@@ -289,7 +289,7 @@ pub(crate) async fn ban_key(
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = s.limiter.ban(key, Duration::from_secs(seconds)).await {
-        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     tracing::info!(key = %percent_encoded(&named), seconds, peer = %peer, "admin: key banned");
     StatusCode::NO_CONTENT.into_response()
@@ -307,7 +307,7 @@ pub(crate) async fn unban_key(
         Err(e) => return admin_error(StatusCode::BAD_REQUEST, e),
     };
     if let Err(e) = s.limiter.unban(key).await {
-        return admin_error(StatusCode::SERVICE_UNAVAILABLE, chain(&e));
+        return admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: ban lifted");
     StatusCode::NO_CONTENT.into_response()

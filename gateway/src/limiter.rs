@@ -284,7 +284,7 @@ pub(crate) async fn regional_store(
         } else {
             builder.clone().lazy(true).connect(url).await
         }
-        .map_err(|e| format!("--regions {name}={shown}: {}", chain(&e)))?;
+        .map_err(|e| format!("--regions {name}={shown}: {}", ErrorChain(&e)))?;
         store = store.region(name.clone(), redis);
     }
     if let Some(share) = args.region_share {

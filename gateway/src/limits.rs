@@ -232,7 +232,7 @@ pub(crate) fn check_config(args: &Args, path: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {}", chain(&*e));
+            eprintln!("error: {}", ErrorChain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -221,29 +221,12 @@ use tower_redis_ratelimit::{
     },
     store::redis::{Batching, RegionalStore},
     store::{SlotStore, Store},
+    telemetry::ErrorChain,
     ClientIp, ConfigError, FailurePolicy, FixedWindow, Gcra, GlobalKey, HeaderKey, KeyExtractor,
     MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// An error and its causes on one line, `error: cause: cause`, each cause once (an error that
-/// prints its cause in its own message, as redis-rs' does, is not followed by it again).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut last = out.clone();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !last.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        last = text;
-        source = cause.source();
-    }
-    out
-}
 
 async fn run(base: Args) -> Result<(), BoxError> {
     // The file as read at start-up; the watcher reports only changes from it.
@@ -309,7 +292,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
         println!("batching: concurrent checks share one script call (exact)");
         store
             .with_batching(Batching::new())
-            .map_err(|e| format!("--batch: {}", chain(&e)))
+            .map_err(|e| format!("--batch: {}", ErrorChain(&e)))
     };
     let lazy = if args.lazy_connect {
         " (lazy: connects on the first check)"
@@ -329,7 +312,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect_cluster(nodes)
                 .await
-                .map_err(|e| format!("--redis-cluster {}: {}", shown(nodes), chain(&e)))?;
+                .map_err(|e| format!("--redis-cluster {}: {}", shown(nodes), ErrorChain(&e)))?;
             println!(
                 "store: redis cluster via {} (shared by every instance pointing at it)",
                 shown(nodes)
@@ -343,7 +326,9 @@ async fn run(base: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect_sentinel(sentinels, master)
                 .await
-                .map_err(|e| format!("--redis-sentinel {}: {}", shown(sentinels), chain(&e)))?;
+                .map_err(|e| {
+                    format!("--redis-sentinel {}: {}", shown(sentinels), ErrorChain(&e))
+                })?;
             println!(
                 "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
                 shown(sentinels)
@@ -357,7 +342,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
             let store = builder
                 .connect(url)
                 .await
-                .map_err(|e| format!("--redis {shown}: {}", chain(&e)))?;
+                .map_err(|e| format!("--redis {shown}: {}", ErrorChain(&e)))?;
             println!("store: redis at {shown}{lazy} (shared by every instance pointing at it)");
             let store = Arc::new(batching(store)?);
             slots = Some(store.clone());
@@ -390,7 +375,7 @@ async fn run(base: Args) -> Result<(), BoxError> {
         Some(_) => Some(
             PrometheusBuilder::new()
                 .install_recorder()
-                .map_err(|e| format!("--admin-listen: {}", chain(&e)))?,
+                .map_err(|e| format!("--admin-listen: {}", ErrorChain(&e)))?,
         ),
         None => None,
     };
@@ -449,7 +434,7 @@ async fn start(args: Args) -> ExitCode {
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", chain(&*e));
+            eprintln!("error: {}", ErrorChain(&*e));
             ExitCode::FAILURE
         }
     }

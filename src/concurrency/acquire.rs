@@ -9,7 +9,7 @@ use super::{holder::Holder, permit::Permit, semaphore::Semaphore};
 use crate::{
     core::report,
     decision::{Source, Verdict},
-    error::{Chain, Error},
+    error::{Error, ErrorChain},
     extract::Key,
     store::{Acquired, Slots},
     unique_id,
@@ -45,7 +45,7 @@ impl Semaphore {
                     core.undecided(false);
                     return Err(e);
                 };
-                tracing::debug!(error = %Chain(&e), policy = %core.policy, "concurrency limit: deciding locally (degraded)");
+                tracing::debug!(error = %ErrorChain(&e), policy = %core.policy, "concurrency limit: deciding locally (degraded)");
                 let permit = local.acquire_now(holder.key.clone()).inspect_err(|_| {
                     core.undecided(false);
                 })?;

@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::{limiter::ConcurrencyLimiter, permit::Permit, Busy};
 use crate::{
-    error::{Chain, Error},
+    error::{Error, ErrorChain},
     http::{headers::render_concurrency, Responder, ResponseBody},
     store::BoxFuture,
     store::FailurePolicy,
@@ -121,7 +121,7 @@ where
                             return Poll::Ready(Ok(res.map(ResponseBody::written)));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %Chain(&e), policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), "concurrency limit: store failed");
+                            tracing::warn!(error = %ErrorChain(&e), policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), "concurrency limit: store failed");
                             // Under `Local`, an error reaching here was not about availability:
                             // refuse rather than let it through unlimited.
                             if limiter.failure_policy() != FailurePolicy::Open {

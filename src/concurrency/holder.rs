@@ -10,7 +10,7 @@ use tokio::{runtime::Handle, time::Instant};
 
 use super::{kept::Kept, releases, semaphore::Semaphore};
 use crate::{
-    error::{Chain, Error},
+    error::{Error, ErrorChain},
     extract::Key,
 };
 
@@ -88,7 +88,7 @@ impl Holder {
         let key = semaphore.store_key(self.key.as_ref());
         if let Some(result) = semaphore.slots.release_now(key, &self.id) {
             if let Err(e) = result {
-                tracing::warn!(error = %Chain(&e), "concurrency limit: release failed; the permit comes back when it expires");
+                tracing::warn!(error = %ErrorChain(&e), "concurrency limit: release failed; the permit comes back when it expires");
             }
             return;
         }
@@ -112,7 +112,7 @@ impl Holder {
     /// have ended by itself.
     fn keep_trying(&self, late_renewal: bool, error: &Error) {
         let semaphore = &self.semaphore;
-        tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, "concurrency limit: release failed; sending it again until it succeeds or its permit expires");
+        tracing::warn!(error = %ErrorChain(error), policy = %semaphore.core.policy, "concurrency limit: release failed; sending it again until it succeeds or its permit expires");
         let extended_at = *self.extended_at.lock().unwrap_or_else(|e| e.into_inner());
         let until = extended_at + semaphore.ttl() + semaphore.core.timeout;
         let kept = Kept::new(self.key.clone(), self.id.clone(), late_renewal, until);
@@ -160,5 +160,5 @@ impl Holder {
 }
 
 fn renewal_failed(holder: &Holder, e: &Error) {
-    tracing::warn!(error = %Chain(&e), policy = %holder.semaphore.core.policy, "concurrency limit: renewing a permit failed; trying again in a third of its time to live");
+    tracing::warn!(error = %ErrorChain(&e), policy = %holder.semaphore.core.policy, "concurrency limit: renewing a permit failed; trying again in a third of its time to live");
 }

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use tokio::{runtime::Handle, time::Instant};
 
 use super::{kept::Kept, semaphore::Semaphore};
-use crate::error::{Chain, Error, ErrorScope};
+use crate::error::{Error, ErrorChain, ErrorScope};
 
 /// The most releases one limiter keeps; beyond, a failed release's permit comes back when its
 /// lease ends.
@@ -28,14 +28,14 @@ const AT_ONCE: usize = 16;
 /// [`MAX_KEPT`] kept already, the permit comes back when it expires. Never panics.
 pub(crate) fn keep(semaphore: &Arc<Semaphore>, release: Kept, error: &Error) {
     if error.scope() == ErrorScope::Check {
-        tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
+        tracing::warn!(error = %ErrorChain(error), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
         return;
     }
     let start = {
         let mut state = semaphore.releases.lock();
         if state.kept.len() >= MAX_KEPT {
             if !std::mem::replace(&mut state.full, true) {
-                tracing::warn!(error = %Chain(error), policy = %semaphore.core.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's permit comes back when it expires");
+                tracing::warn!(error = %ErrorChain(error), policy = %semaphore.core.policy, kept = MAX_KEPT, "concurrency limit: too many failed releases kept; this one's permit comes back when it expires");
             }
             return;
         }
@@ -153,7 +153,7 @@ impl Worker {
                 tracing::debug!(policy = %semaphore.core.policy, tries = kept.tries + 1, "concurrency limit: a failed release went through");
             }
             Err(e) if e.scope() == ErrorScope::Check => {
-                tracing::warn!(error = %Chain(&e), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
+                tracing::warn!(error = %ErrorChain(&e), policy = %semaphore.core.policy, "concurrency limit: the store refused a release; the permit comes back when it expires");
             }
             Err(_) => semaphore.releases.lock().kept.push(kept.failed()),
         }

@@ -240,7 +240,7 @@ fn on_span(policy: &str, verdict: Verdict, source: Source, limit: &str) {
 }
 
 pub(crate) fn store_failed(policy: &str, e: &Error) {
-    tracing::debug!(policy, error = %crate::error::Chain(&e), "rate limit: store check failed");
+    tracing::debug!(policy, error = %crate::error::ErrorChain(&e), "rate limit: store check failed");
     #[cfg(feature = "metrics")]
     {
         let kind = match e {
@@ -258,7 +258,7 @@ pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
     match result {
         Ok(given) => tracing::debug!(policy, cost, given, "rate limit: refund"),
         Err(e) => {
-            tracing::warn!(policy, cost, error = %crate::error::Chain(&e), "rate limit: refund failed; the units stay spent")
+            tracing::warn!(policy, cost, error = %crate::error::ErrorChain(&e), "rate limit: refund failed; the units stay spent")
         }
     }
     #[cfg(feature = "metrics")]

@@ -203,7 +203,7 @@ impl<K> Config<K> {
                 tracing::warn!(
                     policy = %engine.policy(),
                     %quota,
-                    error = %crate::error::Chain(&e),
+                    error = %crate::error::ErrorChain(&e),
                     "rate limit: quota_fn gave a quota that cannot be used; deciding under the configured quota"
                 );
             })

@@ -22,7 +22,7 @@ use crate::{
     core::report::{self, KeyMeters},
     core::{Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
     decision::{Charge, Decision, KeyState, Source},
-    error::{Chain, ConfigError, Error},
+    error::{ConfigError, Error, ErrorChain},
     extract::{Key, Out, COMPACT_SCRATCH},
     quota::{Quota, MAX_EXACT},
     store::{KeyBuf, StoreKey},
@@ -328,7 +328,7 @@ impl RateEngine {
         if let Some(charge) = &mut d.charge {
             charge.local = true;
         }
-        tracing::debug!(error = %Chain(&e), allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
+        tracing::debug!(error = %ErrorChain(&e), allowed = d.allowed, policy = %self.core.policy, "rate limit: decided locally (degraded)");
         self.record(&mut d, key, None, None);
         Ok(d)
     }

@@ -16,7 +16,7 @@ use tower_service::Service;
 use super::{counting::CountFn, engine::RateEngine};
 use crate::{
     decision::Decision,
-    error::{Chain, Error},
+    error::{Error, ErrorChain},
     extract::Key,
     http::{PolicyField, Responder, ResponseBody, Stamp},
     store::BoxFuture,
@@ -182,7 +182,7 @@ fn next_step(
             return Next::Answer(responder.denied_with(&d, answer.grpc, pk, Some(field)));
         }
         Err(e) => {
-            tracing::warn!(error = %Chain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
+            tracing::warn!(error = %ErrorChain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
             if answer.failure != FailurePolicy::Open && answer.shadow == Shadow::Off {

@@ -24,7 +24,7 @@ use super::{
 use crate::{
     algorithm::{Algorithm, Kind},
     decision::{Decision, Source},
-    error::Chain,
+    error::ErrorChain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
     store::{micros, Backend, BoxFuture, Learned, Sent, Upstreams},
@@ -159,7 +159,7 @@ async fn acquire<A: Algorithm>(
         let d = match limiter.check(key, cost).await {
             Ok(d) => d,
             Err(e) if shadow => {
-                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: store failed (shadow mode: not waiting)");
+                tracing::warn!(error = %crate::error::ErrorChain(&e), "rate limit: store failed (shadow mode: not waiting)");
                 return Ok(());
             }
             Err(e) => return Err(ThrottleError::Store(e)),
@@ -299,7 +299,7 @@ async fn bounded<A: Algorithm, T>(
     AdaptiveCounters::add(&adaptive.counters.store_errors, 1);
     tracing::warn!(
         policy = %engine.core.policy,
-        error = %Chain(&error),
+        error = %ErrorChain(&error),
         "rate limit: {doing} the upstream's learned limit failed; going by what this process learned meanwhile"
     );
     None

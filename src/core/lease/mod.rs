@@ -77,7 +77,7 @@ use super::Core;
 use crate::{
     algorithm::{Algorithm, Outcome, Position},
     decision::{Charge, Source},
-    error::{Chain, Error},
+    error::{Error, ErrorChain},
     extract::Key,
     store::{KeyBuf, Reserved, StoreKey},
 };
@@ -132,7 +132,7 @@ impl PendingReturn {
         let key = core.store_key(self.key.as_ref());
         let call = || core.store.refund(algorithm, key, &charge, None);
         if let Err(e) = core.call(call).await {
-            tracing::debug!(error = %Chain(&e), units = rest.units, policy = %core.policy, "rate limit: lease not returned");
+            tracing::debug!(error = %ErrorChain(&e), units = rest.units, policy = %core.policy, "rate limit: lease not returned");
         }
     }
 }

@@ -27,7 +27,7 @@ use redis::{
 };
 
 use super::redact::redact_url;
-use crate::error::{Chain, ConfigError, ConnectError, ConnectErrorKind, Error};
+use crate::error::{ConfigError, ConnectError, ConnectErrorKind, Error, ErrorChain};
 
 /// Idle time before the first TCP keepalive probe.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
@@ -363,13 +363,13 @@ impl Connector {
                 &Phase::default(),
             )
             .await
-            .map_err(|e| format!("sentinel {name}: {}", Chain(&e)))?;
+            .map_err(|e| format!("sentinel {name}: {}", ErrorChain(&e)))?;
         let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(master)
             .query_async(&mut opened.conn.clone())
             .await
-            .map_err(|e| format!("sentinel {name}: {}", Chain(&e)))?;
+            .map_err(|e| format!("sentinel {name}: {}", ErrorChain(&e)))?;
         reply.ok_or_else(|| format!("sentinel {name} does not know {master:?}"))
     }
 
@@ -390,9 +390,9 @@ impl Connector {
                     Error::Connect(c) => Some(c.kind()),
                     _ => None,
                 };
-                return Err((kind, Chain(&e).to_string()));
+                return Err((kind, ErrorChain(&e).to_string()));
             }
-            Err(e) => return Err((None, Chain(&e).to_string())),
+            Err(e) => return Err((None, ErrorChain(&e).to_string())),
         };
         // A server that fails `ROLE` (it went down, or it is loading) is one problem among
         // the answers, not the end of the search.
@@ -402,7 +402,10 @@ impl Connector {
             .map_err(|e| {
                 (
                     None,
-                    format!("ROLE failed: {}", Chain(&classify(&addr.to_string(), e))),
+                    format!(
+                        "ROLE failed: {}",
+                        ErrorChain(&classify(&addr.to_string(), e))
+                    ),
                 )
             })?;
         match role_name(&role) {

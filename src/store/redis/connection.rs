@@ -262,7 +262,7 @@ impl Supervised {
                         if e.is_unrecoverable_error() || e.is_connection_dropped() {
                             self.retire(&live);
                             retried = true;
-                            tracing::debug!(error = %crate::error::Chain(&e), "redis connection was closed while idle; sending on a new one");
+                            tracing::debug!(error = %crate::error::ErrorChain(&e), "redis connection was closed while idle; sending on a new one");
                             continue;
                         }
                     }
@@ -285,7 +285,7 @@ impl Supervised {
                 let unsent = live.died_at().is_some_and(|t| t <= handed_over);
                 if unsent && !retried {
                     retried = true;
-                    tracing::debug!(error = %crate::error::Chain(&e), "redis connection was closed; sending on a new one");
+                    tracing::debug!(error = %crate::error::ErrorChain(&e), "redis connection was closed; sending on a new one");
                     continue;
                 }
             } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
@@ -320,9 +320,9 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
                 .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
             {
                 pending.warned_at = Some(now);
-                tracing::warn!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis (told again every {} s while it lasts)", WARN_EVERY.as_secs());
+                tracing::warn!(error = %crate::error::ErrorChain(&e), "rate limit: cannot connect to redis (told again every {} s while it lasts)", WARN_EVERY.as_secs());
             } else {
-                tracing::debug!(error = %crate::error::Chain(&e), "rate limit: cannot connect to redis");
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "rate limit: cannot connect to redis");
             }
             pending.failure = Some((now, e));
         }
