@@ -8,6 +8,18 @@ use std::{
 
 use crate::servers::gateway::{gateway_bin, get, get_path, start_gateway_with_stderr};
 
+/// How `child` ended, waited for at most 30 s (else the test fails with `why`).
+fn exited(child: &mut std::process::Child, why: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Sends `signal` (`HUP`, `TERM`) to the process `pid`, with the system's `kill`.
 fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
@@ -94,17 +106,7 @@ fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
     signal(gw.child.id(), "TERM");
     let (status, _) = in_flight.join().unwrap();
     assert_eq!(status, 200, "the request in flight was cut");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(exit) = gw.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gateway did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = exited(&mut gw.child, "the gateway did not exit after SIGTERM");
     assert_eq!(exit.code(), Some(0));
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
@@ -123,17 +125,7 @@ fn a_request_longer_than_the_drain_time_does_not_hold_the_exit() {
     std::thread::sleep(Duration::from_secs(1));
     signal(gw.child.id(), "TERM");
     // The request would hold it a minute; the drain time is 200 ms.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(exit) = gw.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gateway waited past its drain time"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = exited(&mut gw.child, "the gateway waited past its drain time");
     assert_eq!(exit.code(), Some(0));
 }
 
@@ -201,14 +193,7 @@ fn a_request_cut_off_by_the_drain_gives_its_concurrency_slot_back() {
         assert!(Instant::now() < deadline, "no sleeper held the slot");
     }
     signal(gw.child.id(), "TERM");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(exit) = gw.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "the gateway did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = exited(&mut gw.child, "the gateway did not exit");
     assert_eq!(exit.code(), Some(0));
     let next = start_gateway_with_stderr(&args, Stdio::null());
     assert_eq!(
