@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{limiter::ConcurrencyLimiter, permit::Permit, Busy};
+use crate::core::quiet::{self, Cause};
 use crate::{
     error::{Error, ErrorChain},
     http::{headers::render_concurrency, Responder, ResponseBody},
@@ -121,7 +122,11 @@ where
                             return Poll::Ready(Ok(res.map(ResponseBody::written)));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %ErrorChain(&e), policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), "concurrency limit: store failed");
+                            if let Some(left_out) =
+                                quiet::may_log(limiter.policy_name(), Cause::StoreFailed)
+                            {
+                                tracing::warn!(error = %ErrorChain(&e), policy = %limiter.policy_name(), on_store_error = ?limiter.failure_policy(), left_out, "concurrency limit: store failed");
+                            }
                             // Under `Local`, an error reaching here was not about availability:
                             // refuse rather than let it through unlimited.
                             if limiter.failure_policy() != FailurePolicy::Open {

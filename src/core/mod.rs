@@ -13,6 +13,7 @@ mod deny_cache;
 mod lease;
 mod names;
 mod options;
+pub(crate) mod quiet;
 pub(crate) mod report;
 mod stats;
 mod top;

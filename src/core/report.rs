@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::quiet::{self, Cause};
 #[cfg(feature = "metrics")]
 use crate::store::KeyBuf;
 use crate::{
@@ -182,17 +183,28 @@ pub(crate) fn decided(
     let latency_us = latency.map_or(0, |l| l.as_micros() as u64);
     let limit = d.binding().map_or(&*d.policy, |l| &*l.name);
     match verdict {
-        Verdict::WouldDeny => tracing::info!(
-            policy = %d.policy,
-            key = %Logged(key),
-            decision = verdict.as_str(),
-            source = d.source.as_str(),
-            limit,
-            cost = d.cost,
-            remaining = d.remaining,
-            retry_after_ms = d.retry_after.map(|r| r.as_millis() as u64),
-            "rate limit: would deny (shadow mode)"
-        ),
+        Verdict::WouldDeny => {
+            // Each one with its key at `trace` only (a key can be a credential); at `info`, a
+            // line every ten seconds per policy with how many there were.
+            tracing::trace!(
+                policy = %d.policy,
+                key = %Logged(key),
+                decision = verdict.as_str(),
+                source = d.source.as_str(),
+                limit,
+                cost = d.cost,
+                remaining = d.remaining,
+                retry_after_ms = d.retry_after.map(|r| r.as_millis() as u64),
+                "rate limit: would deny (shadow mode)"
+            );
+            if let Some(left_out) = quiet::may_log(&d.policy, Cause::WouldDeny) {
+                tracing::info!(
+                    policy = %d.policy,
+                    would_deny = left_out + 1,
+                    "rate limit: would deny (shadow mode); counted since the last such line"
+                );
+            }
+        }
         _ if tracing::enabled!(tracing::Level::DEBUG) => tracing::debug!(
             policy = %d.policy,
             decision = verdict.as_str(),

@@ -58,7 +58,8 @@
 //!
 //! Under any policy, a policy in [shadow mode](super::operating#shadow-mode) lets the request
 //! through. A failed check is logged at `warn` by the layer (`rate limit: store failed`, with
-//! the error's causes on one line) and counted
+//! the error's causes on one line; at most a line a second per policy, however many requests
+//! fail, with `left_out` counting those it did not log) and counted
 //! ([`LimiterStats::store_errors`](crate::telemetry::LimiterStats::store_errors),
 //! `short_circuited` for checks the breaker refused). [`RateLimiter::check`](crate::RateLimiter::check)
 //! called directly decides at the local share under `Local` too, and otherwise returns the

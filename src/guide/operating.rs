@@ -90,8 +90,9 @@
 //! | level | event |
 //! |---|---|
 //! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
-//! | `info` | a would-be denial in shadow mode (`rate limit: would deny (shadow mode)`: policy, key, source, limit, remaining, retry time); the circuit breaker closing |
-//! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
+//! | `trace` | each would-be denial in shadow mode with its key (`rate limit: would deny (shadow mode)`: policy, key, source, limit, remaining, retry time) |
+//! | `info` | would-be denials in shadow mode, summed: at most a line every ten seconds per policy (`rate limit: would deny (shadow mode); counted since the last such line`, `would_deny=N`, no key); the circuit breaker closing |
+//! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line; at most a line a second per policy, `left_out` counting the failures not logged since); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
 //! | `error` | a request classified under a policy handle of another layer |
 //!
 //! **Metrics.** With the `metrics` feature (on by default) the limiters record through the

@@ -127,8 +127,10 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
     ///   decision ([`Decision::verdict`](crate::rate_limit::Decision::verdict)), counted
     ///   ([`LimiterStats::would_deny`](crate::telemetry::LimiterStats::would_deny), the metric
     ///   `ratelimit_decisions_total{decision="would_deny"}`), its key in
-    ///   [`RateLimiter::top_keys`](crate::RateLimiter::top_keys), and logged at `info` ("rate
-    ///   limit: would deny (shadow mode)");
+    ///   [`RateLimiter::top_keys`](crate::RateLimiter::top_keys), and logged: each one with
+    ///   its key at `trace`, and at `info` a line every ten seconds per policy with how many
+    ///   there were ("rate limit: would deny (shadow mode)", `would_deny=N`; a key can be a
+    ///   credential, so no line above `trace` names it);
     /// - a store failure lets the request through, whatever
     ///   [`on_store_error`](Self::on_store_error) says (it is still logged and counted).
     ///

@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{counting::CountFn, engine::RateEngine};
+use crate::core::quiet::{self, Cause};
 use crate::{
     decision::Decision,
     error::{Error, ErrorChain},
@@ -182,7 +183,9 @@ fn next_step(
             return Next::Answer(responder.denied_with(&d, answer.grpc, pk, Some(field)));
         }
         Err(e) => {
-            tracing::warn!(error = %ErrorChain(&e), policy = %field.name(), on_store_error = ?answer.failure, "rate limit: store failed");
+            if let Some(left_out) = quiet::may_log(field.name(), Cause::StoreFailed) {
+                tracing::warn!(error = %ErrorChain(&e), policy = %field.name(), on_store_error = ?answer.failure, left_out, "rate limit: store failed");
+            }
             // Under `Local`, an error reaching here was not about availability (or the local
             // twin failed): reject rather than let it through. In shadow mode, never.
             if answer.failure != FailurePolicy::Open && answer.shadow == Shadow::Off {

@@ -21,6 +21,7 @@ use super::{
     learn::{at_least_a_moment, read_limits},
     line::Place,
 };
+use crate::core::quiet::{self, Cause};
 use crate::{
     algorithm::{Algorithm, Kind},
     decision::{Decision, Source},
@@ -159,7 +160,9 @@ async fn acquire<A: Algorithm>(
         let d = match limiter.check(key, cost).await {
             Ok(d) => d,
             Err(e) if shadow => {
-                tracing::warn!(error = %crate::error::ErrorChain(&e), "rate limit: store failed (shadow mode: not waiting)");
+                if let Some(left_out) = quiet::may_log(limiter.policy_name(), Cause::StoreFailed) {
+                    tracing::warn!(error = %crate::error::ErrorChain(&e), left_out, "rate limit: store failed (shadow mode: not waiting)");
+                }
                 return Ok(());
             }
             Err(e) => return Err(ThrottleError::Store(e)),
