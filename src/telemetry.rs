@@ -44,8 +44,9 @@
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy` |
 //!
-//! The latency histogram times the decisions that waited for the store; a store that decides
-//! without waiting (`MemoryStore`), the deny cache and unit leases are not timed. Metric
+//! The latency histogram times the checks that waited for the store, a check that failed or
+//! timed out included (at its duration); a store that decides without waiting
+//! (`MemoryStore`), the deny cache and unit leases are not timed. Metric
 //! handles are taken from the recorder on a limit's first decision: install the recorder
 //! (e.g. `metrics-exporter-prometheus`) before the first request.
 

@@ -76,6 +76,15 @@ impl Meters {
         #[cfg(not(feature = "metrics"))]
         let _ = (policy, verdict, source, latency);
     }
+
+    /// Times a store call of `policy` that failed (a timeout at its duration), beside the
+    /// decisions' calls: a slow store shows in the latency however its calls end.
+    pub(crate) fn failed_call(&self, policy: &str, took: Duration) {
+        #[cfg(feature = "metrics")]
+        self.handles(policy).latency.record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (policy, took);
+    }
 }
 
 impl std::fmt::Debug for Meters {

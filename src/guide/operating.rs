@@ -108,7 +108,7 @@
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
-//! | `ratelimit_store_latency_seconds` | histogram | `policy`: the decisions that waited for the store |
+//! | `ratelimit_store_latency_seconds` | histogram | `policy`: the checks that waited for the store, those that failed or timed out included (at their duration) |
 //!
 //! Useful queries: the share of requests refused,
 //! `sum by (policy) (rate(ratelimit_decisions_total{decision="denied"}[5m])) / sum by (policy)
@@ -117,6 +117,13 @@
 //! `ratelimit_decisions_total{source=~"local|failure_policy"}`. The gateway demo's
 //! `--admin-listen ADDR` serves `/metrics` (Prometheus text) and `/top?n=N` (JSON) as a worked
 //! example (see the gateway, `gateway/` in the repository).
+//!
+//! A recorder renders a histogram its own way: `metrics-exporter-prometheus` renders one as a
+//! summary (quantiles per instance, which cannot be summed across a fleet) unless it is given
+//! buckets, as the gateway does:
+//! `PrometheusBuilder::new().set_buckets_for_metric(Matcher::Full(STORE_LATENCY.into()), &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])?`.
+//! The store's p99 across a fleet is then
+//! `histogram_quantile(0.99, sum by (le) (rate(ratelimit_store_latency_seconds_bucket[5m])))`.
 //!
 //! # Shadow mode
 //!

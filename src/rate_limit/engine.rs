@@ -580,9 +580,15 @@ impl RateEngine {
         let outcome = match result {
             Ok(outcome) => outcome,
             Err(e) => {
-                if started.is_none() {
+                match started {
                     // A store that answers at once failed: the core did not see it.
-                    self.core.store_failed(&e);
+                    None => self.core.store_failed(&e),
+                    // A call that went out and failed (timed out, say) is timed too; a check
+                    // the circuit breaker refused made none.
+                    Some(s) if self.core.reports && !matches!(e, Error::CircuitOpen) => {
+                        self.core.meters.failed_call(&self.core.policy, s.elapsed());
+                    }
+                    Some(_) => {}
                 }
                 return Err(e);
             }

@@ -148,9 +148,9 @@ async fn decisions_errors_degraded_and_latency_are_recorded() {
         ),
         2
     );
-    // The three decisions Redis made, timed.
+    // The three decisions Redis made, timed, and the two calls to the dead Redis too.
     match find(&snapshot, telemetry::STORE_LATENCY, &[("policy", "m")]) {
-        Some(Seen::Histogram(n)) => assert!(n >= 3, "{n} latency samples"),
+        Some(Seen::Histogram(n)) => assert!(n >= 5, "{n} latency samples"),
         other => panic!("latency histogram: {other:?}"),
     }
 

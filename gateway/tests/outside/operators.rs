@@ -175,6 +175,20 @@ fn denials_counted_equal_the_429s_served_on_three_instances_sharing_redis() {
         })
         .sum();
     assert_eq!(allowed, 4 * 5);
+    // The store's latency is a histogram, with a sample per store call.
+    let text = metrics(&gws[0]);
+    assert!(
+        text.contains("# TYPE ratelimit_store_latency_seconds histogram"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ratelimit_store_latency_seconds_bucket{policy=\"default\",le=\"0.001\"}"),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "ratelimit_store_latency_seconds_count", &[]) > 0,
+        "{text}"
+    );
 }
 
 #[test]
