@@ -59,6 +59,8 @@ pub(crate) struct Core {
     pub(crate) share: NonZeroU32,
     pub(crate) counters: Counters,
     pub(crate) meters: Meters,
+    /// This limit's log gates (one line per cause and period).
+    pub(crate) quiet: quiet::Quiet,
     /// Whether this limit reports its decisions (counters, metrics, events): every limit but
     /// a local share, whose decisions its limit reports.
     pub(crate) reports: bool,
@@ -81,6 +83,7 @@ impl Core {
             share: NonZeroU32::MIN,
             counters: Counters::default(),
             meters: Meters::default(),
+            quiet: quiet::Quiet::default(),
             reports: false,
             _claim: None,
         }

@@ -80,6 +80,7 @@ impl Options {
             share,
             counters: Counters::default(),
             meters: Default::default(),
+            quiet: super::quiet::Quiet::default(),
             reports: true,
             _claim: claim,
         })

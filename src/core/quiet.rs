@@ -5,7 +5,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, OnceLock},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex, OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -19,46 +22,85 @@ pub(crate) enum Cause {
 }
 
 impl Cause {
+    const ALL: [Cause; 2] = [Cause::StoreFailed, Cause::WouldDeny];
+
     const fn every(self) -> Duration {
         match self {
             Cause::StoreFailed => Duration::from_secs(1),
             Cause::WouldDeny => Duration::from_secs(10),
         }
     }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
 }
 
-/// Policies × causes remembered at most; past it, the table starts afresh (policies are
+/// One policy's log gates, one per cause, without a lock: a would-be denial of a flooded key
+/// asks on every request.
+#[derive(Debug)]
+pub(crate) struct Quiet {
+    start: Instant,
+    /// When each cause may write next, in ms since `start` (0: at once).
+    next_ms: [AtomicU64; Cause::ALL.len()],
+    /// The lines each cause left out since it last wrote.
+    left_out: [AtomicU64; Cause::ALL.len()],
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            next_ms: Default::default(),
+            left_out: Default::default(),
+        }
+    }
+}
+
+impl Quiet {
+    /// Whether a line of `cause` may be written now: `Some(left_out)`, the lines left out since
+    /// the last one written (0 for the first), or `None` to stay quiet (counted).
+    pub(crate) fn may_log(&self, cause: Cause) -> Option<u64> {
+        let i = cause.index();
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms[i].load(Ordering::Relaxed);
+        let every = cause.every().as_millis() as u64;
+        if now < next
+            || self.next_ms[i]
+                .compare_exchange(
+                    next,
+                    now.saturating_add(every),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            self.left_out[i].fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.left_out[i].swap(0, Ordering::Relaxed))
+    }
+}
+
+/// Policies remembered at most by [`may_log`]; past it, the table starts afresh (policies are
 /// configured, so a real one never gets there).
-const MAX_ENTRIES: usize = 4_096;
+const MAX_POLICIES: usize = 1_024;
 
-/// When each (policy, cause) last wrote, and how many it left out since.
-type Table = HashMap<(Box<str>, Cause), (Instant, u64)>;
-
-/// Whether a line of `cause` for `policy` may be written now: `Some(left_out)`, the lines left
-/// out since the last one written (0 for the first), or `None` to stay quiet (counted). Only
-/// called on the paths that log (failures, would-be denials), never on a decided request.
+/// [`Quiet::may_log`] for a place that knows only the policy's name (an error on its way to
+/// the response): one gate per policy, kept for the process. Called on failures only.
 pub(crate) fn may_log(policy: &str, cause: Cause) -> Option<u64> {
-    static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
+    static TABLE: OnceLock<Mutex<HashMap<Box<str>, Quiet>>> = OnceLock::new();
     let mut table = TABLE
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let now = Instant::now();
-    if let Some((last, left_out)) = table.get_mut(&(policy.into(), cause)) {
-        if now.duration_since(*last) < cause.every() {
-            *left_out += 1;
-            return None;
-        }
-        let said = *left_out;
-        *last = now;
-        *left_out = 0;
-        return Some(said);
+    if let Some(quiet) = table.get(policy) {
+        return quiet.may_log(cause);
     }
-    if table.len() >= MAX_ENTRIES {
+    if table.len() >= MAX_POLICIES {
         table.clear();
     }
-    table.insert((policy.into(), cause), (now, 0));
-    Some(0)
+    table.entry(policy.into()).or_default().may_log(cause)
 }
 
 #[cfg(test)]
@@ -66,14 +108,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_line_per_policy_and_cause_then_quiet_with_a_count() {
-        assert_eq!(may_log("quiet-a", Cause::StoreFailed), Some(0));
+    fn one_line_per_cause_then_quiet_with_a_count() {
+        let quiet = Quiet::default();
+        assert_eq!(quiet.may_log(Cause::StoreFailed), Some(0));
         for _ in 0..5 {
-            assert_eq!(may_log("quiet-a", Cause::StoreFailed), None);
+            assert_eq!(quiet.may_log(Cause::StoreFailed), None);
         }
-        // Another cause or another policy has a line of its own.
-        assert_eq!(may_log("quiet-a", Cause::WouldDeny), Some(0));
+        // Another cause has a line of its own.
+        assert_eq!(quiet.may_log(Cause::WouldDeny), Some(0));
+        assert_eq!(quiet.may_log(Cause::WouldDeny), None);
+        // Once the period has passed, the next line says how many it left out.
+        let earlier = Quiet {
+            start: Instant::now() - Duration::from_secs(5),
+            ..Quiet::default()
+        };
+        earlier.next_ms[0].store(1, Ordering::Relaxed);
+        earlier.left_out[0].store(7, Ordering::Relaxed);
+        assert_eq!(earlier.may_log(Cause::StoreFailed), Some(7));
+        assert_eq!(earlier.may_log(Cause::StoreFailed), None);
+    }
+
+    #[test]
+    fn policies_known_by_name_have_gates_of_their_own() {
+        assert_eq!(may_log("quiet-a", Cause::StoreFailed), Some(0));
+        assert_eq!(may_log("quiet-a", Cause::StoreFailed), None);
         assert_eq!(may_log("quiet-b", Cause::StoreFailed), Some(0));
-        assert_eq!(may_log("quiet-a", Cause::WouldDeny), None);
     }
 }

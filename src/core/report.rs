@@ -184,6 +184,7 @@ pub(crate) fn decided(
     key: Option<&Key<'_>>,
     verdict: Verdict,
     latency: Option<Duration>,
+    quiet: &quiet::Quiet,
 ) {
     // No subscriber: no event, no span (what `on_span` checks too), read once.
     if tracing::level_filters::LevelFilter::current() == tracing::level_filters::LevelFilter::OFF {
@@ -206,7 +207,7 @@ pub(crate) fn decided(
                 retry_after_ms = d.retry_after.map(|r| r.as_millis() as u64),
                 "rate limit: would deny (shadow mode)"
             );
-            if let Some(left_out) = quiet::may_log(&d.policy, Cause::WouldDeny) {
+            if let Some(left_out) = quiet.may_log(Cause::WouldDeny) {
                 tracing::info!(
                     policy = %d.policy,
                     would_deny = left_out + 1,

@@ -117,7 +117,7 @@ impl RateEngine {
         }
         let verdict = d.verdict();
         self.core.decided(verdict, d.source, latency);
-        report::decided(d, key.key(), verdict, latency);
+        report::decided(d, key.key(), verdict, latency, &self.core.quiet);
         if !self.key_meters.is_empty() {
             self.key_meters
                 .decided(&self.core.policy, key.key(), verdict);
