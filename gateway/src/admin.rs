@@ -103,6 +103,7 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
             ),
         )
         .route("/region", get(region_state))
+        .route("/healthz", get(healthz))
         .route("/keys/{*key}", get(peek_key).delete(reset_key))
         .route("/bans/{*key}", put(ban_key).delete(unban_key))
         .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
@@ -241,6 +242,28 @@ pub(crate) async fn peek_key(State(s): State<AdminState>, uri: Uri) -> Response 
         }))
         .into_response(),
         Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e)),
+    }
+}
+
+/// `GET /healthz`: `200 ok` when the store answers a read within the store timeout (always,
+/// in memory), else `503` with the reason on one line. The read is a peek of a key no
+/// request has (`#healthz`); a store that cannot be read without a check (several regions)
+/// is asked a check of that key instead.
+pub(crate) async fn healthz(State(s): State<AdminState>) -> Response {
+    const PROBE: &str = "#healthz";
+    let answered = match s.limiter.peek(PROBE).await {
+        Err(tower_redis_ratelimit::Error::Unsupported(_)) => {
+            s.limiter.check(PROBE, 1).await.map(|_| ())
+        }
+        other => other.map(|_| ()),
+    };
+    match answered {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store did not answer: {}\n", ErrorChain(&e)),
+        )
+            .into_response(),
     }
 }
 

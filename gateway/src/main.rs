@@ -95,7 +95,9 @@
 //!   concurrency slots; every gateway sharing the store decides it afresh within 1 s;
 //! - `PUT /bans/{key}?seconds=N` (1 to 86,400, else 400; 204): every gateway sharing the store
 //!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
-//!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s.
+//!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s;
+//! - `GET /healthz`: `200` with body `ok` when the store answers within the store timeout
+//!   (always, on the in-memory store), else `503` with a one-line reason.
 //!
 //! `{key}` is the bytes the key extractor produces, percent-encoded (any bytes: a key that is
 //! not UTF-8 is named as `/top` shows it): a header's value with

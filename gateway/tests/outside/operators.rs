@@ -621,3 +621,22 @@ async fn handlers_read_the_decision_when_the_layer_exposes_it() {
         ]
     );
 }
+
+/// `GET /healthz`: `ok` while the store answers (always in memory), `503` with a one-line
+/// reason once it does not.
+#[test]
+fn healthz_says_whether_the_store_answers() {
+    let memory = AdminGateway::start(&[]);
+    let (status, _, body) = get(memory.admin, "/healthz", &[]);
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&["--redis", &url, "--timeout-ms", "200"]);
+    let (status, _, body) = get(gw.admin, "/healthz", &[]);
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    redis.kill();
+    let (status, _, body) = get(gw.admin, "/healthz", &[]);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("the store did not answer: "), "{body}");
+    assert_eq!(body.lines().count(), 1, "{body}");
+}
