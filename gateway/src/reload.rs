@@ -45,15 +45,16 @@ pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// as the gateway runs. Each look, read and check runs on tokio's blocking threads, never on
 /// the threads that serve requests.
 pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, live: LiveLimits) {
+    // Taken here, before the gateway says where it listens: a SIGHUP sent right after that
+    // line finds it (the signal's default action would end the process).
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("config: no SIGHUP reloads ({e}); the file is still watched");
+            None
+        }
+    };
     tokio::spawn(async move {
-        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("config: no SIGHUP reloads ({e}); the file is still watched");
-                None
-            }
-        };
         let fixed = Arc::new((base, path, live));
         let mut state = Some((file, running));
         let mut tick = tokio::time::interval(LOOK_EVERY);
