@@ -107,7 +107,7 @@ pub mod telemetry;
 pub mod throttle;
 mod unique_id;
 
-pub use algorithm::{FixedWindow, Gcra, Quota, SlidingWindow, TokenBucket};
+pub use algorithm::{Gcra, Quota, SlidingWindow, TokenBucket};
 pub use error::{ConfigError, Error};
 pub use extract::{ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use rate_limit::{RateLimitLayer, RateLimiter};

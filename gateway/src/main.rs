@@ -214,7 +214,7 @@ use axum::{
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
-    algorithm::Algorithm,
+    algorithm::{Algorithm, FixedWindow},
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     extract::Key,
     rate_limit::{
@@ -224,8 +224,8 @@ use tower_redis_ratelimit::{
     store::redis::{Batching, RegionalStore},
     store::{SlotStore, Store},
     telemetry::ErrorChain,
-    ClientIp, ConfigError, FailurePolicy, FixedWindow, Gcra, GlobalKey, HeaderKey, KeyExtractor,
-    MemoryStore, Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    ClientIp, ConfigError, FailurePolicy, Gcra, GlobalKey, HeaderKey, KeyExtractor, MemoryStore,
+    Quota, RateLimitLayer, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -6,7 +6,7 @@
 //! | [`Gcra`](crate::Gcra) | one integer (~50 B) | capacity `burst`, refilled at `limit` per `period` | the default: a smooth rate with bursts, the cheapest in Redis |
 //! | [`TokenBucket`](crate::TokenBucket) | a two-field hash (~100 B) | exactly the same as `Gcra` with the same quota | you want the state readable in Redis as "tokens left" |
 //! | [`SlidingWindow`](crate::SlidingWindow) | one log entry (~100 B) per admitted request, for one window | at most `limit` units in any window of `period` | an exact "N per window" contract, e.g. a provider's quota, with per-request costs |
-//! | [`FixedWindow`](crate::FixedWindow) | one short string (~60 B) | at most `limit` units in each window of the clock (a period from the epoch, or a calendar week, month or year in UTC) | long quotas and plans (a million calls a month), windows everyone can read off a calendar; up to twice the limit can pass around a window's end |
+//! | [`FixedWindow`](crate::algorithm::FixedWindow) | one short string (~60 B) | at most `limit` units in each window of the clock (a period from the epoch, or a calendar week, month or year in UTC) | long quotas and plans (a million calls a month), windows everyone can read off a calendar; up to twice the limit can pass around a window's end |
 //! | [`MultiLimit`](crate::algorithm::MultiLimit) | one integer per limit | several GCRA limits at once, e.g. 10 a second and 1,000 a day | a key needs several limits and a request refused by one must not spend the others |
 //!
 //! A [`Quota`](crate::Quota) is `limit` units per `period`, with an optional `burst`: for
@@ -52,7 +52,7 @@
 //!
 //! # Fixed and calendar windows
 //!
-//! A [`FixedWindow`](crate::FixedWindow) counts the units admitted in the window of the clock
+//! A [`FixedWindow`](crate::algorithm::FixedWindow) counts the units admitted in the window of the clock
 //! a request falls in, and starts afresh when the next one begins: windows of the quota's
 //! period counted from the Unix epoch (a minute from :00, a day from midnight UTC), or
 //! [calendar](crate::algorithm::Calendar) weeks from Monday, months and years in UTC. Its state
@@ -63,7 +63,7 @@
 //! policy states its [nominal](crate::algorithm::Calendar::nominal) length (7, 30, 365 days).
 //!
 //! ```
-//! use tower_redis_ratelimit::{algorithm::Calendar, FixedWindow, Quota};
+//! use tower_redis_ratelimit::{algorithm::{Calendar, FixedWindow}, Quota};
 //!
 //! let per_minute = FixedWindow::new(Quota::per_minute(600))?; // from :00 of each minute
 //! let monthly = FixedWindow::calendar(Calendar::Month, 1_000_000)?;

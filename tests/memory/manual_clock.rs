@@ -117,7 +117,7 @@ async fn every_algorithm_follows_the_manual_clock() {
 /// headers count down to it.
 #[tokio::test]
 async fn a_calendar_month_ends_on_the_first_of_the_next() {
-    use tower_redis_ratelimit::{algorithm::Calendar, FixedWindow};
+    use tower_redis_ratelimit::algorithm::{Calendar, FixedWindow};
     // 2024-02-28T12:00:00Z: February of a leap year has a day left and a half.
     const FEB_28_NOON: u64 = 1_709_121_600;
     let clock = ManualClock::starting_at(Duration::from_secs(FEB_28_NOON));

@@ -11,7 +11,7 @@ use std::{
 
 use crate::servers::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
-use tower_redis_ratelimit::FixedWindow;
+use tower_redis_ratelimit::algorithm::FixedWindow;
 use tower_redis_ratelimit::{
     algorithm::Algorithm, rate_limit::Decision, store::redis::Batching, Gcra, MemoryStore, Quota,
     RateLimiter, RedisStore, SlidingWindow, TokenBucket,

@@ -14,9 +14,10 @@ use std::{
 use crate::servers::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::{
+    algorithm::FixedWindow,
     algorithm::{Algorithm, MultiLimit},
     rate_limit::{Decision, LimitState},
-    FixedWindow, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
