@@ -6,22 +6,27 @@
 //! cannot be reached answers 502; one whose response headers take longer than the timeout,
 //! 504.
 
-use std::{net::SocketAddr, time::Duration};
-
-use axum::{
-    body::Body,
-    extract::{ConnectInfo, Request, State},
-    response::{IntoResponse, Response},
+use std::{
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::{Duration, Instant},
 };
+
+use bytes::Bytes;
 use http::{
     header::{self, HeaderMap, HeaderName, HeaderValue},
     uri::{Authority, PathAndQuery, Scheme},
-    StatusCode, Uri,
+    Request, Response, StatusCode, Uri,
 };
-use hyper_util::{
-    client::legacy::{connect::HttpConnector, Client},
-    rt::TokioExecutor,
-};
+use http_body_util::{Either, Full};
+use hyper::{body::Incoming, client::conn::http1::SendRequest};
+use hyper_util::rt::TokioIo;
+
+/// What the proxy answers with: the upstream's body, or a line of its own (502, 504, 400).
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
 
 /// The headers that concern one connection, not the request (RFC 9110, 7.6.1), never
 /// forwarded either way.
@@ -79,108 +84,321 @@ impl Upstream {
         format!("http://{}{}", self.authority, self.prefix)
     }
 
-    /// The upstream's URI for a request to `path_and_query`, byte for byte after the prefix.
-    fn uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{path_and_query}", self.prefix))
-            .build()
+    /// The request target sent upstream for a client's `uri`: its path and query byte for
+    /// byte after the prefix, in origin form (`/path?query`).
+    fn target(&self, uri: Uri) -> Result<Uri, http::Error> {
+        if self.prefix.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
+            return Ok(uri);
+        }
+        let path_and_query = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        Ok(Uri::try_from(format!("{}{path_and_query}", self.prefix))?)
+    }
+
+    /// Where to connect: the host (an IPv6 address without its brackets) and the port.
+    fn address(&self) -> (&str, u16) {
+        let host = self.authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        (host, self.authority.port_u16().unwrap_or(80))
     }
 }
 
-/// What the proxy handler holds: the upstream, a pooled client, the timeout.
+/// The most idle upstream connections kept for the next client connections.
+const MAX_IDLE: usize = 256;
+/// How long an idle upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The proxy every client connection shares: the upstream, the timeout and the pool of idle
+/// upstream connections.
 #[derive(Clone)]
 pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     upstream: Upstream,
-    client: Client<HttpConnector, Body>,
+    /// `Host` for a request that has none (HTTP/1.0): the upstream's authority.
+    host: HeaderValue,
     timeout: Duration,
+    /// The idle connections, the most recently used last.
+    idle: Mutex<Vec<(SendRequest<Incoming>, Instant)>>,
 }
 
 impl Proxy {
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let host = HeaderValue::from_str(upstream.authority.as_str())
+            .expect("an authority is a header value");
         Self {
-            upstream,
-            client,
-            timeout,
+            shared: Arc::new(Shared {
+                upstream,
+                host,
+                timeout,
+                idle: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The proxy for one client connection from `client`.
+    pub fn connection(&self, client: SocketAddr) -> ProxyConnection {
+        ProxyConnection {
+            held: Arc::new(Held {
+                shared: Arc::clone(&self.shared),
+                sender: Mutex::new(None),
+            }),
+            client: HeaderValue::from_str(&client.ip().to_string())
+                .expect("an address is a header value"),
         }
     }
 }
 
-/// Drops the hop-by-hop headers, and those the `Connection` header names.
-fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(&named) {
-        headers.remove(name);
+impl Shared {
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Incoming>, Instant)>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    headers.remove(header::UPGRADE);
+
+    /// The most recently used idle connection still open and not too old.
+    fn checkout(&self) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.lock_idle();
+        while let Some((sender, since)) = idle.pop() {
+            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection for later, dropping those closed or too old.
+    fn checkin(&self, sender: SendRequest<Incoming>) {
+        if sender.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.lock_idle();
+        idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT);
+        if idle.len() < MAX_IDLE {
+            idle.push((sender, now));
+        }
+    }
+
+    /// A new connection to the upstream, driven by a task of its own.
+    async fn connect(&self) -> Result<SendRequest<Incoming>, BoxError> {
+        let stream = tokio::net::TcpStream::connect(self.upstream.address()).await?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The proxy as one client connection sees it. Its requests go over one upstream connection
+/// in turn (HTTP/1 answers one request at a time): taken from the pool, or opened, for the
+/// first, and given back to the pool when the client's connection ends.
+#[derive(Clone)]
+pub struct ProxyConnection {
+    held: Arc<Held>,
+    /// The client's address, as `x-forwarded-for` gets it.
+    client: HeaderValue,
+}
+
+/// The upstream connection a client connection holds between its requests.
+struct Held {
+    shared: Arc<Shared>,
+    sender: Mutex<Option<SendRequest<Incoming>>>,
+}
+
+impl Held {
+    fn take(&self) -> Option<SendRequest<Incoming>> {
+        self.sender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn give_back(&self, sender: SendRequest<Incoming>) {
+        let mut held = self
+            .sender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match held.as_ref() {
+            None => *held = Some(sender),
+            Some(_) => {
+                drop(held);
+                self.shared.checkin(sender);
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let sender = self
+            .sender
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(sender) = sender {
+            self.shared.checkin(sender);
+        }
+    }
+}
+
+/// How many times a request that provably did not reach the upstream (its connection closed
+/// before it was written) is sent; the last time over a new connection.
+const ATTEMPTS: usize = 3;
+
+impl ProxyConnection {
+    /// Sends `req` and waits for the response's head. A request goes out once: it is sent
+    /// again only when hyper hands it back unwritten.
+    async fn send(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, BoxError> {
+        let shared = &self.held.shared;
+        for attempt in 1..=ATTEMPTS {
+            let reused = if attempt < ATTEMPTS {
+                self.held.take().or_else(|| shared.checkout())
+            } else {
+                None
+            };
+            let mut sender = match reused {
+                Some(sender) => sender,
+                None => shared.connect().await?,
+            };
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(req).await {
+                Ok(res) => {
+                    self.held.give_back(sender);
+                    return Ok(res);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(e.into_error().into()),
+                },
+            }
+        }
+        Err("the upstream closed every connection the request was given to".into())
+    }
+
+    /// The request to the upstream, its answer back.
+    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let shared = &self.held.shared;
+        let (mut parts, body) = req.into_parts();
+        parts.uri = match shared.upstream.target(parts.uri) {
+            Ok(uri) => uri,
+            Err(_) => return text(StatusCode::BAD_REQUEST, "bad request target\n"),
+        };
+        // HTTP/1.1 to the upstream, whatever the client spoke.
+        parts.version = http::Version::HTTP_11;
+        drop_hop_by_hop(&mut parts.headers);
+        forwarded_for(&mut parts.headers, &self.client);
+        if !parts.headers.contains_key(header::HOST) {
+            parts.headers.insert(header::HOST, shared.host.clone());
+        }
+        let sent = self.send(Request::from_parts(parts, body));
+        match tokio::time::timeout(shared.timeout, sent).await {
+            Ok(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                drop_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Either::Left(body))
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "upstream unreachable");
+                text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
+            }
+            Err(_) => {
+                tracing::debug!(
+                    timeout_ms = shared.timeout.as_millis() as u64,
+                    "upstream timed out"
+                );
+                text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+            }
+        }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for ProxyConnection {
+    type Response = Response<ProxyBody>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// A response of the proxy's own: `status` and one line of text.
+fn text(status: StatusCode, line: &'static str) -> Response<ProxyBody> {
+    let mut res = Response::new(Either::Right(Full::new(Bytes::from_static(
+        line.as_bytes(),
+    ))));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name == header::UPGRADE
+}
+
+/// Drops the hop-by-hop headers, and those the `Connection` header names. Looks before it
+/// removes: most messages carry none, or only `Connection`.
+fn drop_hop_by_hop(headers: &mut HeaderMap) {
+    while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
+        if name == header::CONNECTION {
+            let named: Vec<HeaderName> = headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                // The usual options, never header names worth a lookup.
+                .filter(|o| {
+                    !o.eq_ignore_ascii_case("close") && !o.eq_ignore_ascii_case("keep-alive")
+                })
+                .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
+                .collect();
+            for name in &named {
+                headers.remove(name);
+            }
+        }
+        headers.remove(&name);
+    }
 }
 
 /// Appends the client's address to `x-forwarded-for`.
-fn forwarded_for(headers: &mut HeaderMap, client: SocketAddr) {
+fn forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
     const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
-    let ip = client.ip().to_string();
     let value = match headers.get(&XFF).map(HeaderValue::as_bytes) {
         Some(before) if !before.is_empty() => {
             let mut v = before.to_vec();
             v.extend_from_slice(b", ");
-            v.extend_from_slice(ip.as_bytes());
-            HeaderValue::from_bytes(&v)
+            v.extend_from_slice(client.as_bytes());
+            match HeaderValue::from_bytes(&v) {
+                Ok(value) => value,
+                Err(_) => return,
+            }
         }
-        _ => HeaderValue::from_str(&ip),
+        _ => client.clone(),
     };
-    if let Ok(value) = value {
-        headers.insert(XFF, value);
-    }
-}
-
-/// Every route, with `--upstream`: the request to the upstream, its answer back.
-pub async fn forward(
-    State(proxy): State<Proxy>,
-    ConnectInfo(client): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    let (mut parts, body) = req.into_parts();
-    let path_and_query = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-    parts.uri = match proxy.upstream.uri(path_and_query) {
-        Ok(uri) => uri,
-        Err(_) => return (StatusCode::BAD_REQUEST, "bad request target\n").into_response(),
-    };
-    // HTTP/1.1 to the upstream, whatever the client spoke.
-    parts.version = http::Version::HTTP_11;
-    drop_hop_by_hop(&mut parts.headers);
-    forwarded_for(&mut parts.headers, client);
-    let sent = proxy.client.request(Request::from_parts(parts, body));
-    match tokio::time::timeout(proxy.timeout, sent).await {
-        Ok(Ok(res)) => {
-            let (mut parts, body) = res.into_parts();
-            drop_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, Body::new(body))
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "upstream unreachable");
-            (StatusCode::BAD_GATEWAY, "upstream unreachable\n").into_response()
-        }
-        Err(_) => {
-            tracing::debug!(
-                timeout_ms = proxy.timeout.as_millis() as u64,
-                "upstream timed out"
-            );
-            (StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n").into_response()
-        }
-    }
+    headers.insert(XFF, value);
 }
 
 #[cfg(test)]
@@ -191,12 +409,16 @@ mod tests {
     fn upstream_urls_are_read_or_refused() {
         let u = Upstream::parse("http://127.0.0.1:8080/api/").unwrap();
         assert_eq!(u.describe(), "http://127.0.0.1:8080/api");
-        assert_eq!(
-            u.uri("/v1/x?a=%2F&b").unwrap().to_string(),
-            "http://127.0.0.1:8080/api/v1/x?a=%2F&b"
-        );
+        let target = |u: &Upstream, t: &str| u.target(t.parse().unwrap()).unwrap().to_string();
+        assert_eq!(target(&u, "/v1/x?a=%2F&b"), "/api/v1/x?a=%2F&b");
+        assert_eq!(target(&u, "http://elsewhere/v1?q"), "/api/v1?q");
+        assert_eq!(u.address(), ("127.0.0.1", 8080));
         let bare = Upstream::parse("http://backend").unwrap();
-        assert_eq!(bare.uri("/").unwrap().to_string(), "http://backend/");
+        assert_eq!(target(&bare, "/"), "/");
+        assert_eq!(target(&bare, "/a%20b?c=d"), "/a%20b?c=d");
+        assert_eq!(bare.address(), ("backend", 80));
+        let v6 = Upstream::parse("http://[::1]:9000").unwrap();
+        assert_eq!(v6.address(), ("::1", 9000));
         for bad in [
             "https://backend",
             "backend:80",
@@ -226,7 +448,7 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("yes"));
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
         drop_hop_by_hop(&mut h);
-        forwarded_for(&mut h, "10.0.0.2:5000".parse().unwrap());
+        forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.2"));
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 10.0.0.2");

@@ -2,30 +2,31 @@
 
 use super::*;
 
-#[allow(clippy::too_many_arguments)] // The stores and settings `run` made, each once.
-pub(crate) async fn serve(
-    base: Args,
-    args: Args,
-    file: Option<FileWatch>,
-    store: Arc<dyn Store>,
-    slots: Option<Arc<dyn SlotStore>>,
-    algorithm: Arc<dyn Algorithm>,
-    metrics: Option<PrometheusHandle>,
-    regional: Option<RegionalStore>,
-) -> Result<(), BoxError> {
-    let concurrency = concurrency_limiter(&args, slots)?;
-    let limiter = rate_limiter(&args, store, algorithm)?;
-    let watched = limiter.clone();
-    let admin_concurrency = concurrency.clone();
+use tower::Layer as _;
+
+/// The rate limit on the public listener, what the admin routes show of it, and with
+/// `--config` the file and the limits it reloads.
+struct Limited {
+    layer: Layer,
+    quotas: Quotas,
+    reloaded: Option<(String, LiveLimits)>,
+}
+
+/// The rate limit on the public listener, as the flags (or the limits file) set it, with
+/// what the admin routes show of it and, with `--config`, the limits the file reloads.
+fn rate_limit_layer(
+    args: &Args,
+    limiter: RateLimiter<Arc<dyn Algorithm>>,
+) -> Result<Limited, BoxError> {
     if let Some(lifetime) = args.unit_lease {
         println!(
             "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",
             lifetime.as_millis()
         );
     }
-    let mut layer = RateLimitLayer::new(limiter, key_extractor(&args)?).headers(args.headers);
+    let mut layer = RateLimitLayer::new(limiter, key_extractor(args)?).headers(args.headers);
     if args.allow.is_some() || args.deny.is_some() || args.config.is_some() {
-        layer = layer.list_addresses(client_ip(&args)?);
+        layer = layer.list_addresses(client_ip(args)?);
     }
     if let Some(list) = args.allow.clone() {
         println!(
@@ -49,68 +50,110 @@ pub(crate) async fn serve(
         );
         layer = layer.count_only(statuses)?;
     }
-    let mut watched_file = None;
-    let mut quotas = Quotas::Own;
     if let Some(path) = &args.config {
         // The limits from the file, replaced on each reload (plans and lists included).
-        let (live_layer, live) = layer.live(limits_of(&args))?;
-        layer = live_layer;
+        let (live_layer, live) = layer.live(limits_of(args))?;
         println!("config: {path} (reloaded on SIGHUP and when it changes)");
-        quotas = Quotas::Live(live.clone());
-        watched_file = Some((path.clone(), live));
-    } else if let Some(header) = args
+        return Ok(Limited {
+            layer: live_layer,
+            quotas: Quotas::Live(live.clone()),
+            reloaded: Some((path.clone(), live)),
+        });
+    }
+    let Some(header) = args
         .key
         .strip_prefix("header:")
         .filter(|_| !args.plans.is_empty())
-    {
-        let header = http::HeaderName::from_bytes(header.as_bytes())?;
-        let plans: Arc<HashMap<Vec<u8>, Quota>> = Arc::new(
-            args.plans
-                .iter()
-                .map(|(key, quota, _)| (key.as_bytes().to_vec(), *quota))
-                .collect(),
-        );
-        quotas = Quotas::Plans(Arc::clone(&plans));
-        layer = layer.quota_fn(move |parts| {
+    else {
+        return Ok(Limited {
+            layer,
+            quotas: Quotas::Own,
+            reloaded: None,
+        });
+    };
+    let header = http::HeaderName::from_bytes(header.as_bytes())?;
+    let plans: Arc<HashMap<Vec<u8>, Quota>> = Arc::new(
+        args.plans
+            .iter()
+            .map(|(key, quota, _)| (key.as_bytes().to_vec(), *quota))
+            .collect(),
+    );
+    let layer = layer.quota_fn({
+        let plans = Arc::clone(&plans);
+        move |parts| {
             let key = parts.headers.get(&header)?;
             plans.get(key.as_bytes()).copied()
-        });
-    }
-    let app = match &args.upstream {
-        Some(upstream) => {
-            println!("upstream: {}", upstream.describe());
-            Router::new()
-                .fallback(proxy::forward)
-                .with_state(proxy::Proxy::new(upstream.clone(), args.upstream_timeout))
         }
-        None => Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route("/status/{code}", get(status))
-            .route("/sleep/{ms}", get(sleep))
-            .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") }),
-    };
+    });
+    Ok(Limited {
+        layer,
+        quotas: Quotas::Plans(plans),
+        reloaded: None,
+    })
+}
+
+type Layer = RateLimitLayer<Arc<dyn KeyExtractor>, Arc<dyn Algorithm>>;
+
+/// The demo routes: `/`, `/status/{code}`, `/sleep/{ms}`.
+fn demo_routes() -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/status/{code}", get(status))
+        .route("/sleep/{ms}", get(sleep))
+        .fallback(|| async { (http::StatusCode::NOT_FOUND, "not found") })
+}
+
+#[allow(clippy::too_many_arguments)] // The stores and settings `run` made, each once.
+pub(crate) async fn serve(
+    base: Args,
+    args: Args,
+    file: Option<FileWatch>,
+    store: Arc<dyn Store>,
+    slots: Option<Arc<dyn SlotStore>>,
+    algorithm: Arc<dyn Algorithm>,
+    metrics: Option<PrometheusHandle>,
+    regional: Option<RegionalStore>,
+) -> Result<(), BoxError> {
+    let concurrency = concurrency_limiter(&args, slots)?;
+    let limiter = rate_limiter(&args, store, algorithm)?;
+    let Limited {
+        layer,
+        quotas,
+        reloaded,
+    } = rate_limit_layer(&args, limiter.clone())?;
+    let admin = metrics.map(|metrics| AdminState {
+        metrics,
+        limiter,
+        concurrency: concurrency.clone(),
+        keys: KeyText::of(&args),
+        token: None,
+        regional,
+        quotas,
+    });
+    if let Some(upstream) = &args.upstream {
+        println!("upstream: {}", upstream.describe());
+    }
     if args.shadow && !args.no_limit {
         println!("shadow mode: over-limit requests are served (and logged), never rejected");
     }
-    let app = if args.no_limit {
+    let layer = if args.no_limit {
         println!("limiter: off (--no-limit)");
-        app
+        None
     } else {
-        app.layer(layer)
+        Some(layer)
     };
-    let app = match concurrency.filter(|_| !args.no_limit) {
+    let concurrency = match concurrency.filter(|_| !args.no_limit) {
         Some(limiter) => {
             println!(
                 "concurrency: at most {} requests per key in flight (lease {} ms)",
                 limiter.max_in_flight(),
                 limiter.permit_ttl().as_millis()
             );
-            // Outermost: a request refused for concurrency spends no rate-limit units.
-            app.layer(ConcurrencyLimitLayer::new(limiter, key_extractor(&args)?))
+            Some(ConcurrencyLimitLayer::new(limiter, key_extractor(&args)?))
         }
-        None => app,
+        None => None,
     };
-    if let (Some((path, live)), Some(file)) = (watched_file, file) {
+    if let (Some((path, live)), Some(file)) = (reloaded, file) {
         watch(base, path, file, args.clone(), live);
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
@@ -118,45 +161,95 @@ pub(crate) async fn serve(
     if args.config.is_none() {
         ignore_hangups()?;
     }
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     println!("listening on http://{}", listener.local_addr()?);
-    if let (Some(addr), Some(metrics)) = (args.admin_listen, metrics) {
-        let admin = tokio::net::TcpListener::bind(addr).await?;
-        println!("admin listening on http://{}", admin.local_addr()?);
-        let app = admin_router(AdminState {
-            metrics,
-            limiter: watched,
-            concurrency: admin_concurrency,
-            keys: KeyText::of(&args),
-            token: admin_token(&args)?,
-            regional,
-            quotas,
-        });
-        tokio::spawn(serve_http(
-            admin,
-            app,
-            MAX_ADMIN_CONNECTIONS,
-            std::future::pending(),
-            (Duration::ZERO, Duration::ZERO),
-        ));
+    if let (Some(addr), Some(mut admin)) = (args.admin_listen, admin) {
+        admin.token = admin_token(&args)?;
+        spawn_admin(addr, admin).await?;
     }
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!(
-            drain_ms = args.drain.as_millis() as u64,
-            "stopping: draining the requests in flight"
-        );
+    let stop = Shutdown {
+        signal: stop_signal(args.drain, terminate),
+        drain: args.drain,
+        // Past the drain time, the slots of the requests cut off get a store call's time (and
+        // a little more) to go back.
+        settle: args.timeout + Duration::from_millis(250),
     };
-    // Past the drain time, the slots of the requests cut off get a store call's time (and a
-    // little more) to go back.
-    let settle = args.timeout + Duration::from_millis(250);
-    if !serve_http(listener, app, MAX_CONNECTIONS, stop, (args.drain, settle)).await {
+    if !serve_public(&args, listener, layer, concurrency, stop).await {
         tracing::warn!("requests still in flight after the drain time; exiting");
     }
     Ok(())
+}
+
+/// The admin listener on `addr`, in a task of its own, for as long as the process runs.
+async fn spawn_admin(addr: SocketAddr, admin: AdminState) -> Result<(), BoxError> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("admin listening on http://{}", listener.local_addr()?);
+    let app = admin_router(admin);
+    let stop = Shutdown {
+        signal: std::future::pending(),
+        drain: Duration::ZERO,
+        settle: Duration::ZERO,
+    };
+    let make = move |_| app.clone();
+    tokio::spawn(serve_http(
+        listener,
+        make,
+        true,
+        MAX_ADMIN_CONNECTIONS,
+        stop,
+    ));
+    Ok(())
+}
+
+/// Ends at `SIGINT` or `SIGTERM`, saying the drain starts.
+async fn stop_signal(drain: Duration, mut terminate: tokio::signal::unix::Signal) {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!(
+        drain_ms = drain.as_millis() as u64,
+        "stopping: draining the requests in flight"
+    );
+}
+
+/// The public listener: the proxy with `--upstream`, else the demo routes, under the rate
+/// limit (`layer`) and the concurrency limit, outermost, so that a request refused for
+/// concurrency spends no units. `false` when requests were cut off by the drain time.
+async fn serve_public(
+    args: &Args,
+    listener: tokio::net::TcpListener,
+    layer: Option<Layer>,
+    concurrency: Option<ConcurrencyLimitLayer<Arc<dyn KeyExtractor>>>,
+    stop: Shutdown<impl std::future::Future<Output = ()>>,
+) -> bool {
+    let Some(upstream) = &args.upstream else {
+        let mut app = demo_routes();
+        if let Some(layer) = layer {
+            app = app.layer(layer);
+        }
+        if let Some(concurrency) = concurrency {
+            app = app.layer(concurrency);
+        }
+        return serve_http(listener, move |_| app.clone(), true, MAX_CONNECTIONS, stop).await;
+    };
+    // Each arm its own service type: no box between the layers and the proxy.
+    let proxy = proxy::Proxy::new(upstream.clone(), args.upstream_timeout);
+    let (max, addresses) = (MAX_CONNECTIONS, reads_client_address(args));
+    match (layer, concurrency) {
+        (None, _) => {
+            let make = move |c| proxy.connection(c);
+            serve_http(listener, make, false, max, stop).await
+        }
+        (Some(l), None) => {
+            let make = move |c| l.layer(proxy.connection(c));
+            serve_http(listener, make, addresses, max, stop).await
+        }
+        (Some(l), Some(k)) => {
+            let make = move |c| k.layer(l.layer(proxy.connection(c)));
+            serve_http(listener, make, addresses, max, stop).await
+        }
+    }
 }
 
 /// `SIGHUP` without `--config`: nothing to reload. Logged (at most once a second) and
@@ -184,72 +277,122 @@ pub(crate) const MAX_ADMIN_CONNECTIONS: usize = 64;
 /// connection's start, and from the end of the previous response on a kept-alive one.
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `app` over HTTP/1.1 on `listener`, with its client's address (`ConnectInfo`), at
-/// most `max` connections at once, each closed when a request's headers take longer than
-/// [`HEADER_READ_TIMEOUT`]. When `shutdown` ends, stops accepting, lets each connection finish
-/// the request it serves, and returns once all are closed (`true`) or `drain` has passed
-/// (`false`: the requests still running are dropped, and what they hold, such as concurrency
-/// slots, gets `settle` to go back).
-pub(crate) async fn serve_http(
+/// The public listener's shutdown: the signal that starts it, how long requests in flight get
+/// (`drain`), and how long what the requests cut off hold gets to go back (`settle`).
+pub(crate) struct Shutdown<F> {
+    pub(crate) signal: F,
+    pub(crate) drain: Duration,
+    pub(crate) settle: Duration,
+}
+
+/// The next connection, once fewer than the most are open, with the slot it holds. Failures
+/// to accept are waited out: a connection reset before it was taken is skipped, and anything
+/// else (out of descriptors, most likely) waits a second for some to close, logged once.
+async fn accept(
+    listener: &tokio::net::TcpListener,
+    slots: &Arc<tokio::sync::Semaphore>,
+) -> (
+    tokio::sync::OwnedSemaphorePermit,
+    (tokio::net::TcpStream, SocketAddr),
+) {
+    loop {
+        let slot = Arc::clone(slots)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        match listener.accept().await {
+            Ok(connection) => return (slot, connection),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "accept failed; trying again in 1 s");
+                drop(slot);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// One client connection's service: `service`, with the client's address in each request's
+/// extensions (`ConnectInfo`, where the key extractors and the admin routes find it) when
+/// something reads it.
+#[derive(Clone)]
+struct WithClient<S> {
+    service: S,
+    client: Option<SocketAddr>,
+}
+
+impl<S, B> hyper::service::Service<http::Request<hyper::body::Incoming>> for WithClient<S>
+where
+    S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>> + Clone,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = tower::util::Oneshot<S, http::Request<hyper::body::Incoming>>;
+
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        use tower::ServiceExt;
+        if let Some(client) = self.client {
+            req.extensions_mut().insert(ConnectInfo(client));
+        }
+        self.service.clone().oneshot(req)
+    }
+}
+
+/// Serves HTTP/1.1 on `listener`, each connection with the service `make` gives for its
+/// client's address (and that address in each request's extensions if `addresses`), at most `max` connections at once, each closed when a request's headers
+/// take longer than [`HEADER_READ_TIMEOUT`]. When `stop.signal` ends, stops accepting, lets
+/// each connection finish the request it serves, and returns once all are closed (`true`) or
+/// `stop.drain` has passed (`false`: the requests still running are dropped, and what they
+/// hold, such as concurrency slots, gets `stop.settle` to go back).
+pub(crate) async fn serve_http<S, B>(
     listener: tokio::net::TcpListener,
-    app: Router,
+    mut make: impl FnMut(SocketAddr) -> S,
+    addresses: bool,
     max: usize,
-    shutdown: impl std::future::Future<Output = ()>,
-    (drain, settle): (Duration, Duration),
-) -> bool {
-    use hyper_util::{
-        rt::{TokioExecutor, TokioIo, TokioTimer},
-        server::conn::auto::Builder,
-        service::TowerToHyperService,
-    };
-    use tower::Service;
+    stop: Shutdown<impl std::future::Future<Output = ()>>,
+) -> bool
+where
+    S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
 
     let slots = Arc::new(tokio::sync::Semaphore::new(max));
     let mut connections = tokio::task::JoinSet::new();
-    // HTTP/1 only: an HTTP/2 preface would be awaited with no timeout.
-    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let mut make = app.into_make_service_with_connect_info::<SocketAddr>();
+    let (stopping, stopped) = tokio::sync::watch::channel(());
+    let shutdown = stop.signal;
     tokio::pin!(shutdown);
     loop {
-        let accepted = tokio::select! {
+        let (slot, (stream, client)) = tokio::select! {
             () = &mut shutdown => break,
-            accepted = async {
-                let slot = Arc::clone(&slots).acquire_owned().await.expect("never closed");
-                (slot, listener.accept().await)
-            } => accepted,
+            accepted = accept(&listener, &slots) => accepted,
         };
-        let (slot, (stream, addr)) = match accepted {
-            (slot, Ok(conn)) => (slot, conn),
-            (_, Err(e)) => {
-                if !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
-                ) {
-                    // Out of descriptors, most likely: wait for some to close, one line a second.
-                    tracing::error!(error = %e, "accept failed; trying again in 1 s");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                continue;
-            }
-        };
-        let service = match make.call(addr).await {
-            Ok(service) => service,
-            Err(never) => match never {},
+        let _ = stream.set_nodelay(true);
+        let service = WithClient {
+            service: make(client),
+            client: addresses.then_some(client),
         };
         let builder = builder.clone();
         let mut stopped = stopped.clone();
         // Finished connections are forgotten as new ones come.
         while connections.try_join_next().is_some() {}
         connections.spawn(async move {
-            let conn = builder.serve_connection_with_upgrades(
-                TokioIo::new(stream),
-                TowerToHyperService::new(service),
-            );
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
@@ -262,9 +405,9 @@ pub(crate) async fn serve_http(
         });
     }
     drop(listener);
-    let _ = stop.send(());
+    let _ = stopping.send(());
     // Every connection closed: each gave its slot back.
-    let drained = tokio::time::timeout(drain, slots.acquire_many(max as u32))
+    let drained = tokio::time::timeout(stop.drain, slots.acquire_many(max as u32))
         .await
         .is_ok();
     if !drained {
@@ -273,7 +416,7 @@ pub(crate) async fn serve_http(
         // to reach the store before the process ends.
         connections.abort_all();
         while connections.join_next().await.is_some() {}
-        tokio::time::sleep(settle).await;
+        tokio::time::sleep(stop.settle).await;
     }
     drained
 }

@@ -13,7 +13,7 @@ use std::{
 
 use axum::{
     body::{Body, Bytes},
-    extract::Request,
+    extract::{ConnectInfo, Request},
     http::{HeaderMap, Method, StatusCode, Uri},
     response::IntoResponse,
     routing::any,
@@ -22,7 +22,8 @@ use axum::{
 
 use crate::servers::gateway::{assert_refused, get, get_path, start_gateway};
 
-/// An upstream serving `app` on a free 127.0.0.1 port until the test process ends.
+/// An upstream serving `app` on a free 127.0.0.1 port until the test process ends, its
+/// handlers given each connection's address (`ConnectInfo`).
 fn upstream(app: Router) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -34,6 +35,7 @@ fn upstream(app: Router) -> SocketAddr {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             axum::serve(listener, app).await.unwrap();
         });
     });
@@ -59,7 +61,8 @@ async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl
             .unwrap_or_else(|| "-".into())
     };
     let seen = format!(
-        "method: {method}\nuri: {uri}\nx-custom: {}\nx-forwarded-for: {}\ncontent-length: {}\ntransfer-encoding: {}\nconnection-private: {}\nbody: {}\n",
+        "method: {method}\nuri: {uri}\nhost: {}\nx-custom: {}\nx-forwarded-for: {}\ncontent-length: {}\ntransfer-encoding: {}\nconnection-private: {}\nbody: {}\n",
+        h("host"),
         h("x-custom"),
         h("x-forwarded-for"),
         h("content-length"),
@@ -96,6 +99,7 @@ fn a_proxied_request_keeps_its_method_target_headers_and_body() {
     for line in [
         "method: POST",
         "uri: /prefix/a/b%2Fc?x=1&y=%20z",
+        "host: gw",
         "x-custom: kept",
         "x-forwarded-for: 203.0.113.7, 127.0.0.1",
         "content-length: 5",
@@ -105,6 +109,82 @@ fn a_proxied_request_keeps_its_method_target_headers_and_body() {
     ] {
         assert!(answer.contains(line), "{line} in {answer}");
     }
+}
+
+/// A request without `Host` (HTTP/1.0) reaches the upstream with the upstream's authority.
+#[test]
+fn a_request_without_host_gets_the_upstreams() {
+    let up = upstream(Router::new().fallback(any(echo)));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "100"]);
+    let answer = exchange(gw.addr, b"GET /old HTTP/1.0\r\n\r\n");
+    assert!(
+        answer.starts_with("HTTP/1.0 201") || answer.starts_with("HTTP/1.1 201"),
+        "{answer}"
+    );
+    assert!(answer.contains(&format!("host: {up}\n")), "{answer}");
+}
+
+/// The upstream port each request came from, as its body.
+async fn peer_port(ConnectInfo(peer): ConnectInfo<SocketAddr>) -> String {
+    peer.port().to_string()
+}
+
+/// The bodies of the responses in a stream of HTTP/1.1 answers whose bodies are short lines.
+fn bodies(answers: &str) -> Vec<String> {
+    answers
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|answer| answer.rsplit("\r\n\r\n").next().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// A client connection's requests go over one upstream connection, and the upstream
+/// connections outlive the client connections: twenty clients one after another, each with
+/// three requests, reach the upstream over a handful of connections, not sixty.
+#[test]
+fn upstream_connections_are_kept_and_shared() {
+    let up = upstream(Router::new().fallback(any(peer_port)));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
+    let mut ports = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let answers = exchange(
+            gw.addr,
+            b"GET /1 HTTP/1.1\r\nhost: gw\r\n\r\nGET /2 HTTP/1.1\r\nhost: gw\r\n\r\nGET /3 HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n",
+        );
+        let seen = bodies(&answers);
+        assert_eq!(seen.len(), 3, "{answers}");
+        assert!(
+            seen.iter().all(|port| port == &seen[0]),
+            "one client connection, one upstream connection: {seen:?}"
+        );
+        ports.insert(seen[0].clone());
+    }
+    // The pool gets a connection back when its client's connection has ended, which a
+    // client reading its last answer may outrun: a few new connections, not one per client.
+    assert!(ports.len() <= 5, "upstream connections: {ports:?}");
+}
+
+/// An upstream that closes its connection after each answer (`connection: close`): every
+/// request still gets its answer, over a new connection each time.
+#[test]
+fn an_upstream_closing_its_connections_is_connected_again() {
+    let up = upstream(
+        Router::new().fallback(any(|peer: ConnectInfo<SocketAddr>| async move {
+            ([("connection", "close")], peer_port(peer).await)
+        })),
+    );
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
+    let answers = exchange(
+        gw.addr,
+        b"GET /1 HTTP/1.1\r\nhost: gw\r\n\r\nGET /2 HTTP/1.1\r\nhost: gw\r\n\r\nGET /3 HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n",
+    );
+    let seen = bodies(&answers);
+    assert_eq!(seen.len(), 3, "{answers}");
+    let distinct: std::collections::BTreeSet<_> = seen.iter().collect();
+    assert_eq!(distinct.len(), 3, "a new connection each time: {seen:?}");
 }
 
 #[test]
