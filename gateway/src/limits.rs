@@ -111,42 +111,7 @@ pub(crate) fn with_text(base: &Args, path: &str, text: &str) -> Result<Args, Str
         }
         in_file(e)
     })?;
-    // (the file key, the field an error names: `plans.KEY` for a plan, the value)
-    let mut pairs: Vec<(&str, String, Option<String>)> = Vec::new();
-    let mut put =
-        |key: &'static str, value: Option<String>| pairs.push((key, key.to_owned(), value));
-    // The fields that are one flag's value as written.
-    macro_rules! put_values {
-        ($($field:ident),*) => {$(
-            if let Some(v) = &file.$field {
-                put(stringify!($field), Some(v.to_string()));
-            }
-        )*};
-    }
-    put_values!(algorithm, limit, per, burst, key);
-    for v in file.trusted_proxy.iter().flatten() {
-        put("trusted_proxy", Some(v.to_string()));
-    }
-    put_values!(
-        ipv6_prefix,
-        on_redis_error,
-        local_share,
-        timeout_ms,
-        headers
-    );
-    put_values!(count_only, concurrency, lease_ms, unit_lease_ms);
-    if file.shadow == Some(true) {
-        put("shadow", None);
-    }
-    if let Some(v) = &file.allow {
-        put("allow", Some(v.join(",")));
-    }
-    if let Some(v) = &file.deny {
-        put("deny", Some(v.join(",")));
-    }
-    for (k, v) in file.plans.iter().flatten() {
-        pairs.push(("plans", format!("plans.{k}"), Some(format!("{k}={v}"))));
-    }
+    let pairs = flag_values(&file);
     let mut a = base.clone();
     for (key, field, value) in pairs {
         let flag = flag_of(key);
@@ -182,6 +147,47 @@ pub(crate) fn with_text(base: &Args, path: &str, text: &str) -> Result<Args, Str
         None => format!("--config {path}: {}", r.message),
     })?;
     Ok(a)
+}
+
+/// A limits file's settings as flag values: (the file key, the field an error names:
+/// `plans.KEY` for a plan, the value as the flag takes it).
+fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> {
+    let mut pairs = Vec::new();
+    let mut put =
+        |key: &'static str, value: Option<String>| pairs.push((key, key.to_owned(), value));
+    // The fields that are one flag's value as written.
+    macro_rules! put_values {
+        ($($field:ident),*) => {$(
+            if let Some(v) = &file.$field {
+                put(stringify!($field), Some(v.to_string()));
+            }
+        )*};
+    }
+    put_values!(algorithm, limit, per, burst, key);
+    for v in file.trusted_proxy.iter().flatten() {
+        put("trusted_proxy", Some(v.to_string()));
+    }
+    put_values!(
+        ipv6_prefix,
+        on_redis_error,
+        local_share,
+        timeout_ms,
+        headers
+    );
+    put_values!(count_only, concurrency, lease_ms, unit_lease_ms);
+    if file.shadow == Some(true) {
+        put("shadow", None);
+    }
+    if let Some(v) = &file.allow {
+        put("allow", Some(v.join(",")));
+    }
+    if let Some(v) = &file.deny {
+        put("deny", Some(v.join(",")));
+    }
+    for (k, v) in file.plans.iter().flatten() {
+        pairs.push(("plans", format!("plans.{k}"), Some(format!("{k}={v}"))));
+    }
+    pairs
 }
 
 /// The settings a reload may change: those of [`Limits`]. The others (the algorithm, the key

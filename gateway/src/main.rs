@@ -247,122 +247,11 @@ async fn run(base: Args) -> Result<(), BoxError> {
         _ => base.clone(),
     };
     let (quota, algorithm) = check(&args)?;
-    let redis_flags = [
-        args.redis.is_some(),
-        args.redis_cluster.is_some(),
-        args.redis_sentinel.is_some(),
-    ];
-    let uses_redis = redis_flags.contains(&true);
-    if redis_flags.iter().filter(|&&f| f).count() > 1 {
-        return Err("give one of --redis, --redis-cluster and --redis-sentinel".into());
-    }
-    if args.redis_sentinel.is_some() != args.sentinel_master.is_some() {
-        return Err("--redis-sentinel and --sentinel-master go together".into());
-    }
-    if args.redis_cert.is_some() != args.redis_key.is_some() {
-        return Err("--redis-cert and --redis-key go together".into());
-    }
-    if !uses_redis
-        && args.regions.is_none()
-        && (args.redis_ca.is_some() || args.redis_cert.is_some() || args.lazy_connect)
-    {
-        return Err(
-            "--redis-ca, --redis-cert, --redis-key and --lazy-connect are for Redis: give --redis, --redis-cluster, --redis-sentinel or --regions"
-                .into(),
-        );
-    }
-    if args.batch && !uses_redis {
-        return Err(
-            "--batch batches Redis calls: give --redis, --redis-cluster or --redis-sentinel".into(),
-        );
-    }
-    let read = |flag: &str, path: &Option<String>| -> Result<Option<Vec<u8>>, String> {
-        path.as_ref()
-            .map(|p| std::fs::read(p).map_err(|e| format!("{flag} {p}: {e}")))
-            .transpose()
-    };
-    let mut builder = RedisStore::builder()
-        .connect_timeout(args.connect_timeout)
-        .lazy(args.lazy_connect);
-    if let Some(ca) = read("--redis-ca", &args.redis_ca)? {
-        builder = builder.ca_pem(ca);
-    }
-    if let (Some(cert), Some(key)) = (
-        read("--redis-cert", &args.redis_cert)?,
-        read("--redis-key", &args.redis_key)?,
-    ) {
-        builder = builder.client_cert_pem(cert, key);
-    }
-    let batching = |store: RedisStore| -> Result<RedisStore, String> {
-        if !args.batch {
-            return Ok(store);
-        }
-        println!("batching: concurrent checks share one script call (exact)");
-        store
-            .with_batching(Batching::new())
-            .map_err(|e| format!("--batch: {}", ErrorChain(&e)))
-    };
-    let lazy = if args.lazy_connect {
-        " (lazy: connects on the first check)"
-    } else {
-        ""
-    };
-    let mut regional = None;
-    // The store's concurrency slots: every store but the regional one keeps them.
-    let mut slots: Option<Arc<dyn SlotStore>> = None;
-    let store: Arc<dyn Store> = match (&args.redis, &args.redis_cluster, &args.redis_sentinel) {
-        _ if args.regions.is_some() => {
-            let store = regional_store(&args, builder).await?;
-            regional = Some(store.clone());
-            Arc::new(store)
-        }
-        (_, Some(nodes), _) => {
-            let store = builder
-                .connect_cluster(nodes)
-                .await
-                .map_err(|e| format!("--redis-cluster {}: {}", shown(nodes), ErrorChain(&e)))?;
-            println!(
-                "store: redis cluster via {} (shared by every instance pointing at it)",
-                shown(nodes)
-            );
-            let store = Arc::new(batching(store)?);
-            slots = Some(store.clone());
-            store
-        }
-        (_, _, Some(sentinels)) => {
-            let master = args.sentinel_master.as_deref().unwrap_or_default();
-            let store = builder
-                .connect_sentinel(sentinels, master)
-                .await
-                .map_err(|e| {
-                    format!("--redis-sentinel {}: {}", shown(sentinels), ErrorChain(&e))
-                })?;
-            println!(
-                "store: redis primary of {master:?} via sentinels {}{lazy} (shared by every instance pointing at it)",
-                shown(sentinels)
-            );
-            let store = Arc::new(batching(store)?);
-            slots = Some(store.clone());
-            store
-        }
-        (Some(url), _, _) => {
-            let shown = RedisStore::redact_url(url);
-            let store = builder
-                .connect(url)
-                .await
-                .map_err(|e| format!("--redis {shown}: {}", ErrorChain(&e)))?;
-            println!("store: redis at {shown}{lazy} (shared by every instance pointing at it)");
-            let store = Arc::new(batching(store)?);
-            slots = Some(store.clone());
-            store
-        }
-        (None, None, None) => {
-            println!("store: in-memory (no --redis given; limits hold for this process only)");
-            let store = Arc::new(MemoryStore::new());
-            slots = Some(store.clone());
-            store
-        }
-    };
+    let Connected {
+        store,
+        slots,
+        regional,
+    } = connect_store(&args).await?;
     println!(
         "limit: {quota} per key ({}), key: {}, on store error: {:?}{}",
         args.algorithm,
@@ -380,22 +269,25 @@ async fn run(base: Args) -> Result<(), BoxError> {
     // Installed before the limiter decides anything: its metric handles are taken from the
     // recorder on its first decision.
     let metrics = match args.admin_listen {
-        Some(_) => Some(
-            PrometheusBuilder::new()
-                // The store's latency as a histogram (per-instance quantiles cannot be summed
-                // across a fleet), with buckets for store calls: 100 µs to 5 s.
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(
-                        tower_redis_ratelimit::telemetry::STORE_LATENCY.to_owned(),
-                    ),
-                    STORE_LATENCY_BUCKETS,
-                )
-                .and_then(PrometheusBuilder::install_recorder)
-                .map_err(|e| format!("--admin-listen: {}", ErrorChain(&e)))?,
-        ),
+        Some(_) => Some(metrics_recorder()?),
         None => None,
     };
     serve(base, args, file, store, slots, algorithm, metrics, regional).await
+}
+
+/// The Prometheus recorder `/metrics` renders, installed for the process.
+fn metrics_recorder() -> Result<PrometheusHandle, String> {
+    PrometheusBuilder::new()
+        // The store's latency as a histogram (per-instance quantiles cannot be summed across
+        // a fleet), with buckets for store calls: 100 µs to 5 s.
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                tower_redis_ratelimit::telemetry::STORE_LATENCY.to_owned(),
+            ),
+            STORE_LATENCY_BUCKETS,
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| format!("--admin-listen: {}", ErrorChain(&e)))
 }
 
 fn main() -> ExitCode {
