@@ -163,12 +163,17 @@
 //! - `--upstream http://HOST:PORT[/PREFIX]`: stand in front of a service. Every request the
 //!   limiter lets through goes to the upstream with its method, its path and query byte for
 //!   byte (after PREFIX), its headers (hop-by-hop ones dropped, `x-forwarded-for` appended with
-//!   the client's address) and its body (its `content-length` kept), streamed both ways over
-//!   pooled connections; the upstream's status, headers and body come back with the
-//!   rate-limit fields added, and `--count-only` reads the upstream's status. A refused
-//!   request never reaches the upstream. An upstream that cannot be reached answers 502; one
-//!   whose response headers take longer than `--upstream-timeout-ms N` (30,000), 504. Printed
-//!   at start-up as `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
+//!   the client's address; `host` added with the upstream's authority when the client sent
+//!   none) and its body (its `content-length` kept), streamed both ways. A client connection
+//!   keeps one upstream connection for its requests, taken from a pool of idle ones (at most
+//!   256, each kept at most 60 s) or opened, and given back when the client's connection ends;
+//!   a request goes out once, and is sent again (on another connection) only when the
+//!   connection closed before any of it was written. The upstream's status, headers and body
+//!   come back with the rate-limit fields added, and `--count-only` reads the upstream's
+//!   status. A refused request never reaches the upstream. An upstream that cannot be reached
+//!   answers 502; one whose response headers take longer than `--upstream-timeout-ms N`
+//!   (30,000, the connection's opening included), 504. Printed at start-up as
+//!   `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
 //! - `--threads N` (one per CPU): the threads serving requests; with 1, one thread does
 //!   everything, with no hand-offs between threads (the fastest on one core).
 //! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the
