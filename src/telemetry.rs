@@ -38,7 +38,9 @@
 //! |---|---|---|
 //! | `ratelimit_decisions_total` | counter | `policy`, `decision` = `allowed` / `denied` / `would_deny` / `unavailable`, `source` = `store` / `deny_cache` / `unit_lease` / `local` / `failure_policy` |
 //! | `ratelimit_key_decisions_total` | counter | `policy`, `key`, `decision`: only the keys listed with [`metric_keys`](crate::rate_limit::RateLimiterBuilder::metric_keys) |
-//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
+//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
+//! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
+//! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
@@ -46,14 +48,21 @@
 //!
 //! The latency histogram times the checks that waited for the store, a check that failed or
 //! timed out included (at its duration); a store that decides without waiting
-//! (`MemoryStore`), the deny cache and unit leases are not timed. Metric
-//! handles are taken from the recorder on a limit's first decision: install the recorder
-//! (e.g. `metrics-exporter-prometheus`) before the first request.
+//! (`MemoryStore`), the deny cache and unit leases are not timed.
+//!
+//! Building a limit describes every family to the recorder (`# HELP`) and registers at 0 the
+//! series a dashboard reads before anything happened: `allowed` and `denied` (`would_deny`
+//! in shadow mode) answered by the store, and by the deny cache and unit leases when they
+//! are on, the near-limit counter and the breaker's gauge; the other combinations of
+//! `decision` and `source` appear on their first decision. Metric handles are taken from
+//! the recorder on a limit's first decision. Install the recorder (e.g.
+//! `metrics-exporter-prometheus`) before building the limits, or at least before the first
+//! request (the descriptions and the series at 0 then come with the first decisions).
 
 pub use crate::core::{
     report::{
-        DECISIONS, KEY_DECISIONS, REFUNDS, STORE_ERRORS, STORE_LATENCY, UPSTREAM_LEARNED,
-        UPSTREAM_WAITS,
+        BREAKER_OPEN, DECISIONS, KEY_DECISIONS, NEAR_LIMIT, REFUNDS, STORE_ERRORS, STORE_LATENCY,
+        UPSTREAM_LEARNED, UPSTREAM_WAITS,
     },
     KeyCount, LimiterStats,
 };

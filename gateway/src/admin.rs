@@ -16,6 +16,10 @@ pub(crate) struct AdminState {
     /// Each key's quota, as the layer finds it: the live limits of `--config`, or the
     /// `--plan`s.
     pub(crate) quotas: Quotas,
+    /// The quota of keys without a plan, as the flags (or the file at start-up) set it.
+    pub(crate) quota: Quota,
+    /// `--algorithm`, as given.
+    pub(crate) algorithm: String,
 }
 
 /// Where the layer finds a key's quota, so that a peek shows what a check would.
@@ -80,8 +84,8 @@ impl KeyText {
 }
 
 /// The operators' listener: `/metrics` (Prometheus text), `/top?n=N` (JSON), `/keys/{key}`
-/// (`GET` the state, `DELETE` to reset) and `/bans/{key}` (`PUT ?seconds=N`, `DELETE`),
-/// every route behind the token when there is one.
+/// (`GET` the state, `DELETE` to reset), `/bans/{key}` (`PUT ?seconds=N`, `DELETE`),
+/// `/healthz`, `/limits` (JSON) and `/region`, every route behind the token when there is one.
 pub(crate) fn admin_router(state: AdminState) -> Router {
     let guard = state.token.clone();
     Router::new()
@@ -104,6 +108,7 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
         )
         .route("/region", get(region_state))
         .route("/healthz", get(healthz))
+        .route("/limits", get(limits))
         .route("/keys/{*key}", get(peek_key).delete(reset_key))
         .route("/bans/{*key}", put(ban_key).delete(unban_key))
         .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
@@ -400,4 +405,45 @@ pub(crate) fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) ->
         })
         .collect();
     axum::Json(items).into_response()
+}
+
+/// `GET /limits`: the limits in force, as JSON: `generation` (the reloads put in force since
+/// the start) and one entry per policy: the default one, then each plan as `plan:KEY` (the
+/// key as `/top` shows keys), sorted by key.
+async fn limits(State(s): State<AdminState>) -> Response {
+    let (quota, shadow, mut plans) = match &s.quotas {
+        Quotas::Live(live) => {
+            let limits = live.limits();
+            let plans: Vec<(Vec<u8>, Quota)> =
+                limits.plans().map(|(k, q)| (k.to_vec(), q)).collect();
+            (limits.quota(), limits.is_shadow(), plans)
+        }
+        Quotas::Plans(plans) => (
+            s.quota,
+            s.limiter.is_shadow(),
+            plans.iter().map(|(k, q)| (k.clone(), *q)).collect(),
+        ),
+        Quotas::Own => (s.quota, s.limiter.is_shadow(), Vec::new()),
+    };
+    plans.sort_by(|a, b| a.0.cmp(&b.0));
+    let windowed = matches!(s.algorithm.as_str(), "sliding-window" | "fixed-window");
+    let entry = |policy: String, quota: Quota| {
+        serde_json::json!({
+            "policy": policy,
+            "algorithm": s.algorithm,
+            "limit": quota.limit(),
+            "per_ms": quota.period().as_millis() as u64,
+            "burst": if windowed { quota.limit() } else { quota.burst_size() },
+            "shadow": shadow,
+        })
+    };
+    let mut policies = vec![entry(s.limiter.policy_name().to_owned(), quota)];
+    for (key, quota) in plans {
+        policies.push(entry(format!("plan:{}", percent_encoded(&key)), quota));
+    }
+    axum::Json(serde_json::json!({
+        "generation": GENERATION.load(std::sync::atomic::Ordering::Relaxed),
+        "policies": policies,
+    }))
+    .into_response()
 }

@@ -37,7 +37,8 @@
 //! within 1 s of its last write or of `SIGHUP` (a writer that needs its file read whole at
 //! once writes another file and renames it into place). Looks, reads and checks run off the
 //! threads that serve requests. Each read gives one stderr line: `config reloaded: FILE: limit
-//! QUOTA`, or `config refused: REASON`, when the file is empty, is not a regular file (a FIFO,
+//! QUOTA` (followed by `, shadow on` when the file turns shadow mode on), or
+//! `config refused: REASON`, when the file is empty, is not a regular file (a FIFO,
 //! a device), is over 8 MiB, does not parse or changes a setting
 //! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
 //! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
@@ -83,7 +84,13 @@
 //! - `GET /metrics`: the crate's metrics in the Prometheus text format, among them
 //!   `ratelimit_decisions_total{policy, decision, source}` (`decision`: `allowed`, `denied`,
 //!   `would_deny`, `unavailable`; `source`: `store`, `deny_cache`, `unit_lease`, `local`,
-//!   `failure_policy`);
+//!   `failure_policy`), every family with its `# HELP` and `# TYPE`, the decisions a
+//!   dashboard reads present at 0 from the start, `ratelimit_store_latency_seconds` a
+//!   histogram (100 µs to 5 s) counting every store call, failed and timed-out ones included,
+//!   `ratelimit_breaker_open{policy}` (1 while the circuit breaker is open),
+//!   `ratelimit_near_limit_total{policy}` (allowed decisions that left the key at or under
+//!   20% of its capacity) and, with `--config`, `ratelimit_config_reloads_total{result="ok"|
+//!   "refused"}`;
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
 //!   `[{"key": "...", "encoding": "utf8", "policy": "default", "denied": N, "would_deny": M},
 //!   ...]` (a key that is not UTF-8 percent-encoded, with `"encoding": "percent"`), sorted by
@@ -97,7 +104,12 @@
 //!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
 //!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s;
 //! - `GET /healthz`: `200` with body `ok` when the store answers within the store timeout
-//!   (always, on the in-memory store), else `503` with a one-line reason.
+//!   (always, on the in-memory store), else `503` with a one-line reason;
+//! - `GET /limits`: the limits in force, as JSON, `{"generation": N, "policies": [{"policy":
+//!   "default", "algorithm": "gcra", "limit": N, "per_ms": N, "burst": N, "shadow": false},
+//!   ...]}`: `generation` counts the reloads put in force, each plan is a policy of its own
+//!   named `plan:KEY` (the key as `/top` names keys), `burst` is the algorithm's (the limit,
+//!   for the windows).
 //!
 //! `{key}` is the bytes the key extractor produces, percent-encoded (any bytes: a key that is
 //! not UTF-8 is named as `/top` shows it): a header's value with

@@ -2,6 +2,25 @@
 
 use super::*;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The metric counting the limits file's reloads, by result (`ok`, `refused`).
+pub(crate) const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
+
+/// How many reloads were put in force since the start (`GET /limits`' `generation`).
+pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Describes the reload counter and registers both results at 0.
+fn register_reloads() {
+    metrics::describe_counter!(
+        CONFIG_RELOADS,
+        "Reloads of the gateway's limits file, by result (ok: in force; refused: the running limits stay)."
+    );
+    for result in ["ok", "refused"] {
+        metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
+}
+
 /// Puts the file's new text in force, or says why not (the running limits stay). One stderr
 /// line either way. Runs off the async runtime: a file of many plans takes its time.
 pub(crate) fn reload(
@@ -28,12 +47,18 @@ pub(crate) fn reload(
     match outcome {
         Ok(next) => {
             *running = next;
+            GENERATION.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(CONFIG_RELOADS, "result" => "ok").increment(1);
+            let shadow = if running.shadow { ", shadow on" } else { "" };
             eprintln!(
-                "config reloaded: {path}: limit {}",
+                "config reloaded: {path}: limit {}{shadow}",
                 limits_of(running).quota()
             );
         }
-        Err(reason) => eprintln!("config refused: {reason}"),
+        Err(reason) => {
+            metrics::counter!(CONFIG_RELOADS, "result" => "refused").increment(1);
+            eprintln!("config refused: {reason}");
+        }
     }
 }
 
@@ -45,6 +70,7 @@ pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// as the gateway runs. Each look, read and check runs on tokio's blocking threads, never on
 /// the threads that serve requests.
 pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, live: LiveLimits) {
+    register_reloads();
     // Taken here, before the gateway says where it listens: a SIGHUP sent right after that
     // line finds it (the signal's default action would end the process).
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {

@@ -129,6 +129,8 @@ pub(crate) async fn serve(
         token: None,
         regional,
         quotas,
+        quota: limits_of(&args).quota(),
+        algorithm: args.algorithm.clone(),
     });
     if let Some(upstream) = &args.upstream {
         println!("upstream: {}", upstream.describe());

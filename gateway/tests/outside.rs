@@ -26,3 +26,5 @@ mod proxy;
 mod regions;
 #[path = "outside/steer.rs"]
 mod steer;
+#[path = "outside/telemetry.rs"]
+mod telemetry;

@@ -21,6 +21,9 @@ pub(crate) struct BreakerState {
     open_until: AtomicU64,
     probing: AtomicBool,
     opened: AtomicU64,
+    /// The policy whose gauge `ratelimit_breaker_open` shows this breaker's state (`None`:
+    /// a limit that does not report).
+    policy: Option<std::sync::Arc<str>>,
 }
 
 /// Permission to call the store; a probe resets the half-open state if it is dropped
@@ -33,15 +36,30 @@ pub(crate) struct Attempt<'a> {
 }
 
 impl BreakerState {
-    pub(crate) fn new(config: CircuitBreaker) -> Self {
-        Self {
+    /// A closed breaker; with a `policy`, its gauge is registered at 0.
+    pub(crate) fn new(config: CircuitBreaker, policy: Option<std::sync::Arc<str>>) -> Self {
+        let state = Self {
             config,
             epoch: Instant::now(),
             consecutive: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
             opened: AtomicU64::new(0),
+            policy: policy.filter(|_| config.failures > 0),
+        };
+        state.show(false);
+        state
+    }
+
+    /// Sets the policy's `ratelimit_breaker_open` gauge.
+    fn show(&self, open: bool) {
+        #[cfg(feature = "metrics")]
+        if let Some(policy) = &self.policy {
+            metrics::gauge!(super::report::BREAKER_OPEN, "policy" => policy.to_string())
+                .set(if open { 1.0 } else { 0.0 });
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = open;
     }
 
     fn now_us(&self) -> u64 {
@@ -73,10 +91,20 @@ impl BreakerState {
         })
     }
 
-    fn open(&self, why: &str) {
+    /// Opens the breaker for a cool-down: logged at `warn` when it was closed; a failed
+    /// probe keeps it open, which is no change of state (`debug`).
+    fn open(&self, why: &str, was_open: bool) {
         let until = self.now_us() + self.config.cool_down.as_micros() as u64;
         self.open_until.store(until, Ordering::Release);
         self.opened.fetch_add(1, Ordering::Relaxed);
+        if was_open {
+            tracing::debug!(
+                cool_down = ?self.config.cool_down,
+                "rate limit: circuit breaker stays open ({why})"
+            );
+            return;
+        }
+        self.show(true);
         tracing::warn!(
             cool_down = ?self.config.cool_down,
             "rate limit: circuit breaker open ({why}); not calling the store until the cool-down ends"
@@ -97,6 +125,7 @@ impl Attempt<'_> {
             if self.probe {
                 s.open_until.store(0, Ordering::Release);
                 s.probing.store(false, Ordering::Release);
+                s.show(false);
                 tracing::info!("rate limit: circuit breaker closed; the store answers again");
             }
             return;
@@ -106,10 +135,10 @@ impl Attempt<'_> {
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         if self.probe {
-            s.open("probe failed");
+            s.open("probe failed", true);
             s.probing.store(false, Ordering::Release);
         } else if n >= s.config.failures && s.open_until.load(Ordering::Acquire) == 0 {
-            s.open(&format!("{n} store failures in a row"));
+            s.open(&format!("{n} store failures in a row"), false);
         }
     }
 }
@@ -131,7 +160,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn opens_after_failures_then_probes_once_and_closes() {
-        let s = BreakerState::new(CircuitBreaker::new(3, Duration::from_millis(30)));
+        let s = BreakerState::new(CircuitBreaker::new(3, Duration::from_millis(30)), None);
         for _ in 0..2 {
             s.attempt().unwrap().finish(false);
         }
@@ -157,7 +186,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_probe_does_not_wedge_the_breaker() {
-        let s = BreakerState::new(CircuitBreaker::new(1, Duration::from_millis(10)));
+        let s = BreakerState::new(CircuitBreaker::new(1, Duration::from_millis(10)), None);
         s.attempt().unwrap().finish(false);
         advance(Duration::from_millis(10)).await;
         drop(s.attempt().unwrap());
@@ -166,12 +195,12 @@ mod tests {
 
     #[test]
     fn success_resets_the_count_and_disabled_never_opens() {
-        let s = BreakerState::new(CircuitBreaker::new(2, Duration::from_secs(60)));
+        let s = BreakerState::new(CircuitBreaker::new(2, Duration::from_secs(60)), None);
         s.attempt().unwrap().finish(false);
         s.attempt().unwrap().finish(true);
         s.attempt().unwrap().finish(false);
         assert!(s.attempt().is_some());
-        let off = BreakerState::new(CircuitBreaker::disabled());
+        let off = BreakerState::new(CircuitBreaker::disabled(), None);
         for _ in 0..100 {
             off.attempt().unwrap().finish(false);
         }

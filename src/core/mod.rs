@@ -78,7 +78,7 @@ impl Core {
             policy: Arc::clone(policy),
             timeout: DEFAULT_TIMEOUT,
             max_key_len: DEFAULT_MAX_KEY_LEN,
-            breaker: BreakerState::new(CircuitBreaker::disabled()),
+            breaker: BreakerState::new(CircuitBreaker::disabled(), None),
             failure: FailurePolicy::Closed,
             share: NonZeroU32::MIN,
             counters: Counters::default(),
@@ -103,7 +103,7 @@ impl Core {
     ) -> Result<T, Error> {
         let Some(attempt) = self.breaker.attempt() else {
             self.counters.short_circuited.increment();
-            report::store_failed(&self.policy, &Error::CircuitOpen);
+            report::short_circuited(&self.policy);
             return Err(Error::CircuitOpen);
         };
         let result = within(self.timeout, call()).await;

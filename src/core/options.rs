@@ -69,13 +69,15 @@ impl Options {
             Some(namespaces) => Some(namespaces.claim(&namespace, kind, rule, shared)?),
             None => None,
         };
+        super::report::describe();
+        let policy: Arc<str> = self.policy.into();
         Ok(Core {
             store,
             namespace: namespace.into(),
-            policy: self.policy.into(),
             timeout: self.timeout,
             max_key_len: self.max_key_len,
-            breaker: BreakerState::new(self.breaker),
+            breaker: BreakerState::new(self.breaker, Some(Arc::clone(&policy))),
+            policy,
             failure: self.failure,
             share,
             counters: Counters::default(),

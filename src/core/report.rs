@@ -26,6 +26,56 @@ pub const REFUNDS: &str = "ratelimit_refunds_total";
 pub const STORE_LATENCY: &str = "ratelimit_store_latency_seconds";
 /// Metric names.
 pub const KEY_DECISIONS: &str = "ratelimit_key_decisions_total";
+/// Metric names.
+pub const BREAKER_OPEN: &str = "ratelimit_breaker_open";
+/// Metric names.
+pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+
+/// Describes every metric family of this crate to the installed recorder (`# HELP` in
+/// Prometheus' text). Called when a limit is built; describing twice changes nothing.
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(
+            DECISIONS,
+            "Rate-limit decisions, by policy, verdict (allowed, denied, would_deny, unavailable) and what answered (store, deny_cache, unit_lease, local, failure_policy)."
+        );
+        describe_counter!(
+            KEY_DECISIONS,
+            "Rate-limit decisions of the keys listed with metric_keys, by policy, key and verdict."
+        );
+        describe_counter!(
+            STORE_ERRORS,
+            "Store calls that failed, by policy and kind (timeout, redis, other); checks refused by an open circuit breaker are not store calls."
+        );
+        describe_counter!(
+            REFUNDS,
+            "Units given back after the response, by policy and outcome (given, nothing, failed)."
+        );
+        describe_counter!(
+            UPSTREAM_LEARNED,
+            "Limits an upstream stated and the outbound throttle learned, by policy and header family."
+        );
+        describe_counter!(
+            UPSTREAM_WAITS,
+            "Outbound calls the throttle held back to stay within an upstream's limits, by policy."
+        );
+        describe_histogram!(
+            STORE_LATENCY,
+            Unit::Seconds,
+            "How long the store took for a check, failed and timed-out calls included, by policy."
+        );
+        describe_gauge!(
+            BREAKER_OPEN,
+            "1 while the policy's circuit breaker is open (checks do not call the store), else 0."
+        );
+        describe_counter!(
+            NEAR_LIMIT,
+            "Allowed decisions that left the key at or under 20% of its capacity, by policy."
+        );
+    }
+}
 
 /// A limit's metric handles, looked up in the installed recorder on the limit's first
 /// decision and kept: recording a decision then allocates nothing and looks nothing up.
@@ -38,22 +88,53 @@ pub(crate) struct Meters {
 
 #[cfg(feature = "metrics")]
 struct Handles {
-    decisions: [[metrics::Counter; Source::ALL.len()]; Verdict::ALL.len()],
+    /// Each verdict and source's counter, taken on its first decision: a combination that
+    /// never occurs has no series.
+    decisions: [[std::sync::OnceLock<metrics::Counter>; Source::ALL.len()]; Verdict::ALL.len()],
     latency: metrics::Histogram,
+    near_limit: metrics::Counter,
+}
+
+/// The decisions' counter of `policy`, `verdict` and `source`.
+#[cfg(feature = "metrics")]
+fn decisions(policy: &str, verdict: Verdict, source: Source) -> metrics::Counter {
+    metrics::counter!(DECISIONS, "policy" => policy.to_owned(), "decision" => verdict.as_str(), "source" => source.as_str())
 }
 
 impl Meters {
     #[cfg(feature = "metrics")]
     fn handles(&self, policy: &str) -> &Handles {
         self.handles.get_or_init(|| {
-            let decisions = Verdict::ALL.map(|v| {
-                Source::ALL.map(|s| {
-                    metrics::counter!(DECISIONS, "policy" => policy.to_owned(), "decision" => v.as_str(), "source" => s.as_str())
-                })
-            });
-            let latency = metrics::histogram!(STORE_LATENCY, "policy" => policy.to_owned());
-            Box::new(Handles { decisions, latency })
+            Box::new(Handles {
+                decisions: Default::default(),
+                latency: metrics::histogram!(STORE_LATENCY, "policy" => policy.to_owned()),
+                near_limit: metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned()),
+            })
         })
+    }
+
+    /// Registers the series of `policy` a dashboard reads before anything happened (at 0):
+    /// the decisions that can occur (`expected`), the near-limit counter and, when the store
+    /// is timed, the latency. The handles themselves are taken on the first decision, from
+    /// the recorder installed by then.
+    pub(crate) fn register(&self, policy: &str, expected: &[(Verdict, Source)]) {
+        #[cfg(feature = "metrics")]
+        {
+            for &(verdict, source) in expected {
+                decisions(policy, verdict, source).increment(0);
+            }
+            metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned()).increment(0);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (policy, expected);
+    }
+
+    /// Counts an allowed decision that left its key at or under a fifth of its capacity.
+    pub(crate) fn near_limit(&self, policy: &str) {
+        #[cfg(feature = "metrics")]
+        self.handles(policy).near_limit.increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = policy;
     }
 
     /// Counts one decision of `policy` in the metrics; `latency`: how long the store took,
@@ -68,7 +149,9 @@ impl Meters {
         #[cfg(feature = "metrics")]
         {
             let h = self.handles(policy);
-            h.decisions[verdict.index()][source.index()].increment(1);
+            h.decisions[verdict.index()][source.index()]
+                .get_or_init(|| decisions(policy, verdict, source))
+                .increment(1);
             if let Some(latency) = latency {
                 h.latency.record(latency.as_secs_f64());
             }
@@ -261,13 +344,21 @@ fn on_span(policy: &str, verdict: Verdict, source: Source, limit: &str) {
     span.record("rate_limit.limit", limit);
 }
 
+/// A check refused by the open circuit breaker: no store call was made, so no store error
+/// is counted (the breaker's gauge and the decision's source say it).
+pub(crate) fn short_circuited(policy: &str) {
+    tracing::trace!(
+        policy,
+        "rate limit: circuit breaker open; the store was not called"
+    );
+}
+
 pub(crate) fn store_failed(policy: &str, e: &Error) {
     tracing::debug!(policy, error = %crate::error::ErrorChain(&e), "rate limit: store check failed");
     #[cfg(feature = "metrics")]
     {
         let kind = match e {
             Error::Timeout(_) => "timeout",
-            Error::CircuitOpen => "circuit_open",
             Error::Redis(_) | Error::Pool(_) | Error::Connect(_) => "redis",
             _ => "other",
         };

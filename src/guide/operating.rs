@@ -89,7 +89,7 @@
 //!
 //! | level | event |
 //! |---|---|
-//! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed |
+//! | `debug` | each decision (`rate limit: decided`: policy, decision, source, limit, remaining, cost, store latency); a decision at the local share; a refund; a store call that failed; a half-open probe that failed, which keeps the circuit breaker open (no change of state) |
 //! | `trace` | each would-be denial in shadow mode with its key (`rate limit: would deny (shadow mode)`: policy, key, source, limit, remaining, retry time) |
 //! | `info` | would-be denials in shadow mode, summed: at most a line every ten seconds per policy (`rate limit: would deny (shadow mode); counted since the last such line`, `would_deny=N`, no key); the circuit breaker closing |
 //! | `warn` | a check that failed, where a layer applies the failure policy (`rate limit: store failed`, the error's causes on one line; at most a line a second per policy, `left_out` counting the failures not logged since); the circuit breaker opening; a refund that failed; a connection attempt that failed, or a Redis that stopped answering; the first request without a key; a concurrency renewal or release that failed, or Redis found to have lost the permits (admissions paused); a quota from `quota_fn` that cannot be used |
@@ -97,33 +97,51 @@
 //!
 //! **Metrics.** With the `metrics` feature (on by default) the limiters record through the
 //! [`metrics`](https://docs.rs/metrics) facade; install any recorder (a Prometheus exporter,
-//! say) before the first request. The names are constants in
+//! say) before building the limits (at the latest before the first request). The names are
+//! constants in
 //! [`telemetry`](crate::telemetry):
 //!
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `ratelimit_decisions_total` | counter | `policy`, `decision`, `source` (the tables above) |
 //! | `ratelimit_key_decisions_total` | counter | `policy`, `key`, `decision`: only the keys given to `metric_keys` |
-//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `circuit_open` / `redis` / `other` |
+//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
+//! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
+//! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
 //! | `ratelimit_store_latency_seconds` | histogram | `policy`: the checks that waited for the store, those that failed or timed out included (at their duration) |
 //!
-//! Useful queries: the share of requests refused,
-//! `sum by (policy) (rate(ratelimit_decisions_total{decision="denied"}[5m])) / sum by (policy)
-//! (rate(ratelimit_decisions_total[5m]))`; a new limit in shadow mode,
-//! `rate(ratelimit_decisions_total{decision="would_deny"}[5m])`; Redis trouble,
-//! `ratelimit_decisions_total{source=~"local|failure_policy"}`. The gateway demo's
-//! `--admin-listen ADDR` serves `/metrics` (Prometheus text) and `/top?n=N` (JSON) as a worked
-//! example (see the gateway, `gateway/` in the repository).
+//! Every family is described (`# HELP`) when a limit is built, and the series a dashboard
+//! reads from the start are registered at 0 then (see [`telemetry`](crate::telemetry)).
 //!
 //! A recorder renders a histogram its own way: `metrics-exporter-prometheus` renders one as a
 //! summary (quantiles per instance, which cannot be summed across a fleet) unless it is given
 //! buckets, as the gateway does:
 //! `PrometheusBuilder::new().set_buckets_for_metric(Matcher::Full(STORE_LATENCY.into()), &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])?`.
-//! The store's p99 across a fleet is then
-//! `histogram_quantile(0.99, sum by (le) (rate(ratelimit_store_latency_seconds_bucket[5m])))`.
+//!
+//! **A dashboard**, one Grafana panel per line, each a PromQL query summed across every
+//! instance:
+//!
+//! | panel | query |
+//! |---|---|
+//! | share of requests refused | `sum by (policy) (rate(ratelimit_decisions_total{decision="denied"}[5m])) / sum by (policy) (rate(ratelimit_decisions_total[5m]))` |
+//! | would-be denials (a limit in shadow mode) | `sum by (policy) (rate(ratelimit_decisions_total{decision="would_deny"}[5m]))` |
+//! | let through unchecked (fail-open) | `sum by (policy) (rate(ratelimit_decisions_total{source="failure_policy",decision="allowed"}[5m]))` |
+//! | refused for a store failure (fail-closed) | `sum by (policy) (rate(ratelimit_decisions_total{decision="unavailable"}[5m]))` |
+//! | decided at the local share | `sum by (policy) (rate(ratelimit_decisions_total{source="local"}[5m]))` |
+//! | store p99 | `histogram_quantile(0.99, sum by (le, policy) (rate(ratelimit_store_latency_seconds_bucket[5m])))` |
+//! | store errors per second | `sum by (policy, kind) (rate(ratelimit_store_errors_total[5m]))` |
+//! | instances with the breaker open | `sum by (policy) (ratelimit_breaker_open)` |
+//! | keys near their limit | `sum by (policy) (rate(ratelimit_near_limit_total[5m]))` |
+//!
+//! Alerts worth having: the breaker open on any instance for more than a minute
+//! (`max by (policy) (ratelimit_breaker_open) == 1`), fail-open decisions above zero, the
+//! store p99 above half the store timeout. The gateway's `--admin-listen ADDR` serves
+//! `/metrics` (Prometheus text, with these buckets) and `/top?n=N` (JSON), and counts its
+//! limits file's reloads (`ratelimit_config_reloads_total{result="ok"|"refused"}`); see the
+//! gateway, `gateway/` in the repository.
 //!
 //! # Shadow mode
 //!

@@ -277,6 +277,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             _ => None,
         };
         let prefix = compact_prefix(&core.namespace, algorithm.name());
+        register_series(&core, self.shadow, deny_cache.is_some(), leasing.is_some());
         let engine = RateEngine {
             core,
             algorithm: dyn_algorithm,
@@ -295,6 +296,28 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             algorithm,
         })
     }
+}
+
+/// Registers at 0 the decisions' series a dashboard reads from the start: allowed and
+/// denied (`would_deny` in shadow mode) by the store, and by the deny cache and unit leases
+/// when they are on. The rest appear on their first decision.
+fn register_series(core: &Core, shadow: bool, deny_cache: bool, leasing: bool) {
+    use crate::decision::{Source, Verdict};
+    if !core.reports {
+        return;
+    }
+    let refused = match shadow {
+        true => Verdict::WouldDeny,
+        false => Verdict::Denied,
+    };
+    let mut expected = vec![(Verdict::Allowed, Source::Store), (refused, Source::Store)];
+    if deny_cache {
+        expected.push((refused, Source::DenyCache));
+    }
+    if leasing {
+        expected.push((Verdict::Allowed, Source::UnitLease));
+    }
+    core.meters.register(&core.policy, &expected);
 }
 
 /// Under [`FailurePolicy::Local`]: the same algorithm at the local share, in memory.

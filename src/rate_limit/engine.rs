@@ -117,6 +117,9 @@ impl RateEngine {
         }
         let verdict = d.verdict();
         self.core.decided(verdict, d.source, latency);
+        if d.allowed && d.remaining.saturating_mul(5) <= d.capacity {
+            self.core.meters.near_limit(&self.core.policy);
+        }
         report::decided(d, key.key(), verdict, latency, &self.core.quiet);
         if !self.key_meters.is_empty() {
             self.key_meters

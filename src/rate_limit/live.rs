@@ -91,6 +91,20 @@ impl Limits {
         self.quota
     }
 
+    /// The plans: each key with a quota of its own (its text as the key extractor produces
+    /// it), in no particular order.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::Limits, Quota};
+    ///
+    /// let limits = Limits::new(Quota::per_second(10)).plan("gold", Quota::per_second(100));
+    /// let plans: Vec<_> = limits.plans().collect();
+    /// assert_eq!(plans, [(&b"gold"[..], Quota::per_second(100))]);
+    /// ```
+    pub fn plans(&self) -> impl Iterator<Item = (&[u8], Quota)> + '_ {
+        self.plans.iter().map(|(key, quota)| (&**key, *quota))
+    }
+
     /// Whether shadow mode is on: for the limits in force ([`LiveLimits::limits`]), whether
     /// it is; for limits being built, whether it was set on.
     pub fn is_shadow(&self) -> bool {

@@ -1,0 +1,330 @@
+//! What an SRE runs on, read from outside: `/metrics` as a Prometheus scraper parses it
+//! (every family described, the series a dashboard reads present at 0 from the start, the
+//! store latency a histogram, the breaker's state, keys near their limit, reloads), and
+//! `/limits`, the limits in force.
+
+use std::time::{Duration, Instant};
+
+use prometheus_parse::{Sample, Scrape, Value};
+
+use crate::servers::{gateway::AdminGateway, RedisServer};
+
+/// A request to `gw`'s public listener: its status.
+fn call(gw: &AdminGateway) -> u16 {
+    crate::servers::gateway::send(gw.addr, "GET", "/", &[("x-k", "k")]).status
+}
+
+/// `/metrics` from `gw`, parsed as Prometheus parses it.
+fn scrape(gw: &AdminGateway) -> (Scrape, String) {
+    let reply = crate::servers::gateway::send(gw.admin, "GET", "/metrics", &[]);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let lines = reply.body.lines().map(|l| Ok(l.to_owned()));
+    let scrape = Scrape::parse(lines).unwrap_or_else(|e| panic!("{e}: {}", reply.body));
+    (scrape, reply.body)
+}
+
+/// The samples of `name` whose labels include every pair of `labels`.
+fn samples<'s>(scrape: &'s Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<&'s Sample> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .collect()
+}
+
+/// The sum of the counter or gauge samples of `name` with `labels`.
+fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(scrape, name, labels)
+        .iter()
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            ref other => panic!("{name} is not a counter or gauge: {other:?}"),
+        })
+        .sum()
+}
+
+/// Every `ratelimit_*` family in `scrape` has its `# HELP`.
+fn assert_described(scrape: &Scrape, text: &str) {
+    for sample in &scrape.samples {
+        let family = sample
+            .metric
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_sum")
+            .trim_end_matches("_count");
+        if family.starts_with("ratelimit_") {
+            assert!(
+                scrape.docs.contains_key(family) || scrape.docs.contains_key(&sample.metric),
+                "no # HELP for {}: {text}",
+                sample.metric
+            );
+        }
+    }
+}
+
+/// Before the first request, a gateway on Redis shows every family it has described, with the
+/// decisions a dashboard reads at 0; after a few, the counts, the keys left near their limit
+/// and the store's latency as a histogram counting every store call.
+#[test]
+fn metrics_are_described_start_at_zero_and_parse() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&[
+        "--redis", &url, "--key", "global", "--limit", "5", "--per", "1h",
+    ]);
+    let (before, text) = scrape(&gw);
+    assert_described(&before, &text);
+    let zero = [
+        ("policy", "default"),
+        ("decision", "allowed"),
+        ("source", "store"),
+    ];
+    let allowed = samples(&before, "ratelimit_decisions_total", &zero);
+    assert_eq!(allowed.len(), 1, "{text}");
+    assert_eq!(
+        value(&before, "ratelimit_decisions_total", &zero),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(&before, "ratelimit_breaker_open", &[("policy", "default")]),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &before,
+            "ratelimit_near_limit_total",
+            &[("policy", "default")]
+        ),
+        0.0,
+        "{text}"
+    );
+    // Sources that cannot answer this gateway (no unit leases, no local share) have no series.
+    assert!(
+        samples(
+            &before,
+            "ratelimit_decisions_total",
+            &[("source", "unit_lease")]
+        )
+        .is_empty(),
+        "{text}"
+    );
+    assert!(
+        samples(&before, "ratelimit_decisions_total", &[("source", "local")]).is_empty(),
+        "{text}"
+    );
+
+    let statuses: Vec<u16> = (0..8).map(|_| call(&gw)).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+    let (after, text) = scrape(&gw);
+    assert_described(&after, &text);
+    assert_eq!(
+        value(
+            &after,
+            "ratelimit_decisions_total",
+            &[("decision", "allowed")]
+        ),
+        5.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "ratelimit_decisions_total",
+            &[("decision", "denied")]
+        ),
+        3.0,
+        "{text}"
+    );
+    // Capacity 5: the allowed decisions leaving 1 and 0 units are at or under a fifth.
+    assert_eq!(
+        value(
+            &after,
+            "ratelimit_near_limit_total",
+            &[("policy", "default")]
+        ),
+        2.0,
+        "{text}"
+    );
+    // The histogram counts every decision the store made (the deny cache's are not calls).
+    let from_store = value(&after, "ratelimit_decisions_total", &[("source", "store")]);
+    let latency = samples(
+        &after,
+        "ratelimit_store_latency_seconds",
+        &[("policy", "default")],
+    );
+    let count = latency
+        .iter()
+        .find_map(|s| match &s.value {
+            Value::Histogram(buckets) => buckets.last().map(|b| b.count),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("ratelimit_store_latency_seconds is not a histogram: {text}"));
+    assert_eq!(count, from_store, "{text}");
+    assert!(
+        text.contains("ratelimit_store_latency_seconds_bucket{"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ratelimit_store_latency_seconds_count{"),
+        "{text}"
+    );
+}
+
+/// The breaker's gauge is 1 while it is open and 0 once the store answers again; checks it
+/// refused without calling the store are not store errors.
+#[test]
+fn the_breaker_gauge_follows_the_breaker_and_refusals_are_not_store_errors() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&["--redis", &url, "--key", "global", "--limit", "100000"]);
+    assert_eq!(call(&gw), 200);
+    redis.kill();
+    // Fail-open: every request is served while the store is down.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_eq!(call(&gw), 200);
+        let (now, text) = scrape(&gw);
+        if value(&now, "ratelimit_breaker_open", &[("policy", "default")]) == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the breaker never opened: {text}"
+        );
+    }
+    let (open, _) = scrape(&gw);
+    let errors = value(&open, "ratelimit_store_errors_total", &[]);
+    let unchecked = value(
+        &open,
+        "ratelimit_decisions_total",
+        &[("source", "failure_policy")],
+    );
+    for _ in 0..20 {
+        assert_eq!(call(&gw), 200);
+    }
+    let (later, text) = scrape(&gw);
+    let unchecked_later = value(
+        &later,
+        "ratelimit_decisions_total",
+        &[("source", "failure_policy")],
+    );
+    assert_eq!(unchecked_later - unchecked, 20.0, "{text}");
+    // Only the half-open probes (one per second of cool-down) call the store.
+    let more_errors = value(&later, "ratelimit_store_errors_total", &[]) - errors;
+    assert!(
+        more_errors <= 3.0,
+        "{more_errors} store errors for 20 refusals: {text}"
+    );
+    assert!(
+        samples(
+            &later,
+            "ratelimit_store_errors_total",
+            &[("kind", "circuit_open")]
+        )
+        .is_empty(),
+        "{text}"
+    );
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_eq!(call(&gw), 200);
+        let (now, text) = scrape(&gw);
+        if value(&now, "ratelimit_breaker_open", &[("policy", "default")]) == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the breaker never closed: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn write_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn limits(gw: &AdminGateway) -> serde_json::Value {
+    let reply = crate::servers::gateway::send(gw.admin, "GET", "/limits", &[]);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(
+        reply.head.contains("content-type: application/json"),
+        "{}",
+        reply.head
+    );
+    serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{e}: {}", reply.body))
+}
+
+/// `GET /limits` shows the limits in force, plans as policies of their own, and follows the
+/// reloads it counts (`generation`, `ratelimit_config_reloads_total`); a refused file changes
+/// neither the limits nor the generation. The reload line says when shadow mode is on.
+#[test]
+fn limits_show_what_is_in_force_across_reloads() {
+    let dir = std::env::temp_dir().join(format!("telemetry-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    let text = |limit: u32, shadow: bool| {
+        format!("limit = {limit}\nper = \"1m\"\nburst = 7\nkey = \"header:x-k\"\nshadow = {shadow}\n[plans]\ngold = \"100/1s\"\n")
+    };
+    write_file(&file, &text(5, false));
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    let expected = |generation: u64, limit: u32, shadow: bool| {
+        serde_json::json!({
+            "generation": generation,
+            "policies": [
+                {"policy": "default", "algorithm": "gcra", "limit": limit, "per_ms": 60_000, "burst": 7, "shadow": shadow},
+                {"policy": "plan:gold", "algorithm": "gcra", "limit": 100, "per_ms": 1_000, "burst": 100, "shadow": shadow},
+            ]
+        })
+    };
+    assert_eq!(limits(&gw), expected(0, 5, false));
+    let (scraped, body) = scrape(&gw);
+    assert_eq!(
+        value(
+            &scraped,
+            "ratelimit_config_reloads_total",
+            &[("result", "ok")]
+        ),
+        0.0,
+        "{body}"
+    );
+    assert!(
+        scraped.docs.contains_key("ratelimit_config_reloads_total"),
+        "{body}"
+    );
+
+    write_file(&file, &text(9, true));
+    let log = gw.wait_lines("config reloaded", 1, Duration::from_secs(30));
+    assert!(
+        log.contains(": limit 9 per 1m (burst 7), shadow on") || log.contains(", shadow on"),
+        "{log}"
+    );
+    assert_eq!(limits(&gw), expected(1, 9, true));
+    write_file(&file, "limit = \"many\"\n");
+    gw.wait_lines("config refused", 1, Duration::from_secs(30));
+    assert_eq!(limits(&gw), expected(1, 9, true));
+    let (scraped, body) = scrape(&gw);
+    assert_eq!(
+        value(
+            &scraped,
+            "ratelimit_config_reloads_total",
+            &[("result", "ok")]
+        ),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        value(
+            &scraped,
+            "ratelimit_config_reloads_total",
+            &[("result", "refused")]
+        ),
+        1.0,
+        "{body}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
