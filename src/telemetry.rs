@@ -41,6 +41,7 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
 //! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
 //! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
+//! | `ratelimit_store_resets_total` | counter | `policy`: stores found to have lost the policy's state by [`RateLimiter::notice_reset`](crate::RateLimiter::notice_reset) |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
@@ -62,7 +63,7 @@
 pub use crate::core::{
     report::{
         BREAKER_OPEN, DECISIONS, KEY_DECISIONS, NEAR_LIMIT, REFUNDS, STORE_ERRORS, STORE_LATENCY,
-        UPSTREAM_LEARNED, UPSTREAM_WAITS,
+        STORE_RESETS, UPSTREAM_LEARNED, UPSTREAM_WAITS,
     },
     KeyCount, LimiterStats,
 };

@@ -101,7 +101,10 @@
 //! - `DELETE /keys/{key}` (204): forgets what the key spent (not its ban) and frees its
 //!   concurrency slots; every gateway sharing the store decides it afresh within 1 s;
 //! - `PUT /bans/{key}?seconds=N` (1 to 86,400, else 400; 204): every gateway sharing the store
-//!   answers the key 429 with `Retry-After` until the ban ends, within 1 s;
+//!   answers the key 429 with `Retry-After` until the ban ends, within 1 s, and after a Redis
+//!   that lost its data too: each gateway on Redis looks every second whether the store lost
+//!   the limit's state (`ratelimit_store_resets_total`, one log line) and writes back the
+//!   bans it knows, with the time each has left;
 //!   `DELETE /bans/{key}` (204) lifts it, everywhere within 1 s;
 //! - `GET /healthz`: `200` with body `ok` when the store answers within the store timeout
 //!   (always, on the in-memory store), else `503` with a one-line reason;

@@ -121,6 +121,9 @@ pub(crate) async fn serve(
         quotas,
         reloaded,
     } = rate_limit_layer(&args, limiter.clone())?;
+    if args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some() {
+        watch_store(limiter.clone());
+    }
     let admin = metrics.map(|metrics| AdminState {
         metrics,
         limiter,
@@ -252,6 +255,21 @@ async fn serve_public(
             serve_http(listener, make, addresses, max, stop).await
         }
     }
+}
+
+/// Looks every second whether the store lost the limit's state (a Redis restarted without
+/// persistence, flushed, failed over to a replica without it), and then writes back the bans
+/// this gateway knows (`RateLimiter::notice_reset`). A store that does not answer is the
+/// checks' to report.
+fn watch_store(limiter: RateLimiter<Arc<dyn Algorithm>>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let _ = limiter.notice_reset().await;
+        }
+    });
 }
 
 /// `SIGHUP` without `--config`: nothing to reload. Logged (at most once a second) and

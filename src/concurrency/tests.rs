@@ -103,6 +103,14 @@ impl Backend for Flaky {
         self.inner.unban(key)
     }
 
+    fn mark<'a>(
+        &'a self,
+        namespace: &'a str,
+        token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        self.inner.mark(namespace, token)
+    }
+
     fn namespaces(&self) -> Option<&Namespaces> {
         None
     }

@@ -30,6 +30,8 @@ pub const KEY_DECISIONS: &str = "ratelimit_key_decisions_total";
 pub const BREAKER_OPEN: &str = "ratelimit_breaker_open";
 /// Metric names.
 pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
+/// Metric names.
+pub const STORE_RESETS: &str = "ratelimit_store_resets_total";
 
 /// Describes every metric family of this crate to the installed recorder (`# HELP` in
 /// Prometheus' text). Called when a limit is built; describing twice changes nothing.
@@ -69,6 +71,10 @@ pub(crate) fn describe() {
         describe_gauge!(
             BREAKER_OPEN,
             "1 while the policy's circuit breaker is open (checks do not call the store), else 0."
+        );
+        describe_counter!(
+            STORE_RESETS,
+            "Stores found to have lost a policy's state (a restart without persistence, a flush), by policy; each instance that notices counts it."
         );
         describe_counter!(
             NEAR_LIMIT,
@@ -124,6 +130,7 @@ impl Meters {
                 decisions(policy, verdict, source).increment(0);
             }
             metrics::counter!(NEAR_LIMIT, "policy" => policy.to_owned()).increment(0);
+            metrics::counter!(STORE_RESETS, "policy" => policy.to_owned()).increment(0);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (policy, expected);
@@ -342,6 +349,19 @@ fn on_span(policy: &str, verdict: Verdict, source: Source, limit: &str) {
     span.record("rate_limit.decision", verdict.as_str());
     span.record("rate_limit.source", source.as_str());
     span.record("rate_limit.limit", limit);
+}
+
+/// The store lost `policy`'s state: counted, and logged once with the bans written back
+/// (`bans`, of which `failed` could not be).
+pub(crate) fn store_reset(policy: &str, bans: usize, failed: usize) {
+    tracing::warn!(
+        policy,
+        bans_written_back = bans - failed,
+        bans_not_written_back = failed,
+        "rate limit: the store lost this limit's state (restarted empty, or flushed); the bans this instance knows are written back, and every key starts afresh"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(STORE_RESETS, "policy" => policy.to_owned()).increment(1);
 }
 
 /// A check refused by the open circuit breaker: no store call was made, so no store error

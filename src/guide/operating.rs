@@ -108,6 +108,7 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
 //! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
 //! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
+//! | `ratelimit_store_resets_total` | counter | `policy`: stores found to have lost the policy's state (`RateLimiter::notice_reset`) |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
@@ -217,6 +218,13 @@
 //!   within its key cap, counted per lock shard: at the default cap of 1,000,000 keys it
 //!   refuses a new ban ([`Error::Unsupported`](crate::Error::Unsupported)) once the new
 //!   ban's shard is full: from a little under 1,000,000 bans on (about 994,000 measured).
+//! - **Keep bans through a Redis that loses its data** (a restart without persistence, a
+//!   flush, a failover to a replica that had not received them): call
+//!   [`notice_reset`](crate::RateLimiter::notice_reset) every second or so on every instance
+//!   (the gateway does). It reads the limit's marker in the store; when the store lost it,
+//!   the instance counts it (`ratelimit_store_resets_total`), logs one line, and writes back
+//!   the bans it knows (those it set, and those the store enforced on its checks), each with
+//!   the time it has left. Every other key starts afresh, as the store's loss left it.
 //! - **Free a key's concurrency slots**:
 //!   [`ConcurrencyLimiter::reset`](crate::concurrency::ConcurrencyLimiter::reset).
 //! - **Never limit, or always refuse**: a layer's

@@ -290,6 +290,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             local,
             prefix,
             live: ArcSwapOption::empty(),
+            watch: Default::default(),
         };
         Ok(RateLimiter {
             engine: Arc::new(engine),
@@ -349,6 +350,7 @@ fn local_engine(
         local: None,
         prefix,
         live: ArcSwapOption::empty(),
+        watch: Default::default(),
     }))
 }
 

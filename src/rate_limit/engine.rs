@@ -54,6 +54,9 @@ pub(crate) struct RateEngine {
     /// without live limits. [`RateLimiter::peek`](super::RateLimiter::peek) reads them, so it
     /// shows the quota the layer enforces.
     pub(crate) live: ArcSwapOption<LiveQuotas>,
+    /// The marker last seen and the bans this instance knows, to notice a store that lost
+    /// this limit's state and write the bans back.
+    pub(crate) watch: super::store_watch::StoreWatch,
 }
 
 /// The quotas of live limits: the default one (`None`: the algorithm's own) and per key.
@@ -119,6 +122,11 @@ impl RateEngine {
         self.core.decided(verdict, d.source, latency);
         if d.allowed && d.remaining.saturating_mul(5) <= d.capacity {
             self.core.meters.near_limit(&self.core.policy);
+        }
+        if let (true, Source::Store, Some(key), Some(left)) =
+            (d.banned, d.source, key.key(), d.retry_after)
+        {
+            self.watch.banned(key, left);
         }
         report::decided(d, key.key(), verdict, latency, &self.core.quiet);
         if !self.key_meters.is_empty() {
@@ -507,7 +515,37 @@ impl RateEngine {
         if let Some(local) = &self.local {
             local.core.store.ban(store_key, us, None).await?;
         }
+        if let (Some(key), None) = (key, now_us) {
+            self.watch.banned(key, duration);
+        }
         Ok(())
+    }
+
+    /// Looks at this limit's marker in the store: `true` when the store lost the limit's
+    /// state since the last look (counted and logged, and every ban this instance knows
+    /// written back with the time it has left).
+    pub(crate) async fn notice_reset(&self) -> Result<bool, Error> {
+        let token = crate::unique_id::next();
+        let core = &self.core;
+        let held = core
+            .call(|| core.store.mark(&core.namespace, token.as_bytes()))
+            .await?;
+        if !self.watch.saw(held) {
+            return Ok(false);
+        }
+        let bans = match self.algorithm.rule().is_script() {
+            // A custom algorithm's script reads no ban.
+            true => Vec::new(),
+            false => self.watch.live_bans(),
+        };
+        let mut failed = 0;
+        for (key, left) in &bans {
+            if *left >= MIN_BAN && self.ban(Some(key), *left, None).await.is_err() {
+                failed += 1;
+            }
+        }
+        report::store_reset(&core.policy, bans.len(), failed);
+        Ok(true)
     }
 
     /// Lifts `key`'s ban in the store and in this process.
@@ -516,6 +554,9 @@ impl RateEngine {
         let core = &self.core;
         core.call(|| core.store.unban(store_key)).await?;
         self.forget_locally(store_key);
+        if let Some(key) = key {
+            self.watch.unbanned(key);
+        }
         if let Some(local) = &self.local {
             local.core.store.unban(store_key).await?;
         }

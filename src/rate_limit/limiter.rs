@@ -375,6 +375,40 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.ban(Some(&key), duration, None).await
     }
 
+    /// Looks at this limit's marker in the store, and answers `true` when the store lost the
+    /// limit's state since the last look: a Redis that restarted without persistence, was
+    /// flushed, or failed over to a replica that had not received it. Every key then starts
+    /// afresh, and so would every ban: the bans this instance knows (those it set with
+    /// [`ban`](Self::ban), and those the store enforced on its checks) are written back with
+    /// the time each has left. Each instance that notices counts it
+    /// (`ratelimit_store_resets_total`) and logs one line.
+    ///
+    /// Call it every second or so on every instance (the gateway does): a ban then outlives a
+    /// store that lost it within about a second of the store's return. The first look only
+    /// takes the marker in; a store that lost its state before it is not noticed. The marker
+    /// is one key (`{NS:#epoch}:m`): on a Cluster it watches the node that holds its slot.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_redis_ratelimit::Error> {
+    /// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(10))?)?;
+    /// // In a task of its own: `loop { limiter.notice_reset().await.ok(); sleep(1 s) }`.
+    /// assert!(!limiter.notice_reset().await?); // the first look
+    /// assert!(!limiter.notice_reset().await?); // a process's memory is never lost
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] across regions, which keep no
+    /// bans.
+    pub async fn notice_reset(&self) -> Result<bool, Error> {
+        self.engine.notice_reset().await
+    }
+
     /// Lifts `key`'s ban (nothing when it has none): this process at once, other instances
     /// within 1 s (their cached denial of the key, see [`reset`](Self::reset)).
     ///

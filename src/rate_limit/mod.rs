@@ -21,6 +21,7 @@ mod limiter;
 mod lists;
 mod live;
 mod service;
+mod store_watch;
 
 /// The rate-limit header fields, and how this crate renders them.
 pub mod headers {

@@ -141,6 +141,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Lifts `key`'s ban, if it has one.
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// The token of `namespace`'s marker, set to `token` when the store holds none: a store
+    /// that lost the namespace's state (a restart without persistence, a flush) lost the
+    /// marker with it, and answers another token than the one seen before (see
+    /// [`RateLimiter::notice_reset`](crate::RateLimiter::notice_reset)).
+    fn mark<'a>(
+        &'a self,
+        namespace: &'a str,
+        token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>>;
+
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
     fn namespaces(&self) -> Option<&Namespaces>;
@@ -339,6 +349,14 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         (**self).unban(key)
+    }
+
+    fn mark<'a>(
+        &'a self,
+        namespace: &'a str,
+        token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        (**self).mark(namespace, token)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -72,6 +72,9 @@ struct Inner {
     bans: Sharded<Ban>,
     /// Bans held (live or not yet swept): while none is, a check looks none up.
     bans_held: AtomicUsize,
+    /// Each namespace's marker (see [`Backend::mark`]): a process's memory is never lost
+    /// while it runs, so a marker set stays.
+    markers: std::sync::Mutex<std::collections::HashMap<Box<str>, Vec<u8>>>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
     /// The store's time, when not the wall clock.
@@ -377,6 +380,7 @@ impl MemoryStoreBuilder {
                 upstreams: Sharded::new(SHARDS, self.max_keys),
                 bans: Sharded::new(SHARDS, self.max_keys),
                 bans_held: AtomicUsize::new(0),
+                markers: Default::default(),
                 max_entries_per_shard: self.max_log_entries.div_ceil(SHARDS).max(1),
                 namespaces: Namespaces::new(),
                 clock: self.clock,
@@ -642,6 +646,23 @@ impl Backend for MemoryStore {
         let now = now.unwrap_or_else(|| self.now_us());
         let result = self.set_ban(key, Some(now.saturating_add(duration_us)), now);
         Box::pin(std::future::ready(result))
+    }
+
+    fn mark<'a>(
+        &'a self,
+        namespace: &'a str,
+        token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        let mut markers = self
+            .inner
+            .markers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = markers
+            .entry(namespace.into())
+            .or_insert_with(|| token.to_vec())
+            .clone();
+        Box::pin(std::future::ready(Ok(held)))
     }
 
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {

@@ -328,3 +328,71 @@ fn limits_show_what_is_in_force_across_reloads() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A key's state on `gw`, through the admin listener (spending nothing).
+fn peek(gw: &AdminGateway, key: &str) -> serde_json::Value {
+    let reply = crate::servers::gateway::send(gw.admin, "GET", &format!("/keys/{key}"), &[]);
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{e}: {}", reply.body))
+}
+
+/// A ban set on one of three gateways outlives a Redis that restarts empty: each gateway
+/// notices the loss (`ratelimit_store_resets_total`, one log line), the bans they know are
+/// written back with the time they have left, and every gateway answers the key 429 again.
+#[test]
+fn a_ban_outlives_a_store_that_restarts_empty() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let gws: Vec<AdminGateway> = (0..3)
+        .map(|_| AdminGateway::start(&["--redis", &url, "--key", "header:x-k", "--limit", "100"]))
+        .collect();
+    let banned = |gw: &AdminGateway| peek(gw, "k")["banned_ms"].as_u64().unwrap_or(0);
+    let status = |gw: &AdminGateway| {
+        crate::servers::gateway::send(gw.addr, "GET", "/", &[("x-k", "k")]).status
+    };
+    // Each gateway takes the store's marker in (its first look, within a second of start).
+    std::thread::sleep(Duration::from_millis(1_500));
+    let ban = crate::servers::gateway::send(gws[0].admin, "PUT", "/bans/k?seconds=300", &[]);
+    assert_eq!(ban.status, 204, "{}", ban.head);
+    for gw in &gws {
+        assert_eq!(status(gw), 429);
+        assert!(banned(gw) > 290_000);
+    }
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, gw) in gws.iter().enumerate() {
+        loop {
+            let (scraped, text) = scrape(gw);
+            let resets = value(
+                &scraped,
+                "ratelimit_store_resets_total",
+                &[("policy", "default")],
+            );
+            let left = std::panic::catch_unwind(|| banned(gw)).unwrap_or(0);
+            if resets == 1.0 && left > 0 {
+                assert!(left <= 300_000, "{left}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway {i}: resets {resets}, banned_ms {left}: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(status(gw), 429, "gateway {i}");
+    }
+    // The loss is one line on each gateway, not one per look.
+    std::thread::sleep(Duration::from_millis(1_500));
+    for gw in &gws {
+        let (scraped, _) = scrape(gw);
+        assert_eq!(value(&scraped, "ratelimit_store_resets_total", &[]), 1.0);
+        assert_eq!(
+            gw.log()
+                .matches("the store lost this limit's state")
+                .count(),
+            1,
+            "{}",
+            gw.log()
+        );
+    }
+}

@@ -23,6 +23,7 @@
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
+//! | `{NS:#epoch}:m` | string: the limit's marker, a token set by the first instance that found none (an instance that finds another token than the one it saw knows the store lost the limit's state) | `store_marker.lua` (`RateLimiter::notice_reset`) | a day after the last look |
 //! | `{NS:KEY}:rp` | hash, in each region's Redis (several regions): the key's pool, `u1`/`e1` and `u2`/`e2` two blocks' units and expiry, `o` units owed to the home, `s` units asked for since `t`, `a0`..`a31` a ring of what the region admitted, `n` the latest time a script saw | `regional_spend.lua`, `regional_fill.lua` | a pool lifetime after the last check |
 //! | `{NS:KEY}:rm` | string `1`, in each region's Redis: a refill of the pool is in flight, or the home had nothing to grant | `regional_spend.lua`, `regional_fill.lua` | the refill's deadline, or until the home has a unit |
 //! | `{NS:KEY}:rd` | hash, in the home region's Redis: each region's last demand, field the region's index, `WANT:TIME` | `regional_grant_gcra.lua`, `regional_grant_bucket.lua` | a few lead times after the last grant |
@@ -143,6 +144,13 @@ pub(crate) fn write_epoch(namespace: &str, slot: Option<u16>, out: &mut impl Out
     }
     out.put(b"}");
     out.put(HOLDERS.as_bytes());
+}
+
+/// The marker of `namespace`'s state: `{NS:#epoch}:m`.
+pub(crate) fn write_marker(namespace: &str, out: &mut impl Out) {
+    out.put(b"{");
+    out.put(namespace.as_bytes());
+    out.put(b":#epoch}:m");
 }
 
 /// For each cluster hash slot, a number `n` such that the tag `namespace:#epoch:n` falls in

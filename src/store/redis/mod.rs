@@ -500,6 +500,27 @@ impl Backend for RedisStore {
         })
     }
 
+    fn mark<'a>(
+        &'a self,
+        namespace: &'a str,
+        token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        let mut marker = KeyBuf::new();
+        keys::write_marker(namespace, &mut marker);
+        let mut cmd = link::evalsha_keys(&algorithms::MARKER, 1, (4, 128), |cmd| {
+            cmd.arg(marker.as_bytes());
+        });
+        cmd.arg(token);
+        Box::pin(async move {
+            match self.link.eval(&algorithms::MARKER, &cmd).await? {
+                redis::Value::BulkString(token) => Ok(token),
+                other => Err(Error::InvalidReply(format!(
+                    "a store marker answered {other:?}"
+                ))),
+            }
+        })
+    }
+
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         let mut ban = KeyBuf::new();
         keys::write_key(key, keys::BAN, &mut ban);

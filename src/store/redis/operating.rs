@@ -416,3 +416,28 @@ fn the_store_refuses_what_gcras_check_does_not_validate() {
         }
     });
 }
+
+/// A limit's marker keeps the first token set until the server loses it (here `FLUSHALL`,
+/// as a restart without persistence would): then the next look sets the token it brings, and
+/// the marker expires a day after the last look.
+#[test]
+fn a_marker_keeps_its_token_until_the_server_loses_it() {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = redis.store().await;
+        assert_eq!(store.mark("rl:marked", b"first").await.unwrap(), b"first");
+        assert_eq!(store.mark("rl:marked", b"second").await.unwrap(), b"first");
+        assert_eq!(store.mark("rl:other", b"third").await.unwrap(), b"third");
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg("{rl:marked:#epoch}:m")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((86_000_000..=86_400_000).contains(&ttl), "{ttl}");
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        assert_eq!(store.mark("rl:marked", b"second").await.unwrap(), b"second");
+    });
+}

@@ -172,6 +172,13 @@ pub(crate) static FORGET: LazyLock<Script> = LazyLock::new(|| {
         "/lua/forget.lua"
     )))
 });
+/// A limit's marker: the token it holds, set when it holds none (`RateLimiter::notice_reset`).
+pub(crate) static MARKER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/lua/store_marker.lua"
+    )))
+});
 /// A reset of a key's state under a built-in algorithm: its state goes, and refunds of the
 /// checks admitted before it give nothing back. Its arguments: the state's kind (0 a bucket,
 /// 1 GCRA, 2 a log, 3 a fixed window), then each limit's lead (how long a charge admitted before now may hold

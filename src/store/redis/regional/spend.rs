@@ -132,6 +132,14 @@ impl Backend for RegionalStore {
         unsupported("keys are not banned across regions")
     }
 
+    fn mark<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _token: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        unsupported("no bans across regions to write back")
+    }
+
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.inner.own().namespaces)
     }

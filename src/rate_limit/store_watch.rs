@@ -1,0 +1,102 @@
+//! Noticing a store that lost a limit's state (a restart without persistence, a flush), and
+//! the bans this instance knows, written back then.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use crate::extract::Key;
+
+/// The most bans an instance keeps to write back; past it, the ended ones go, then new ones
+/// are not kept.
+const MAX_KNOWN_BANS: usize = 10_000;
+
+/// What a limit remembers to notice a store that lost its state, and to restore its bans.
+#[derive(Default)]
+pub(crate) struct StoreWatch {
+    /// The token of the limit's marker last seen (`None` before the first look).
+    seen: Mutex<Option<Vec<u8>>>,
+    /// The bans this instance set, or saw the store enforce, each with when it ends.
+    bans: Mutex<HashMap<Key<'static>, Instant>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StoreWatch {
+    /// `key` is banned for `left` more.
+    pub(crate) fn banned(&self, key: &Key<'_>, left: Duration) {
+        let now = Instant::now();
+        let ends = now + left;
+        let mut bans = lock(&self.bans);
+        if bans.len() >= MAX_KNOWN_BANS && !bans.contains_key(key) {
+            bans.retain(|_, ends| *ends > now);
+            if bans.len() >= MAX_KNOWN_BANS {
+                return;
+            }
+        }
+        bans.insert(key.clone().into_owned(), ends);
+    }
+
+    /// `key`'s ban was lifted.
+    pub(crate) fn unbanned(&self, key: &Key<'_>) {
+        lock(&self.bans).remove(&key.clone().into_owned());
+    }
+
+    /// The bans still in force, each with the time it has left.
+    pub(crate) fn live_bans(&self) -> Vec<(Key<'static>, Duration)> {
+        let now = Instant::now();
+        let mut bans = lock(&self.bans);
+        bans.retain(|_, ends| *ends > now);
+        bans.iter()
+            .map(|(key, ends)| (key.clone(), *ends - now))
+            .collect()
+    }
+
+    /// The marker's token seen now: `true` when it differs from the one seen before (the
+    /// store lost the state it held then).
+    pub(crate) fn saw(&self, token: Vec<u8>) -> bool {
+        let mut seen = lock(&self.seen);
+        let changed = seen.as_ref().is_some_and(|before| *before != token);
+        *seen = Some(token);
+        changed
+    }
+}
+
+impl std::fmt::Debug for StoreWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreWatch")
+            .field("known_bans", &lock(&self.bans).len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_token_is_noticed_once_and_the_first_look_is_not_a_change() {
+        let w = StoreWatch::default();
+        assert!(!w.saw(b"a".to_vec()));
+        assert!(!w.saw(b"a".to_vec()));
+        assert!(w.saw(b"b".to_vec()));
+        assert!(!w.saw(b"b".to_vec()));
+    }
+
+    #[test]
+    fn bans_are_kept_until_they_end_or_are_lifted() {
+        let w = StoreWatch::default();
+        w.banned(&Key::from("a"), Duration::from_secs(60));
+        w.banned(&Key::from("b"), Duration::ZERO);
+        w.banned(&Key::from("c"), Duration::from_secs(60));
+        w.unbanned(&Key::from("c"));
+        let live = w.live_bans();
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert_eq!(live[0].0, Key::from("a"));
+        assert!(live[0].1 <= Duration::from_secs(60));
+    }
+}
