@@ -396,3 +396,39 @@ fn a_ban_outlives_a_store_that_restarts_empty() {
         );
     }
 }
+
+/// While the store is down under 50 requests a second, the gateway writes at most 15 lines
+/// in 5 s: a store outage is one cause (a line a second at most), the breaker's opening one
+/// change of state, and its failed half-open probes no change at all.
+#[test]
+fn a_store_outage_under_load_writes_few_lines() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&["--redis", &url, "--key", "global", "--limit", "100000"]);
+    assert_eq!(call(&gw), 200);
+    redis.kill();
+    let before = gw.log().lines().count();
+    let started = Instant::now();
+    let mut sent = 0u32;
+    while started.elapsed() < Duration::from_secs(5) {
+        assert_eq!(call(&gw), 200, "fail-open serves every request");
+        sent += 1;
+        // 50 a second at most.
+        let due = started + Duration::from_millis(20) * sent;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let log = gw.log();
+    let lines: Vec<&str> = log.lines().skip(before).collect();
+    assert!(
+        lines.len() <= 15,
+        "{} lines for {sent} requests in 5 s:\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("circuit breaker open")),
+        "the outage is told: {lines:?}"
+    );
+}
