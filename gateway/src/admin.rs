@@ -102,7 +102,8 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
             "/top",
             get(
                 |State(s): State<AdminState>, Query(query): Query<HashMap<String, String>>| async move {
-                    top(&s.limiter, query.get("n").map(String::as_str))
+                    let n = query.get("n").map(String::as_str);
+                    top(&s.limiter, n, query.get("scope").map(String::as_str)).await
                 },
             ),
         )
@@ -374,7 +375,14 @@ pub(crate) fn admin_token(args: &Args) -> Result<Option<Arc<[u8]>>, String> {
 
 /// `GET /top?n=N`: the instance's most denied keys, as JSON; `n` from 1 to 10,000 (default
 /// 10), anything else 400.
-pub(crate) fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) -> Response {
+/// `GET /top?n=N&scope=instance|fleet`: the keys denied most, by this gateway (the default)
+/// or by every gateway sharing the store (`fleet`: what each published in the last 10 s,
+/// summed; 503 when the store cannot be read).
+pub(crate) async fn top(
+    limiter: &RateLimiter<Arc<dyn Algorithm>>,
+    n: Option<&str>,
+    scope: Option<&str>,
+) -> Response {
     let n = match n.map(str::parse::<usize>) {
         None => 10,
         Some(Ok(n)) if (1..=10_000).contains(&n) => n,
@@ -386,8 +394,23 @@ pub(crate) fn top(limiter: &RateLimiter<Arc<dyn Algorithm>>, n: Option<&str>) ->
                 .into_response()
         }
     };
-    let items: Vec<serde_json::Value> = limiter
-        .top_keys(n)
+    let counts = match scope {
+        None | Some("instance") => limiter.top_keys(n),
+        Some("fleet") => match limiter.fleet_top_keys(n).await {
+            Ok(counts) => counts,
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the fleet's top keys cannot be read: {}\n", ErrorChain(&e)),
+                )
+                    .into_response()
+            }
+        },
+        Some(_) => {
+            return (StatusCode::BAD_REQUEST, "scope is instance or fleet\n").into_response()
+        }
+    };
+    let items: Vec<serde_json::Value> = counts
         .into_iter()
         .map(|c| {
             let (key, encoding) = match &c.bytes {

@@ -94,7 +94,10 @@
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
 //!   `[{"key": "...", "encoding": "utf8", "policy": "default", "denied": N, "would_deny": M},
 //!   ...]` (a key that is not UTF-8 percent-encoded, with `"encoding": "percent"`), sorted by
-//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied;
+//!   `denied + would_deny`, highest first; exact while fewer than 128 keys were denied.
+//!   `GET /top?n=N&scope=fleet`: the same, summed over every gateway sharing the store (each
+//!   gateway on Redis publishes its most denied keys every 2 s, counted for 10 s; this one
+//!   as it is now); 503 when the store cannot be read; `scope=instance` is the default;
 //! - `GET /keys/{key}`: the key's state, spending nothing, as JSON, `{"key": "...", "policy":
 //!   "default", "limit": N, "remaining": N, "reset_ms": N, "banned_ms": N}` (`remaining` and
 //!   `reset_ms` as a check of cost 0 would show them; `banned_ms` 0 when not banned);

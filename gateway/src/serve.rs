@@ -259,15 +259,19 @@ async fn serve_public(
 
 /// Looks every second whether the store lost the limit's state (a Redis restarted without
 /// persistence, flushed, failed over to a replica without it), and then writes back the bans
-/// this gateway knows (`RateLimiter::notice_reset`). A store that does not answer is the
-/// checks' to report.
+/// this gateway knows (`RateLimiter::notice_reset`); publishes this gateway's most denied
+/// keys every 2 s for the fleet's view (`/top?scope=fleet`). A store that does not answer is
+/// the checks' to report.
 fn watch_store(limiter: RateLimiter<Arc<dyn Algorithm>>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        for n in 0u64.. {
             tick.tick().await;
             let _ = limiter.notice_reset().await;
+            if n % 2 == 0 {
+                let _ = limiter.publish_top_keys().await;
+            }
         }
     });
 }

@@ -111,6 +111,24 @@ impl Backend for Flaky {
         self.inner.mark(namespace, token)
     }
 
+    fn publish_top<'a>(
+        &'a self,
+        namespace: &'a str,
+        instance: &'a str,
+        snapshot: &'a [u8],
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.publish_top(namespace, instance, snapshot, ttl)
+    }
+
+    fn read_tops<'a>(
+        &'a self,
+        namespace: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+        self.inner.read_tops(namespace, ttl)
+    }
+
     fn namespaces(&self) -> Option<&Namespaces> {
         None
     }

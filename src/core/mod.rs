@@ -10,6 +10,7 @@
 
 mod breaker;
 mod deny_cache;
+pub(crate) mod fleet;
 mod lease;
 mod names;
 mod options;

@@ -218,6 +218,10 @@
 //!   within its key cap, counted per lock shard: at the default cap of 1,000,000 keys it
 //!   refuses a new ban ([`Error::Unsupported`](crate::Error::Unsupported)) once the new
 //!   ban's shard is full: from a little under 1,000,000 bans on (about 994,000 measured).
+//! - **See the keys denied most across the fleet**: [`top_keys`](crate::RateLimiter::top_keys)
+//!   is this instance's; with every instance calling
+//!   [`publish_top_keys`](crate::RateLimiter::publish_top_keys) every couple of seconds,
+//!   [`fleet_top_keys`](crate::RateLimiter::fleet_top_keys) on any of them sums them all.
 //! - **Keep bans through a Redis that loses its data** (a restart without persistence, a
 //!   flush, a failover to a replica that had not received them): call
 //!   [`notice_reset`](crate::RateLimiter::notice_reset) every second or so on every instance

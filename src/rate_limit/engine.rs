@@ -20,7 +20,7 @@ use super::lists::key_text;
 use crate::{
     algorithm::{Algorithm, Outcome},
     core::report::{self, KeyMeters},
-    core::{Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
+    core::{fleet, Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
     decision::{Charge, Decision, KeyState, Source},
     error::{ConfigError, Error, ErrorChain},
     extract::{Key, Out, COMPACT_SCRATCH},
@@ -546,6 +546,38 @@ impl RateEngine {
         }
         report::store_reset(&core.policy, bans.len(), failed);
         Ok(true)
+    }
+
+    /// Publishes this instance's most denied keys (at most
+    /// [`PUBLISHED_KEYS`](fleet::PUBLISHED_KEYS)) for the fleet's view; nothing without top
+    /// keys.
+    pub(crate) async fn publish_top_keys(&self) -> Result<(), Error> {
+        if self.top.is_none() {
+            return Ok(());
+        }
+        let snapshot = fleet::encode(&self.top_keys(fleet::PUBLISHED_KEYS));
+        let core = &self.core;
+        let instance = &self.watch.instance;
+        core.call(|| {
+            core.store
+                .publish_top(&core.namespace, instance, &snapshot, fleet::SNAPSHOT_TTL)
+        })
+        .await
+    }
+
+    /// The `n` keys denied most across every instance that published its top keys within
+    /// [`SNAPSHOT_TTL`](fleet::SNAPSHOT_TTL), this one counted as it is now.
+    pub(crate) async fn fleet_top_keys(&self, n: usize) -> Result<Vec<KeyCount>, Error> {
+        let core = &self.core;
+        let published = core
+            .call(|| core.store.read_tops(&core.namespace, fleet::SNAPSHOT_TTL))
+            .await?;
+        let own = self.top_keys(fleet::PUBLISHED_KEYS);
+        let others = published
+            .into_iter()
+            .filter(|(instance, _)| *instance != self.watch.instance.as_bytes())
+            .filter_map(|(_, snapshot)| fleet::decode(&snapshot));
+        Ok(fleet::merge(std::iter::once(own).chain(others), n))
     }
 
     /// Lifts `key`'s ban in the store and in this process.

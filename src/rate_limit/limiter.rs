@@ -474,6 +474,53 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.top_keys(n)
     }
 
+    /// Publishes this instance's most denied keys (its [`top_keys`](Self::top_keys), at most
+    /// 1,000) in the store, for [`fleet_top_keys`](Self::fleet_top_keys) on any instance
+    /// sharing it; nothing when top keys are off. A publication counts for 10 s: call it
+    /// every couple of seconds on every instance (the gateway does every 2 s), and an instance
+    /// that stops drops out of the fleet's view 10 s later.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the store does not answer within the store timeout,
+    /// [`Error::CircuitOpen`] while the circuit breaker is open, and the store's own error
+    /// (unreachable, refused) otherwise. [`Error::Unsupported`] across regions.
+    pub async fn publish_top_keys(&self) -> Result<(), Error> {
+        self.engine.publish_top_keys().await
+    }
+
+    /// The `n` keys denied most across every instance sharing the store: the sum, key by key,
+    /// of what each instance published with [`publish_top_keys`](Self::publish_top_keys)
+    /// within the last 10 s, this instance counted as it is now. Each instance counts since it
+    /// started; an instance that ended drops out. On a [`MemoryStore`], the limiters sharing
+    /// it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_redis_ratelimit::Error> {
+    /// use tower_redis_ratelimit::{Gcra, MemoryStore, Quota, RateLimiter};
+    ///
+    /// let store = MemoryStore::new();
+    /// let quota = Quota::per_hour(1);
+    /// // Two instances of one policy (two processes on one Redis, in production).
+    /// let a = RateLimiter::new(store.clone(), Gcra::new(quota)?)?;
+    /// let b = RateLimiter::new(store, Gcra::new(quota)?)?;
+    /// for limiter in [&a, &a, &b, &b, &b] {
+    ///     limiter.check("scraper", 1).await?; // the first allowed, the rest denied
+    /// }
+    /// b.publish_top_keys().await?;
+    /// let fleet = a.fleet_top_keys(10).await?;
+    /// assert_eq!(a.top_keys(10)[0].denied, 1);
+    /// assert_eq!((fleet[0].key.as_str(), fleet[0].denied), ("scraper", 4));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`publish_top_keys`](Self::publish_top_keys).
+    pub async fn fleet_top_keys(&self, n: usize) -> Result<Vec<KeyCount>, Error> {
+        self.engine.fleet_top_keys(n).await
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> &A {
         &self.algorithm

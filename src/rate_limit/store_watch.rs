@@ -1,5 +1,6 @@
-//! Noticing a store that lost a limit's state (a restart without persistence, a flush), and
-//! the bans this instance knows, written back then.
+//! What a limit keeps of the store it shares with other instances: its id among them (for the
+//! fleet's top keys), and what it needs to notice a store that lost the limit's state (a
+//! restart without persistence, a flush) and write back the bans it knows.
 
 use std::{
     collections::HashMap,
@@ -13,13 +14,24 @@ use crate::extract::Key;
 /// are not kept.
 const MAX_KNOWN_BANS: usize = 10_000;
 
-/// What a limit remembers to notice a store that lost its state, and to restore its bans.
-#[derive(Default)]
+/// What a limit keeps of the store it shares with other instances.
 pub(crate) struct StoreWatch {
+    /// This limit's id among every instance sharing the store.
+    pub(crate) instance: String,
     /// The token of the limit's marker last seen (`None` before the first look).
     seen: Mutex<Option<Vec<u8>>>,
     /// The bans this instance set, or saw the store enforce, each with when it ends.
     bans: Mutex<HashMap<Key<'static>, Instant>>,
+}
+
+impl Default for StoreWatch {
+    fn default() -> Self {
+        Self {
+            instance: crate::unique_id::next(),
+            seen: Mutex::default(),
+            bans: Mutex::default(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

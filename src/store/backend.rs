@@ -151,6 +151,23 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a [u8],
     ) -> BoxFuture<'a, Result<Vec<u8>, Error>>;
 
+    /// Publishes `snapshot` as `instance`'s top keys of `namespace`, counted for `ttl`; the
+    /// snapshots of instances that stopped publishing for longer go.
+    fn publish_top<'a>(
+        &'a self,
+        namespace: &'a str,
+        instance: &'a str,
+        snapshot: &'a [u8],
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Every snapshot of `namespace`'s top keys published within `ttl`, with its instance.
+    fn read_tops<'a>(
+        &'a self,
+        namespace: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>>;
+
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
     fn namespaces(&self) -> Option<&Namespaces>;
@@ -357,6 +374,24 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         token: &'a [u8],
     ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
         (**self).mark(namespace, token)
+    }
+
+    fn publish_top<'a>(
+        &'a self,
+        namespace: &'a str,
+        instance: &'a str,
+        snapshot: &'a [u8],
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).publish_top(namespace, instance, snapshot, ttl)
+    }
+
+    fn read_tops<'a>(
+        &'a self,
+        namespace: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+        (**self).read_tops(namespace, ttl)
     }
 
     fn namespaces(&self) -> Option<&Namespaces> {

@@ -75,11 +75,17 @@ struct Inner {
     /// Each namespace's marker (see [`Backend::mark`]): a process's memory is never lost
     /// while it runs, so a marker set stays.
     markers: std::sync::Mutex<std::collections::HashMap<Box<str>, Vec<u8>>>,
+    /// Each namespace's published top keys (see [`Backend::publish_top`]).
+    tops: std::sync::Mutex<std::collections::HashMap<Box<str>, TopSnapshots>>,
     max_entries_per_shard: usize,
     namespaces: Namespaces,
     /// The store's time, when not the wall clock.
     clock: Option<ManualClock>,
 }
+
+/// One namespace's published top keys: per instance, when it published (real time) and its
+/// snapshot.
+type TopSnapshots = std::collections::HashMap<Box<str>, (std::time::Instant, Vec<u8>)>;
 
 /// One key's state. Keys carry the algorithm's name, so two algorithms on the same
 /// namespace and key keep separate states, as their Redis keys do.
@@ -381,6 +387,7 @@ impl MemoryStoreBuilder {
                 bans: Sharded::new(SHARDS, self.max_keys),
                 bans_held: AtomicUsize::new(0),
                 markers: Default::default(),
+                tops: Default::default(),
                 max_entries_per_shard: self.max_log_entries.div_ceil(SHARDS).max(1),
                 namespaces: Namespaces::new(),
                 clock: self.clock,
@@ -663,6 +670,46 @@ impl Backend for MemoryStore {
             .or_insert_with(|| token.to_vec())
             .clone();
         Box::pin(std::future::ready(Ok(held)))
+    }
+
+    fn publish_top<'a>(
+        &'a self,
+        namespace: &'a str,
+        instance: &'a str,
+        snapshot: &'a [u8],
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let now = std::time::Instant::now();
+        let mut tops = self
+            .inner
+            .tops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let published = tops.entry(namespace.into()).or_default();
+        published.retain(|_, (at, _)| now.duration_since(*at) < ttl);
+        published.insert(instance.into(), (now, snapshot.to_vec()));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn read_tops<'a>(
+        &'a self,
+        namespace: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+        let now = std::time::Instant::now();
+        let tops = self
+            .inner
+            .tops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh = tops
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|(_, (at, _))| now.duration_since(*at) < ttl)
+            .map(|(instance, (_, snapshot))| (instance.as_bytes().to_vec(), snapshot.clone()))
+            .collect();
+        Box::pin(std::future::ready(Ok(fresh)))
     }
 
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {

@@ -432,3 +432,65 @@ fn a_store_outage_under_load_writes_few_lines() {
         "the outage is told: {lines:?}"
     );
 }
+
+/// `/top` as JSON, with `query`.
+fn top(gw: &AdminGateway, query: &str) -> (u16, serde_json::Value) {
+    let reply = crate::servers::gateway::send(gw.admin, "GET", &format!("/top{query}"), &[]);
+    let json = serde_json::from_str(&reply.body).unwrap_or(serde_json::Value::Null);
+    (reply.status, json)
+}
+
+/// `/top?scope=fleet` sums the keys denied on every gateway sharing the store; without a
+/// scope (or `scope=instance`), a gateway's own.
+#[test]
+fn the_fleets_top_keys_sum_every_gateway() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gws: Vec<AdminGateway> = (0..3)
+        .map(|_| {
+            AdminGateway::start(&[
+                "--redis",
+                &url,
+                "--key",
+                "header:x-k",
+                "--limit",
+                "1",
+                "--per",
+                "1h",
+            ])
+        })
+        .collect();
+    let hit = |gw: &AdminGateway, key: &str, times: usize| {
+        for _ in 0..times {
+            crate::servers::gateway::send(gw.addr, "GET", "/", &[("x-k", key)]);
+        }
+    };
+    hit(&gws[0], "k", 3); // 1 allowed, 2 denied
+    hit(&gws[1], "k", 4);
+    hit(&gws[2], "k", 5);
+    hit(&gws[2], "only-2", 3); // 1 allowed, 2 denied
+    let denied = |json: &serde_json::Value, key: &str| {
+        json.as_array()
+            .into_iter()
+            .flatten()
+            .find(|item| item["key"] == key)
+            .map_or(0, |item| item["denied"].as_u64().unwrap())
+    };
+    let (status, own) = top(&gws[0], "");
+    assert_eq!(status, 200);
+    assert_eq!((denied(&own, "k"), denied(&own, "only-2")), (2, 0), "{own}");
+    assert_eq!(top(&gws[0], "?scope=instance").1, own);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, fleet) = top(&gws[0], "?scope=fleet&n=5");
+        assert_eq!(status, 200, "{fleet}");
+        if (denied(&fleet, "k"), denied(&fleet, "only-2")) == (11, 2) {
+            assert_eq!(fleet[0]["key"], "k", "the most denied first: {fleet}");
+            assert_eq!(fleet[0]["policy"], "default", "{fleet}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fleet's view: {fleet}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(top(&gws[1], "?scope=elsewhere").0, 400);
+}

@@ -24,6 +24,8 @@
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
 //! | `{NS:#epoch}:m` | string: the limit's marker, a token set by the first instance that found none (an instance that finds another token than the one it saw knows the store lost the limit's state) | `store_marker.lua` (`RateLimiter::notice_reset`) | a day after the last look |
+//! | `{NS:#epoch}:t` | hash: each instance's top keys (field the instance's id, value its snapshot) | `top_publish.lua` (`RateLimiter::publish_top_keys`; read by `top_read.lua`) | 10 s after the last publication |
+//! | `{NS:#epoch}:tp` | sorted set: each instance, scored by when it last published (ms); an instance silent for 10 s is dropped from both | `top_publish.lua` | as `:t` |
 //! | `{NS:KEY}:rp` | hash, in each region's Redis (several regions): the key's pool, `u1`/`e1` and `u2`/`e2` two blocks' units and expiry, `o` units owed to the home, `s` units asked for since `t`, `a0`..`a31` a ring of what the region admitted, `n` the latest time a script saw | `regional_spend.lua`, `regional_fill.lua` | a pool lifetime after the last check |
 //! | `{NS:KEY}:rm` | string `1`, in each region's Redis: a refill of the pool is in flight, or the home had nothing to grant | `regional_spend.lua`, `regional_fill.lua` | the refill's deadline, or until the home has a unit |
 //! | `{NS:KEY}:rd` | hash, in the home region's Redis: each region's last demand, field the region's index, `WANT:TIME` | `regional_grant_gcra.lua`, `regional_grant_bucket.lua` | a few lead times after the last grant |
@@ -151,6 +153,17 @@ pub(crate) fn write_marker(namespace: &str, out: &mut impl Out) {
     out.put(b"{");
     out.put(namespace.as_bytes());
     out.put(b":#epoch}:m");
+}
+
+/// The fleet's top keys of `namespace`: each instance's snapshot, `{NS:#epoch}:t`, and when
+/// each last published, `{NS:#epoch}:tp`.
+pub(crate) fn write_tops(namespace: &str, snapshots: &mut impl Out, published: &mut impl Out) {
+    snapshots.put(b"{");
+    snapshots.put(namespace.as_bytes());
+    snapshots.put(b":#epoch}:t");
+    published.put(b"{");
+    published.put(namespace.as_bytes());
+    published.put(b":#epoch}:tp");
 }
 
 /// For each cluster hash slot, a number `n` such that the tag `namespace:#epoch:n` falls in

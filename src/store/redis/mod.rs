@@ -521,6 +521,70 @@ impl Backend for RedisStore {
         })
     }
 
+    fn publish_top<'a>(
+        &'a self,
+        namespace: &'a str,
+        instance: &'a str,
+        snapshot: &'a [u8],
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let (mut snapshots, mut published) = (KeyBuf::new(), KeyBuf::new());
+        keys::write_tops(namespace, &mut snapshots, &mut published);
+        let mut cmd = link::evalsha_keys(
+            &algorithms::TOP_PUBLISH,
+            2,
+            (8, 128 + snapshot.len()),
+            |cmd| {
+                cmd.arg(snapshots.as_bytes()).arg(published.as_bytes());
+            },
+        );
+        cmd.arg(instance).arg(snapshot).arg(ttl.as_millis() as u64);
+        Box::pin(async move {
+            match self.link.eval(&algorithms::TOP_PUBLISH, &cmd).await? {
+                redis::Value::Int(_) => Ok(()),
+                other => Err(Error::InvalidReply(format!(
+                    "a publication of top keys answered {other:?}"
+                ))),
+            }
+        })
+    }
+
+    fn read_tops<'a>(
+        &'a self,
+        namespace: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+        let (mut snapshots, mut published) = (KeyBuf::new(), KeyBuf::new());
+        keys::write_tops(namespace, &mut snapshots, &mut published);
+        let mut cmd = link::evalsha_keys(&algorithms::TOP_READ, 2, (6, 128), |cmd| {
+            cmd.arg(snapshots.as_bytes()).arg(published.as_bytes());
+        });
+        cmd.arg(ttl.as_millis() as u64);
+        Box::pin(async move {
+            let reply = self.link.eval(&algorithms::TOP_READ, &cmd).await?;
+            let redis::Value::Array(items) = reply else {
+                return Err(Error::InvalidReply(format!(
+                    "a read of top keys answered {reply:?}"
+                )));
+            };
+            let mut pairs = Vec::with_capacity(items.len() / 2);
+            let mut items = items.into_iter();
+            while let (Some(instance), Some(snapshot)) = (items.next(), items.next()) {
+                match (instance, snapshot) {
+                    (redis::Value::BulkString(i), redis::Value::BulkString(s)) => {
+                        pairs.push((i, s))
+                    }
+                    other => {
+                        return Err(Error::InvalidReply(format!(
+                            "a read of top keys answered {other:?}"
+                        )))
+                    }
+                }
+            }
+            Ok(pairs)
+        })
+    }
+
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         let mut ban = KeyBuf::new();
         keys::write_key(key, keys::BAN, &mut ban);

@@ -441,3 +441,50 @@ fn a_marker_keeps_its_token_until_the_server_loses_it() {
         assert_eq!(store.mark("rl:marked", b"second").await.unwrap(), b"second");
     });
 }
+
+/// Published top keys are read back with their instance while they count, and an instance
+/// that stopped publishing drops out once its time has passed (a lower bound waited here).
+#[test]
+fn published_top_keys_count_for_their_time() {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = redis.store().await;
+        let ttl = Duration::from_millis(300);
+        store
+            .publish_top("rl:top", "a", b"snap-a", ttl)
+            .await
+            .unwrap();
+        store
+            .publish_top("rl:top", "b", b"snap-b", ttl)
+            .await
+            .unwrap();
+        let mut read = store.read_tops("rl:top", ttl).await.unwrap();
+        read.sort();
+        assert_eq!(
+            read,
+            [
+                (b"a".to_vec(), b"snap-a".to_vec()),
+                (b"b".to_vec(), b"snap-b".to_vec())
+            ]
+        );
+        assert!(store.read_tops("rl:other", ttl).await.unwrap().is_empty());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        store
+            .publish_top("rl:top", "b", b"snap-b2", ttl)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.read_tops("rl:top", ttl).await.unwrap(),
+            [(b"b".to_vec(), b"snap-b2".to_vec())]
+        );
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg("{rl:top:#epoch}:t")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(fields, ["b"], "the silent instance's snapshot is gone");
+    });
+}

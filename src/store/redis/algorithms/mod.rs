@@ -179,6 +179,19 @@ pub(crate) static MARKER: LazyLock<Script> = LazyLock::new(|| {
         "/lua/store_marker.lua"
     )))
 });
+/// An instance's top keys published, and every instance's read (`RateLimiter::fleet_top_keys`).
+pub(crate) static TOP_PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/lua/top_publish.lua"
+    )))
+});
+pub(crate) static TOP_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/lua/top_read.lua"
+    )))
+});
 /// A reset of a key's state under a built-in algorithm: its state goes, and refunds of the
 /// checks admitted before it give nothing back. Its arguments: the state's kind (0 a bucket,
 /// 1 GCRA, 2 a log, 3 a fixed window), then each limit's lead (how long a charge admitted before now may hold

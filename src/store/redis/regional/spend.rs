@@ -140,6 +140,24 @@ impl Backend for RegionalStore {
         unsupported("no bans across regions to write back")
     }
 
+    fn publish_top<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _instance: &'a str,
+        _snapshot: &'a [u8],
+        _ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        unsupported("no fleet view of top keys across regions")
+    }
+
+    fn read_tops<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+        unsupported("no fleet view of top keys across regions")
+    }
+
     fn namespaces(&self) -> Option<&Namespaces> {
         Some(&self.inner.own().namespaces)
     }
