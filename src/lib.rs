@@ -64,6 +64,7 @@
 //! | [`extract`] | [`KeyExtractor`], [`Key`](extract::Key), the built-in extractors and combinators |
 //! | [`algorithm`] | [`Quota`], the algorithms, several limits at once, custom algorithms |
 //! | [`telemetry`] | [`LimiterStats`](telemetry::LimiterStats) and the metric names |
+//! | `admin` | (feature `admin`) the operators' console, an axum router: metrics, top keys (this instance's and the fleet's), peeks, resets, bans, the limits in force, health |
 //!
 //! Errors: a configuration that cannot work is a [`ConfigError`] naming the field, found when
 //! a limiter, layer or store is built; a check that could not be decided is an [`Error`],
@@ -79,6 +80,8 @@
 //! | `tonic` | no | [`PeerIp`] reads tonic's `TcpConnectInfo` |
 //! | `config` | no | `rate_limit::file`: limits from a TOML file for [live limits](RateLimitLayer::live), errors naming the line and the field |
 //! | `metrics` | yes | counters and a store-latency histogram through the `metrics` facade (see [the guide](guide::operating#what-the-limiter-reports)) |
+//! | `serde` | no | `Serialize` on [`LimiterStats`](telemetry::LimiterStats) and [`KeyCount`](telemetry::KeyCount) |
+//! | `admin` | no | `admin::Admin`: the operators' console as an axum router to mount beside an app's routes (turns on `axum` and `serde`) |
 //!
 //! A feature only adds behaviour: every item and trait has the same shape with any set of
 //! features. Without `tls`, a `rediss://` URL is a [`ConfigError`] naming `url`. Rust 1.88 or
@@ -92,6 +95,8 @@
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 #![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 pub mod algorithm;
 pub mod concurrency;
 mod core;

@@ -11,6 +11,8 @@ mod common;
 #[path = "common/upstream_limits.rs"]
 mod upstream_limits;
 
+#[path = "memory/admin.rs"]
+mod admin;
 #[path = "memory/algorithms.rs"]
 mod algorithms;
 #[path = "memory/concurrency.rs"]

@@ -78,7 +78,8 @@
 //! response gets a rate-limit field, and each over-limit request is logged ("would deny") at
 //! `info`, counted (`decision="would_deny"`) and its key listed by `/top`.
 //!
-//! `--admin-listen ADDR` opens a second listener for operators (off by default; bind it to a
+//! `--admin-listen ADDR` opens a second listener for operators, serving the library's console
+//! (`tower_redis_ratelimit::admin`) (off by default; bind it to a
 //! loopback or private address: it names keys), printed as `admin listening on http://ADDR`
 //! after the `listening on` line:
 //! - `GET /metrics`: the crate's metrics in the Prometheus text format, among them
@@ -220,26 +221,21 @@ mod serve;
 use self::{admin::*, args::*, limiter::*, limits::*, reload::*, serve::*};
 
 use std::{
-    collections::HashMap,
-    net::{IpAddr, SocketAddr},
-    os::unix::ffi::OsStrExt,
-    process::ExitCode,
-    sync::Arc,
+    collections::HashMap, net::SocketAddr, os::unix::ffi::OsStrExt, process::ExitCode, sync::Arc,
     time::Duration,
 };
 
 use axum::{
-    extract::{ConnectInfo, Path, Query, State},
-    http::{StatusCode, Uri},
+    extract::{ConnectInfo, Path},
+    http::StatusCode,
     response::{IntoResponse, Response},
-    routing::{get, put},
+    routing::get,
     Router,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::{Algorithm, FixedWindow},
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
-    extract::Key,
     rate_limit::{
         file::{self, from_toml, FileError, FileWatch, Look},
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,

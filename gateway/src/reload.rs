@@ -2,13 +2,8 @@
 
 use super::*;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 /// The metric counting the limits file's reloads, by result (`ok`, `refused`).
 pub(crate) const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
-
-/// How many reloads were put in force since the start (`GET /limits`' `generation`).
-pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Describes the reload counter and registers both results at 0.
 fn register_reloads() {
@@ -47,7 +42,6 @@ pub(crate) fn reload(
     match outcome {
         Ok(next) => {
             *running = next;
-            GENERATION.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(CONFIG_RELOADS, "result" => "ok").increment(1);
             let shadow = if running.shadow { ", shadow on" } else { "" };
             eprintln!(

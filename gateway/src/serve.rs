@@ -128,12 +128,11 @@ pub(crate) async fn serve(
         metrics,
         limiter,
         concurrency: concurrency.clone(),
-        keys: KeyText::of(&args),
+        ip_keys: (args.key == "ip").then_some(args.ipv6_prefix),
         token: None,
         regional,
         quotas,
         quota: limits_of(&args).quota(),
-        algorithm: args.algorithm.clone(),
     });
     if let Some(upstream) = &args.upstream {
         println!("upstream: {}", upstream.describe());
@@ -189,7 +188,7 @@ pub(crate) async fn serve(
 async fn spawn_admin(addr: SocketAddr, admin: AdminState) -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("admin listening on http://{}", listener.local_addr()?);
-    let app = admin_router(admin);
+    let app = admin_router(admin)?;
     let stop = Shutdown {
         signal: std::future::pending(),
         drain: Duration::ZERO,

@@ -125,7 +125,7 @@ impl Backend for Flaky {
         &'a self,
         namespace: &'a str,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>> {
         self.inner.read_tops(namespace, ttl)
     }
 

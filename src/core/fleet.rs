@@ -17,9 +17,6 @@ const MAX_SNAPSHOT: usize = 4 << 20;
 
 const VERSION: u8 = 1;
 
-/// The snapshots a store holds: each instance's id and snapshot.
-pub(crate) type Snapshots = Vec<(Vec<u8>, Vec<u8>)>;
-
 /// What names one key in the fleet's sum: its policy, text, bytes and whether it was cut.
 type KeyId = (Arc<str>, String, Option<Vec<u8>>, bool);
 

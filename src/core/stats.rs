@@ -27,6 +27,7 @@ use crate::decision::{Source, Verdict};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LimiterStats {
     /// Checks allowed (for a concurrency limit: requests admitted), whatever answered them,
@@ -59,7 +60,33 @@ pub struct LimiterStats {
     /// Refunds that failed in the store (errors, timeouts, an open circuit breaker): those
     /// units stay spent.
     pub refund_errors: u64,
+    /// Serialized as `{"allowed": {"store": N, ...}, ...}`, every verdict and source.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "decisions_by_name"))]
     decisions: [[u64; SOURCES]; VERDICTS],
+}
+
+/// The decisions as a map of verdicts, each a map of sources.
+#[cfg(feature = "serde")]
+fn decisions_by_name<S: serde::Serializer>(
+    decisions: &[[u64; SOURCES]; VERDICTS],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    struct Sources<'a>(&'a [u64; SOURCES]);
+    impl serde::Serialize for Sources<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let mut map = serializer.serialize_map(Some(SOURCES))?;
+            for source in Source::ALL {
+                map.serialize_entry(source.as_str(), &self.0[source.index()])?;
+            }
+            map.end()
+        }
+    }
+    let mut map = serializer.serialize_map(Some(VERDICTS))?;
+    for verdict in Verdict::ALL {
+        map.serialize_entry(verdict.as_str(), &Sources(&decisions[verdict.index()]))?;
+    }
+    map.end()
 }
 
 impl LimiterStats {

@@ -49,6 +49,7 @@ use crate::{
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct KeyCount {
     /// The key as a person reads it (its `Display`): text as is, bytes that are not UTF-8

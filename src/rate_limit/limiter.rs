@@ -492,7 +492,7 @@ impl<A: Algorithm> RateLimiter<A> {
     /// The `n` keys denied most across every instance sharing the store: the sum, key by key,
     /// of what each instance published with [`publish_top_keys`](Self::publish_top_keys)
     /// within the last 10 s, this instance counted as it is now. Each instance counts since it
-    /// started; an instance that ended drops out. On a [`MemoryStore`], the limiters sharing
+    /// started; an instance that ended drops out. On a [`MemoryStore`](crate::MemoryStore), the limiters sharing
     /// it.
     ///
     /// ```

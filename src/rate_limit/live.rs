@@ -134,6 +134,8 @@ struct Inner {
     client: ClientIp,
     /// Shadow mode as the limiter's builder set it: the limits' when they leave it unset.
     shadow: bool,
+    /// How many replacements were put in force.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// Limits checked and ready: each quota as the algorithm that runs it.
@@ -198,6 +200,7 @@ impl LiveLimits {
                 engine,
                 client,
                 shadow,
+                generation: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -220,7 +223,18 @@ impl LiveLimits {
         engine
             .shadow
             .store(shadow, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How many replacements were put in force since the layer started (a refused one is
+    /// not counted).
+    pub fn generation(&self) -> u64 {
+        self.inner
+            .generation
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `key`'s state as the layer would decide it now, spending nothing: under its plan's

@@ -166,7 +166,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &'a self,
         namespace: &'a str,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>>;
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>>;
 
     /// The namespaces of the limiters built on this store, so that two limiters with the same
     /// namespace and different quotas are a [`ConfigError`](crate::ConfigError).
@@ -190,6 +190,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// [`ThrottleLayer`](crate::throttle::ThrottleLayer) on this store waits on it.
     fn clock(&self) -> Option<super::memory::ManualClock>;
 }
+
+/// The top keys' snapshots a store holds ([`Backend::read_tops`]): each instance's id and
+/// snapshot.
+pub(crate) type Snapshots = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// A store's concurrency slots, for the [concurrency limiter](crate::concurrency): the
 /// crate-private side of [`SlotStore`](super::SlotStore). A store without them (a
@@ -390,7 +394,7 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         &'a self,
         namespace: &'a str,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>> {
         (**self).read_tops(namespace, ttl)
     }
 

@@ -695,7 +695,7 @@ impl Backend for MemoryStore {
         &'a self,
         namespace: &'a str,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>> {
         let now = std::time::Instant::now();
         let tops = self
             .inner

@@ -20,7 +20,7 @@ pub(crate) mod upstream;
 
 pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
-    backend::{unsupported, Backend, BoxFuture, Peeked, Slots, Upstreams},
+    backend::{unsupported, Backend, BoxFuture, Peeked, Slots, Snapshots, Upstreams},
     clock::micros,
     key::{compact_prefix, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},

@@ -553,7 +553,7 @@ impl Backend for RedisStore {
         &'a self,
         namespace: &'a str,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>> {
         let (mut snapshots, mut published) = (KeyBuf::new(), KeyBuf::new());
         keys::write_tops(namespace, &mut snapshots, &mut published);
         let mut cmd = link::evalsha_keys(&algorithms::TOP_READ, 2, (6, 128), |cmd| {

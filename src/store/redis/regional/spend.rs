@@ -154,7 +154,7 @@ impl Backend for RegionalStore {
         &'a self,
         _namespace: &'a str,
         _ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<crate::core::fleet::Snapshots, Error>> {
+    ) -> BoxFuture<'a, Result<crate::store::Snapshots, Error>> {
         unsupported("no fleet view of top keys across regions")
     }
 
