@@ -90,7 +90,8 @@
 //!   histogram (100 µs to 5 s) counting every store call, failed and timed-out ones included,
 //!   `ratelimit_breaker_open{policy}` (1 while the circuit breaker is open),
 //!   `ratelimit_near_limit_total{policy}` (allowed decisions that left the key at or under
-//!   20% of its capacity) and, with `--config`, `ratelimit_config_reloads_total{result="ok"|
+//!   20% of its capacity), `ratelimit_store_connected` and
+//!   `ratelimit_store_connects_total{result}` (the Redis connection), and, with `--config`, `ratelimit_config_reloads_total{result="ok"|
 //!   "refused"}`;
 //! - `GET /top?n=N` (default 10): this instance's most denied keys since it started, as JSON,
 //!   `[{"key": "...", "encoding": "utf8", "policy": "default", "denied": N, "would_deny": M},
@@ -266,6 +267,12 @@ async fn run(base: Args) -> Result<(), BoxError> {
         _ => base.clone(),
     };
     let (quota, algorithm) = check(&args)?;
+    // Installed before the store connects and the limiter is built: the connection's
+    // metrics, the descriptions and the series at 0 go to it.
+    let metrics = match args.admin_listen {
+        Some(_) => Some(metrics_recorder()?),
+        None => None,
+    };
     let Connected {
         store,
         slots,
@@ -285,12 +292,6 @@ async fn run(base: Args) -> Result<(), BoxError> {
     for (key, plan, _) in &args.plans {
         println!("plan: key {key:?} gets {plan}");
     }
-    // Installed before the limiter decides anything: its metric handles are taken from the
-    // recorder on its first decision.
-    let metrics = match args.admin_listen {
-        Some(_) => Some(metrics_recorder()?),
-        None => None,
-    };
     serve(base, args, file, store, slots, algorithm, metrics, regional).await
 }
 

@@ -194,7 +194,24 @@ fn the_breaker_gauge_follows_the_breaker_and_refusals_are_not_store_errors() {
             "the breaker never opened: {text}"
         );
     }
-    let (open, _) = scrape(&gw);
+    let (open, text) = scrape(&gw);
+    assert_eq!(
+        value(&open, "ratelimit_store_connected", &[]),
+        0.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            &open,
+            "ratelimit_store_connects_total",
+            &[("result", "failed")]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        open.docs.contains_key("ratelimit_store_connected"),
+        "{text}"
+    );
     let errors = value(&open, "ratelimit_store_errors_total", &[]);
     let unchecked = value(
         &open,
@@ -232,6 +249,12 @@ fn the_breaker_gauge_follows_the_breaker_and_refusals_are_not_store_errors() {
         assert_eq!(call(&gw), 200);
         let (now, text) = scrape(&gw);
         if value(&now, "ratelimit_breaker_open", &[("policy", "default")]) == 0.0 {
+            assert_eq!(value(&now, "ratelimit_store_connected", &[]), 1.0, "{text}");
+            let connects = value(&now, "ratelimit_store_connects_total", &[("result", "ok")]);
+            assert!(
+                connects >= 2.0,
+                "the first connection and the one after: {text}"
+            );
             break;
         }
         assert!(
@@ -493,4 +516,68 @@ fn the_fleets_top_keys_sum_every_gateway() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(top(&gws[1], "?scope=elsewhere").0, 400);
+}
+
+/// A store that stalls (its process stopped) times out every check: each one is observed in
+/// `ratelimit_store_latency_seconds` at its duration, and counted as a timeout.
+#[test]
+fn checks_that_time_out_are_observed_in_the_latency_histogram() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&[
+        "--redis",
+        &url,
+        "--key",
+        "global",
+        "--limit",
+        "100000",
+        "--timeout-ms",
+        "100",
+    ]);
+    assert_eq!(call(&gw), 200);
+    let histogram = |scrape: &Scrape| {
+        samples(
+            scrape,
+            "ratelimit_store_latency_seconds",
+            &[("policy", "default")],
+        )
+        .iter()
+        .find_map(|s| match &s.value {
+            Value::Histogram(buckets) => buckets.last().map(|b| b.count),
+            _ => None,
+        })
+        .unwrap_or(0.0)
+    };
+    let (before, _) = scrape(&gw);
+    let counted = histogram(&before);
+    assert!(counted >= 1.0);
+    redis.signal("-STOP");
+    // Two checks (under the breaker's five failures in a row, the marker's looks included).
+    assert_eq!(call(&gw), 200, "fail-open");
+    assert_eq!(call(&gw), 200, "fail-open");
+    let (stalled, text) = scrape(&gw);
+    redis.signal("-CONT");
+    assert_eq!(histogram(&stalled), counted + 2.0, "{text}");
+    let timeouts = value(
+        &stalled,
+        "ratelimit_store_errors_total",
+        &[("kind", "timeout")],
+    );
+    assert!(timeouts >= 2.0, "{text}");
+    // The slow bucket got them: nothing at or under 50 ms.
+    let fast = samples(
+        &stalled,
+        "ratelimit_store_latency_seconds",
+        &[("policy", "default")],
+    )
+    .iter()
+    .find_map(|s| match &s.value {
+        Value::Histogram(buckets) => buckets
+            .iter()
+            .find(|b| b.less_than == 0.05)
+            .map(|b| b.count),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(fast, counted, "{text}");
 }

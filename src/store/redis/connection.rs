@@ -163,9 +163,10 @@ impl Supervised {
     pub(crate) async fn connect(connector: Connector) -> Result<Self, Error> {
         // Opened here rather than through `reconnect`: the caller reports a failure, so it is
         // not logged as well.
-        let live = open(&connector).await?;
+        let opened = open(&connector).await;
+        report_connection(opened.is_ok(), Some(opened.is_ok()));
         let this = Self::lazy(connector);
-        this.inner.live.store(Some(live));
+        this.inner.live.store(Some(opened?));
         Ok(this)
     }
 
@@ -225,7 +226,11 @@ impl Supervised {
         let current = self.inner.live.load();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, dead)) {
             let previous = self.inner.live.compare_and_swap(&current, None);
-            return previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, dead));
+            let retired = previous.as_ref().is_some_and(|p| Arc::ptr_eq(p, dead));
+            if retired {
+                report_connection(false, None);
+            }
+            return retired;
         }
         false
     }
@@ -301,6 +306,33 @@ impl Supervised {
     }
 }
 
+/// The connection's state in the metrics: `ratelimit_store_connected` (1 while a connection
+/// is open), `ratelimit_store_connects_total{result="ok"|"failed"}` (each attempt to
+/// connect, the first included).
+fn report_connection(connected: bool, attempt: Option<bool>) {
+    #[cfg(feature = "metrics")]
+    {
+        static DESCRIBED: std::sync::Once = std::sync::Once::new();
+        DESCRIBED.call_once(|| {
+            metrics::describe_gauge!(
+                crate::telemetry::STORE_CONNECTED,
+                "1 while the store's connection to Redis is open (standalone and Sentinel), else 0."
+            );
+            metrics::describe_counter!(
+                crate::telemetry::STORE_CONNECTS,
+                "Attempts to connect to Redis (standalone and Sentinel), by result (ok, failed)."
+            );
+        });
+        metrics::gauge!(crate::telemetry::STORE_CONNECTED).set(f64::from(u8::from(connected)));
+        if let Some(ok) = attempt {
+            let result = if ok { "ok" } else { "failed" };
+            metrics::counter!(crate::telemetry::STORE_CONNECTS, "result" => result).increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (connected, attempt);
+}
+
 /// Installs the outcome of `attempt` once it completes.
 async fn install(inner: Weak<Inner>, attempt: Attempt) {
     let result = attempt.await;
@@ -312,6 +344,7 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
             pending.failure = None;
             pending.warned_at = None;
             inner.live.store(Some(live));
+            report_connection(true, Some(true));
         }
         Err(e) => {
             let now = Instant::now();
@@ -325,6 +358,7 @@ async fn install(inner: Weak<Inner>, attempt: Attempt) {
                 tracing::debug!(error = %crate::error::ErrorChain(&e), "rate limit: cannot connect to redis");
             }
             pending.failure = Some((now, e));
+            report_connection(false, Some(false));
         }
     }
 }
