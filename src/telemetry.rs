@@ -41,6 +41,7 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
 //! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
 //! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
+//! | `ratelimit_policy_capacity`, `ratelimit_policy_window_seconds`, `ratelimit_policy_shadow` | gauge | `policy`: the limit in force (`q` and `w` of `RateLimit-Policy`) and shadow mode, set when the limiter is built and when live limits are replaced |
 //! | `ratelimit_store_connected` | gauge | none: 1 while the store's connection to Redis is open, else 0 (standalone and Sentinel) |
 //! | `ratelimit_store_connects_total` | counter | `result` = `ok` / `failed`: attempts to connect to Redis, the first included (standalone and Sentinel) |
 //! | `ratelimit_store_resets_total` | counter | `policy`: stores found to have lost the policy's state by [`RateLimiter::notice_reset`](crate::RateLimiter::notice_reset) |
@@ -64,8 +65,9 @@
 
 pub use crate::core::{
     report::{
-        BREAKER_OPEN, DECISIONS, KEY_DECISIONS, NEAR_LIMIT, REFUNDS, STORE_ERRORS, STORE_LATENCY,
-        STORE_RESETS, UPSTREAM_LEARNED, UPSTREAM_WAITS,
+        BREAKER_OPEN, DECISIONS, KEY_DECISIONS, NEAR_LIMIT, POLICY_CAPACITY, POLICY_SHADOW,
+        POLICY_WINDOW, REFUNDS, STORE_ERRORS, STORE_LATENCY, STORE_RESETS, UPSTREAM_LEARNED,
+        UPSTREAM_WAITS,
     },
     KeyCount, LimiterStats,
 };

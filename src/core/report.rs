@@ -32,6 +32,26 @@ pub const BREAKER_OPEN: &str = "ratelimit_breaker_open";
 pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
 /// Metric names.
 pub const STORE_RESETS: &str = "ratelimit_store_resets_total";
+/// Metric names.
+pub const POLICY_CAPACITY: &str = "ratelimit_policy_capacity";
+/// Metric names.
+pub const POLICY_WINDOW: &str = "ratelimit_policy_window_seconds";
+/// Metric names.
+pub const POLICY_SHADOW: &str = "ratelimit_policy_shadow";
+
+/// The limit in force for `policy`, in the metrics: the units a rested key holds, the time
+/// in which they are restored (`q` and `w` of `RateLimit-Policy`), and shadow mode.
+pub(crate) fn policy_in_force(policy: &str, capacity: u64, window: Duration, shadow: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!(POLICY_CAPACITY, "policy" => policy.to_owned()).set(capacity as f64);
+        metrics::gauge!(POLICY_WINDOW, "policy" => policy.to_owned()).set(window.as_secs_f64());
+        metrics::gauge!(POLICY_SHADOW, "policy" => policy.to_owned())
+            .set(f64::from(u8::from(shadow)));
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, capacity, window, shadow);
+}
 
 /// Describes every metric family of this crate to the installed recorder (`# HELP` in
 /// Prometheus' text). Called when a limit is built; describing twice changes nothing.
@@ -71,6 +91,19 @@ pub(crate) fn describe() {
         describe_gauge!(
             BREAKER_OPEN,
             "1 while the policy's circuit breaker is open (checks do not call the store), else 0."
+        );
+        describe_gauge!(
+            POLICY_CAPACITY,
+            "Units a rested key of the policy holds, in force now (q of RateLimit-Policy)."
+        );
+        describe_gauge!(
+            POLICY_WINDOW,
+            Unit::Seconds,
+            "Time in which the policy's capacity is restored, in force now (w of RateLimit-Policy)."
+        );
+        describe_gauge!(
+            POLICY_SHADOW,
+            "1 while the policy is in shadow mode (decides and reports, never refuses), else 0."
         );
         describe_counter!(
             STORE_RESETS,

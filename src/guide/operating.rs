@@ -108,6 +108,7 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` = `timeout` / `redis` / `other`: store calls that failed (a check refused by the open breaker made no call) |
 //! | `ratelimit_breaker_open` | gauge | `policy`: 1 while the circuit breaker is open, else 0 |
 //! | `ratelimit_near_limit_total` | counter | `policy`: allowed decisions that left the key at or under 20% of its capacity |
+//! | `ratelimit_policy_capacity`, `ratelimit_policy_window_seconds`, `ratelimit_policy_shadow` | gauge | `policy`: the limit in force and shadow mode (set at build and on each replacement of live limits) |
 //! | `ratelimit_store_connected` | gauge | none: 1 while the connection to Redis is open (standalone and Sentinel) |
 //! | `ratelimit_store_connects_total` | counter | `result` = `ok` / `failed`: attempts to connect to Redis |
 //! | `ratelimit_store_resets_total` | counter | `policy`: stores found to have lost the policy's state (`RateLimiter::notice_reset`) |

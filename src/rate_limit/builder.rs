@@ -278,6 +278,14 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         };
         let prefix = compact_prefix(&core.namespace, algorithm.name());
         register_series(&core, self.shadow, deny_cache.is_some(), leasing.is_some());
+        if core.reports {
+            crate::core::report::policy_in_force(
+                &core.policy,
+                algorithm.quota(),
+                algorithm.window(),
+                self.shadow,
+            );
+        }
         let engine = RateEngine {
             core,
             algorithm: dyn_algorithm,

@@ -112,6 +112,23 @@ impl Limits {
     }
 }
 
+/// The default quota and shadow mode of `limits`, in force for `engine`'s policy, in the
+/// metrics.
+fn in_force(engine: &RateEngine, limits: &Limits) {
+    let quota = limits.quota();
+    let windowed = matches!(engine.algorithm.name(), "sliding-window" | "fixed-window");
+    let capacity = match windowed {
+        true => quota.limit(),
+        false => quota.burst_size(),
+    };
+    crate::core::report::policy_in_force(
+        &engine.core.policy,
+        u64::from(capacity),
+        quota.burst_window(),
+        limits.is_shadow(),
+    );
+}
+
 /// The limits a layer reads on every request, replaced atomically while it runs: made by
 /// [`RateLimitLayer::live`](super::RateLimitLayer::live). Cloning shares them.
 ///
@@ -194,6 +211,7 @@ impl LiveLimits {
             resolved.limits.is_shadow(),
             std::sync::atomic::Ordering::Relaxed,
         );
+        in_force(&engine, &resolved.limits);
         Ok(Self {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(resolved),
@@ -226,6 +244,7 @@ impl LiveLimits {
         self.inner
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        in_force(engine, &self.inner.current.load().limits);
         Ok(())
     }
 

@@ -319,6 +319,22 @@ fn limits_show_what_is_in_force_across_reloads() {
         scraped.docs.contains_key("ratelimit_config_reloads_total"),
         "{body}"
     );
+    let default = [("policy", "default")];
+    assert_eq!(
+        value(&scraped, "ratelimit_policy_capacity", &default),
+        7.0,
+        "{body}"
+    );
+    assert_eq!(
+        value(&scraped, "ratelimit_policy_window_seconds", &default),
+        84.0,
+        "{body}"
+    );
+    assert_eq!(
+        value(&scraped, "ratelimit_policy_shadow", &default),
+        0.0,
+        "{body}"
+    );
 
     write_file(&file, &text(9, true));
     let log = gw.wait_lines("config reloaded", 1, Duration::from_secs(30));
@@ -346,6 +362,14 @@ fn limits_show_what_is_in_force_across_reloads() {
             "ratelimit_config_reloads_total",
             &[("result", "refused")]
         ),
+        1.0,
+        "{body}"
+    );
+    // The limit in force: 7 units restored in 7 x 60 s / 9, shadow mode on.
+    let window = value(&scraped, "ratelimit_policy_window_seconds", &default);
+    assert!((window - 420.0 / 9.0).abs() < 0.001, "{window}: {body}");
+    assert_eq!(
+        value(&scraped, "ratelimit_policy_shadow", &default),
         1.0,
         "{body}"
     );
