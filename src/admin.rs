@@ -19,8 +19,9 @@
 //! [`Admin::ip_keys`], a key is an address (an IPv6 address taken to its network) or a network
 //! `ADDRESS/BITS`, as [`ClientIp`](crate::ClientIp) keys clients. A key that names none is 400;
 //! a store that fails, 503 with the reason. Each change (a reset, a ban, an unban) is logged
-//! at `info` with the key percent-encoded and the caller's address when the server gives it
-//! (axum's `ConnectInfo`).
+//! at `info` with the key's digest (`key_sha1`: a key can be a credential) and the caller's
+//! address when the server gives it (axum's `ConnectInfo`), and at `trace` with the key
+//! percent-encoded.
 //!
 //! With [`Admin::token`], every route wants `Authorization: Bearer TOKEN` (401 otherwise),
 //! compared in constant time. Without one, bind the router's listener to a loopback or private
@@ -270,6 +271,19 @@ fn caller(extensions: &Extensions) -> String {
         .map_or_else(|| "-".to_owned(), |c| c.0.to_string())
 }
 
+/// An operator's change, logged: at `info` with the key's digest (`key_sha1`, the first 16
+/// hex digits of its SHA-1: a key can be a credential, and no line above `trace` holds one),
+/// at `trace` with the key itself, percent-encoded (one line, whatever its bytes).
+fn audit(named: &[u8], peer: &str, seconds: Option<u64>, what: &'static str) {
+    let digest = sha1_smol::Sha1::from(named).digest().to_string();
+    let key_sha1 = &digest[..16];
+    match seconds {
+        Some(seconds) => tracing::info!(key_sha1, seconds, peer = %peer, "{what}"),
+        None => tracing::info!(key_sha1, peer = %peer, "{what}"),
+    }
+    tracing::trace!(key = %percent_encoded(named), key_sha1, "{what}");
+}
+
 /// The bytes an admin path names after `/keys/` or `/bans/`, percent-decoded: any bytes, so
 /// that every key can be named (`%FF` is the byte 0xFF; a `%` not followed by two hex digits
 /// stands for itself).
@@ -516,7 +530,7 @@ async fn reset_key<A: Algorithm + 'static>(
         }
     }
     let peer = caller(&extensions);
-    tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: key reset");
+    audit(&named, &peer, None, "admin: key reset");
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -545,7 +559,7 @@ async fn ban_key<A: Algorithm + 'static>(
         return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     let peer = caller(&extensions);
-    tracing::info!(key = %percent_encoded(&named), seconds, peer = %peer, "admin: key banned");
+    audit(&named, &peer, Some(seconds), "admin: key banned");
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -564,7 +578,7 @@ async fn unban_key<A: Algorithm + 'static>(
         return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     let peer = caller(&extensions);
-    tracing::info!(key = %percent_encoded(&named), peer = %peer, "admin: ban lifted");
+    audit(&named, &peer, None, "admin: ban lifted");
     StatusCode::NO_CONTENT.into_response()
 }
 
