@@ -111,6 +111,14 @@ pub fn get(addr: SocketAddr, extra: impl AsRef<[u8]>) -> (u16, String) {
     get_path(addr, "/", extra)
 }
 
+/// Writes `text` to `path` whole: into a file beside it, renamed into place (a watcher never
+/// reads half of it).
+pub fn write_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// GET `path`, as [`get`].
 pub fn get_path(addr: SocketAddr, path: &str, extra: impl AsRef<[u8]>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();

@@ -11,7 +11,7 @@ use std::{
 
 use crate::common::header;
 use crate::servers::{
-    gateway::{assert_refused, gateway_bin, send, AdminGateway, Reply},
+    gateway::{assert_refused, gateway_bin, send, write_file, AdminGateway, Reply},
     RedisServer,
 };
 
@@ -839,12 +839,6 @@ fn wait_lines(gw: &AdminGateway, what: &str, n: usize) -> String {
 }
 
 /// Replaces the file at `path` at once (as an editor that renames does).
-fn write_file(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[test]
 fn a_reload_under_load_changes_the_limit_keeps_counters_and_refuses_a_broken_file() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use prometheus_parse::{Sample, Scrape, Value};
 
-use crate::servers::{gateway::AdminGateway, RedisServer};
+use crate::servers::{
+    gateway::{write_file, AdminGateway},
+    RedisServer,
+};
 
 /// A request to `gw`'s public listener: its status.
 fn call(gw: &AdminGateway) -> u16 {
@@ -42,6 +45,25 @@ fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
             ref other => panic!("{name} is not a counter or gauge: {other:?}"),
         })
         .sum()
+}
+
+/// The default policy's store latency histogram: the calls at or under `le` seconds
+/// (`f64::INFINITY`: every call); `None` when the histogram is absent.
+fn latency_calls(scrape: &Scrape, le: f64) -> Option<f64> {
+    samples(
+        scrape,
+        "ratelimit_store_latency_seconds",
+        &[("policy", "default")],
+    )
+    .iter()
+    .find_map(|s| match &s.value {
+        Value::Histogram(buckets) => buckets
+            .iter()
+            .find(|b| b.less_than >= le)
+            .or(buckets.last())
+            .map(|b| b.count),
+        _ => None,
+    })
 }
 
 /// Every `ratelimit_*` family in `scrape` has its `# HELP`.
@@ -149,17 +171,7 @@ fn metrics_are_described_start_at_zero_and_parse() {
     );
     // The histogram counts every decision the store made (the deny cache's are not calls).
     let from_store = value(&after, "ratelimit_decisions_total", &[("source", "store")]);
-    let latency = samples(
-        &after,
-        "ratelimit_store_latency_seconds",
-        &[("policy", "default")],
-    );
-    let count = latency
-        .iter()
-        .find_map(|s| match &s.value {
-            Value::Histogram(buckets) => buckets.last().map(|b| b.count),
-            _ => None,
-        })
+    let count = latency_calls(&after, f64::INFINITY)
         .unwrap_or_else(|| panic!("ratelimit_store_latency_seconds is not a histogram: {text}"));
     assert_eq!(count, from_store, "{text}");
     assert!(
@@ -263,12 +275,6 @@ fn the_breaker_gauge_follows_the_breaker_and_refusals_are_not_store_errors() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn write_file(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 fn limits(gw: &AdminGateway) -> serde_json::Value {
@@ -559,19 +565,7 @@ fn checks_that_time_out_are_observed_in_the_latency_histogram() {
         "100",
     ]);
     assert_eq!(call(&gw), 200);
-    let histogram = |scrape: &Scrape| {
-        samples(
-            scrape,
-            "ratelimit_store_latency_seconds",
-            &[("policy", "default")],
-        )
-        .iter()
-        .find_map(|s| match &s.value {
-            Value::Histogram(buckets) => buckets.last().map(|b| b.count),
-            _ => None,
-        })
-        .unwrap_or(0.0)
-    };
+    let histogram = |scrape: &Scrape| latency_calls(scrape, f64::INFINITY).unwrap_or(0.0);
     let (before, _) = scrape(&gw);
     let counted = histogram(&before);
     assert!(counted >= 1.0);
@@ -589,19 +583,6 @@ fn checks_that_time_out_are_observed_in_the_latency_histogram() {
     );
     assert!(timeouts >= 2.0, "{text}");
     // The slow bucket got them: nothing at or under 50 ms.
-    let fast = samples(
-        &stalled,
-        "ratelimit_store_latency_seconds",
-        &[("policy", "default")],
-    )
-    .iter()
-    .find_map(|s| match &s.value {
-        Value::Histogram(buckets) => buckets
-            .iter()
-            .find(|b| b.less_than == 0.05)
-            .map(|b| b.count),
-        _ => None,
-    })
-    .unwrap();
+    let fast = latency_calls(&stalled, 0.05).unwrap();
     assert_eq!(fast, counted, "{text}");
 }
