@@ -60,8 +60,9 @@
 //! are on, the near-limit counter and the breaker's gauge; the other combinations of
 //! `decision` and `source` appear on their first decision. Metric handles are taken from
 //! the recorder on a limit's first decision. Install the recorder (e.g.
-//! `metrics-exporter-prometheus`) before building the limits, or at least before the first
-//! request (the descriptions and the series at 0 then come with the first decisions).
+//! `metrics-exporter-prometheus`) before building the limits: a recorder installed later
+//! gets the decisions' counts, but not the descriptions, the series at 0 nor the gauges set
+//! at build.
 
 pub use crate::core::{
     report::{
@@ -74,7 +75,8 @@ pub use crate::core::{
 pub use crate::decision::{Source, Verdict};
 
 /// Metric names: 1 while the store's connection to Redis is open, else 0 (standalone and
-/// Sentinel; a Cluster's connections are redis-rs').
+/// Sentinel; a Cluster's connections are redis-rs'). One series per process: with several
+/// stores (several regions), the last change of any of them.
 pub const STORE_CONNECTED: &str = "ratelimit_store_connected";
 /// Metric names: attempts to connect to Redis, by `result` (`ok`, `failed`).
 pub const STORE_CONNECTS: &str = "ratelimit_store_connects_total";

@@ -155,7 +155,11 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
         "fixed-window" => Arc::new(FixedWindow::new(quota).map_err(quota_refusal)?),
         _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
     };
-    rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))?;
+    // Built to be refused or dropped: its gauges (the limit in force, the breaker) must not
+    // overwrite those of the limiter serving requests, so it reports to no recorder.
+    metrics::with_local_recorder(&metrics::NoopRecorder, || {
+        rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))
+    })?;
     key_extractor(args)?;
     admin_token(args)?;
     if args.shadow && args.concurrency.is_some() {

@@ -193,7 +193,9 @@
 //!   status. A refused request never reaches the upstream. An upstream that cannot be reached
 //!   answers 502; one whose response headers take longer than `--upstream-timeout-ms N`
 //!   (30,000, the connection's opening included), 504. Printed at start-up as
-//!   `upstream: http://HOST:PORT[/PREFIX]`. Without `--upstream`, the demo routes.
+//!   `upstream: http://HOST:PORT[/PREFIX]`. Under a PREFIX, a path with a `.` or `..`
+//!   segment (`%2e` too) is refused with 400: the upstream could resolve it outside the
+//!   prefix. Without `--upstream`, the demo routes.
 //! - `--threads N` (one per CPU): the threads serving requests; with 1, one thread does
 //!   everything, with no hand-offs between threads (the fastest on one core).
 //! - `--drain-ms N` (10,000): on `SIGTERM` or `SIGINT`, the gateway stops accepting, lets the

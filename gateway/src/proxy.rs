@@ -85,13 +85,18 @@ impl Upstream {
     }
 
     /// The request target sent upstream for a client's `uri`: its path and query byte for
-    /// byte after the prefix, in origin form (`/path?query`).
-    fn target(&self, uri: Uri) -> Result<Uri, http::Error> {
+    /// byte after the prefix, in origin form (`/path?query`). Under a prefix, a path with a
+    /// `.` or `..` segment (`%2e` too) names none: an upstream that resolves them would serve
+    /// what lies outside the prefix.
+    fn target(&self, uri: Uri) -> Result<Uri, String> {
         if self.prefix.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
             return Ok(uri);
         }
+        if !self.prefix.is_empty() && uri.path().split('/').any(is_dot_segment) {
+            return Err(format!("{:?} leaves the upstream's prefix", uri.path()));
+        }
         let path_and_query = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        Ok(Uri::try_from(format!("{}{path_and_query}", self.prefix))?)
+        Uri::try_from(format!("{}{path_and_query}", self.prefix)).map_err(|e| e.to_string())
     }
 
     /// Where to connect: the host (an IPv6 address without its brackets) and the port.
@@ -103,6 +108,12 @@ impl Upstream {
             .unwrap_or(host);
         (host, self.authority.port_u16().unwrap_or(80))
     }
+}
+
+/// Whether a path segment is `.` or `..`, its dots written as they are or as `%2e`.
+fn is_dot_segment(segment: &str) -> bool {
+    let dots = segment.to_ascii_lowercase().replace("%2e", ".");
+    dots == "." || dots == ".."
 }
 
 /// The most idle upstream connections kept for the next client connections.
@@ -383,20 +394,25 @@ fn drop_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends the client's address to `x-forwarded-for`.
+/// Appends the client's address to `x-forwarded-for` (every line of it joined, in order).
 fn forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
     const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&XFF).map(HeaderValue::as_bytes) {
-        Some(before) if !before.is_empty() => {
-            let mut v = before.to_vec();
-            v.extend_from_slice(b", ");
-            v.extend_from_slice(client.as_bytes());
-            match HeaderValue::from_bytes(&v) {
+    let mut joined = Vec::new();
+    for before in headers.get_all(&XFF) {
+        if !before.is_empty() {
+            joined.extend_from_slice(before.as_bytes());
+            joined.extend_from_slice(b", ");
+        }
+    }
+    let value = match joined.is_empty() {
+        true => client.clone(),
+        false => {
+            joined.extend_from_slice(client.as_bytes());
+            match HeaderValue::from_bytes(&joined) {
                 Ok(value) => value,
                 Err(_) => return,
             }
         }
-        _ => client.clone(),
     };
     headers.insert(XFF, value);
 }
@@ -417,6 +433,10 @@ mod tests {
         assert_eq!(target(&bare, "/"), "/");
         assert_eq!(target(&bare, "/a%20b?c=d"), "/a%20b?c=d");
         assert_eq!(bare.address(), ("backend", 80));
+        for escape in ["/../admin", "/a/./b", "/%2e%2E/admin", "/a/%2E/b", "/.."] {
+            assert!(u.target(escape.parse().unwrap()).is_err(), "{escape}");
+        }
+        assert_eq!(target(&u, "/a..b/.c/d."), "/api/a..b/.c/d.");
         let v6 = Upstream::parse("http://[::1]:9000").unwrap();
         assert_eq!(v6.address(), ("::1", 9000));
         for bad in [
@@ -447,10 +467,11 @@ mod tests {
         );
         h.insert("x-kept", HeaderValue::from_static("yes"));
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+        h.append("x-forwarded-for", HeaderValue::from_static("198.51.100.9"));
         drop_hop_by_hop(&mut h);
         forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.2"));
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
-        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 10.0.0.2");
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 198.51.100.9, 10.0.0.2");
     }
 }

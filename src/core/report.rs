@@ -153,9 +153,9 @@ impl Meters {
     }
 
     /// Registers the series of `policy` a dashboard reads before anything happened (at 0):
-    /// the decisions that can occur (`expected`), the near-limit counter and, when the store
-    /// is timed, the latency. The handles themselves are taken on the first decision, from
-    /// the recorder installed by then.
+    /// the decisions that can occur (`expected`), the near-limit counter, the store resets.
+    /// The handles themselves are taken on the first decision, from the recorder installed
+    /// by then.
     pub(crate) fn register(&self, policy: &str, expected: &[(Verdict, Source)]) {
         #[cfg(feature = "metrics")]
         {
@@ -395,6 +395,15 @@ pub(crate) fn store_reset(policy: &str, bans: usize, failed: usize) {
     );
     #[cfg(feature = "metrics")]
     metrics::counter!(STORE_RESETS, "policy" => policy.to_owned()).increment(1);
+}
+
+/// The bans a loss left waiting, written back at a later look.
+pub(crate) fn bans_written_back(policy: &str, bans: usize) {
+    tracing::info!(
+        policy,
+        bans_written_back = bans,
+        "rate limit: the bans the store lost are written back"
+    );
 }
 
 /// A check refused by the open circuit breaker: no store call was made, so no store error

@@ -123,10 +123,13 @@ impl RateEngine {
         if d.allowed && d.remaining.saturating_mul(5) <= d.capacity {
             self.core.meters.near_limit(&self.core.policy);
         }
-        if let (true, Source::Store, Some(key), Some(left)) =
-            (d.banned, d.source, key.key(), d.retry_after)
-        {
-            self.watch.banned(key, left);
+        if let (Source::Store, Some(k)) = (d.source, key.key()) {
+            match (d.banned, d.retry_after) {
+                (true, Some(left)) => self.watch.banned(k, left),
+                // Lifted by another instance, or ended: nothing to write back.
+                (false, _) if self.watch.knows_bans() => self.watch.unbanned(k),
+                _ => {}
+            }
         }
         report::decided(d, key.key(), verdict, latency, &self.core.quiet);
         if !self.key_meters.is_empty() {
@@ -530,7 +533,11 @@ impl RateEngine {
         let held = core
             .call(|| core.store.mark(&core.namespace, token.as_bytes()))
             .await?;
-        if !self.watch.saw(held) {
+        let lost = self.watch.saw(held);
+        if lost {
+            self.watch.set_pending(true);
+        }
+        if !self.watch.pending() {
             return Ok(false);
         }
         let bans = match self.algorithm.rule().is_script() {
@@ -539,13 +546,29 @@ impl RateEngine {
             false => self.watch.live_bans(),
         };
         let mut failed = 0;
-        for (key, left) in &bans {
-            if *left >= MIN_BAN && self.ban(Some(key), *left, None).await.is_err() {
+        for (i, (key, ends)) in bans.iter().enumerate() {
+            // The time left now, just before each write.
+            let left = ends.saturating_duration_since(std::time::Instant::now());
+            if left < MIN_BAN {
+                continue;
+            }
+            if let Err(e) = self.ban(Some(key), left, None).await {
+                if e.is_unavailable() {
+                    // The store is away again: the rest waits for the next look.
+                    failed += bans.len() - i;
+                    break;
+                }
                 failed += 1;
             }
         }
-        report::store_reset(&core.policy, bans.len(), failed);
-        Ok(true)
+        // What failed is tried again at the next look (every ban again: a write is idempotent).
+        self.watch.set_pending(failed > 0);
+        if lost {
+            report::store_reset(&core.policy, bans.len(), failed);
+        } else if failed == 0 {
+            report::bans_written_back(&core.policy, bans.len());
+        }
+        Ok(lost)
     }
 
     /// Publishes this instance's most denied keys (at most

@@ -375,13 +375,18 @@ impl<A: Algorithm> RateLimiter<A> {
         self.engine.ban(Some(&key), duration, None).await
     }
 
-    /// Looks at this limit's marker in the store, and answers `true` when the store lost the
-    /// limit's state since the last look: a Redis that restarted without persistence, was
-    /// flushed, or failed over to a replica that had not received it. Every key then starts
-    /// afresh, and so would every ban: the bans this instance knows (those it set with
-    /// [`ban`](Self::ban), and those the store enforced on its checks) are written back with
-    /// the time each has left. Each instance that notices counts it
-    /// (`ratelimit_store_resets_total`) and logs one line.
+    /// Looks at this limit's marker in the store, and answers `true` when the store lost it
+    /// since the last look: a Redis that restarted without persistence or was flushed lost
+    /// the limit's state with it. Every key then starts afresh, and so would every ban: the
+    /// bans this instance knows (those it set with [`ban`](Self::ban), and those the store
+    /// enforced on its checks, forgotten when a check finds the ban lifted) are written back
+    /// with the time each has left, again at the next looks for those the store refused. Each
+    /// instance that notices counts it (`ratelimit_store_resets_total`) and logs one line.
+    ///
+    /// What this does not notice: a store that kept the marker and lost some state anyway (a
+    /// failover to a replica that had received the marker but not the latest bans, an
+    /// older snapshot restored). A marker evicted by `maxmemory` is taken for a loss: the bans
+    /// are written again, which changes nothing.
     ///
     /// Call it every second or so on every instance (the gateway does): a ban then outlives a
     /// store that lost it within about a second of the store's return. The first look only

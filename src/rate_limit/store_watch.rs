@@ -4,7 +4,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Mutex, MutexGuard, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -22,6 +25,10 @@ pub(crate) struct StoreWatch {
     seen: Mutex<Option<Vec<u8>>>,
     /// The bans this instance set, or saw the store enforce, each with when it ends.
     bans: Mutex<HashMap<Key<'static>, Instant>>,
+    /// How many bans `bans` holds (read without its lock on every check).
+    known: AtomicUsize,
+    /// A loss was noticed and some bans are not written back yet: the next look tries again.
+    pending: AtomicBool,
 }
 
 impl Default for StoreWatch {
@@ -30,6 +37,8 @@ impl Default for StoreWatch {
             instance: crate::unique_id::next(),
             seen: Mutex::default(),
             bans: Mutex::default(),
+            known: AtomicUsize::new(0),
+            pending: AtomicBool::new(false),
         }
     }
 }
@@ -51,21 +60,45 @@ impl StoreWatch {
             }
         }
         bans.insert(key.clone().into_owned(), ends);
+        self.known.store(bans.len(), Ordering::Relaxed);
     }
 
-    /// `key`'s ban was lifted.
+    /// `key`'s ban was lifted (here, or by another instance: the store's check of the key
+    /// found none).
     pub(crate) fn unbanned(&self, key: &Key<'_>) {
-        lock(&self.bans).remove(&key.clone().into_owned());
+        if self.known.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut bans = lock(&self.bans);
+        if bans.remove(&key.clone().into_owned()).is_some() {
+            self.known.store(bans.len(), Ordering::Relaxed);
+        }
     }
 
-    /// The bans still in force, each with the time it has left.
-    pub(crate) fn live_bans(&self) -> Vec<(Key<'static>, Duration)> {
+    /// Whether any ban is known (no lock).
+    pub(crate) fn knows_bans(&self) -> bool {
+        self.known.load(Ordering::Relaxed) > 0
+    }
+
+    /// The bans still in force, each with when it ends.
+    pub(crate) fn live_bans(&self) -> Vec<(Key<'static>, Instant)> {
         let now = Instant::now();
         let mut bans = lock(&self.bans);
         bans.retain(|_, ends| *ends > now);
+        self.known.store(bans.len(), Ordering::Relaxed);
         bans.iter()
-            .map(|(key, ends)| (key.clone(), *ends - now))
+            .map(|(key, ends)| (key.clone(), *ends))
             .collect()
+    }
+
+    /// Marks the bans as waiting to be written back (`true`), or written (`false`).
+    pub(crate) fn set_pending(&self, pending: bool) {
+        self.pending.store(pending, Ordering::Relaxed);
+    }
+
+    /// Whether bans are waiting to be written back since a loss.
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
     }
 
     /// The marker's token seen now: `true` when it differs from the one seen before (the
@@ -109,6 +142,9 @@ mod tests {
         let live = w.live_bans();
         assert_eq!(live.len(), 1, "{live:?}");
         assert_eq!(live[0].0, Key::from("a"));
-        assert!(live[0].1 <= Duration::from_secs(60));
+        assert!(live[0].1 <= Instant::now() + Duration::from_secs(60));
+        assert!(w.knows_bans());
+        w.unbanned(&Key::from("a"));
+        assert!(!w.knows_bans());
     }
 }

@@ -329,3 +329,27 @@ fn a_bad_upstream_url_is_refused_at_start_up() {
     assert_refused(&["--upstream-timeout-ms", "soon"], "--upstream-timeout-ms");
     assert_refused(&["--upstream-timeout-ms", "0"], "--upstream-timeout-ms");
 }
+
+/// Under a prefix, a path with `.` or `..` segments is refused (400) and never reaches the
+/// upstream, which could resolve it outside the prefix.
+#[test]
+fn a_path_leaving_the_prefix_is_refused() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    let up = upstream(Router::new().fallback(any(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { "upstream" }
+    })));
+    let url = format!("http://{up}/api");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "100"]);
+    for path in ["/../admin", "/v1/%2e%2e/%2E%2E/admin", "/./x"] {
+        let answer = exchange(
+            gw.addr,
+            format!("GET {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n").as_bytes(),
+        );
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(get_path(gw.addr, "/v1/ok", "").0, 200);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
