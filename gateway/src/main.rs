@@ -191,8 +191,10 @@
 //!   connection closed before any of it was written. The upstream's status, headers and body
 //!   come back with the rate-limit fields added, and `--count-only` reads the upstream's
 //!   status. A refused request never reaches the upstream. An upstream that cannot be reached
-//!   answers 502; one whose response headers take longer than `--upstream-timeout-ms N`
-//!   (30,000, the connection's opening included), 504. Printed at start-up as
+//!   answers 502; one that, for `--upstream-timeout-ms N` (30,000), neither takes any of the
+//!   request (its connection, a part of its body) nor answers, 504: the time counts from the
+//!   request's last progress, so a slow upload is not a timeout. A response body that sends
+//!   nothing for that long has the client's connection cut (the body ends early). Printed at start-up as
 //!   `upstream: http://HOST:PORT[/PREFIX]`. Under a PREFIX, a path with a `.` or `..`
 //!   segment (`%2e` too) is refused with 400: the upstream could resolve it outside the
 //!   prefix. Without `--upstream`, the demo routes.

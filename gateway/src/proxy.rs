@@ -3,8 +3,8 @@
 //! path prefix), its headers (hop-by-hop ones dropped, `x-forwarded-for` appended with the
 //! client's address) and its body, streamed both ways over pooled connections; the upstream's
 //! status, headers and body come back, and the limiter adds its fields. An upstream that
-//! cannot be reached answers 502; one whose response headers take longer than the timeout,
-//! 504.
+//! cannot be reached answers 502; one that neither takes any of the request nor answers for
+//! the timeout, 504; a response body idle that long cuts the client's connection.
 
 use std::{
     future::Future,
@@ -26,7 +26,7 @@ use hyper::{body::Incoming, client::conn::http1::SendRequest};
 use hyper_util::rt::TokioIo;
 
 /// What the proxy answers with: the upstream's body, or a line of its own (502, 504, 400).
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<Download, Full<Bytes>>;
 
 /// The headers that concern one connection, not the request (RFC 9110, 7.6.1), never
 /// forwarded either way.
@@ -134,7 +134,7 @@ struct Shared {
     host: HeaderValue,
     timeout: Duration,
     /// The idle connections, the most recently used last.
-    idle: Mutex<Vec<(SendRequest<Incoming>, Instant)>>,
+    idle: Mutex<Vec<(SendRequest<Upload>, Instant)>>,
 }
 
 impl Proxy {
@@ -165,14 +165,14 @@ impl Proxy {
 }
 
 impl Shared {
-    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Incoming>, Instant)>> {
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Upload>, Instant)>> {
         self.idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The most recently used idle connection still open and not too old.
-    fn checkout(&self) -> Option<SendRequest<Incoming>> {
+    fn checkout(&self) -> Option<SendRequest<Upload>> {
         let mut idle = self.lock_idle();
         while let Some((sender, since)) = idle.pop() {
             if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
@@ -183,7 +183,7 @@ impl Shared {
     }
 
     /// Keeps a connection for later, dropping those closed or too old.
-    fn checkin(&self, sender: SendRequest<Incoming>) {
+    fn checkin(&self, sender: SendRequest<Upload>) {
         if sender.is_closed() {
             return;
         }
@@ -196,7 +196,7 @@ impl Shared {
     }
 
     /// A new connection to the upstream, driven by a task of its own.
-    async fn connect(&self) -> Result<SendRequest<Incoming>, BoxError> {
+    async fn connect(&self) -> Result<SendRequest<Upload>, BoxError> {
         let stream = tokio::net::TcpStream::connect(self.upstream.address()).await?;
         stream.set_nodelay(true)?;
         let (sender, connection) =
@@ -225,18 +225,18 @@ pub struct ProxyConnection {
 /// The upstream connection a client connection holds between its requests.
 struct Held {
     shared: Arc<Shared>,
-    sender: Mutex<Option<SendRequest<Incoming>>>,
+    sender: Mutex<Option<SendRequest<Upload>>>,
 }
 
 impl Held {
-    fn take(&self) -> Option<SendRequest<Incoming>> {
+    fn take(&self) -> Option<SendRequest<Upload>> {
         self.sender
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
     }
 
-    fn give_back(&self, sender: SendRequest<Incoming>) {
+    fn give_back(&self, sender: SendRequest<Upload>) {
         let mut held = self
             .sender
             .lock()
@@ -271,7 +271,7 @@ const ATTEMPTS: usize = 3;
 impl ProxyConnection {
     /// Sends `req` and waits for the response's head. A request goes out once: it is sent
     /// again only when hyper hands it back unwritten.
-    async fn send(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, BoxError> {
+    async fn send(&self, mut req: Request<Upload>) -> Result<Response<Incoming>, BoxError> {
         let shared = &self.held.shared;
         for attempt in 1..=ATTEMPTS {
             let reused = if attempt < ATTEMPTS {
@@ -315,18 +315,25 @@ impl ProxyConnection {
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, shared.host.clone());
         }
+        let progress = Arc::new(Progress::new());
+        let body = Upload::new(body, Arc::clone(&progress));
         let sent = self.send(Request::from_parts(parts, body));
-        match tokio::time::timeout(shared.timeout, sent).await {
-            Ok(Ok(res)) => {
+        let answered = tokio::select! {
+            answered = sent => Some(answered),
+            () = progress.idle_for(shared.timeout) => None,
+        };
+        match answered {
+            Some(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 drop_hop_by_hop(&mut parts.headers);
+                let body = Download::new(body, shared.timeout);
                 Response::from_parts(parts, Either::Left(body))
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 tracing::debug!(error = %e, "upstream unreachable");
                 text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
             }
-            Err(_) => {
+            None => {
                 tracing::debug!(
                     timeout_ms = shared.timeout.as_millis() as u64,
                     "upstream timed out"
@@ -334,6 +341,145 @@ impl ProxyConnection {
                 text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
             }
         }
+    }
+}
+
+/// When a request last made progress: its start, then each part of its body taken by the
+/// upstream connection. The upstream's time to answer counts from the last.
+struct Progress {
+    start: tokio::time::Instant,
+    /// Microseconds from `start` to the last progress.
+    last_us: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            last_us: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn made(&self) {
+        let us = self.start.elapsed().as_micros() as u64;
+        self.last_us
+            .fetch_max(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Ends once nothing happened for `timeout`: no connection, no part of the body taken,
+    /// no answer.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let last =
+                Duration::from_micros(self.last_us.load(std::sync::atomic::Ordering::Relaxed));
+            let due = self.start + last + timeout;
+            if tokio::time::Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    }
+}
+
+/// The client's request body on its way upstream, each part of it counted as progress: a
+/// slow upload is not an upstream that does not answer.
+pub struct Upload {
+    inner: Incoming,
+    progress: Arc<Progress>,
+}
+
+impl Upload {
+    fn new(inner: Incoming, progress: Arc<Progress>) -> Self {
+        Self { inner, progress }
+    }
+}
+
+impl http_body::Body for Upload {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_ready() {
+            self.progress.made();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The upstream's response body on its way to the client: one that sends nothing for the
+/// upstream timeout ends with an error, which cuts the client's connection (nothing else
+/// can tell it the body is incomplete).
+pub struct Download {
+    inner: Incoming,
+    timeout: Duration,
+    /// Armed while a part is awaited.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Download {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            idle: None,
+        }
+    }
+}
+
+impl http_body::Body for Download {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some(idle) = &mut this.idle {
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + this.timeout);
+                }
+                Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
+            }
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let idle = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match idle.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        tracing::debug!(
+                            timeout_ms = timeout.as_millis() as u64,
+                            "upstream body stalled; the client's connection is cut"
+                        );
+                        Poll::Ready(Some(Err("the upstream's body stalled".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

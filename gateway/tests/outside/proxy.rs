@@ -353,3 +353,62 @@ fn a_path_leaving_the_prefix_is_refused() {
     assert_eq!(get_path(gw.addr, "/v1/ok", "").0, 200);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
 }
+
+/// `--upstream-timeout-ms` counts from the request's last progress: a client that uploads
+/// its body slowly (each part within the timeout, the whole beyond it) gets the upstream's
+/// answer, not a 504.
+#[test]
+fn a_slow_upload_is_not_an_upstream_timeout() {
+    let up = upstream(Router::new().fallback(any(echo)));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--upstream-timeout-ms", "3000"]);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nhost: gw\r\nconnection: close\r\ncontent-length: 8\r\n\r\n")
+        .unwrap();
+    // Eight bytes, one every 500 ms: 4 s in all, never 3 s without progress.
+    for b in b"abcdefgh" {
+        std::thread::sleep(Duration::from_millis(500));
+        s.write_all(&[*b]).unwrap();
+    }
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 201"), "{out}");
+    assert!(out.contains("body: abcdefgh"), "{out}");
+}
+
+/// An upstream that sends its answer's head and part of its body, then nothing, has the
+/// client's connection cut after the upstream timeout: the client sees the body end early
+/// instead of waiting forever.
+#[test]
+fn a_stalled_upstream_body_cuts_the_client_connection() {
+    let up = upstream(Router::new().fallback(any(|| async {
+        let chunks = futures_util::stream::unfold(0u8, |step| async move {
+            match step {
+                0 => Some((
+                    Ok::<_, std::io::Error>(Bytes::from_static(b"first-chunk\n")),
+                    1,
+                )),
+                _ => std::future::pending().await,
+            }
+        });
+        Body::from_stream(chunks)
+    })));
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--upstream-timeout-ms", "300"]);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /stall HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = Vec::new();
+    // Ends (the connection closed) long before the 30 s read timeout would fail it.
+    s.read_to_end(&mut out)
+        .expect("the connection was never cut");
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("first-chunk"), "{text}");
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "a cut body does not end cleanly: {text:?}"
+    );
+}
