@@ -1,5 +1,5 @@
 //! An axum app with its operators' console: the app on 127.0.0.1:3000, limited per API key
-//! (`x-api-key`), and the console (`admin::Admin`) on 127.0.0.1:3001, behind a token.
+//! (`x-api-key`), and the console (`rate_limit::admin::Admin`) on 127.0.0.1:3001, behind a token.
 //!
 //! `cargo run --example admin --features admin`, then:
 //! `curl -H 'x-api-key: bob' 127.0.0.1:3000/` a few times,
@@ -11,8 +11,8 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::{
-    admin::Admin, store::Store, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer, RateLimiter,
-    RedisStore,
+    rate_limit::admin::Admin, store::Store, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer,
+    RateLimiter, RedisStore,
 };
 
 #[tokio::main]

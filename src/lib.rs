@@ -57,14 +57,13 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`rate_limit`] | [`RateLimiter`] and its builder, [`RateLimitLayer`] and its service, [`Decision`](rate_limit::Decision), policies and classes, counting by status, unit leases, header styles and the header constants |
+//! | [`rate_limit`] | [`RateLimiter`] and its builder, [`RateLimitLayer`] and its service, [`Decision`](rate_limit::Decision), policies and classes, counting by status, unit leases, header styles and the header constants, the operators' console (`admin`, feature `admin`) |
 //! | [`concurrency`] | per-key limits of requests in flight: [`ConcurrencyLimiter`](concurrency::ConcurrencyLimiter), [`ConcurrencyLimitLayer`](concurrency::ConcurrencyLimitLayer), [`Permit`](concurrency::Permit) |
 //! | [`throttle`] | the outbound throttle, [`ThrottleLayer`](throttle::ThrottleLayer), and reading an upstream's limits |
 //! | [`store`] | [`RedisStore`] (connecting, TLS, Sentinel, Cluster, batching, connect errors), [`MemoryStore`] and its manual clock, [`FailurePolicy`], the circuit breaker, error scopes |
 //! | [`extract`] | [`KeyExtractor`], [`Key`](extract::Key), the built-in extractors and combinators |
 //! | [`algorithm`] | [`Quota`], the algorithms, several limits at once, custom algorithms |
 //! | [`telemetry`] | [`LimiterStats`](telemetry::LimiterStats) and the metric names |
-//! | `admin` | (feature `admin`) the operators' console, an axum router: metrics, top keys (this instance's and the fleet's), peeks, resets, bans, the limits in force, health |
 //!
 //! Errors: a configuration that cannot work is a [`ConfigError`] naming the field, found when
 //! a limiter, layer or store is built; a check that could not be decided is an [`Error`],
@@ -81,7 +80,7 @@
 //! | `config` | no | `rate_limit::file`: limits from a TOML file for [live limits](RateLimitLayer::live), errors naming the line and the field |
 //! | `metrics` | yes | counters and a store-latency histogram through the `metrics` facade (see [the guide](guide::operating#what-the-limiter-reports)) |
 //! | `serde` | no | `Serialize` on [`LimiterStats`](telemetry::LimiterStats) and [`KeyCount`](telemetry::KeyCount) |
-//! | `admin` | no | `admin::Admin`: the operators' console as an axum router to mount beside an app's routes (turns on `axum` and `serde`) |
+//! | `admin` | no | `rate_limit::admin::Admin`: the operators' console as an axum router to mount beside an app's routes (turns on `axum` and `serde`) |
 //!
 //! A feature only adds behaviour: every item and trait has the same shape with any set of
 //! features. Without `tls`, a `rediss://` URL is a [`ConfigError`] naming `url`. Rust 1.88 or
@@ -95,8 +94,6 @@
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub)]
 #![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
-#[cfg(feature = "admin")]
-pub mod admin;
 pub mod algorithm;
 pub mod concurrency;
 mod core;

@@ -3,7 +3,7 @@
 
 use super::*;
 
-use tower_redis_ratelimit::admin::Admin;
+use tower_redis_ratelimit::rate_limit::admin::Admin;
 
 /// What the operators' listener serves from: the metrics, the limiters, how a key is
 /// written, and the token its requests must carry.
@@ -50,7 +50,7 @@ pub(crate) fn admin_router(state: AdminState) -> Result<Router, BoxError> {
         admin = admin.concurrency(concurrency);
     }
     if let Some(regional) = state.regional {
-        admin = admin.regional(regional);
+        admin = admin.region(move || regional.stats());
     }
     admin = match state.quotas {
         Quotas::Own => admin,

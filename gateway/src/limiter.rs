@@ -11,10 +11,15 @@ pub(crate) fn key_extractor(args: &Args) -> Result<Arc<dyn KeyExtractor>, Refusa
     })
 }
 
-/// Whether the limits read the client's address: `--key ip`, or lists of addresses (`--allow`,
-/// `--deny`, or those a limits file may bring).
+/// Whether the limits keep lists that may name addresses: `--allow`, `--deny`, or those a
+/// limits file may bring.
+pub(crate) fn lists_addresses(args: &Args) -> bool {
+    args.allow.is_some() || args.deny.is_some() || args.config.is_some()
+}
+
+/// Whether the limits read the client's address: `--key ip`, or lists of addresses.
 pub(crate) fn reads_client_address(args: &Args) -> bool {
-    args.key == "ip" || args.allow.is_some() || args.deny.is_some() || args.config.is_some()
+    args.key == "ip" || lists_addresses(args)
 }
 
 /// The client address as `--key ip` finds it: the peer, or what `--trusted-proxy` forwarded.

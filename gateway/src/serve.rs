@@ -25,7 +25,7 @@ fn rate_limit_layer(
         );
     }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(args)?).headers(args.headers);
-    if args.allow.is_some() || args.deny.is_some() || args.config.is_some() {
+    if lists_addresses(args) {
         layer = layer.list_addresses(client_ip(args)?);
     }
     if let Some(list) = args.allow.clone() {

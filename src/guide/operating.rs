@@ -221,7 +221,7 @@
 //!   within its key cap, counted per lock shard: at the default cap of 1,000,000 keys it
 //!   refuses a new ban ([`Error::Unsupported`](crate::Error::Unsupported)) once the new
 //!   ban's shard is full: from a little under 1,000,000 bans on (about 994,000 measured).
-//! - **All of it over HTTP**: with the `admin` feature, `admin::Admin` is the console as an
+//! - **All of it over HTTP**: with the `admin` feature, `rate_limit::admin::Admin` is the console as an
 //!   axum router (metrics, top keys of the instance and of the fleet, peeks, resets, bans,
 //!   the limits in force, health), behind a bearer token; mount it on a listener of its own
 //!   (`examples/admin.rs`). The gateway serves exactly this router.

@@ -767,6 +767,11 @@ pub(crate) struct Quoted {
 }
 
 impl Quoted {
+    /// The limit's algorithm with this quota.
+    pub(crate) fn algorithm(&self) -> &dyn Algorithm {
+        &*self.algorithm
+    }
+
     /// Whether this quota runs exactly as `algorithm` does (the limiter's own quota).
     pub(crate) fn same_rule(&self, algorithm: &dyn Algorithm) -> bool {
         format!("{:?}", self.algorithm.rule()) == format!("{:?}", algorithm.rule())

@@ -112,20 +112,18 @@ impl Limits {
     }
 }
 
-/// The default quota and shadow mode of `limits`, in force for `engine`'s policy, in the
-/// metrics.
-fn in_force(engine: &RateEngine, limits: &Limits) {
-    let quota = limits.quota();
-    let windowed = matches!(engine.algorithm.name(), "sliding-window" | "fixed-window");
-    let capacity = match windowed {
-        true => quota.limit(),
-        false => quota.burst_size(),
+/// The default quota and shadow mode of `resolved`, in force for `engine`'s policy, in the
+/// metrics: the capacity and window of the algorithm that runs it, as at build.
+fn in_force(engine: &RateEngine, resolved: &Resolved) {
+    let algorithm = match &resolved.quotas.own {
+        Some(quoted) => quoted.algorithm(),
+        None => &*engine.algorithm,
     };
     crate::core::report::policy_in_force(
         &engine.core.policy,
-        u64::from(capacity),
-        quota.burst_window(),
-        limits.is_shadow(),
+        algorithm.quota(),
+        algorithm.window(),
+        resolved.limits.is_shadow(),
     );
 }
 
@@ -211,7 +209,7 @@ impl LiveLimits {
             resolved.limits.is_shadow(),
             std::sync::atomic::Ordering::Relaxed,
         );
-        in_force(&engine, &resolved.limits);
+        in_force(&engine, &resolved);
         Ok(Self {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(resolved),
@@ -244,7 +242,7 @@ impl LiveLimits {
         self.inner
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        in_force(engine, &self.inner.current.load().limits);
+        in_force(engine, &self.inner.current.load());
         Ok(())
     }
 

@@ -9,6 +9,8 @@
 //! future); the HTTP shell answers a denial or adds the headers to the inner service's
 //! response.
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod builder;
 mod config;
 mod counting;

@@ -6,16 +6,29 @@ use std::{
     collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Mutex, MutexGuard, PoisonError,
+        Mutex, MutexGuard, PoisonError, RwLock,
     },
     time::{Duration, Instant},
 };
 
-use crate::extract::Key;
+use crate::{extract::Key, store::KeyBuf};
+
+/// Keys longer than this are named in `bans` by their SHA-1 (see `Key::write_compact`).
+const ID_LEN: usize = 64;
+
+/// `key`'s id in `bans`: its compact form, written without an allocation.
+fn id(key: &Key<'_>) -> KeyBuf {
+    let mut id = KeyBuf::new();
+    key.write_compact(ID_LEN, &mut id);
+    id
+}
 
 /// The most bans an instance keeps to write back; past it, the ended ones go, then new ones
 /// are not kept.
 const MAX_KNOWN_BANS: usize = 10_000;
+
+/// A ban known to this instance: its key, and when it ends.
+type KnownBan = (Key<'static>, Instant);
 
 /// What a limit keeps of the store it shares with other instances.
 pub(crate) struct StoreWatch {
@@ -23,8 +36,9 @@ pub(crate) struct StoreWatch {
     pub(crate) instance: String,
     /// The token of the limit's marker last seen (`None` before the first look).
     seen: Mutex<Option<Vec<u8>>>,
-    /// The bans this instance set, or saw the store enforce, each with when it ends.
-    bans: Mutex<HashMap<Key<'static>, Instant>>,
+    /// The bans this instance set, or saw the store enforce, each with when it ends, by the
+    /// key's compact form (looked up on checks without an allocation).
+    bans: RwLock<HashMap<Box<[u8]>, KnownBan>>,
     /// How many bans `bans` holds (read without its lock on every check).
     known: AtomicUsize,
     /// A loss was noticed and some bans are not written back yet: the next look tries again.
@@ -36,7 +50,7 @@ impl Default for StoreWatch {
         Self {
             instance: crate::unique_id::next(),
             seen: Mutex::default(),
-            bans: Mutex::default(),
+            bans: RwLock::default(),
             known: AtomicUsize::new(0),
             pending: AtomicBool::new(false),
         }
@@ -52,25 +66,38 @@ impl StoreWatch {
     pub(crate) fn banned(&self, key: &Key<'_>, left: Duration) {
         let now = Instant::now();
         let ends = now + left;
-        let mut bans = lock(&self.bans);
-        if bans.len() >= MAX_KNOWN_BANS && !bans.contains_key(key) {
-            bans.retain(|_, ends| *ends > now);
+        let id = id(key);
+        let mut bans = self.bans.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = bans.get_mut(id.as_bytes()) {
+            known.1 = ends;
+            return;
+        }
+        if bans.len() >= MAX_KNOWN_BANS {
+            bans.retain(|_, (_, ends)| *ends > now);
             if bans.len() >= MAX_KNOWN_BANS {
                 return;
             }
         }
-        bans.insert(key.clone().into_owned(), ends);
+        bans.insert(id.as_bytes().into(), (key.clone().into_owned(), ends));
         self.known.store(bans.len(), Ordering::Relaxed);
     }
 
     /// `key`'s ban was lifted (here, or by another instance: the store's check of the key
-    /// found none).
+    /// found none). Looked up under a shared lock first: checks of keys never banned take no
+    /// exclusive lock and allocate nothing.
     pub(crate) fn unbanned(&self, key: &Key<'_>) {
         if self.known.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut bans = lock(&self.bans);
-        if bans.remove(&key.clone().into_owned()).is_some() {
+        let id = id(key);
+        let known = self
+            .bans
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(id.as_bytes());
+        if known {
+            let mut bans = self.bans.write().unwrap_or_else(PoisonError::into_inner);
+            bans.remove(id.as_bytes());
             self.known.store(bans.len(), Ordering::Relaxed);
         }
     }
@@ -83,12 +110,10 @@ impl StoreWatch {
     /// The bans still in force, each with when it ends.
     pub(crate) fn live_bans(&self) -> Vec<(Key<'static>, Instant)> {
         let now = Instant::now();
-        let mut bans = lock(&self.bans);
-        bans.retain(|_, ends| *ends > now);
+        let mut bans = self.bans.write().unwrap_or_else(PoisonError::into_inner);
+        bans.retain(|_, (_, ends)| *ends > now);
         self.known.store(bans.len(), Ordering::Relaxed);
-        bans.iter()
-            .map(|(key, ends)| (key.clone(), *ends))
-            .collect()
+        bans.values().cloned().collect()
     }
 
     /// Marks the bans as waiting to be written back (`true`), or written (`false`).
@@ -114,7 +139,7 @@ impl StoreWatch {
 impl std::fmt::Debug for StoreWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreWatch")
-            .field("known_bans", &lock(&self.bans).len())
+            .field("known_bans", &self.known.load(Ordering::Relaxed))
             .finish()
     }
 }

@@ -1,4 +1,4 @@
-//! An app that mounts the operators' console (`admin::Admin`) beside its own routes, served by
+//! An app that mounts the operators' console (`rate_limit::admin::Admin`) beside its own routes, served by
 //! a real axum server on 127.0.0.1 and asked over TCP: the token's guard, top keys, peeks,
 //! bans and resets, the limits in force, health, metrics.
 #![cfg(feature = "admin")]
@@ -11,8 +11,8 @@ use std::{
 
 use axum::{routing::get, Router};
 use tower_redis_ratelimit::{
-    admin::Admin, rate_limit::Limits, Gcra, HeaderKey, MemoryStore, Quota, RateLimitLayer,
-    RateLimiter,
+    rate_limit::admin::Admin, rate_limit::Limits, Gcra, HeaderKey, MemoryStore, Quota,
+    RateLimitLayer, RateLimiter,
 };
 
 /// `method path` with `headers` over a fresh connection: the status and the body.

@@ -112,6 +112,7 @@ pub struct RegionalStoreBuilder {
 
 /// What a region's [`RegionalStore`] has seen: whether it is cut off now, and its grants.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RegionStats {
     /// This region's name.

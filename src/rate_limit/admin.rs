@@ -11,7 +11,7 @@
 //! | `DELETE /bans/{key}` | 204: lifts the key's ban |
 //! | `GET /limits` | the limits in force: `{"generation", "policies": [{"policy", "algorithm", "limit", "per_ms", "burst", "shadow"}]}`, each plan a policy named `plan:KEY` |
 //! | `GET /healthz` | `200 ok` while the store answers a read within the store timeout, else `503` and the reason on one line |
-//! | `GET /region` | with [`Admin::regional`], the region's state as JSON; else 404 |
+//! | `GET /region` | with [`Admin::region`], the region's state as JSON; else 404 |
 //!
 //! `{key}` is the key's bytes as the key extractor produces them, percent-encoded (`%FF` is
 //! the byte 0xFF): any key can be named, and `/top` names keys the same way (text as is when it
@@ -29,7 +29,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_redis_ratelimit::{admin::Admin, Gcra, MemoryStore, Quota, RateLimiter};
+//! use tower_redis_ratelimit::{rate_limit::admin::Admin, Gcra, MemoryStore, Quota, RateLimiter};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let quota = Quota::per_second(10);
@@ -65,7 +65,6 @@ use crate::{
     extract::Key,
     quota::Quota,
     rate_limit::{LiveLimits, RateLimiter},
-    store::redis::RegionalStore,
     telemetry::KeyCount,
 };
 
@@ -76,7 +75,7 @@ pub struct Admin<A> {
     ip_keys: Option<u8>,
     token: Option<Arc<[u8]>>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
-    regional: Option<RegionalStore>,
+    region: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
     quota: Option<Quota>,
     quotas: Quotas,
 }
@@ -107,7 +106,7 @@ impl<A: Algorithm + 'static> Admin<A> {
             ip_keys: None,
             token: None,
             metrics: None,
-            regional: None,
+            region: None,
             quota: None,
             quotas: Quotas::Own,
         }
@@ -152,9 +151,15 @@ impl<A: Algorithm + 'static> Admin<A> {
         self
     }
 
-    /// The region's state on `GET /region`.
-    pub fn regional(mut self, store: RegionalStore) -> Self {
-        self.regional = Some(store);
+    /// `GET /region` answers what `state` returns, as JSON: a regional store's
+    /// `move || store.stats()`.
+    pub fn region<T: serde::Serialize>(
+        mut self,
+        state: impl Fn() -> T + Send + Sync + 'static,
+    ) -> Self {
+        self.region = Some(Arc::new(move || {
+            serde_json::to_value(state()).unwrap_or(serde_json::Value::Null)
+        }));
         self
     }
 
@@ -413,14 +418,17 @@ async fn limits<A: Algorithm + 'static>(State(s): Shared<A>) -> Response {
     };
     plans.sort_by(|a, b| a.0.cmp(&b.0));
     let algorithm = s.limiter.algorithm().name();
-    let windowed = matches!(algorithm, "sliding-window" | "fixed-window");
     let entry = |policy: String, quota: Option<Quota>| match quota {
         Some(quota) => serde_json::json!({
             "policy": policy,
             "algorithm": algorithm,
             "limit": quota.limit(),
             "per_ms": quota.period().as_millis() as u64,
-            "burst": if windowed { quota.limit() } else { quota.burst_size() },
+            // As the algorithm runs the quota: a window's burst is its limit.
+            "burst": s.limiter.algorithm().with_quota(quota).map_or(
+                u64::from(quota.burst_size()),
+                |running| running.quota(),
+            ),
             "shadow": shadow,
         }),
         None => serde_json::json!({
@@ -460,22 +468,10 @@ async fn healthz<A: Algorithm + 'static>(State(s): Shared<A>) -> Response {
 
 /// `GET /region`.
 async fn region<A: Algorithm + 'static>(State(s): Shared<A>) -> Response {
-    let Some(store) = &s.regional else {
-        return failed(StatusCode::NOT_FOUND, "no regional store");
-    };
-    let r = store.stats();
-    axum::Json(serde_json::json!({
-        "region": r.region,
-        "home": r.home,
-        "cut_off": r.cut_off,
-        "cuts": r.cuts,
-        "grants": r.grants,
-        "units_granted": r.units_granted,
-        "units_charged": r.units_charged,
-        "failed_grants": r.failed_grants,
-        "first_grants_awaited": r.first_grants_awaited,
-    }))
-    .into_response()
+    match &s.region {
+        Some(state) => axum::Json(state()).into_response(),
+        None => failed(StatusCode::NOT_FOUND, "no regional store"),
+    }
 }
 
 /// `GET /keys/{key}`.
