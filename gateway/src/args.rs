@@ -1,9 +1,12 @@
 //! The command line: every flag, its default and its refusals, and the usage.
 
 use super::*;
+use clap::ArgAction;
+use std::ffi::OsString;
 use tower_redis_ratelimit::rate_limit::file::parse_duration;
 
-pub(crate) const USAGE: &str = "usage: gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
+/// The usage's text, after `usage: `: the first line of `--help` and of every refusal.
+pub(crate) const USAGE: &str = "gateway [--listen ADDR] [--redis URL] [--redis-cluster URL,URL,...] \
 [--redis-sentinel URL,URL,... --sentinel-master NAME] [--redis-ca FILE] \
 [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N] [--lazy-connect] \
 [--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per DURATION] [--burst N] \
@@ -129,6 +132,11 @@ impl From<String> for Stop {
 }
 
 pub(crate) fn parse_args() -> Result<Args, Stop> {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse_args`] on the arguments `args` (the program's name first).
+fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<Args, Stop> {
     let mut a = Args {
         listen: "127.0.0.1:3000".parse().unwrap(),
         redis: None,
@@ -182,83 +190,231 @@ pub(crate) fn parse_args() -> Result<Args, Stop> {
     // `apply_flag`'s, in the order given, as for a `--config` file. A list (`--allow`,
     // `--deny`) is read as bytes, so that it can name a key that is not UTF-8; every other
     // value is text.
-    for (flag, value) in command_line(std::env::args_os())? {
-        a.given.push(flag.to_owned());
+    for (flag, value) in command_line(args.into_iter().map(Into::into))? {
+        a.given.push(flag.clone());
         match value {
             Some(list) if flag == "--allow" || flag == "--deny" => {
-                apply_list(&mut a, flag, list.as_bytes())?
+                apply_list(&mut a, &flag, list.as_bytes())?
             }
             Some(value) => {
                 let value = value.into_string().map_err(|value| {
                     format!("{flag}: {:?} is not UTF-8", value.to_string_lossy())
                 })?;
-                apply_flag(&mut a, flag, Some(value))?
+                apply_flag(&mut a, &flag, Some(value))?
             }
-            None => apply_flag(&mut a, flag, None)?,
+            None => apply_flag(&mut a, &flag, None)?,
         }
     }
     Ok(a)
 }
 
-/// The command line's flags, each with its value (`None` for a flag without one), in the
-/// order given; `--help` and `--version` stop here.
+/// Every flag of the command line, as clap reads it: its name, its value's name and its help
+/// line. Values are kept as the OS gives them; what each means, and its refusals, is
+/// [`apply_flag`]'s (shared with the `--config` file), applied in the order given.
+#[derive(clap::Parser)]
+#[command(
+    name = "gateway",
+    version,
+    disable_help_flag = true,
+    disable_version_flag = true,
+    override_usage = USAGE,
+    help_template = "usage: {usage}\n\n{about}\n\n{all-args}",
+    args_override_self = true,
+    about = "An HTTP rate-limiting gateway: in front of a service (--upstream) or answering demo \
+routes, with its limits in memory or in Redis shared by every instance."
+)]
+struct CommandLine {
+    /// Print this help and exit.
+    #[arg(short, long, action = ArgAction::SetTrue)]
+    help: bool,
+    /// Print the version and exit.
+    #[arg(short = 'V', long, action = ArgAction::SetTrue)]
+    version: bool,
+    /// The address to serve on [default: 127.0.0.1:3000].
+    #[arg(long, value_name = "ADDR", help_heading = "Serving")]
+    listen: Vec<OsString>,
+    /// Send every request let through to this service: http://HOST:PORT[/PREFIX].
+    #[arg(long, value_name = "URL", help_heading = "Serving")]
+    upstream: Vec<OsString>,
+    /// How long the upstream may go without progress before a 504 [default: 30000].
+    #[arg(long, value_name = "N", help_heading = "Serving")]
+    upstream_timeout_ms: Vec<OsString>,
+    /// How long requests in flight may take to finish on SIGTERM [default: 10000].
+    #[arg(long, value_name = "N", help_heading = "Serving")]
+    drain_ms: Vec<OsString>,
+    /// The runtime's threads; 1 runs everything on one thread [default: one per CPU].
+    #[arg(long, value_name = "N", help_heading = "Serving")]
+    threads: Vec<OsString>,
+    /// The log level: error, warn, info, debug or trace [default: info].
+    #[arg(long, value_name = "LEVEL", help_heading = "Serving")]
+    log: Vec<OsString>,
+    /// One Redis shared by every instance (redis:// or rediss://) [default: in memory].
+    #[arg(long, value_name = "URL", help_heading = "Store")]
+    redis: Vec<OsString>,
+    /// A Redis Cluster: some of its nodes, comma-separated.
+    #[arg(long, value_name = "URL,URL,...", help_heading = "Store")]
+    redis_cluster: Vec<OsString>,
+    /// Redis behind Sentinels: the Sentinels, comma-separated (with --sentinel-master).
+    #[arg(long, value_name = "URL,URL,...", help_heading = "Store")]
+    redis_sentinel: Vec<OsString>,
+    /// The name of the master the Sentinels watch.
+    #[arg(long, value_name = "NAME", help_heading = "Store")]
+    sentinel_master: Vec<OsString>,
+    /// The certificate authority (PEM) a rediss:// server is checked against.
+    #[arg(long, value_name = "FILE", help_heading = "Store")]
+    redis_ca: Vec<OsString>,
+    /// The client certificate (PEM) for a server that asks for one (with --redis-key).
+    #[arg(long, value_name = "FILE", help_heading = "Store")]
+    redis_cert: Vec<OsString>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", help_heading = "Store")]
+    redis_key: Vec<OsString>,
+    /// How long a connection to the store may take [default: 3000].
+    #[arg(long, value_name = "N", help_heading = "Store")]
+    connect_timeout_ms: Vec<OsString>,
+    /// Start without waiting for the store; connect on first use.
+    #[arg(long, action = ArgAction::SetTrue, help_heading = "Store")]
+    lazy_connect: bool,
+    /// The keys' prefix in the store [default: gateway].
+    #[arg(long, value_name = "P", help_heading = "Store")]
+    prefix: Vec<OsString>,
+    /// Exact batching of concurrent checks into one store call.
+    #[arg(long, action = ArgAction::SetTrue, help_heading = "Store")]
+    batch: bool,
+    /// Several regions: this gateway's region (with --regions).
+    #[arg(long, value_name = "NAME", help_heading = "Store")]
+    region: Vec<OsString>,
+    /// Every region's Redis, the home first: NAME=URL,NAME=URL,...
+    #[arg(long, value_name = "NAME=URL,...", help_heading = "Store")]
+    regions: Vec<OsString>,
+    /// The share of each limit a region uses while cut off from the others (0 < F <= 1).
+    #[arg(long, value_name = "F", help_heading = "Store")]
+    region_share: Vec<OsString>,
+    /// The algorithm: token-bucket, gcra, sliding-window or fixed-window [default: gcra].
+    #[arg(long, value_name = "NAME", help_heading = "Limit")]
+    algorithm: Vec<OsString>,
+    /// Requests per period [default: 10].
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    limit: Vec<OsString>,
+    /// The period: 1s, 60s, 1m, 1h, ... [default: 1s].
+    #[arg(long, value_name = "DURATION", help_heading = "Limit")]
+    per: Vec<OsString>,
+    /// The burst [default: the limit].
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    burst: Vec<OsString>,
+    /// What a request is counted by: global, ip or header:NAME [default: ip].
+    #[arg(long, value_name = "KEY", help_heading = "Limit")]
+    key: Vec<OsString>,
+    /// A proxy whose x-forwarded-for is believed (repeatable).
+    #[arg(long, value_name = "CIDR", help_heading = "Limit")]
+    trusted_proxy: Vec<OsString>,
+    /// --key ip counts IPv6 clients by this network prefix [default: 64].
+    #[arg(long, value_name = "1-128", help_heading = "Limit")]
+    ipv6_prefix: Vec<OsString>,
+    /// When the store fails: open, closed or local [default: open].
+    #[arg(long, value_name = "POLICY", help_heading = "Limit")]
+    on_redis_error: Vec<OsString>,
+    /// With --on-redis-error local: the number of instances sharing the limit [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    local_share: Vec<OsString>,
+    /// How long a store call may take before the failure policy answers [default: 100].
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    timeout_ms: Vec<OsString>,
+    /// The rate-limit fields: ietf, legacy, both or none [default: ietf].
+    #[arg(long, value_name = "STYLE", help_heading = "Limit")]
+    headers: Vec<OsString>,
+    /// A quota for the requests whose key is KEY, e.g. gold=100/1m (repeatable).
+    #[arg(long, value_name = "KEY=N/PERIOD", help_heading = "Limit")]
+    plan: Vec<OsString>,
+    /// Spend quota only on these statuses, e.g. 2xx,404.
+    #[arg(long, value_name = "LIST", help_heading = "Limit")]
+    count_only: Vec<OsString>,
+    /// At most N requests of a key in flight.
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    concurrency: Vec<OsString>,
+    /// The lease of a concurrency slot [default: 30000].
+    #[arg(long, value_name = "M", help_heading = "Limit")]
+    lease_ms: Vec<OsString>,
+    /// Unit leases for hot allowed keys, handed out for at most N ms.
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    unit_lease_ms: Vec<OsString>,
+    /// Decide and report, never refuse.
+    #[arg(long, action = ArgAction::SetTrue, help_heading = "Limit")]
+    shadow: bool,
+    /// Serve without the limiter.
+    #[arg(long, action = ArgAction::SetTrue, help_heading = "Limit")]
+    no_limit: bool,
+    /// Keys and networks never limited, comma-separated.
+    #[arg(long, value_name = "LIST", help_heading = "Limit")]
+    allow: Vec<OsString>,
+    /// Keys and networks always refused (403), comma-separated.
+    #[arg(long, value_name = "LIST", help_heading = "Limit")]
+    deny: Vec<OsString>,
+    /// The limit settings in TOML, reloaded on SIGHUP and when the file changes.
+    #[arg(long, value_name = "FILE", help_heading = "Limit")]
+    config: Vec<OsString>,
+    /// Check a limits file: print ok and exit 0, or the error and exit 1.
+    #[arg(long, value_name = "FILE", help_heading = "Limit")]
+    check_config: Vec<OsString>,
+    /// The operators' console: /metrics, /top, /keys, /bans, /limits, /healthz, /region.
+    #[arg(long, value_name = "ADDR", help_heading = "Operators")]
+    admin_listen: Vec<OsString>,
+    /// The bearer token the console asks for.
+    #[arg(long, value_name = "TOKEN", help_heading = "Operators")]
+    admin_token: Vec<OsString>,
+    /// The same, read from a file.
+    #[arg(long, value_name = "FILE", help_heading = "Operators")]
+    admin_token_file: Vec<OsString>,
+}
+
+/// The help `--help` prints.
+pub(crate) fn help() -> String {
+    use clap::CommandFactory;
+    CommandLine::command().render_help().to_string()
+}
+
+/// The command line's flags (`--name`), each with its value (`None` for a flag without one),
+/// in the order given; `--help` and `--version` stop here.
 fn command_line(
-    args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> Result<Vec<(&'static str, Option<std::ffi::OsString>)>, Stop> {
-    use clap::{Arg, ArgAction, Command};
-    let mut command = Command::new("gateway")
-        .disable_help_flag(true)
-        .disable_version_flag(true)
-        .arg(
-            Arg::new("help")
-                .short('h')
-                .long("help")
-                .action(ArgAction::SetTrue),
-        )
-        .arg(
-            Arg::new("version")
-                .short('V')
-                .long("version")
-                .action(ArgAction::SetTrue),
-        );
-    for &flag in BOOLEAN_FLAGS {
-        command = command.arg(Arg::new(flag).long(&flag[2..]).action(ArgAction::Count));
-    }
-    for &flag in VALUE_FLAGS {
-        command = command.arg(
-            Arg::new(flag)
-                .long(&flag[2..])
-                .action(ArgAction::Append)
-                .num_args(1)
-                // The next argument is the value, whatever it looks like (`--ipv6-prefix -1`
-                // is refused by `--ipv6-prefix`, not taken for a flag).
-                .allow_hyphen_values(true)
-                .value_parser(clap::value_parser!(std::ffi::OsString)),
-        );
-    }
-    let matches = command.try_get_matches_from(args).map_err(refused)?;
+    args: impl IntoIterator<Item = OsString>,
+) -> Result<Vec<(String, Option<OsString>)>, Stop> {
+    use clap::CommandFactory;
+    // The next argument is a flag's value, whatever it looks like (`--ipv6-prefix -1` is
+    // refused by `--ipv6-prefix`, not taken for a flag).
+    let command = CommandLine::command().mut_args(|arg| {
+        let takes_values = arg.get_action().takes_values();
+        arg.allow_hyphen_values(takes_values)
+    });
+    let matches = command
+        .clone()
+        .try_get_matches_from(args)
+        .map_err(refused)?;
     if matches.get_flag("help") {
         return Err(Stop::Help);
     }
     if matches.get_flag("version") {
         return Err(Stop::Version);
     }
-    let mut given: Vec<(usize, &'static str, Option<std::ffi::OsString>)> = Vec::new();
-    for &flag in BOOLEAN_FLAGS {
-        if matches.get_count(flag) > 0 {
-            for at in matches.indices_of(flag).into_iter().flatten() {
-                given.push((at, flag, None));
-            }
-        }
-    }
-    for &flag in VALUE_FLAGS {
-        let (Some(at), Some(values)) = (
-            matches.indices_of(flag),
-            matches.get_many::<std::ffi::OsString>(flag),
-        ) else {
+    let mut given: Vec<(usize, String, Option<OsString>)> = Vec::new();
+    for arg in command.get_arguments() {
+        let (id, Some(long)) = (arg.get_id().as_str(), arg.get_long()) else {
             continue;
         };
-        given.extend(at.zip(values).map(|(at, v)| (at, flag, Some(v.clone()))));
+        // A flag without a value has a default (false) that the command line did not give.
+        if matches.value_source(id) != Some(clap::parser::ValueSource::CommandLine) {
+            continue;
+        }
+        let Some(at) = matches.indices_of(id) else {
+            continue;
+        };
+        let flag = format!("--{long}");
+        match matches.get_raw(id) {
+            Some(values) if arg.get_action().takes_values() => given.extend(
+                at.zip(values)
+                    .map(|(at, v)| (at, flag.clone(), Some(v.to_owned()))),
+            ),
+            _ => given.extend(at.map(|at| (at, flag.clone(), None))),
+        }
     }
     given.sort_by_key(|(at, ..)| *at);
     Ok(given
@@ -316,54 +472,6 @@ pub(crate) fn apply_list(a: &mut Args, flag: &str, value: &[u8]) -> Result<(), S
     Ok(())
 }
 
-/// The flags that take no value.
-pub(crate) const BOOLEAN_FLAGS: &[&str] = &["--no-limit", "--batch", "--shadow", "--lazy-connect"];
-
-/// The flags that take a value.
-pub(crate) const VALUE_FLAGS: &[&str] = &[
-    "--listen",
-    "--redis",
-    "--redis-cluster",
-    "--redis-sentinel",
-    "--sentinel-master",
-    "--redis-ca",
-    "--redis-cert",
-    "--redis-key",
-    "--connect-timeout-ms",
-    "--drain-ms",
-    "--algorithm",
-    "--limit",
-    "--per",
-    "--burst",
-    "--key",
-    "--trusted-proxy",
-    "--ipv6-prefix",
-    "--on-redis-error",
-    "--local-share",
-    "--timeout-ms",
-    "--headers",
-    "--prefix",
-    "--log",
-    "--plan",
-    "--count-only",
-    "--concurrency",
-    "--lease-ms",
-    "--unit-lease-ms",
-    "--admin-listen",
-    "--admin-token",
-    "--admin-token-file",
-    "--allow",
-    "--deny",
-    "--config",
-    "--check-config",
-    "--region",
-    "--regions",
-    "--region-share",
-    "--upstream",
-    "--upstream-timeout-ms",
-    "--threads",
-];
-
 /// Sets what `flag` (with `value`, `None` for a flag without one) says in `a`.
 pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Result<(), String> {
     let Some(value) = value else {
@@ -372,7 +480,7 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
             "--batch" => a.batch = true,
             "--shadow" => a.shadow = true,
             "--lazy-connect" => a.lazy_connect = true,
-            _ => unreachable!("checked against BOOLEAN_FLAGS"),
+            _ => return Err(format!("{flag} needs a value")),
         }
         return Ok(());
     };
@@ -399,7 +507,9 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
             let handled = store_flag(a, flag, value.clone())?
                 || limit_flag(a, flag, value.clone())?
                 || operating_flag(a, flag, value)?;
-            assert!(handled, "{flag} is checked against VALUE_FLAGS");
+            if !handled {
+                return Err(format!("unknown flag {flag}"));
+            }
         }
     }
     Ok(())
@@ -586,4 +696,63 @@ fn operating_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, Strin
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_flag_clap_reads_has_a_meaning() {
+        let base = parse_from(["gateway"]).ok().unwrap();
+        let mut flags = 0;
+        for arg in CommandLine::command().get_arguments() {
+            let long = format!("--{}", arg.get_long().unwrap());
+            if long == "--help" || long == "--version" {
+                continue;
+            }
+            flags += 1;
+            let value = arg.get_action().takes_values().then(|| "x".to_owned());
+            let mut a = base.clone();
+            if let Err(e) = apply_flag(&mut a, &long, value) {
+                assert!(e.starts_with(&long), "{long}: {e}");
+            }
+        }
+        assert!(flags > 40, "{flags}");
+    }
+
+    #[test]
+    fn flags_apply_in_the_order_given_and_a_repeated_one_takes_the_last() {
+        let a = parse_from([
+            "gateway",
+            "--limit",
+            "5",
+            "--shadow",
+            "--plan",
+            "a=1/1s",
+            "--limit=7",
+            "--shadow",
+            "--plan",
+            "b=2/1m",
+            "--key",
+            "header:x",
+        ])
+        .ok()
+        .unwrap();
+        assert_eq!(a.limit, 7);
+        assert!(a.shadow);
+        let plans: Vec<&str> = a.plans.iter().map(|(k, ..)| k.as_str()).collect();
+        assert_eq!(plans, ["a", "b"]);
+        // A flag without a value given twice counts once, where it was given last.
+        assert_eq!(
+            a.given,
+            ["--limit", "--plan", "--limit", "--shadow", "--plan", "--key"]
+        );
+        // The first refusal in the order given is the one reported.
+        let Err(Stop::Refused(e)) = parse_from(["gateway", "--per", "x", "--limit", "y"]) else {
+            panic!("refused");
+        };
+        assert!(e.starts_with("--per:"), "{e}");
+    }
 }

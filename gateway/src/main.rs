@@ -204,7 +204,7 @@
 //!   requests in flight finish (their concurrency slots go back as each ends) for at most N ms,
 //!   then drops those still running (their slots go back to the store before it exits), and
 //!   exits 0.
-//! - `--help` prints the usage on stdout and exits 0; `--version` prints `gateway VERSION`.
+//! - `--help` prints the usage and a line per flag on stdout and exits 0; `--version` prints `gateway VERSION`.
 //!
 //! `SIGHUP` reloads `--config`'s file; without `--config` it is logged (at most once a
 //! second) and ignored, so that a fleet-wide reload signal leaves the other gateways running.
@@ -318,7 +318,7 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(Stop::Help) => {
-            println!("{USAGE}");
+            print!("{}", args::help());
             return ExitCode::SUCCESS;
         }
         Err(Stop::Version) => {
@@ -329,7 +329,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("{USAGE}");
+            eprintln!("usage: {USAGE}");
             return ExitCode::from(2);
         }
     };

@@ -38,6 +38,20 @@ fn help_and_version_print_on_stdout_and_exit_0() {
         assert!(stdout.starts_with("usage: gateway "), "{flag}: {stdout}");
         assert!(stdout.contains("[--drain-ms N]"), "{stdout}");
         assert!(out.stderr.is_empty(), "{flag}: {:?}", out.stderr);
+        // Every flag the usage names has a line of its own below it, with what it does.
+        let (usage, lines) = stdout.split_once("\n\n").unwrap();
+        let flags: std::collections::BTreeSet<&str> = usage
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .collect();
+        assert!(flags.len() > 40, "{flags:?}");
+        for flag in flags {
+            let line = lines
+                .lines()
+                .find(|l| l.trim_start().split([' ', ',']).any(|w| w == flag))
+                .unwrap_or_else(|| panic!("{flag} has no line in the help:\n{stdout}"));
+            assert!(line.split_once(flag).unwrap().1.trim().len() > 10, "{line}");
+        }
     }
     let out = Command::new(gateway_bin())
         .arg("--version")
