@@ -27,6 +27,9 @@ mod layer;
 mod manual_clock;
 #[path = "memory/quotas.rs"]
 mod quotas;
+#[cfg(feature = "rls")]
+#[path = "memory/rls.rs"]
+mod rls;
 #[path = "memory/throttle_clock.rs"]
 mod throttle_clock;
 #[path = "memory/throttle_pacing.rs"]

@@ -92,6 +92,13 @@ impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
 impl<A: Algorithm> RateLimiterBuilder<A> {
     common_options!();
 
+    /// Every common option (prefix, policy name, store timeout, ...) at once, e.g. another builder's.
+    #[cfg(feature = "rls")]
+    pub(crate) fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Counts in common with other limiters of the same namespace (prefix and policy name)
     /// that decide with another algorithm or quota, on purpose: e.g. a back-fill job with a
     /// lower threshold on the same sliding-window log as interactive calls, so that bulk work

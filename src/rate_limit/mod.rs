@@ -22,6 +22,8 @@ mod layer;
 mod limiter;
 mod lists;
 mod live;
+#[cfg(feature = "rls")]
+pub mod rls;
 mod service;
 mod store_watch;
 
