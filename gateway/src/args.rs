@@ -17,7 +17,8 @@ pub(crate) const USAGE: &str = "gateway [--listen ADDR] [--redis URL] [--redis-c
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
 [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
-[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N]
+[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N] \
+[--rls-listen ADDR --rls-config PATH [--rls-algorithm fixed-window|gcra|sliding-window]]
        gateway --help | --version";
 
 /// `--lease-ms` when not given.
@@ -93,6 +94,12 @@ pub(crate) struct Args {
     pub(crate) upstream_timeout: Duration,
     /// `--threads N`: the runtime's threads; `None`, one per CPU.
     pub(crate) threads: Option<usize>,
+    /// `--rls-listen ADDR`: where Envoy's rate limit service is served.
+    pub(crate) rls_listen: Option<SocketAddr>,
+    /// `--rls-config PATH`: its rules.
+    pub(crate) rls_config: Option<String>,
+    /// `--rls-algorithm`: its algorithm.
+    pub(crate) rls_algorithm: RlsAlgorithm,
     /// The flags given on the command line (the file may not give them again).
     pub(crate) given: Vec<String>,
 }
@@ -183,6 +190,9 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         upstream: None,
         upstream_timeout: Duration::from_secs(30),
         threads: None,
+        rls_listen: None,
+        rls_config: None,
+        rls_algorithm: RlsAlgorithm::FixedWindow,
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
@@ -356,6 +366,15 @@ struct CommandLine {
     /// Check a limits file: print ok and exit 0, or the error and exit 1.
     #[arg(long, value_name = "FILE", help_heading = "Limit")]
     check_config: Vec<OsString>,
+    /// Serve Envoy's rate limit service here: gRPC ShouldRateLimit (HTTP/2) and POST /json.
+    #[arg(long, value_name = "ADDR", help_heading = "Rate limit service")]
+    rls_listen: Vec<OsString>,
+    /// The service's rules: an envoyproxy/ratelimit YAML file or a directory of them.
+    #[arg(long, value_name = "PATH", help_heading = "Rate limit service")]
+    rls_config: Vec<OsString>,
+    /// The service's algorithm: fixed-window, gcra or sliding-window [default: fixed-window].
+    #[arg(long, value_name = "NAME", help_heading = "Rate limit service")]
+    rls_algorithm: Vec<OsString>,
     /// The operators' console: /metrics, /top, /keys, /bans, /limits, /healthz, /region.
     #[arg(long, value_name = "ADDR", help_heading = "Operators")]
     admin_listen: Vec<OsString>,
@@ -500,6 +519,22 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
         }
         "--allow" | "--deny" => apply_list(a, flag, value.as_bytes())?,
         "--config" => a.config = Some(value),
+        "--rls-config" => a.rls_config = Some(value),
+        "--rls-listen" => {
+            a.rls_listen = Some(
+                value
+                    .parse()
+                    .map_err(|_| bad("an address like 127.0.0.1:8081"))?,
+            )
+        }
+        "--rls-algorithm" => {
+            a.rls_algorithm = match value.as_str() {
+                "fixed-window" => RlsAlgorithm::FixedWindow,
+                "gcra" => RlsAlgorithm::Gcra,
+                "sliding-window" => RlsAlgorithm::SlidingWindow,
+                _ => return Err(bad("fixed-window, gcra or sliding-window")),
+            }
+        }
         "--check-config" => a.check_config = Some(value),
         "--admin-token" => a.admin_token = Some(value),
         "--admin-token-file" => a.admin_token_file = Some(value),

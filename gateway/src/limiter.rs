@@ -191,6 +191,7 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
     let uses_redis =
         args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
     check_regions(args, uses_redis)?;
+    rls::check(args)?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err(refusal("plans")(
             "--plan gives a quota per key of --key header:NAME",

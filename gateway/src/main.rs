@@ -22,6 +22,7 @@
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
 //!     [--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N]
+//!     [--rls-listen ADDR --rls-config PATH [--rls-algorithm fixed-window|gcra|sliding-window]]
 //! gateway --help | --version
 //! ```
 //!
@@ -221,6 +222,7 @@ mod limiter;
 mod limits;
 mod proxy;
 mod reload;
+mod rls;
 mod serve;
 
 use self::{admin::*, args::*, limiter::*, limits::*, reload::*, serve::*};
@@ -241,6 +243,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::{Algorithm, FixedWindow},
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    rate_limit::rls::RlsAlgorithm,
     rate_limit::{
         file::{self, from_toml, FileError, FileWatch, Look},
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
@@ -296,7 +299,14 @@ async fn run(base: Args) -> Result<(), BoxError> {
     for (key, plan, _) in &args.plans {
         println!("plan: key {key:?} gets {plan}");
     }
-    serve(base, args, file, store, slots, algorithm, metrics, regional).await
+    let rls = match args.rls_listen {
+        Some(addr) => Some(rls::prepare(&args, addr, Arc::clone(&store)).await?),
+        None => None,
+    };
+    serve(
+        base, args, file, store, slots, algorithm, metrics, regional, rls,
+    )
+    .await
 }
 
 /// The Prometheus recorder `/metrics` renders, installed for the process.

@@ -113,6 +113,7 @@ pub(crate) async fn serve(
     algorithm: Arc<dyn Algorithm>,
     metrics: Option<PrometheusHandle>,
     regional: Option<RegionalStore>,
+    rls: Option<rls::Prepared>,
 ) -> Result<(), BoxError> {
     let concurrency = concurrency_limiter(&args, slots)?;
     let limiter = rate_limiter(&args, store, algorithm)?;
@@ -162,7 +163,7 @@ pub(crate) async fn serve(
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     // The signals are ours before anyone is told where we listen.
-    if args.config.is_none() {
+    if args.config.is_none() && args.rls_config.is_none() {
         ignore_hangups()?;
     }
     let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -170,6 +171,9 @@ pub(crate) async fn serve(
     if let (Some(addr), Some(mut admin)) = (args.admin_listen, admin) {
         admin.token = admin_token(&args)?;
         spawn_admin(addr, admin).await?;
+    }
+    if let Some(rls) = rls {
+        rls.serve()?;
     }
     let stop = Shutdown {
         signal: stop_signal(args.drain, terminate),

@@ -24,6 +24,8 @@ mod operators;
 mod proxy;
 #[path = "outside/regions.rs"]
 mod regions;
+#[path = "outside/rls.rs"]
+mod rls;
 #[path = "outside/steer.rs"]
 mod steer;
 #[path = "outside/telemetry.rs"]
