@@ -207,8 +207,33 @@
 //!   exits 0.
 //! - `--help` prints the usage and a line per flag on stdout and exits 0; `--version` prints `gateway VERSION`.
 //!
-//! `SIGHUP` reloads `--config`'s file; without `--config` it is logged (at most once a
-//! second) and ignored, so that a fleet-wide reload signal leaves the other gateways running.
+//! `SIGHUP` reloads `--config`'s file and `--rls-config`'s rules; without either it is logged
+//! (at most once a second) and ignored, so that a fleet-wide reload signal leaves the other
+//! gateways running.
+//!
+//! `--rls-listen ADDR --rls-config PATH [--rls-algorithm fixed-window|gcra|sliding-window]`:
+//! Envoy's rate limit service beside the HTTP listener, on the same store (`--redis`,
+//! `--prefix`), with `--on-redis-error`, `--timeout-ms` and `--local-share`: on one port,
+//! gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over HTTP/2 cleartext
+//! and `POST /json` (the request in proto3's JSON mapping, e.g. `{"domain": "edge",
+//! "descriptors": [{"entries": [{"key": "api_key", "value": "k"}]}]}`, answered in the same
+//! mapping with 200 for `"overallCode": "OK"`, 429 for `"OVER_LIMIT"`, 400 for a body that
+//! does not read, 503 when the store fails under `--on-redis-error closed`, which gRPC
+//! answers `UNAVAILABLE`). It prints `rls config: PATH: N domains`, then `rls listening on
+//! http://ADDR` on stdout after the other listeners' lines. `PATH` is an
+//! envoyproxy/ratelimit YAML file or a directory of `*.yaml`/`*.yml` files, read as
+//! envoyproxy/ratelimit reads them (see `tower_redis_ratelimit::rate_limit::rls` for the
+//! rules and the differences); it is read again on `SIGHUP` and when its files change and
+//! have settled (looked at every 250 ms), each read giving one stderr line: `rls config
+//! reloaded: PATH: N domains` or `rls config refused: REASON` (the rules in force stay);
+//! every `SIGHUP` gives one, even when nothing changed. An unknown domain is answered `OK`
+//! with no limits. `--rls-algorithm` defaults to `fixed-window` (the numbers an
+//! envoyproxy/ratelimit user migrates from). `--rls-*` are flags, refused in the `--config`
+//! file; `--rls-listen` without `--rls-config` (and the reverse) and `--rls-listen` with
+//! `--regions` are refused at start-up. A descriptor's key in the store is its entries as
+//! `key=value` joined by `,` (`%`, `,`, `=` escaped as `%25`, `%2C`, `%3D`), under the
+//! policy named by its rule's path (`edge.api_key`); the admin routes work on the HTTP
+//! limiter's keys, not yet on these.
 //!
 //! `GET /status/{code}` answers with that status; an informational 1xx other than 101 cannot
 //! end an HTTP response, and hyper answers it with 500.
