@@ -135,12 +135,7 @@ pub(crate) async fn serve(
         quotas,
         quota: limits_of(&args).quota(),
     });
-    if let Some(upstream) = &args.upstream {
-        println!("upstream: {}", upstream.describe());
-    }
-    if args.shadow && !args.no_limit {
-        println!("shadow mode: over-limit requests are served (and logged), never rejected");
-    }
+    announce(&args);
     let layer = if args.no_limit {
         println!("limiter: off (--no-limit)");
         None
@@ -186,6 +181,16 @@ pub(crate) async fn serve(
         tracing::warn!("requests still in flight after the drain time; exiting");
     }
     Ok(())
+}
+
+/// The lines that say where requests go and whether they are refused.
+fn announce(args: &Args) {
+    if let Some(upstream) = &args.upstream {
+        println!("upstream: {}", upstream.describe());
+    }
+    if args.shadow && !args.no_limit {
+        println!("shadow mode: over-limit requests are served (and logged), never rejected");
+    }
 }
 
 /// The admin listener on `addr`, in a task of its own, for as long as the process runs.

@@ -7,7 +7,8 @@ use arc_swap::ArcSwap;
 use super::{
     config::{RlsRule, RlsRules},
     proto::{
-        Code, DescriptorStatus, ProtoDuration, RateLimit, RateLimitRequest, RateLimitResponse, Unit,
+        Code, DescriptorStatus, ProtoDuration, RateLimit, RateLimitDescriptor, RateLimitRequest,
+        RateLimitResponse, Unit,
     },
 };
 use crate::{
@@ -245,46 +246,10 @@ impl RlsService {
             .flat_map(|r| r.replaces.iter().map(String::as_str))
             .collect();
         let replaced = &replaced;
+        let table_ref = &table;
         let checks = request.descriptors.iter().zip(&matched).map(|(d, rule)| {
-            let table = &table;
-            async move {
-                let Some(rule) =
-                    rule.filter(|r| r.name.as_deref().is_none_or(|n| !replaced.contains(&n)))
-                else {
-                    return Ok(Outcome::Free);
-                };
-                if rule.unlimited {
-                    return Ok(Outcome::Unlimited);
-                }
-                let hits = match &d.hits_addend {
-                    Some(h) => h.value,
-                    None => u64::from(request.hits_addend.max(1)),
-                };
-                let hits = u32::try_from(hits).unwrap_or(u32::MAX);
-                let Some((_, limiter)) = table.limiters.get(&rule.path) else {
-                    return Ok(Outcome::Blocked(rule.clone()));
-                };
-                let key = descriptor_key(d);
-                let result = if hits == 0 {
-                    limiter
-                        .peek(key.as_str())
-                        .await
-                        .map(|state| Outcome::Peeked(rule.clone(), state))
-                } else {
-                    limiter
-                        .check(key.as_str(), hits)
-                        .await
-                        .map(|d| Outcome::Decided(rule.clone(), d))
-                };
-                match result {
-                    Ok(outcome) => Ok(outcome),
-                    Err(_) if rule.shadow => Ok(Outcome::Failed(rule.clone())),
-                    Err(e) => match limiter.failure_policy() {
-                        FailurePolicy::Closed => Err(e),
-                        _ => Ok(Outcome::Failed(rule.clone())),
-                    },
-                }
-            }
+            let rule = rule.filter(|r| r.name.as_deref().is_none_or(|n| !replaced.contains(&n)));
+            decide(table_ref, request, d, rule)
         });
         let outcomes: Vec<Outcome> = futures_join(checks)
             .await
@@ -330,6 +295,49 @@ impl RlsService {
                 _ => None,
             });
         futures_join(refunds).await;
+    }
+}
+
+/// Decides one descriptor by `rule` (`None`: no rule, or one replaced).
+async fn decide(
+    table: &Table,
+    request: &RateLimitRequest,
+    d: &RateLimitDescriptor,
+    rule: Option<&Arc<RlsRule>>,
+) -> Result<Outcome, Error> {
+    let Some(rule) = rule else {
+        return Ok(Outcome::Free);
+    };
+    if rule.unlimited {
+        return Ok(Outcome::Unlimited);
+    }
+    let hits = match &d.hits_addend {
+        Some(h) => h.value,
+        None => u64::from(request.hits_addend.max(1)),
+    };
+    let hits = u32::try_from(hits).unwrap_or(u32::MAX);
+    let Some((_, limiter)) = table.limiters.get(&rule.path) else {
+        return Ok(Outcome::Blocked(rule.clone()));
+    };
+    let key = descriptor_key(d);
+    let result = if hits == 0 {
+        limiter
+            .peek(key.as_str())
+            .await
+            .map(|state| Outcome::Peeked(rule.clone(), state))
+    } else {
+        limiter
+            .check(key.as_str(), hits)
+            .await
+            .map(|d| Outcome::Decided(rule.clone(), d))
+    };
+    match result {
+        Ok(outcome) => Ok(outcome),
+        Err(_) if rule.shadow => Ok(Outcome::Failed(rule.clone())),
+        Err(e) => match limiter.failure_policy() {
+            FailurePolicy::Closed => Err(e),
+            _ => Ok(Outcome::Failed(rule.clone())),
+        },
     }
 }
 
