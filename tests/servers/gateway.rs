@@ -170,37 +170,14 @@ impl AdminGateway {
     /// [`start`](Self::start) by `command` (the gateway and any arguments of its own, which
     /// come first).
     pub fn start_command(mut command: Command, args: &[&str]) -> AdminGateway {
-        let child = command
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        command.args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        let (child, log, rx) = spawn_logged(command.args(args));
         let mut gw = AdminGateway {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log: Arc::default(),
+            log,
         };
-        let stderr = gw.child.stderr.take().unwrap();
-        let log = Arc::clone(&gw.log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = gw.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         let mut seen = Vec::new();
         loop {
             let line = rx
@@ -227,18 +204,54 @@ impl AdminGateway {
     /// Waits until the gateway's stderr holds `n` lines containing `what`, for at most
     /// `within`, and returns the whole of it; fails with the log if it does not.
     pub fn wait_lines(&self, what: &str, n: usize, within: Duration) -> String {
-        let since = std::time::Instant::now();
-        loop {
-            let log = self.log();
-            if log.lines().filter(|l| l.contains(what)).count() >= n {
-                return log;
-            }
-            assert!(
-                since.elapsed() < within,
-                "no {n} `{what}` lines within {within:?}: {log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        wait_lines(&self.log, what, n, within)
+    }
+}
+
+/// Starts `command` (a gateway) with its stdout and stderr piped: the child, its stderr as
+/// it comes (every line, kept), and its stdout line by line.
+pub fn spawn_logged(command: &mut Command) -> (Child, Arc<Mutex<String>>, mpsc::Receiver<String>) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log: Arc<Mutex<String>> = Arc::default();
+    let stderr = child.stderr.take().unwrap();
+    let kept = Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut log = kept.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
         }
+    });
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, log, rx)
+}
+
+/// Waits until `log` holds `n` lines containing `what`, for at most `within`, and returns the
+/// whole of it; fails with the log if it does not.
+pub fn wait_lines(log: &Mutex<String>, what: &str, n: usize, within: Duration) -> String {
+    let since = std::time::Instant::now();
+    loop {
+        let text = log.lock().unwrap().clone();
+        if text.lines().filter(|l| l.contains(what)).count() >= n {
+            return text;
+        }
+        assert!(
+            since.elapsed() < within,
+            "no {n} `{what}` lines within {within:?}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -2,15 +2,16 @@
 //! `POST /json`, by several gateways on one Redis; its rules reloaded and refused; its flags.
 
 use std::{
-    io::{BufRead, BufReader},
     net::SocketAddr,
-    process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    process::{Child, Command},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use crate::servers::{
-    dead_redis_url, gateway::assert_refused, gateway::gateway_bin, gateway::send, RedisServer,
+    dead_redis_url,
+    gateway::{assert_refused, gateway_bin, spawn_logged, wait_lines},
+    RedisServer,
 };
 use tower_redis_ratelimit::rate_limit::rls::{proto::*, SHOULD_RATE_LIMIT};
 
@@ -40,36 +41,14 @@ impl Drop for Rls {
 
 impl Rls {
     fn start(args: &[&str]) -> Rls {
-        let child = Command::new(gateway_bin())
-            .args(["--listen", "127.0.0.1:0", "--rls-listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = Command::new(gateway_bin());
+        command.args(["--listen", "127.0.0.1:0", "--rls-listen", "127.0.0.1:0"]);
+        let (child, log, rx) = spawn_logged(command.args(args));
         let mut gw = Rls {
             child,
             rls: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log: Arc::default(),
+            log,
         };
-        let stderr = gw.child.stderr.take().unwrap();
-        let log = Arc::clone(&gw.log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = gw.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         let mut seen = Vec::new();
         loop {
             let line = rx
@@ -89,23 +68,8 @@ impl Rls {
         }
     }
 
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
     fn wait_lines(&self, what: &str, n: usize) -> String {
-        let since = std::time::Instant::now();
-        loop {
-            let log = self.log();
-            if log.lines().filter(|l| l.contains(what)).count() >= n {
-                return log;
-            }
-            assert!(
-                since.elapsed() < Duration::from_secs(30),
-                "no {n} `{what}`: {log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_lines(&self.log, what, n, Duration::from_secs(30))
     }
 }
 
@@ -347,7 +311,6 @@ async fn a_store_that_fails_answers_by_the_failure_policy() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-    let _ = send;
 }
 
 #[test]
