@@ -39,6 +39,8 @@ pub(crate) struct Args {
     pub(crate) algorithm: String,
     pub(crate) limit: u32,
     pub(crate) per: Duration,
+    /// `--per 1w`, `1mo` or `1y`: calendar windows (`per` is their nominal length).
+    pub(crate) calendar: Option<Calendar>,
     pub(crate) burst: Option<u32>,
     pub(crate) key: String,
     pub(crate) trusted: Vec<String>,
@@ -158,6 +160,7 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         algorithm: "gcra".into(),
         limit: 10,
         per: Duration::from_secs(1),
+        calendar: None,
         burst: None,
         key: "ip".into(),
         trusted: Vec::new(),
@@ -306,7 +309,8 @@ struct CommandLine {
     /// Requests per period [default: 10].
     #[arg(long, value_name = "N", help_heading = "Limit")]
     limit: Vec<OsString>,
-    /// The period: 1s, 60s, 1m, 1h, ... [default: 1s].
+    /// The period: 1s, 60s, 1m, 1h, ..., or 1w, 1mo, 1y (calendar windows in UTC, with
+    /// --algorithm fixed-window) [default: 1s].
     #[arg(long, value_name = "DURATION", help_heading = "Limit")]
     per: Vec<OsString>,
     /// The burst [default: the limit].
@@ -582,6 +586,27 @@ fn store_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
     Ok(true)
 }
 
+/// A period as `--per` and `--plan` take it: a duration (`90s`, `1m`, `1d`), or a calendar
+/// window, `1w` (from Monday), `1mo` or `1y`, in UTC (with the calendar's nominal length:
+/// 7, 30, 365 days). Calendar windows are a fixed window's only; [`check`] refuses them with
+/// another algorithm.
+pub(crate) fn parse_per(text: &str) -> Option<(Duration, Option<Calendar>)> {
+    let calendar = match text {
+        "1w" => Calendar::Week,
+        "1mo" => Calendar::Month,
+        "1y" => Calendar::Year,
+        _ => return parse_duration(text).map(|d| (d, None)),
+    };
+    Some((calendar.nominal(), Some(calendar)))
+}
+
+/// The calendar of a `--plan` as given (`KEY=N/1mo`), if its period is one.
+pub(crate) fn plan_calendar(given: &str) -> Option<Calendar> {
+    let (_, quota) = given.rsplit_once('=')?;
+    let (_, per) = quota.split_once('/')?;
+    parse_per(per)?.1
+}
+
 /// Sets a flag of the limit: the algorithm, the quota, the key, the failure policy, the headers, plans. Whether `flag` is one of them.
 fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
     let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
@@ -592,7 +617,8 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
         },
         "--limit" => a.limit = value.parse().map_err(|_| bad("a whole number"))?,
         "--per" => {
-            a.per = parse_duration(&value).ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h"))?
+            (a.per, a.calendar) = parse_per(&value)
+                .ok_or_else(|| bad("a duration like 1s, 60s, 1m, 1h, or 1w, 1mo, 1y"))?
         }
         "--burst" => a.burst = Some(value.parse().map_err(|_| bad("a whole number"))?),
         "--key" => match value.as_str() {
@@ -642,7 +668,7 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
         "--plan" => {
             let plan = value.rsplit_once('=').and_then(|(key, quota)| {
                 let (n, per) = quota.split_once('/')?;
-                let quota = Quota::new(n.parse().ok()?, parse_duration(per)?);
+                let quota = Quota::new(n.parse().ok()?, parse_per(per)?.0);
                 (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
             });
             a.plans

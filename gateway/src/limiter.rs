@@ -154,10 +154,24 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
         };
         refusal(field)(e)
     };
+    if args.calendar.is_some() && args.algorithm != "fixed-window" {
+        return Err(refusal("per")(format!(
+            "--per {}: a calendar window (1w, 1mo, 1y) is counted by --algorithm fixed-window, not {}; give a duration (7d, 30d, 365d) for {}",
+            period_text(args.per, args.calendar),
+            args.algorithm,
+            args.algorithm
+        )));
+    }
     let algorithm: Arc<dyn Algorithm> = match args.algorithm.as_str() {
         "token-bucket" => Arc::new(TokenBucket::new(quota).map_err(quota_refusal)?),
         "sliding-window" => Arc::new(SlidingWindow::new(quota).map_err(quota_refusal)?),
-        "fixed-window" => Arc::new(FixedWindow::new(quota).map_err(quota_refusal)?),
+        "fixed-window" => {
+            let window = FixedWindow::new(quota).map_err(quota_refusal)?;
+            match args.calendar {
+                Some(c) => Arc::new(FixedWindow::calendar(c, args.limit).map_err(quota_refusal)?),
+                None => Arc::new(window),
+            }
+        }
         _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
     };
     // Built to be refused or dropped: its gauges (the limit in force, the breaker) must not
@@ -208,6 +222,14 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             )));
         }
         first_given.insert(key, given);
+        // A calendar plan on calendar windows of the same kind only (a 30-day plan and a
+        // calendar month have one nominal length, but not the same windows).
+        if plan_calendar(given) != args.calendar {
+            return Err(refusal(field)(format!(
+                "--plan {given}: a plan's period is --per's ({})",
+                period_text(args.per, args.calendar)
+            )));
+        }
         // The check the limiter makes of each request's quota (a sliding window takes only
         // quotas of its own period): a plan it would refuse is refused now.
         algorithm
@@ -215,6 +237,27 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             .map_err(|e| refusal(field)(format!("--plan {given}: {e}")))?;
     }
     Ok((quota, algorithm))
+}
+
+/// A quota as the start-up lines show it: `5 per 60s`, `1000 per calendar month (UTC)`.
+pub(crate) fn quota_text(quota: &Quota, calendar: Option<Calendar>) -> String {
+    let window = match calendar {
+        Some(Calendar::Week) => "calendar week (from Monday, UTC)",
+        Some(Calendar::Month) => "calendar month (UTC)",
+        Some(Calendar::Year) => "calendar year (UTC)",
+        _ => return quota.to_string(),
+    };
+    format!("{} per {window}", quota.limit())
+}
+
+/// A period as `--per` takes it: `1mo` for a calendar month, else the duration.
+pub(crate) fn period_text(per: Duration, calendar: Option<Calendar>) -> String {
+    match calendar {
+        Some(Calendar::Week) => "1w".into(),
+        Some(Calendar::Month) => "1mo".into(),
+        Some(Calendar::Year) => "1y".into(),
+        _ => format!("{per:?}"),
+    }
 }
 
 /// With `--regions`: `--region` names one of them, and nothing that cannot work across

@@ -192,8 +192,17 @@ fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> 
 
 /// The settings a reload may change: those of [`Limits`]. The others (the algorithm, the key
 /// and the rest) need a restart.
-pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 12] {
+pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 13] {
     [
+        // Calendar windows and windows of a duration are not the same windows, even of one
+        // nominal length (1mo and 30d).
+        (
+            "per",
+            match a.calendar {
+                Some(_) => period_text(a.per, a.calendar),
+                None => "a duration".into(),
+            },
+        ),
         ("algorithm", a.algorithm.clone()),
         ("key", a.key.clone()),
         ("trusted_proxy", format!("{:?}", a.trusted)),

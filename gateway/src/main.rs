@@ -12,7 +12,7 @@
 //!     [--redis-sentinel redis://HOST:PORT,redis://HOST:PORT,... --sentinel-master NAME]
 //!     [--redis-ca FILE] [--redis-cert FILE --redis-key FILE] [--connect-timeout-ms N]
 //!     [--lazy-connect]
-//!     [--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per 1s|60s|1m|1h]
+//!     [--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per 1s|60s|1m|1h|1w|1mo|1y]
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
@@ -60,7 +60,7 @@
 //! `--plan KEY=N/PERIOD` (repeatable, with `--key header:NAME`) gives requests whose key is
 //! KEY a quota of N per PERIOD; other keys get `--limit`/`--per`. Each KEY has one plan; with
 //! `--algorithm sliding-window` or `fixed-window`, PERIOD is `--per`'s (a window takes only
-//! quotas of its own period). A plan the limiter would refuse stops the gateway at start-up.
+//! quotas of its own period; `1mo` for calendar months, not `30d`). A plan the limiter would refuse stops the gateway at start-up.
 //!
 //! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
 //! in LIST spend quota; the others give their units back before they are answered.
@@ -169,7 +169,11 @@
 //!   `--redis-cluster`); the failure policy answers until Redis does.
 //! - `--algorithm gcra|token-bucket|sliding-window|fixed-window` (`gcra`), `--limit N` (10) and `--per
 //!   DURATION` (`1s`; `ms`, `s`, `m`, `h`, `d`): N requests per DURATION (for the buckets:
-//!   capacity N, refilled at N per DURATION); `--burst N`: another capacity.
+//!   capacity N, refilled at N per DURATION); `--burst N`: another capacity. With
+//!   `fixed-window`, `--per` also takes `1w`, `1mo` and `1y`: calendar weeks from Monday,
+//!   months and years, in UTC on the store's clock (the `RateLimit` header's `t` and
+//!   `Retry-After` count to the window's end, the policy's `w` is 7, 30 or 365 days); refused
+//!   with another algorithm, and a reload cannot turn them into windows of a duration.
 //! - `--key ip|global|header:NAME` (`ip`): per client address, one key for everybody, or
 //!   per value of a header. `--trusted-proxy CIDR` (repeatable): read `X-Forwarded-For`
 //!   from these proxies. `--ipv6-prefix N` (64): IPv6 clients grouped by their /N.
@@ -266,7 +270,7 @@ use axum::{
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
-    algorithm::{Algorithm, FixedWindow},
+    algorithm::{Algorithm, Calendar, FixedWindow},
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     rate_limit::rls::RlsAlgorithm,
     rate_limit::{
@@ -311,7 +315,8 @@ async fn run(base: Args) -> Result<(), BoxError> {
         regional,
     } = connect_store(&args).await?;
     println!(
-        "limit: {quota} per key ({}), key: {}, on store error: {:?}{}",
+        "limit: {} per key ({}), key: {}, on store error: {:?}{}",
+        quota_text(&quota, args.calendar),
         args.algorithm,
         args.key,
         args.on_error,
@@ -321,8 +326,11 @@ async fn run(base: Args) -> Result<(), BoxError> {
             String::new()
         }
     );
-    for (key, plan, _) in &args.plans {
-        println!("plan: key {key:?} gets {plan}");
+    for (key, plan, given) in &args.plans {
+        println!(
+            "plan: key {key:?} gets {}",
+            quota_text(plan, plan_calendar(given))
+        );
     }
     let rls = match args.rls_listen {
         Some(addr) => Some(rls::prepare(&args, addr, Arc::clone(&store)).await?),

@@ -46,7 +46,7 @@ pub(crate) fn reload(
             let shadow = if running.shadow { ", shadow on" } else { "" };
             eprintln!(
                 "config reloaded: {path}: limit {}{shadow}",
-                limits_of(running).quota()
+                quota_text(&limits_of(running).quota(), running.calendar)
             );
         }
         Err(reason) => {

@@ -97,57 +97,203 @@ fn shared_limit_of(store: &[&str], algorithm: &str, per: &str) -> String {
     answers[4].1.clone()
 }
 
-/// A fixed window of a day, shared by two gateways on one Redis: the count is one, and a
-/// refusal waits for midnight UTC (the window's end), which `Retry-After` and the `RateLimit`
-/// header's `t` both say. A run that crosses midnight is run again.
+/// Days since the Unix epoch of a date (H. Hinnant's `days_from_civil`).
+fn days_from_civil(y: i64, m: u64, d: u64) -> u64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = (y - era * 400) as u64;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe as i64 - 719_468) as u64
+}
+
+/// The year and month of a day since the Unix epoch (H. Hinnant's `civil_from_days`).
+fn year_month(day: u64) -> (i64, u64) {
+    let z = day as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = (z - era * 146_097) as u64;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe as i64 + era * 400 + i64::from(m <= 2);
+    (y, m)
+}
+
+/// The day (since the epoch) the UTC window of `per` holding `now` ends, and the seconds
+/// from `now` to that end: a day, a week from Monday, a calendar month, a calendar year.
+fn window_end(per: &str, now: u64) -> (u64, u64) {
+    let day = now / 86_400;
+    let (y, m) = year_month(day);
+    let end = match per {
+        "1d" => day + 1,
+        // 1970-01-01 was a Thursday, 3 days after a Monday.
+        "1w" => day + 7 - (day + 3) % 7,
+        "1mo" if m == 12 => days_from_civil(y + 1, 1, 1),
+        "1mo" => days_from_civil(y, m + 1, 1),
+        "1y" => days_from_civil(y + 1, 1, 1),
+        _ => unreachable!("{per}"),
+    };
+    (end, end * 86_400 - now)
+}
+
 #[test]
-fn a_daily_fixed_window_is_shared_and_ends_at_midnight_utc() {
-    let to_midnight = || {
-        let now = std::time::SystemTime::now()
+fn window_ends_follow_the_calendar() {
+    // 2024-02-10T12:00:00Z, a Saturday in a leap year.
+    let now = days_from_civil(2024, 2, 10) * 86_400 + 43_200;
+    assert_eq!(window_end("1d", now).1, 43_200);
+    assert_eq!(window_end("1w", now).0, days_from_civil(2024, 2, 12));
+    assert_eq!(window_end("1mo", now).0, days_from_civil(2024, 3, 1));
+    assert_eq!(window_end("1y", now).0, days_from_civil(2025, 1, 1));
+    let december = days_from_civil(2024, 12, 31) * 86_400;
+    assert_eq!(window_end("1mo", december).0, days_from_civil(2025, 1, 1));
+    assert_eq!(year_month(days_from_civil(2024, 2, 29)), (2024, 2));
+}
+
+/// A fixed window of a day, a calendar week, month and year, shared by two gateways on one
+/// Redis: the count is one, and a refusal waits for the window's end in UTC (midnight, next
+/// Monday, the first of next month, January 1st), which `Retry-After` and the `RateLimit`
+/// header's `t` both say; the policy states the window's nominal length. A run that crosses
+/// a window's end is run again.
+#[test]
+fn fixed_windows_are_shared_and_end_with_the_utc_calendar() {
+    let now = || {
+        std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
-            .as_secs();
-        (now / 86_400, 86_400 - now % 86_400)
+            .as_secs()
     };
-    for _ in 0..2 {
-        let redis = RedisServer::start();
-        let url = redis.url();
-        let (day, before) = to_midnight();
-        let refusal = shared_limit_of(&["--redis", &url], "fixed-window", "1d");
-        let (same_day, after) = to_midnight();
-        if day != same_day {
-            continue;
+    for (per, nominal) in [
+        ("1d", 86_400),
+        ("1w", 604_800),
+        ("1mo", 2_592_000),
+        ("1y", 31_536_000),
+    ] {
+        let mut checked = false;
+        for _ in 0..2 {
+            let redis = RedisServer::start();
+            let url = redis.url();
+            let (end, before) = window_end(per, now());
+            let refusal = shared_limit_of(&["--redis", &url], "fixed-window", per);
+            let (same_end, after) = window_end(per, now());
+            if end != same_end {
+                continue;
+            }
+            let field = |name: &str| {
+                refusal
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or_else(|| panic!("no {name} in {refusal}"))
+                    .trim()
+                    .to_owned()
+            };
+            let retry: u64 = field("retry-after:").parse().unwrap();
+            assert!(
+                (after..=before).contains(&retry),
+                "{per}: {after}..={before}: {refusal}"
+            );
+            let t: u64 = field("ratelimit:")
+                .rsplit("t=")
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                (after..=before).contains(&t),
+                "{per}: {after}..={before}: {refusal}"
+            );
+            let policy = format!("ratelimit-policy: \"default\";q=4;w={nominal}");
+            assert!(refusal.contains(&policy), "{per}: {refusal}");
+            checked = true;
+            break;
         }
-        let field = |name: &str| {
-            refusal
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no {name} in {refusal}"))
-                .trim()
-                .to_owned()
-        };
-        let retry: u64 = field("retry-after:").parse().unwrap();
-        assert!(
-            (after..=before).contains(&retry),
-            "{after}..={before}: {refusal}"
-        );
-        let t: u64 = field("ratelimit:")
-            .rsplit("t=")
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(
-            (after..=before).contains(&t),
-            "{after}..={before}: {refusal}"
-        );
-        assert!(
-            refusal.contains("ratelimit-policy: \"default\";q=4;w=86400"),
-            "{refusal}"
-        );
-        return;
+        assert!(checked, "two runs crossed the end of a {per} window");
     }
-    panic!("two runs crossed midnight UTC");
+}
+
+/// `--per 1w`, `1mo` and `1y` are a fixed window's: refused with another algorithm, as a
+/// count other than 1, and in a plan that does not follow `--per` (a 30-day plan is not a
+/// calendar month); a plan on calendar months gets its own quota; the start-up lines say
+/// what the windows are.
+#[test]
+fn calendar_periods_are_a_fixed_windows_and_plans_follow_them() {
+    assert_refused(
+        &["--per", "1mo"],
+        "--per 1mo: a calendar window (1w, 1mo, 1y) is counted by --algorithm fixed-window, not gcra",
+    );
+    assert_refused(
+        &["--algorithm", "fixed-window", "--per", "2w"],
+        "--per: \"2w\" is not a duration like 1s, 60s, 1m, 1h, or 1w, 1mo, 1y",
+    );
+    let plans = |plan: &'static str| {
+        [
+            "--algorithm",
+            "fixed-window",
+            "--per",
+            "1mo",
+            "--limit",
+            "2",
+            "--key",
+            "header:x-api-key",
+            "--plan",
+            plan,
+        ]
+    };
+    assert_refused(
+        &plans("gold=5/30d"),
+        "--plan gold=5/30d: a plan's period is --per's (1mo)",
+    );
+    assert_refused(
+        &plans("gold=5/1y"),
+        "--plan gold=5/1y: a plan's period is --per's (1mo)",
+    );
+    let gw = start_gateway(&plans("gold=3/1mo"));
+    for line in [
+        "limit: 2 per calendar month (UTC) per key (fixed-window)",
+        "plan: key \"gold\" gets 3 per calendar month (UTC)",
+    ] {
+        assert!(
+            gw.banner.iter().any(|l| l.contains(line)),
+            "{line}: {:?}",
+            gw.banner
+        );
+    }
+    let calls = |key: &str| -> Vec<u16> {
+        (0..4)
+            .map(|_| get(gw.addr, format!("x-api-key: {key}\r\n")).0)
+            .collect()
+    };
+    assert_eq!(calls("gold"), [200, 200, 200, 429]);
+    assert_eq!(calls("silver"), [200, 200, 429, 429]);
+}
+
+/// A limits file may count calendar years; a reload that turns them into windows of a
+/// duration (365 days from the epoch are other windows) is refused and the year stays.
+#[test]
+fn a_reload_cannot_turn_calendar_windows_into_a_duration() {
+    let dir = TempDir::new("calendar");
+    let file = dir.0.join("limits.toml");
+    let text = |per: &str| {
+        format!("algorithm = \"fixed-window\"\nkey = \"header:x-k\"\nlimit = 2\nper = \"{per}\"\n")
+    };
+    rename_into_place(&file, &text("1y"));
+    let gw = AdminGateway::start(&["--config", file.to_str().unwrap()]);
+    rename_into_place(&file, &text("365d"));
+    crate::servers::signal(gw.child.id(), "-HUP");
+    let log = gw.wait_lines("config refused", 1, Duration::from_secs(10));
+    assert!(
+        log.contains("config refused: per cannot change without a restart (1y in force, a duration in the file)"),
+        "{log}"
+    );
+    rename_into_place(&file, &text("1y").replace("limit = 2", "limit = 3"));
+    crate::servers::signal(gw.child.id(), "-HUP");
+    let log = gw.wait_lines("config reloaded", 1, Duration::from_secs(10));
+    assert!(log.contains(": limit 3 per calendar year (UTC)"), "{log}");
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| send(gw.addr, "GET", "/", &[("x-k", "k")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "3 per calendar year");
 }
 
 #[test]
