@@ -22,6 +22,8 @@ pub(crate) struct AdminState {
     pub(crate) quotas: Quotas,
     /// The quota of keys without a plan, as the flags set it.
     pub(crate) quota: Quota,
+    /// `--rls-listen`: the rate limit service, whose rules the console steers too.
+    pub(crate) rls: Option<RlsService>,
 }
 
 /// Where the layer finds a key's quota, so that a peek shows what a check would.
@@ -37,7 +39,7 @@ pub(crate) enum Quotas {
 
 /// The operators' listener: the library's console (`/metrics`, `/top`, `/keys/{key}`,
 /// `/bans/{key}`, `/limits`, `/healthz`, `/region`), every route behind the token when there
-/// is one.
+/// is one; with `--rls-listen`, the rules of the rate limit service too (`?policy=PATH`).
 pub(crate) fn admin_router(state: AdminState) -> Result<Router, BoxError> {
     let metrics = state.metrics;
     let mut admin = Admin::new(state.limiter)
@@ -57,6 +59,9 @@ pub(crate) fn admin_router(state: AdminState) -> Result<Router, BoxError> {
         Quotas::Plans(plans) => admin.plans(plans.iter().map(|(k, q)| (k.clone(), *q))),
         Quotas::Live(live) => admin.live(live),
     };
+    if let Some(rls) = state.rls {
+        admin = admin.policies(rls);
+    }
     if let Some(token) = state.token {
         admin = admin.token(&*token)?;
     }

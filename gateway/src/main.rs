@@ -236,8 +236,16 @@
 //! file; `--rls-listen` without `--rls-config` (and the reverse) and `--rls-listen` with
 //! `--regions` are refused at start-up. A descriptor's key in the store is its entries as
 //! `key=value` joined by `,` (`%`, `,`, `=` escaped as `%25`, `%2C`, `%3D`), under the
-//! policy named by its rule's path (`edge.api_key`); the admin routes work on the HTTP
-//! limiter's keys, not yet on these.
+//! policy named by its rule's path (`edge.api_key`; characters other than letters, digits,
+//! `-`, `_`, `.`, `:` become `_` and a hash of the path is added). With `--admin-listen`, the
+//! admin routes work on them by that policy: `GET /keys/api_key=k?policy=edge.api_key`
+//! (the key percent-encoded in the path as any key is: `%2C` in a value is written `%252C`),
+//! `DELETE /keys/...?policy=...`, `PUT /bans/...?policy=...&seconds=N`, `DELETE
+//! /bans/...?policy=...` (404 for a policy no rule has; without `?policy=`, the HTTP
+//! limiter's keys as before); `/top` (instance and fleet) lists their keys beside the HTTP
+//! limiter's, with their policy; `/limits` lists each rule; `ratelimit_decisions_total` counts
+//! each descriptor's decision with `policy` = the rule's path (a shadow rule's refusals as
+//! `would_deny`).
 //!
 //! `GET /status/{code}` answers with that status; an informational 1xx other than 101 cannot
 //! end an HTTP response, and hyper answers it with 500.
@@ -272,7 +280,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_redis_ratelimit::{
     algorithm::{Algorithm, Calendar, FixedWindow},
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
-    rate_limit::rls::RlsAlgorithm,
+    rate_limit::rls::{RlsAlgorithm, RlsService},
     rate_limit::{
         file::{self, from_toml, FileError, FileWatch, Look},
         AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,

@@ -32,6 +32,8 @@ pub(crate) fn check(args: &Args) -> Result<(), Refusal> {
 pub(crate) struct Prepared {
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    /// The service, for the operators' listener.
+    pub(crate) service: RlsService,
 }
 
 impl Prepared {
@@ -71,8 +73,12 @@ pub(crate) async fn prepare(
     let app = axum::Router::new()
         .route_service(SHOULD_RATE_LIMIT, RlsGrpc::new(service.clone()))
         .route("/json", axum::routing::post(json))
-        .with_state(service);
-    Ok(Prepared { listener, app })
+        .with_state(service.clone());
+    Ok(Prepared {
+        listener,
+        app,
+        service,
+    })
 }
 
 /// `POST /json`: the request in proto3's JSON mapping, answered in the same mapping, 200 when

@@ -123,7 +123,8 @@ pub(crate) async fn serve(
         reloaded,
     } = rate_limit_layer(&args, limiter.clone())?;
     if args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some() {
-        watch_store(limiter.clone());
+        let rules = rls.as_ref().map(|r| r.service.clone());
+        watch_store(limiter.clone(), rules);
     }
     let admin = metrics.map(|metrics| AdminState {
         metrics,
@@ -134,6 +135,7 @@ pub(crate) async fn serve(
         regional,
         quotas,
         quota: limits_of(&args).quota(),
+        rls: rls.as_ref().map(|r| r.service.clone()),
     });
     announce(&args);
     let layer = if args.no_limit {
@@ -268,17 +270,25 @@ async fn serve_public(
 /// Looks every second whether the store lost the limit's state (a Redis restarted without
 /// persistence, flushed, failed over to a replica without it), and then writes back the bans
 /// this gateway knows (`RateLimiter::notice_reset`); publishes this gateway's most denied
-/// keys every 2 s for the fleet's view (`/top?scope=fleet`). A store that does not answer is
+/// keys every 2 s for the fleet's view (`/top?scope=fleet`); the same for each rule of the
+/// rate limit service, `rules`, as they are at each turn. A store that does not answer is
 /// the checks' to report.
-fn watch_store(limiter: RateLimiter<Arc<dyn Algorithm>>) {
+fn watch_store(limiter: RateLimiter<Arc<dyn Algorithm>>, rules: Option<RlsService>) {
+    use tower_redis_ratelimit::rate_limit::admin::PolicyLimiters;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for n in 0u64.. {
             tick.tick().await;
-            let _ = limiter.notice_reset().await;
-            if n % 2 == 0 {
-                let _ = limiter.publish_top_keys().await;
+            let mut limiters = vec![limiter.clone()];
+            if let Some(rules) = &rules {
+                limiters.extend(rules.limiters());
+            }
+            for limiter in &limiters {
+                let _ = limiter.notice_reset().await;
+                if n % 2 == 0 {
+                    let _ = limiter.publish_top_keys().await;
+                }
             }
         }
     });

@@ -5,13 +5,19 @@
 //! |---|---|
 //! | `GET /metrics` | the text a metrics recorder renders ([`Admin::metrics`]), `text/plain; version=0.0.4`; 404 without one |
 //! | `GET /top?n=N&scope=instance\|fleet` | the keys denied most, as JSON `[{"key", "encoding", "policy", "denied", "would_deny"}]`: this instance's ([`RateLimiter::top_keys`]), or the fleet's ([`RateLimiter::fleet_top_keys`]); `n` 1 to 10,000 (default 10) |
-//! | `GET /keys/{key}` | the key's state, spending nothing: `{"key", "encoding", "policy", "limit", "remaining", "reset_ms", "banned_ms"}` |
-//! | `DELETE /keys/{key}` | 204: forgets what the key spent (not its ban) and frees its concurrency slots |
-//! | `PUT /bans/{key}?seconds=N` | 204: bans the key for N seconds, 1 to 86,400 |
-//! | `DELETE /bans/{key}` | 204: lifts the key's ban |
+//! | `GET /keys/{key}?policy=NAME` | the key's state, spending nothing: `{"key", "encoding", "policy", "limit", "remaining", "reset_ms", "banned_ms"}` |
+//! | `DELETE /keys/{key}?policy=NAME` | 204: forgets what the key spent (not its ban) and frees its concurrency slots |
+//! | `PUT /bans/{key}?seconds=N&policy=NAME` | 204: bans the key for N seconds, 1 to 86,400 |
+//! | `DELETE /bans/{key}?policy=NAME` | 204: lifts the key's ban |
 //! | `GET /limits` | the limits in force: `{"generation", "policies": [{"policy", "algorithm", "limit", "per_ms", "burst", "shadow"}]}`, each plan a policy named `plan:KEY` |
 //! | `GET /healthz` | `200 ok` while the store answers a read within the store timeout, else `503` and the reason on one line |
 //! | `GET /region` | with [`Admin::region`], the region's state as JSON; else 404 |
+//!
+//! With [`Admin::policies`], the console steers more limiters than its own (the rules of an
+//! [`RlsService`](crate::rate_limit::rls::RlsService), each a policy): `/keys/{key}` and
+//! `/bans/{key}` name one with `?policy=NAME` (without it, or with the console's own
+//! policy, its own limiter: 404 for a policy it does not know), `/top` lists the keys of
+//! every policy together (highest count first), and `/limits` lists each policy.
 //!
 //! `{key}` is the key's bytes as the key extractor produces them, percent-encoded (`%FF` is
 //! the byte 0xFF): any key can be named, and `/top` names keys the same way (text as is when it
@@ -78,6 +84,25 @@ pub struct Admin<A> {
     region: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
     quota: Option<Quota>,
     quotas: Quotas,
+    policies: Option<Arc<dyn PolicyLimiters>>,
+}
+
+/// Limiters a console steers besides its own, found by their policy name
+/// ([`RateLimiter::policy_name`]): the rules of an
+/// [`RlsService`](crate::rate_limit::rls::RlsService), or any set of limiters an app runs.
+/// See [`Admin::policies`].
+pub trait PolicyLimiters: Send + Sync + 'static {
+    /// The limiter whose policy is `policy`, if there is one.
+    fn limiter(&self, policy: &str) -> Option<RateLimiter<Arc<dyn Algorithm>>>;
+
+    /// Every limiter, for `/top` and `/limits`.
+    fn limiters(&self) -> Vec<RateLimiter<Arc<dyn Algorithm>>>;
+}
+
+/// The limiter a route works on: the console's own, or another policy's.
+enum Target<'a, A> {
+    Own(&'a RateLimiter<A>),
+    Other(RateLimiter<Arc<dyn Algorithm>>),
 }
 
 /// Where a key's quota comes from, so that a peek shows what a check would.
@@ -109,7 +134,18 @@ impl<A: Algorithm + 'static> Admin<A> {
             region: None,
             quota: None,
             quotas: Quotas::Own,
+            policies: None,
         }
+    }
+
+    /// More limiters to steer, each by its policy name (`?policy=NAME` on `/keys` and
+    /// `/bans`), their keys in `/top` and their policies in `/limits`: e.g. an
+    /// [`RlsService`](crate::rate_limit::rls::RlsService)'s rules, whose policy names are
+    /// their paths (`edge.remote_address`) and whose keys are descriptors
+    /// (`remote_address=10.0.0.1`).
+    pub fn policies(mut self, limiters: impl PolicyLimiters) -> Self {
+        self.policies = Some(Arc::new(limiters));
+        self
     }
 
     /// Requires `Authorization: Bearer TOKEN` on every route.
@@ -213,6 +249,35 @@ impl<A: Algorithm + 'static> Admin<A> {
                 },
             ))
             .with_state(state)
+    }
+
+    /// The limiter `?policy=` names and the key `named` names in it, or the answer saying
+    /// why there is none (400 for a key that names none, 404 for a policy it does not know).
+    #[allow(clippy::result_large_err)] // The answer to send: built once, on the way out.
+    fn target(
+        &self,
+        query: &HashMap<String, String>,
+        named: &[u8],
+    ) -> Result<(Target<'_, A>, Key<'static>), Response> {
+        match query.get("policy") {
+            Some(policy) if policy != self.limiter.policy_name() => {
+                let other = self
+                    .policies
+                    .as_ref()
+                    .and_then(|p| p.limiter(policy))
+                    .ok_or_else(|| {
+                        failed(StatusCode::NOT_FOUND, format!("no policy named {policy:?}"))
+                    })?;
+                // Another policy's keys are its own text, not addresses.
+                Ok((Target::Other(other), Key::bytes(named.to_vec())))
+            }
+            _ => {
+                let key = self
+                    .key(named)
+                    .map_err(|e| failed(StatusCode::BAD_REQUEST, e))?;
+                Ok((Target::Own(&self.limiter), key))
+            }
+        }
     }
 
     /// The key `named` names (an admin path's last part, percent-decoded), or why it names
@@ -364,17 +429,40 @@ async fn top<A: Algorithm + 'static>(
             )
         }
     };
-    let counts = match query.get("scope").map(String::as_str) {
-        None | Some("instance") => s.limiter.top_keys(n),
-        Some("fleet") => match s.limiter.fleet_top_keys(n).await {
-            Ok(counts) => counts,
-            Err(e) => {
-                let why = format!("the fleet's top keys cannot be read: {}", ErrorChain(&e));
-                return failed(StatusCode::SERVICE_UNAVAILABLE, why);
+    let others = s
+        .policies
+        .as_ref()
+        .map(|p| p.limiters())
+        .unwrap_or_default();
+    let mut counts = match query.get("scope").map(String::as_str) {
+        None | Some("instance") => {
+            let mut counts = s.limiter.top_keys(n);
+            for other in &others {
+                counts.extend(other.top_keys(n));
             }
-        },
+            counts
+        }
+        Some("fleet") => {
+            let fleet = async {
+                let mut counts = s.limiter.fleet_top_keys(n).await?;
+                for other in &others {
+                    counts.extend(other.fleet_top_keys(n).await?);
+                }
+                Ok::<_, Error>(counts)
+            };
+            match fleet.await {
+                Ok(counts) => counts,
+                Err(e) => {
+                    let why = format!("the fleet's top keys cannot be read: {}", ErrorChain(&e));
+                    return failed(StatusCode::SERVICE_UNAVAILABLE, why);
+                }
+            }
+        }
         Some(_) => return failed(StatusCode::BAD_REQUEST, "scope is instance or fleet"),
     };
+    // Each policy's list is in its order already; together, by the count each was ranked by.
+    counts.sort_by_key(|c| std::cmp::Reverse(c.denied.max(c.would_deny)));
+    counts.truncate(n);
     let items: Vec<serde_json::Value> = counts.iter().map(shown_count).collect();
     axum::Json(items).into_response()
 }
@@ -445,6 +533,19 @@ async fn limits<A: Algorithm + 'static>(State(s): Shared<A>) -> Response {
             Some(quota),
         ));
     }
+    for other in s
+        .policies
+        .as_ref()
+        .map(|p| p.limiters())
+        .unwrap_or_default()
+    {
+        policies.push(serde_json::json!({
+            "policy": other.policy_name(),
+            "algorithm": other.algorithm().name(),
+            "capacity": other.algorithm().quota(),
+            "shadow": other.is_shadow(),
+        }));
+    }
     axum::Json(serde_json::json!({ "generation": generation, "policies": policies }))
         .into_response()
 }
@@ -475,20 +576,25 @@ async fn region<A: Algorithm + 'static>(State(s): Shared<A>) -> Response {
 }
 
 /// `GET /keys/{key}`.
-async fn peek_key<A: Algorithm + 'static>(State(s): Shared<A>, uri: Uri) -> Response {
+async fn peek_key<A: Algorithm + 'static>(
+    State(s): Shared<A>,
+    uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
     let named = named_key(&uri);
-    let key = match s.key(&named) {
-        Ok(key) => key,
-        Err(e) => return failed(StatusCode::BAD_REQUEST, e),
+    let (target, key) = match s.target(&query, &named) {
+        Ok(target) => target,
+        Err(answer) => return answer,
     };
     let ms = |d: Duration| d.as_micros().div_ceil(1_000) as u64;
-    let peeked = match &s.quotas {
-        Quotas::Live(live) => live.peek(key).await,
-        Quotas::Plans(plans) => match plans.get(&named) {
-            Some(quota) => s.limiter.peek_with_quota(key, *quota).await,
-            None => s.limiter.peek(key).await,
+    let peeked = match (target, &s.quotas) {
+        (Target::Other(other), _) => other.peek(key).await,
+        (Target::Own(_), Quotas::Live(live)) => live.peek(key).await,
+        (Target::Own(own), Quotas::Plans(plans)) => match plans.get(&named) {
+            Some(quota) => own.peek_with_quota(key, *quota).await,
+            None => own.peek(key).await,
         },
-        Quotas::Own => s.limiter.peek(key).await,
+        (Target::Own(own), Quotas::Own) => own.peek(key).await,
     };
     let (text, encoding) = shown_key(&named);
     match peeked {
@@ -511,16 +617,21 @@ async fn reset_key<A: Algorithm + 'static>(
     State(s): Shared<A>,
     extensions: Extensions,
     uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let named = named_key(&uri);
-    let key = match s.key(&named) {
-        Ok(key) => key,
-        Err(e) => return failed(StatusCode::BAD_REQUEST, e),
+    let (target, key) = match s.target(&query, &named) {
+        Ok(target) => target,
+        Err(answer) => return answer,
     };
-    if let Err(e) = s.limiter.reset(key.clone()).await {
+    let reset = match &target {
+        Target::Own(own) => own.reset(key.clone()).await,
+        Target::Other(other) => other.reset(key.clone()).await,
+    };
+    if let Err(e) = reset {
         return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
-    if let Some(concurrency) = &s.concurrency {
+    if let (Target::Own(_), Some(concurrency)) = (&target, &s.concurrency) {
         if let Err(e) = concurrency.reset(key).await {
             return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
         }
@@ -547,11 +658,15 @@ async fn ban_key<A: Algorithm + 'static>(
         }
     };
     let named = named_key(&uri);
-    let key = match s.key(&named) {
-        Ok(key) => key,
-        Err(e) => return failed(StatusCode::BAD_REQUEST, e),
+    let (target, key) = match s.target(&query, &named) {
+        Ok(target) => target,
+        Err(answer) => return answer,
     };
-    if let Err(e) = s.limiter.ban(key, Duration::from_secs(seconds)).await {
+    let banned = match target {
+        Target::Own(own) => own.ban(key, Duration::from_secs(seconds)).await,
+        Target::Other(other) => other.ban(key, Duration::from_secs(seconds)).await,
+    };
+    if let Err(e) = banned {
         return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     let peer = caller(&extensions);
@@ -564,13 +679,18 @@ async fn unban_key<A: Algorithm + 'static>(
     State(s): Shared<A>,
     extensions: Extensions,
     uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let named = named_key(&uri);
-    let key = match s.key(&named) {
-        Ok(key) => key,
-        Err(e) => return failed(StatusCode::BAD_REQUEST, e),
+    let (target, key) = match s.target(&query, &named) {
+        Ok(target) => target,
+        Err(answer) => return answer,
     };
-    if let Err(e) = s.limiter.unban(key).await {
+    let unbanned = match target {
+        Target::Own(own) => own.unban(key).await,
+        Target::Other(other) => other.unban(key).await,
+    };
+    if let Err(e) = unbanned {
         return failed(StatusCode::SERVICE_UNAVAILABLE, ErrorChain(&e));
     }
     let peer = caller(&extensions);

@@ -10,7 +10,7 @@ use std::{
 
 use crate::servers::{
     dead_redis_url,
-    gateway::{assert_refused, gateway_bin, spawn_logged, wait_lines},
+    gateway::{assert_refused, gateway_bin, send, spawn_logged, wait_lines},
     RedisServer,
 };
 use tower_redis_ratelimit::rate_limit::rls::{proto::*, SHOULD_RATE_LIMIT};
@@ -29,6 +29,8 @@ descriptors:
 struct Rls {
     child: Child,
     rls: SocketAddr,
+    /// With `--admin-listen`: the operators' listener.
+    admin: Option<SocketAddr>,
     log: Arc<Mutex<String>>,
 }
 
@@ -47,6 +49,7 @@ impl Rls {
         let mut gw = Rls {
             child,
             rls: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: None,
             log,
         };
         let mut seen = Vec::new();
@@ -63,6 +66,9 @@ impl Rls {
                 );
                 gw.rls = addr.trim().parse().unwrap();
                 return gw;
+            }
+            if let Some(addr) = line.strip_prefix("admin listening on http://") {
+                gw.admin = Some(addr.trim().parse().unwrap());
             }
             seen.push(line);
         }
@@ -206,6 +212,130 @@ async fn two_gateways_on_one_redis_count_each_key_exactly_over_grpc() {
     assert!(r.statuses[0].current_limit.is_none());
 }
 
+/// The operators' listener steers the service's rules on every gateway: each rule a policy
+/// named by its path (`edge.api_key`), each descriptor a key written `key=value`. A peek, a
+/// reset, a ban and its lifting made on one gateway hold on the other; `/top`, `/limits` and
+/// the metrics name the rule; a policy nobody has is 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_routes_steer_rls_keys_on_every_gateway() {
+    let redis = RedisServer::start();
+    let dir = tempdir::Dir::new();
+    let path = rules_file(&dir, RULES);
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--rls-config",
+        &path,
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let (a, b) = (Rls::start(&args), Rls::start(&args));
+    let (admin_a, admin_b) = (a.admin.unwrap(), b.admin.unwrap());
+    let k1 = || request(&[&[("api_key", "k1")]]);
+    for gw in [&a, &b].repeat(5) {
+        assert_eq!(ask(gw.rls, k1()).await.unwrap().overall_code(), Code::Ok);
+    }
+    assert_eq!(
+        ask(b.rls, k1()).await.unwrap().overall_code(),
+        Code::OverLimit
+    );
+    let admin = |addr, method: &str, path: &str| send(addr, method, path, &[]);
+    let peek = |addr| {
+        let r = admin(addr, "GET", "/keys/api_key=k1?policy=edge.api_key");
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str::<serde_json::Value>(&r.body).unwrap()
+    };
+    let state = peek(admin_a);
+    assert_eq!(
+        (
+            &state["key"],
+            &state["policy"],
+            &state["limit"],
+            &state["remaining"]
+        ),
+        (
+            &serde_json::json!("api_key=k1"),
+            &serde_json::json!("edge.api_key"),
+            &serde_json::json!(10),
+            &serde_json::json!(0)
+        ),
+        "{state}"
+    );
+    let top = admin(admin_b, "GET", "/top");
+    let top: serde_json::Value = serde_json::from_str(&top.body).unwrap();
+    assert_eq!(
+        (&top[0]["key"], &top[0]["policy"], &top[0]["denied"]),
+        (
+            &serde_json::json!("api_key=k1"),
+            &serde_json::json!("edge.api_key"),
+            &serde_json::json!(1)
+        ),
+        "{top}"
+    );
+    // A reset on one gateway frees the key on the other (which may answer from its deny
+    // cache for at most a second more; a refused request spends nothing).
+    let reset = admin(admin_a, "DELETE", "/keys/api_key=k1?policy=edge.api_key");
+    assert_eq!(reset.status, 204, "{}", reset.body);
+    let r = first_ok(b.rls, k1()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    // A ban set on one holds on the other, shows in a peek, and is lifted on either.
+    let ban = admin(
+        admin_b,
+        "PUT",
+        "/bans/api_key=k1?policy=edge.api_key&seconds=60",
+    );
+    assert_eq!(ban.status, 204, "{}", ban.body);
+    assert_eq!(
+        ask(a.rls, k1()).await.unwrap().overall_code(),
+        Code::OverLimit
+    );
+    assert!(peek(admin_a)["banned_ms"].as_u64().unwrap() > 0);
+    let unban = admin(admin_a, "DELETE", "/bans/api_key=k1?policy=edge.api_key");
+    assert_eq!(unban.status, 204, "{}", unban.body);
+    let r = first_ok(b.rls, k1()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 8, "the ban took nothing");
+    // The fleet's view adds up both gateways' denials of the rule's key, each gateway
+    // publishing its own every 2 s.
+    let denied = |addr| {
+        let top = admin(addr, "GET", "/top");
+        serde_json::from_str::<serde_json::Value>(&top.body).unwrap()[0]["denied"]
+            .as_u64()
+            .unwrap()
+    };
+    let (on_a, on_b) = (denied(admin_a), denied(admin_b));
+    assert!(on_a >= 1 && on_b >= 1, "{on_a} {on_b}");
+    let since = std::time::Instant::now();
+    loop {
+        let fleet = admin(admin_a, "GET", "/top?scope=fleet");
+        let fleet: serde_json::Value = serde_json::from_str(&fleet.body).unwrap();
+        if fleet[0]["denied"] == on_a + on_b {
+            assert_eq!(fleet[0]["policy"], "edge.api_key", "{fleet}");
+            break;
+        }
+        assert!(since.elapsed() < Duration::from_secs(30), "{fleet}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A policy nobody has.
+    let none = admin(admin_a, "GET", "/keys/api_key=k1?policy=edge.nope");
+    assert_eq!(none.status, 404, "{}", none.body);
+    let limits = admin(admin_a, "GET", "/limits");
+    assert!(
+        limits.body.contains("\"policy\":\"edge.api_key\""),
+        "{}",
+        limits.body
+    );
+    let metrics = admin(admin_b, "GET", "/metrics").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ratelimit_decisions_total")
+                && l.contains("policy=\"edge.api_key\"")
+                && l.contains("decision=\"denied\"")),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_json_form_and_reloads_on_sighup_and_on_change() {
     let dir = tempdir::Dir::new();
@@ -265,6 +395,23 @@ async fn the_json_form_and_reloads_on_sighup_and_on_change() {
     // gRPC on the same port.
     let r = ask(gw.rls, request(&[&[("api_key", "k")]])).await.unwrap();
     assert_eq!(r.overall_code(), Code::Ok);
+}
+
+/// Asks `request` until it is answered OK (for at most 30 s, a refusal each 50 ms at most):
+/// the first OK answer.
+async fn first_ok(addr: SocketAddr, request: RateLimitRequest) -> RateLimitResponse {
+    let since = std::time::Instant::now();
+    loop {
+        let r = ask(addr, request.clone()).await.unwrap();
+        if r.overall_code() == Code::Ok {
+            return r;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "still refused: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// POST `body` to `path` over a fresh connection: (status, body).

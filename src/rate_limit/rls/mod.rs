@@ -32,7 +32,9 @@
 //! A descriptor's key in the store, and in [`RateLimiter::peek`](crate::RateLimiter::peek),
 //! `reset` and `ban` of its rule's limiter ([`RlsService::limiter`]): its entries as
 //! `key=value` joined by `,`, each `%`, `,` and `=` in them written `%25`, `%2C`, `%3D`
-//! (`remote_address=10.0.0.1`, `api_key=k,path=/v1`).
+//! (`remote_address=10.0.0.1`, `api_key=k,path=/v1`). An operators' console steers every
+//! rule by its policy name when given the service
+//! ([`Admin::policies`](crate::rate_limit::admin::Admin::policies), feature `admin`).
 //!
 //! ```
 //! use tower_redis_ratelimit::{rate_limit::rls::{proto::*, RlsRules, RlsService}, MemoryStore};

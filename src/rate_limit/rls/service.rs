@@ -452,6 +452,28 @@ fn nominal(unit: Unit) -> Duration {
     })
 }
 
+/// The console steers every rule's limiter, each by its policy name (the rule's path, e.g.
+/// `edge.remote_address`), through `/keys/{key}?policy=NAME` and `/bans/{key}?policy=NAME`
+/// with the descriptor's key (`remote_address=10.0.0.1`).
+#[cfg(feature = "admin")]
+impl crate::rate_limit::admin::PolicyLimiters for RlsService {
+    fn limiter(&self, policy: &str) -> Option<RateLimiter<Arc<dyn Algorithm>>> {
+        let table = self.inner.table.load();
+        table
+            .limiters
+            .values()
+            .find(|(_, l)| l.policy_name() == policy)
+            .map(|(_, l)| l.clone())
+    }
+
+    fn limiters(&self) -> Vec<RateLimiter<Arc<dyn Algorithm>>> {
+        let table = self.inner.table.load();
+        let mut limiters: Vec<_> = table.limiters.values().map(|(_, l)| l.clone()).collect();
+        limiters.sort_by(|a, b| a.policy_name().cmp(b.policy_name()));
+        limiters
+    }
+}
+
 /// A descriptor's key: `key=value` entries joined by `,`, with `%`, `,` and `=` escaped.
 pub(crate) fn descriptor_key(d: &super::proto::RateLimitDescriptor) -> String {
     let mut key = String::new();
