@@ -13,7 +13,10 @@ use crate::servers::{
     gateway::{assert_refused, gateway_bin, send, spawn_logged, wait_lines},
     RedisServer,
 };
-use tower_redis_ratelimit::rate_limit::rls::{proto::*, SHOULD_RATE_LIMIT};
+use tower_redis_ratelimit::{
+    rate_limit::rls::{proto::*, SHOULD_RATE_LIMIT},
+    redis,
+};
 
 const RULES: &str = "
 domain: edge
@@ -151,6 +154,67 @@ async fn ask(
     )
     .await
     .map(tonic::Response::into_inner)
+}
+
+/// On a Cluster a request's descriptors live in different slots (each rule's keys under a
+/// hash tag of their own), so they are checked one script per descriptor and a refused
+/// request's units are given back slot by slot: two gateways, 20 requests at once on a
+/// pair of rules of which one admits a single request, exactly one admitted, and the other
+/// rule's key charged for it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_a_refused_request_spends_nothing_in_any_slot() {
+    let cluster = crate::servers::RedisCluster::start(3, 0);
+    let nodes = cluster.urls().join(",");
+    let dir = tempdir::Dir::new();
+    let path = rules_file(
+        &dir,
+        &RULES.replace("requests_per_unit: 10", "requests_per_unit: 100"),
+    );
+    let args = ["--redis-cluster", &nodes, "--rls-config", &path];
+    let (a, b) = (Rls::start(&args), Rls::start(&args));
+    let both = request(&[&[("api_key", "pair")], &[("path", "/admin/users")]]);
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let addr = if i % 2 == 0 { a.rls } else { b.rls };
+            tokio::spawn(ask(addr, both.clone()))
+        })
+        .collect();
+    let mut ok = 0;
+    for call in calls {
+        if call.await.unwrap().unwrap().overall_code() == Code::Ok {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 1, "/admin* admits one an hour");
+    let r = ask(b.rls, request(&[&[("api_key", "pair")]]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 98,
+        "100 - the one admitted - this one: the 19 refused gave theirs back"
+    );
+    // The two rules' keys are in different slots.
+    let mut slots = Vec::new();
+    for url in cluster.urls() {
+        let mut node = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut node).unwrap();
+        for key in keys {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&key)
+                .query(&mut node)
+                .unwrap();
+            slots.push((key, slot));
+        }
+    }
+    let slot_of = |what: &str| {
+        slots
+            .iter()
+            .find(|(k, _)| k.contains(what))
+            .unwrap_or_else(|| panic!("no key with {what}: {slots:?}"))
+            .1
+    };
+    assert_ne!(slot_of("api_key=pair"), slot_of("path=/admin"), "{slots:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
