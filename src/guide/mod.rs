@@ -21,6 +21,8 @@
 //! 9. [Testing with the manual clock](testing): tests of your own limits that never sleep.
 //! 10. [Several regions](regions): one limit per key across regions that each decide against
 //!     their own Redis; the bound, partitions, what works across regions.
+//! 11. [Behind Envoy](envoy): the rate limit service Envoy and the meshes ask (feature
+//!     `rls`); envoyproxy/ratelimit's rules, what differs, operating it.
 //!
 //! # What the crate promises
 //!
@@ -68,6 +70,8 @@
 //! `BENCHMARKS.md`, with the targets the crate missed and why.
 
 pub mod algorithms;
+#[cfg(feature = "rls")]
+pub mod envoy;
 pub mod failure_modes;
 pub mod keys;
 pub mod operating;
