@@ -98,19 +98,24 @@ local function ledger_earliest(l, at, end_at, span)
 end
 
 -- Gives back, on a time `tat` later than `now`, what the charge (at, end_at, span) still
--- holds, never moving the time before `now`. Returns the new time (nil: rested again, the key
--- goes away), whether the time moved, and whether the ledger changed (and must be written).
-local function ledger_give_back(tat, l, now, at, end_at, span)
+-- holds, never moving the time before `now`; at most `most` of it when given (its last part,
+-- as a settlement below the charge gives back). Returns the new time (nil: rested again, the
+-- key goes away), whether the time moved, and whether the ledger changed (and must be
+-- written).
+local function ledger_give_back(tat, l, now, at, end_at, span, most)
   local noted = ledger_prune(l, now)
   local earliest
   local held = 0
+  if most == nil or most > span then
+    most = span
+  end
   if at >= l.floor then
     earliest = ledger_earliest(l, at, end_at, span)
     held = earliest - now
     if held < 0 then
       held = 0
-    elseif held > span then
-      held = span
+    elseif held > most then
+      held = most
     end
   end
   if held == 0 then

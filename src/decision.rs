@@ -212,6 +212,44 @@ impl Charge {
     }
 }
 
+/// What a settlement did ([`RateLimiter::settle`](crate::RateLimiter::settle)): an allowed
+/// check's charge (its estimate, [`Charge::cost`]) settled after the fact to the units its
+/// request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// Nothing was settled: the decision holds no charge (a denial, a shadow-mode denial
+    /// included; an answer of the deny cache; a charge already settled or refunded).
+    NoCharge,
+    /// The figure was the charge: nothing changed.
+    AsCharged,
+    /// Settled below the charge: `units` (the charge less the figure) were due back, and
+    /// `given` says whether the key got any back. A charge gives back at most what it still
+    /// holds, as a [refund](crate::RateLimiter::refund) does: nothing once it has drained,
+    /// nor from a key reset since (a fixed window: from a window that has ended).
+    GaveBack {
+        /// Units due back: the charge less the figure.
+        units: u64,
+        /// True when the key got units back.
+        given: bool,
+    },
+    /// Settled above the charge: `units` (the figure less the charge) were charged at the
+    /// settlement, past the limit if need be: a debt that the key's next checks wait out
+    /// (GCRA and the token bucket: at most 100 full quotas of it; a window's debt ends with
+    /// the window).
+    Charged {
+        /// Units charged: the figure less the charge.
+        units: u64,
+    },
+}
+
+impl Settled {
+    /// The largest figure a charge settles to: the largest cost a check takes (`u32::MAX`).
+    /// A larger one is an [`Error::InvalidInput`](crate::Error::InvalidInput), and the charge
+    /// stands.
+    pub const MAX_ACTUAL: u64 = u32::MAX as u64;
+}
+
 /// One limit of a multi-limit decision, for the headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitState {

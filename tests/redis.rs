@@ -47,6 +47,8 @@ mod quotas;
 mod recipe;
 #[path = "redis/refunds.rs"]
 mod refunds;
+#[path = "redis/settlements.rs"]
+mod settlements;
 #[path = "redis/shadow.rs"]
 mod shadow;
 #[path = "redis/throttle.rs"]

@@ -4,13 +4,14 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use super::{
     outcome::{Outcome, Position},
+    settle::Change,
     state::{MemoryState, Window},
     Algorithm, Kind, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
     error::{ConfigError, Error},
-    quota::Quota,
+    quota::{Quota, MAX_EXACT},
 };
 
 const DAY_US: u64 = 86_400_000_000;
@@ -251,6 +252,30 @@ impl Twin for FixedWindow {
     }
 }
 
+impl FixedWindow {
+    /// Gives `back` units of `charge` back to its window, while that window lasts and was not
+    /// reset since, never below zero: the twin of `lua/fixed_window_refund.lua` (all of the
+    /// charge) and of `lua/fixed_window_settle.lua` settling down.
+    fn give_back(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        back: u64,
+    ) -> Result<bool, Error> {
+        let Position::Window { id } = charge.position else {
+            return Ok(false); // no window: nothing it provably holds
+        };
+        let (end, w) = current(self.span, state.window()?, now_us);
+        if w.id != id || w.count == 0 {
+            return Ok(false);
+        }
+        let count = w.count - back.min(w.count);
+        state.put_window(Window { id, count }, now_us, end - now_us);
+        Ok(true)
+    }
+}
+
 impl Algorithm for FixedWindow {
     fn name(&self) -> &'static str {
         "fixed-window"
@@ -283,16 +308,29 @@ impl Algorithm for FixedWindow {
     /// Gives the units back to the window that admitted them, while it lasts and was not reset
     /// since, never below zero (`lua/fixed_window_refund.lua`).
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Position::Window { id } = charge.position else {
-            return Ok(false); // no window: nothing it provably holds
-        };
-        let (end, w) = current(self.span, state.window()?, now_us);
-        if w.id != id || w.count == 0 {
-            return Ok(false);
+        self.give_back(state, now_us, charge, u64::from(charge.cost()))
+    }
+
+    /// Settling down gives back to the charge's window, as a refund does; settling up counts
+    /// the difference in the window of `now_us` (whichever it is: the debt ends with it),
+    /// whatever its limit.
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        match Change::of(charge.cost(), actual) {
+            Change::None => Ok(false),
+            Change::Down(back) => self.give_back(state, now_us, charge, back),
+            Change::Up(excess) => {
+                let (end, w) = current(self.span, state.window()?, now_us);
+                let count = w.count.saturating_add(excess).min(MAX_EXACT);
+                state.put_window(Window { id: w.id, count }, now_us, end - now_us);
+                Ok(true)
+            }
         }
-        let count = w.count - u64::from(charge.cost()).min(w.count);
-        state.put_window(Window { id, count }, now_us, end - now_us);
-        Ok(true)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

@@ -7,6 +7,7 @@ use super::{
     held::{self, GivenBack, Ledger, Placed},
     outcome::{Outcome, Position},
     rate::BucketRate,
+    settle::{bucket_charged, Change},
     Algorithm, Kind, MemoryState, Reset, Rule, Twin, NEVER,
 };
 use crate::{
@@ -102,9 +103,61 @@ pub(crate) fn refund(
     cost: u64,
     (at, end): (u64, u64),
 ) -> Option<GivenBack> {
+    refund_part(rate, stored_tat, ledger, now, (cost, cost), (at, end))
+}
+
+/// Like [`refund`], but at most `back` of the charge's `cost` units: their share of the TAT
+/// that the charge still holds (a settlement below the charge).
+pub(crate) fn refund_part(
+    rate: BucketRate,
+    stored_tat: Option<u64>,
+    ledger: &mut Ledger,
+    now: u64,
+    (cost, back): (u64, u64),
+    (at, end): (u64, u64),
+) -> Option<GivenBack> {
     let tat = stored_tat.filter(|&t| t > now)?;
     let span = cost.min(rate.burst) * rate.emission_us;
-    Some(held::give_back(tat, ledger, now, at, end, span))
+    let most = back.min(rate.burst) * rate.emission_us;
+    Some(held::give_back_part(
+        tat,
+        ledger,
+        now,
+        (at, end, span),
+        most,
+    ))
+}
+
+impl Gcra {
+    /// Gives back on `state` at most `back` units of what `charge` still holds (all of it for
+    /// a refund): the twin of `lua/gcra_refund.lua` and of `lua/gcra_settle.lua` settling
+    /// down.
+    fn give_back(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        back: u64,
+    ) -> Result<bool, Error> {
+        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
+            return Ok(false); // not placed on this key's time: nothing it provably holds
+        };
+        let tat = state.tat()?;
+        let mut ledgers = state.take_ledgers(1, now_us);
+        let cost = (u64::from(charge.cost()), back);
+        let given = refund_part(self.0.rate, tat, &mut ledgers[0], now_us, cost, (at, end));
+        match given {
+            Some(GivenBack { tat: None, .. }) => state.clear(),
+            Some(GivenBack {
+                tat: Some(tat),
+                given: true,
+                ..
+            }) => state.put_tat(tat, now_us, tat - now_us),
+            _ => {}
+        }
+        state.put_ledgers(ledgers, now_us);
+        Ok(given.is_some_and(|g| g.given))
+    }
 }
 
 impl Algorithm for Gcra {
@@ -133,25 +186,26 @@ impl Algorithm for Gcra {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
-            return Ok(false); // not placed on this key's time: nothing it provably holds
-        };
-        let placed = (at, end);
-        let tat = state.tat()?;
-        let mut ledgers = state.take_ledgers(1, now_us);
-        let cost = u64::from(charge.cost());
-        let given = refund(self.0.rate, tat, &mut ledgers[0], now_us, cost, placed);
-        match given {
-            Some(GivenBack { tat: None, .. }) => state.clear(),
-            Some(GivenBack {
-                tat: Some(tat),
-                given: true,
-                ..
-            }) => state.put_tat(tat, now_us, tat - now_us),
-            _ => {}
+        self.give_back(state, now_us, charge, u64::from(charge.cost()))
+    }
+
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        match Change::of(charge.cost(), actual) {
+            Change::None => Ok(false),
+            Change::Down(back) => self.give_back(state, now_us, charge, back),
+            Change::Up(excess) => {
+                let base = state.tat()?.map_or(now_us, |t| t.max(now_us));
+                let tat = bucket_charged(self.0.rate, base, now_us, excess);
+                state.put_tat(tat, now_us, tat - now_us);
+                Ok(true)
+            }
         }
-        state.put_ledgers(ledgers, now_us);
-        Ok(given.is_some_and(|g| g.given))
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

@@ -166,6 +166,7 @@ pub(crate) struct GivenBack {
 /// left the time at `end` and took `span` of it still holds at `now` (see the module docs),
 /// never moving the time before `now`; notes in `ledger` a refund that may have moved later
 /// charges.
+#[cfg(test)]
 pub(crate) fn give_back(
     tat: u64,
     ledger: &mut Ledger,
@@ -174,9 +175,22 @@ pub(crate) fn give_back(
     end: u64,
     span: u64,
 ) -> GivenBack {
+    give_back_part(tat, ledger, now, (at, end, span), span)
+}
+
+/// Like [`give_back`], but at most `most` of the charge `(at, end, span)`: its last part, as a
+/// settlement below the charge gives back (the charge keeps its first `span - most`, so what
+/// it still holds of its last `most` is what lies after `now`).
+pub(crate) fn give_back_part(
+    tat: u64,
+    ledger: &mut Ledger,
+    now: u64,
+    (at, end, span): (u64, u64, u64),
+    most: u64,
+) -> GivenBack {
     let mut noted = ledger.prune(now);
     let earliest = (at >= ledger.floor).then(|| ledger.earliest_end(at, end, span));
-    let held = earliest.map_or(0, |e| e.saturating_sub(now).min(span));
+    let held = earliest.map_or(0, |e| e.saturating_sub(now).min(span).min(most));
     if held == 0 {
         return GivenBack {
             tat: Some(tat),

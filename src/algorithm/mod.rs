@@ -30,6 +30,7 @@ mod multi;
 mod outcome;
 mod rate;
 mod scripted;
+mod settle;
 mod sliding_window;
 mod state;
 mod token_bucket;
@@ -48,6 +49,7 @@ pub(crate) use self::{
     held::Placed,
     outcome::{LogEntry, Position},
     rate::BucketRate,
+    settle::Change,
 };
 pub use crate::quota::Quota;
 
@@ -117,6 +119,32 @@ pub trait Algorithm: Send + Sync + 'static {
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
         let _ = (state, now_us, charge);
         Err(Error::Unsupported("this algorithm cannot give units back"))
+    }
+
+    /// The in-memory twin of a settlement: the charge of an allowed check (`charge`, its
+    /// estimate) settled at `now_us` to the `actual` units the request used, exactly as the
+    /// store-side settlement does. Below the charge, the difference is given back, but at most
+    /// what the charge still holds (the rule of [`refund`](Self::refund)); above it, the
+    /// difference is charged at `now_us` whatever the limit: a debt that the key's next checks
+    /// wait out. `Ok(true)` when the key's state changed.
+    ///
+    /// The default returns [`Error::Unsupported`]; GCRA, the token bucket, the sliding window
+    /// and the fixed window settle, in Redis and in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] by default (an algorithm that cannot settle a charge); an
+    /// implementation's own error, e.g. [`Error::WrongType`] for a state another algorithm
+    /// wrote.
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        let _ = (state, now_us, charge, actual);
+        Err(Error::Unsupported("this algorithm cannot settle a charge"))
     }
 
     /// This algorithm with its quota divided among `instances` processes, for
@@ -341,6 +369,16 @@ impl<T: Algorithm + ?Sized> Algorithm for Arc<T> {
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
         (**self).refund(state, now_us, charge)
+    }
+
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        (**self).settle(state, now_us, charge, actual)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

@@ -6,13 +6,14 @@ use super::{
     bucket::divided,
     outcome::{LogEntry, Outcome, Position},
     rate::WindowRate,
+    settle::Change,
     state::{Log, MemoryState},
     Algorithm, Kind, Reset, Rule, Twin, NEVER,
 };
 use crate::{
     decision::Charge,
     error::{ConfigError, Error},
-    quota::Quota,
+    quota::{Quota, MAX_EXACT},
 };
 
 /// Sliding-window log: at most `quota.limit()` units admitted in any window of
@@ -151,7 +152,23 @@ pub(crate) struct Refunded {
 /// entries (its units are given back); otherwise moves its units onto the entry `REWRITE`
 /// places older (they leave the window with it). Nothing when the entry is gone or out of the
 /// window.
+#[cfg(test)]
 pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: LogEntry) -> Refunded {
+    take_off(window, log, now, (cost, false), entry)
+}
+
+/// Takes `units` off the log entry `entry` at `now`: with `keep` false, removes it (a
+/// refund, `units` its cost); with `keep`, leaves it with the rest of its units (a
+/// settlement down to at least one unit). The twin of `lua/sliding_window_refund.lua` and of
+/// `lua/sliding_window_settle.lua` settling down: the totals on one side of it move by
+/// `units` (see `lua/sliding_window_refund.lua`).
+pub(crate) fn take_off(
+    window: u64,
+    log: &mut Log,
+    now: u64,
+    (units, keep): (u64, bool),
+    entry: LogEntry,
+) -> Refunded {
     let none = Refunded {
         given: false,
         rewritten: 0,
@@ -170,15 +187,29 @@ pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: Log
     {
         return none;
     }
+    // Never more than the entry holds (a settlement of a copy of a settled decision finds it
+    // holding less than its charge), and a kept entry keeps a unit.
+    let before = match i {
+        0 => log.removed,
+        _ => log.entries[i - 1].1,
+    };
+    let holds = log.entries[i].1.saturating_sub(before);
+    let units = units.min(holds.saturating_sub(u64::from(keep)));
+    if units == 0 {
+        return none;
+    }
     let newer = log.entries.len() - 1 - i;
-    log.entries.remove(i);
+    if !keep {
+        log.entries.remove(i);
+    }
     // The same side as the script rewrites: the older entries and the expired total, or the
-    // newer entries and the admitted total; or, deep inside, the REWRITE entries before it.
+    // newer entries (and a kept entry itself) and the admitted total; or, deep inside, the
+    // REWRITE entries before it.
     if i <= newer && i <= REWRITE {
         for e in log.entries.range_mut(..i) {
-            e.1 += cost;
+            e.1 += units;
         }
-        log.removed += cost;
+        log.removed += units;
         return Refunded {
             given: true,
             rewritten: i,
@@ -186,10 +217,10 @@ pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: Log
     }
     if newer < i && newer <= REWRITE {
         for e in log.entries.range_mut(i..) {
-            e.1 = e.1.saturating_sub(cost);
+            e.1 = e.1.saturating_sub(units);
         }
-        log.added = log.added.saturating_sub(cost);
-        if newer == 0 {
+        log.added = log.added.saturating_sub(units);
+        if newer == 0 && !keep {
             // It was the newest: the log's time goes back to the newest left.
             if let Some(&(ts, ..)) = log.entries.back() {
                 log.last = ts;
@@ -197,16 +228,33 @@ pub(crate) fn refund(window: u64, log: &mut Log, now: u64, cost: u64, entry: Log
         }
         return Refunded {
             given: true,
-            rewritten: newer,
+            rewritten: newer + usize::from(keep),
         };
     }
     for e in log.entries.range_mut(i - REWRITE..i) {
-        e.1 += cost;
+        e.1 += units;
     }
     Refunded {
         given: false,
         rewritten: REWRITE,
     }
+}
+
+/// The twin of `lua/sliding_window_settle.lua` settling up: `excess` more units logged at
+/// `now` (or the log's newest time, if later) in an entry of their own, whatever the limit;
+/// they leave the window with it. The log's total never passes 2^52: what would is not
+/// logged. False when nothing was.
+pub(crate) fn log_more(log: &mut Log, now: u64, excess: u64) -> bool {
+    let excess = excess.min(MAX_EXACT.saturating_sub(log.added));
+    if excess == 0 {
+        return false;
+    }
+    let now = now.max(log.last);
+    log.added += excess;
+    log.seq += 1;
+    log.entries.push_back((now, log.added, log.seq));
+    log.last = now;
+    true
 }
 
 impl Algorithm for SlidingWindow {
@@ -248,15 +296,46 @@ impl Algorithm for SlidingWindow {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Position::Logged(entry) = charge.position else {
-            return Ok(false);
-        };
-        if state.is_empty() {
-            return Ok(false);
+        self.settle(state, now_us, charge, 0)
+    }
+
+    /// Settling down takes the difference off the check's own log entry (all of it, the
+    /// entry removed, for a settlement to 0), as a refund does; settling up logs the
+    /// difference at `now_us` in an entry of its own, whatever the limit: it leaves the window
+    /// a window later.
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        let window_us = self.rate.window_us;
+        match Change::of(charge.cost(), actual) {
+            Change::None => Ok(false),
+            Change::Down(back) => {
+                let Position::Logged(entry) = charge.position else {
+                    return Ok(false);
+                };
+                if state.is_empty() {
+                    return Ok(false);
+                }
+                let log = state.log()?;
+                Ok(take_off(window_us, log, now_us, (back, actual > 0), entry).given)
+            }
+            Change::Up(excess) => {
+                let was_empty = state.is_empty();
+                let log = state.log()?;
+                let logged = log_more(log, now_us, excess);
+                let ttl = (log.last + window_us).saturating_sub(now_us);
+                if logged {
+                    state.keep_log(now_us, ttl);
+                } else if was_empty {
+                    state.clear(); // nothing was there, nothing was written
+                }
+                Ok(logged)
+            }
         }
-        let log = state.log()?;
-        let cost = u64::from(charge.cost());
-        Ok(refund(self.rate.window_us, log, now_us, cost, entry).given)
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

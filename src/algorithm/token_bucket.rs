@@ -7,6 +7,7 @@ use super::{
     held::{self, GivenBack, Ledger, Placed},
     outcome::{Outcome, Position},
     rate::BucketRate,
+    settle::{bucket_charged, Change},
     state::{Bucket, MemoryState},
     Algorithm, Kind, Reset, Rule, Twin, NEVER,
 };
@@ -148,12 +149,15 @@ pub(crate) fn decide(
 /// there is nothing to give back (a missing key or a full bucket); otherwise the bucket to
 /// write with its time to live, `None` when it is full again (the key goes away), and what
 /// the ledger was told.
+///
+/// Settling down gives back at most `back` of its units (the twin of
+/// `lua/token_bucket_settle.lua` settling down); a refund, all `cost` of them.
 pub(crate) fn refund(
     rate: BucketRate,
     stored: Option<Bucket>,
     ledger: &mut Ledger,
     now: u64,
-    cost: u64,
+    (cost, back): (u64, u64),
     (at, end): (u64, u64),
 ) -> Option<(Option<(Bucket, u64)>, GivenBack)> {
     stored?;
@@ -164,8 +168,9 @@ pub(crate) fn refund(
     }
     // Measured from `t_eff`: now, or the stored time if the clock went backwards.
     let full_at = b.ts + (burst - b.tokens) * emission_us;
-    let span = cost.min(burst) * emission_us;
-    let given = held::give_back(full_at, ledger, b.t_eff, at, end, span);
+    let charge = (at, end, cost.min(burst) * emission_us);
+    let most = back.min(burst) * emission_us;
+    let given = held::give_back_part(full_at, ledger, b.t_eff, charge, most);
     let bucket = given.tat.map(|full_at| {
         let missing = (full_at - b.t_eff).div_ceil(emission_us);
         let bucket = Bucket {
@@ -175,6 +180,66 @@ pub(crate) fn refund(
         (bucket, full_at - now)
     });
     Some((bucket, given))
+}
+
+/// The twin of `lua/token_bucket_settle.lua` settling up: `excess` more tokens taken at `now`,
+/// whatever the bucket holds. Tokens it has are taken as a check takes them; beyond them the
+/// bucket owes the rest: it holds no token and its credit time moves ahead of now, so that it
+/// is full again `excess` emission intervals later than it would have been (within the
+/// [debt's cap](super::settle::DEBT_QUOTAS)). The bucket to write, with its time to live.
+pub(crate) fn charge_more(
+    rate: BucketRate,
+    stored: Option<Bucket>,
+    now: u64,
+    excess: u64,
+) -> (Bucket, u64) {
+    let BucketRate { emission_us, burst } = rate;
+    let b = Credited::new(rate, stored, now);
+    if b.tokens >= excess {
+        let tokens = b.tokens - excess;
+        let full_at = b.ts + (burst - tokens) * emission_us;
+        return (Bucket { tokens, ts: b.ts }, full_at - now);
+    }
+    let full_at = b.ts + (burst - b.tokens) * emission_us;
+    let full_at = bucket_charged(rate, full_at, now, excess);
+    let ts = full_at.saturating_sub(rate.tolerance_us());
+    (Bucket { tokens: 0, ts }, full_at - now)
+}
+
+impl TokenBucket {
+    /// Gives back on `state` at most `back` units of what `charge` still holds (all of it for
+    /// a refund).
+    fn give_back(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        back: u64,
+    ) -> Result<bool, Error> {
+        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
+            return Ok(false); // not placed on this key's time: nothing it provably holds
+        };
+        let stored = state.bucket()?;
+        let mut ledgers = state.take_ledgers(1, now_us);
+        let cost = (u64::from(charge.cost()), back);
+        let given = refund(
+            self.0.rate,
+            stored,
+            &mut ledgers[0],
+            now_us,
+            cost,
+            (at, end),
+        );
+        match given {
+            Some((None, _)) => state.clear(),
+            Some((Some((bucket, ttl)), GivenBack { given: true, .. })) => {
+                state.put_bucket(bucket, now_us, ttl)
+            }
+            _ => {}
+        }
+        state.put_ledgers(ledgers, now_us);
+        Ok(given.is_some_and(|(_, g)| g.given))
+    }
 }
 
 impl Algorithm for TokenBucket {
@@ -203,23 +268,25 @@ impl Algorithm for TokenBucket {
     }
 
     fn refund(&self, state: &mut MemoryState, now_us: u64, charge: &Charge) -> Result<bool, Error> {
-        let Some((at, &[end])) = charge.position.placed().map(|p| (p.at_us, p.ends())) else {
-            return Ok(false); // not placed on this key's time: nothing it provably holds
-        };
-        let placed = (at, end);
-        let stored = state.bucket()?;
-        let mut ledgers = state.take_ledgers(1, now_us);
-        let cost = u64::from(charge.cost());
-        let given = refund(self.0.rate, stored, &mut ledgers[0], now_us, cost, placed);
-        match given {
-            Some((None, _)) => state.clear(),
-            Some((Some((bucket, ttl)), GivenBack { given: true, .. })) => {
-                state.put_bucket(bucket, now_us, ttl)
+        self.give_back(state, now_us, charge, u64::from(charge.cost()))
+    }
+
+    fn settle(
+        &self,
+        state: &mut MemoryState,
+        now_us: u64,
+        charge: &Charge,
+        actual: u32,
+    ) -> Result<bool, Error> {
+        match Change::of(charge.cost(), actual) {
+            Change::None => Ok(false),
+            Change::Down(back) => self.give_back(state, now_us, charge, back),
+            Change::Up(excess) => {
+                let (bucket, ttl) = charge_more(self.0.rate, state.bucket()?, now_us, excess);
+                state.put_bucket(bucket, now_us, ttl);
+                Ok(true)
             }
-            _ => {}
         }
-        state.put_ledgers(ledgers, now_us);
-        Ok(given.is_some_and(|(_, g)| g.given))
     }
 
     fn local_share(&self, instances: NonZeroU32) -> Option<Arc<dyn Algorithm>> {

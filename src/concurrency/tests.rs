@@ -50,6 +50,28 @@ impl Backend for Flaky {
         self.inner.refund(algorithm, key, charge, now_us)
     }
 
+    fn settle<'a>(
+        &'a self,
+        algorithm: &'a dyn crate::algorithm::Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a crate::decision::Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.settle(algorithm, key, charge, actual, now_us)
+    }
+
+    fn settle_now(
+        &self,
+        _algorithm: &dyn crate::algorithm::Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &crate::decision::Charge,
+        _actual: u32,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
     fn reserve<'a>(
         &'a self,
         algorithm: &'a dyn crate::algorithm::Algorithm,

@@ -448,6 +448,16 @@ pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
     }
 }
 
+/// A settlement of a charge of `cost` to `actual` units: the result.
+pub(crate) fn settled(policy: &str, cost: u32, actual: u32, result: &Result<bool, Error>) {
+    match result {
+        Ok(changed) => tracing::debug!(policy, cost, actual, changed, "rate limit: settled"),
+        Err(e) => {
+            tracing::warn!(policy, cost, actual, error = %crate::error::ErrorChain(&e), "rate limit: settlement failed; the first charge may stand")
+        }
+    }
+}
+
 /// A concurrency limit's acquire: a permit given (`Allowed`) or refused (`Denied`), by the
 /// store or the local share.
 pub(crate) fn acquired(policy: &str, verdict: Verdict, source: Source) {

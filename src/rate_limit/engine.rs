@@ -413,6 +413,66 @@ impl RateEngine {
         result
     }
 
+    /// Settles `charge` of `key` to `actual` units (see
+    /// [`RateLimiter::settle`](super::RateLimiter::settle)): in the store that decided the
+    /// check (the local share for a degraded decision), through the core. `Ok(true)` when the
+    /// key's state changed.
+    pub(crate) async fn settle(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: &Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> Result<bool, Error> {
+        check_time(now_us)?;
+        let store_key = self.store_key(key);
+        let quoted = charge.quota.map(|q| self.quoted(q)).transpose()?;
+        let result = if charge.local {
+            self.settle_locally(store_key, quoted.as_ref(), charge, actual, now_us)
+        } else {
+            let algorithm = self.algorithm(quoted.as_ref());
+            let core = &self.core;
+            let store = &core.store;
+            match store.settle_now(algorithm, store_key, charge, actual, now_us) {
+                Some(result) => result,
+                None => {
+                    let call = || store.settle(algorithm, store_key, charge, actual, now_us);
+                    core.call(call).await
+                }
+            }
+        };
+        let given = matches!(result, Ok(true)) && actual < charge.cost;
+        if let (true, false, Some(cache)) = (given, charge.local, &self.deny_cache) {
+            let mut compact = KeyBuf::new();
+            cache_key(store_key, quoted.as_ref(), &mut compact);
+            cache.remove(compact.as_bytes());
+        }
+        report::settled(&self.core.policy, charge.cost, actual, &result);
+        result
+    }
+
+    /// A degraded decision's settlement, at the local share (nothing without one).
+    fn settle_locally(
+        &self,
+        store_key: StoreKey<'_>,
+        quoted: Option<&Quoted>,
+        charge: &Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> Result<bool, Error> {
+        let Some(local) = &self.local else {
+            return Ok(false);
+        };
+        let local_quoted = match quoted.map(|q| q.divided(self.core.share)) {
+            Some(None) => return Ok(false),
+            divided => divided.flatten(),
+        };
+        let algorithm = local.algorithm(local_quoted.as_ref());
+        let store = &local.core.store;
+        let result = store.settle_now(algorithm, store_key, charge, actual, now_us);
+        result.unwrap_or(Ok(false))
+    }
+
     /// `key`'s state as a check would see it, spending nothing: through the core's circuit
     /// breaker and within the store timeout; under
     /// [`FailurePolicy::Local`](crate::FailurePolicy::Local) and a store-wide failure, the

@@ -4,9 +4,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::engine::RateEngine;
 use crate::{
-    algorithm::Algorithm,
+    algorithm::{Algorithm, Change},
     core::{KeyCount, LimiterStats},
-    decision::{Decision, KeyState},
+    decision::{Charge, Decision, KeyState, Settled, Source},
     error::Error,
     extract::Key,
     quota::Quota,
@@ -231,6 +231,124 @@ impl<A: Algorithm> RateLimiter<A> {
         };
         let key = key.into();
         self.engine.refund(Some(&key), &charge, Some(now_us)).await
+    }
+
+    /// Settles what an allowed check of `key` took (its [`Decision::charge`]: the estimate
+    /// it was admitted on) to the `actual` units its request used, known after the fact: the
+    /// tokens a model answered with, the bytes a download served. One atomic call to the store,
+    /// on every instance sharing it:
+    ///
+    /// - **below the charge**, the difference is given back, but at most what the charge
+    ///   still holds (the rule of [`refund`](Self::refund): GCRA and the token bucket give
+    ///   back the part of the charge that has not drained; a sliding window takes it off the
+    ///   check's own log entry; a fixed window gives it back to the check's window while it
+    ///   lasts);
+    /// - **above the charge**, the difference is charged at once, past the limit if need be:
+    ///   a debt, so the key's next checks are denied until it is paid back. GCRA's and the
+    ///   token bucket's time moves on by the excess (their
+    ///   [`retry_after`](Decision::retry_after) then covers it), at most 100 full quotas
+    ///   of debt; a fixed window counts it in the current window, a sliding window logs it
+    ///   now (either debt ends with its window).
+    ///
+    /// A key's ban stays as it is. [`Settled`] says what happened: [`Settled::NoCharge`] for
+    /// a decision that holds no charge (a denial, a shadow-mode denial included, the deny
+    /// cache's answer; a charge already settled or refunded) and nothing is done;
+    /// [`Settled::AsCharged`] when `actual` is the charge. The settlement uses up the
+    /// decision's charge, so a decision is settled (or refunded) once. A degraded decision is
+    /// settled at the local share, as its refund is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an `actual` above [`Settled::MAX_ACTUAL`] (the charge
+    /// stands, and is kept). [`Error::Unsupported`] for a decision answered from a
+    /// [unit lease](super::UnitLease) (its units are the lease's), a store that cannot settle
+    /// (a [`RegionalStore`](crate::store::redis::RegionalStore)) or an algorithm that cannot
+    /// (a [`MultiLimit`](crate::algorithm::MultiLimit), a custom script); the charge is kept
+    /// for the first. [`Error::Timeout`], [`Error::CircuitOpen`] and the store's own error as
+    /// for a [`refund`](Self::refund): the charge is used up, and the settlement may or may
+    /// not have happened (it is atomic: all or nothing).
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{rate_limit::Settled, *};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 1,000 tokens a minute per API key; each answer is admitted on an estimate of 100.
+    /// let tokens = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(1_000))?)?;
+    /// let mut d = tokens.check("key-1", 100).await?;
+    /// assert_eq!(tokens.settle("key-1", &mut d, 40).await?, Settled::GaveBack { units: 60, given: true });
+    /// assert_eq!(tokens.peek("key-1").await?.remaining, 960);
+    ///
+    /// let mut d = tokens.check("key-1", 100).await?;
+    /// assert_eq!(tokens.settle("key-1", &mut d, 1_500).await?, Settled::Charged { units: 1_400 });
+    /// assert!(!tokens.check("key-1", 1).await?.allowed, "in debt");
+    /// assert_eq!(tokens.settle("key-1", &mut d, 1).await?, Settled::NoCharge, "settled once");
+    /// assert!(tokens.settle("key-1", &mut d, u64::MAX).await.is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub async fn settle<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        decision: &mut Decision,
+        actual: u64,
+    ) -> Result<Settled, Error> {
+        self.settle_when(key.into(), decision, actual, None).await
+    }
+
+    /// Like [`settle`](Self::settle), at an explicit time (see [`check_at`](Self::check_at)):
+    /// for tests and simulations only.
+    ///
+    /// # Errors
+    ///
+    /// As [`settle`](Self::settle).
+    pub async fn settle_at<'k>(
+        &self,
+        key: impl Into<Key<'k>>,
+        decision: &mut Decision,
+        actual: u64,
+        now_us: u64,
+    ) -> Result<Settled, Error> {
+        self.settle_when(key.into(), decision, actual, Some(now_us))
+            .await
+    }
+
+    async fn settle_when(
+        &self,
+        key: Key<'_>,
+        decision: &mut Decision,
+        actual: u64,
+        now_us: Option<u64>,
+    ) -> Result<Settled, Error> {
+        let Some(cost) = decision.charge.as_ref().map(Charge::cost) else {
+            return Ok(Settled::NoCharge);
+        };
+        let Ok(actual) = u32::try_from(actual) else {
+            return Err(Error::InvalidInput(
+                "a charge settles to at most u32::MAX units",
+            ));
+        };
+        if decision.source == Source::UnitLease {
+            return Err(Error::Unsupported(
+                "a decision answered from a unit lease cannot be settled",
+            ));
+        }
+        let Some(charge) = decision.charge.take() else {
+            return Ok(Settled::NoCharge);
+        };
+        let change = Change::of(cost, actual);
+        if change == Change::None {
+            return Ok(Settled::AsCharged);
+        }
+        let changed = self
+            .engine
+            .settle(Some(&key), &charge, actual, now_us)
+            .await?;
+        Ok(match change {
+            Change::Down(units) => Settled::GaveBack {
+                units,
+                given: changed,
+            },
+            Change::Up(units) => Settled::Charged { units },
+            Change::None => Settled::AsCharged,
+        })
     }
 
     /// `key`'s state as its next check would see it, spending nothing: the quota, the units

@@ -49,6 +49,6 @@ pub use self::{
 };
 pub use crate::{
     core::UnitLease,
-    decision::{Charge, Decision, KeyState, LimitState},
+    decision::{Charge, Decision, KeyState, LimitState, Settled},
     http::{BoxError, HeaderStyle, ResponseBody},
 };

@@ -77,6 +77,31 @@ pub(crate) trait Backend: Send + Sync + 'static {
         now_us: Option<u64>,
     ) -> Option<Result<bool, Error>>;
 
+    /// Settles what an allowed check took (`charge`, its estimate) on `key` to the `actual`
+    /// units its request used, atomically (see [`Algorithm::settle`]): the difference given
+    /// back (at most what the charge still holds) or charged past the limit. `Ok(true)` when
+    /// the key's state changed. [`Error::Unsupported`] from a store that cannot settle (several
+    /// regions) or for an algorithm that cannot.
+    fn settle<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Like [`settle`](Self::settle), at once, when this store can (see
+    /// [`check_now`](Self::check_now)).
+    fn settle_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>>;
+
     /// Takes up to `up_to` units of `key` at once, as many as it has available, but at least
     /// `cost` (else a denial of `cost`, exactly as [`check`](Self::check) would deny it): a
     /// unit lease's reservation. GCRA and the token bucket reserve; [`Error::Unsupported`]
@@ -313,6 +338,28 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         now_us: Option<u64>,
     ) -> Option<Result<bool, Error>> {
         (**self).refund_now(algorithm, key, charge, now_us)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).settle(algorithm, key, charge, actual, now_us)
+    }
+
+    fn settle_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        (**self).settle_now(algorithm, key, charge, actual, now_us)
     }
 
     fn reserve<'a>(

@@ -538,6 +538,34 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The algorithm's settlement twin on `key`'s state (made when a settlement up finds
+    /// none). A ban stays as it is: it is kept apart from the state.
+    fn settle_state(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        actual: u32,
+        now: u64,
+    ) -> Result<bool, Error> {
+        let mut compact = KeyBuf::new();
+        key.write_compact(algorithm.name(), &mut compact);
+        let key = compact.as_bytes();
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        let shard = &mut *shard;
+        let (settled, _, empty) = Entry::run_held_or_new(shard, slot, key, now, |s| {
+            algorithm.settle(s, now, charge, actual)
+        });
+        if empty {
+            shard.remove(slot, key);
+        }
+        settled
+    }
+}
+
 /// Microseconds since the Unix epoch, as Redis' `TIME` reports them.
 pub(crate) fn now_us() -> u64 {
     SystemTime::now()
@@ -588,6 +616,31 @@ impl Backend for MemoryStore {
         now: Option<u64>,
     ) -> Option<Result<bool, Error>> {
         Some(self.give_back(algorithm, key, charge, now.unwrap_or_else(|| self.now_us())))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        actual: u32,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let now = now.unwrap_or_else(|| self.now_us());
+        let result = self.settle_state(algorithm, key, charge, actual, now);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn settle_now(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: StoreKey<'_>,
+        charge: &Charge,
+        actual: u32,
+        now: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        let now = now.unwrap_or_else(|| self.now_us());
+        Some(self.settle_state(algorithm, key, charge, actual, now))
     }
 
     /// Unit leases save round trips to a remote store; in memory there are none to save.

@@ -391,6 +391,25 @@ impl Backend for RedisStore {
         Box::pin(async move { algorithms::parse_refund(self.link.eval(script, &cmd).await?) })
     }
 
+    /// One script call, never batched, like a refund.
+    fn settle<'a>(
+        &'a self,
+        algorithm: &'a dyn Algorithm,
+        key: StoreKey<'a>,
+        charge: &'a Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let call = match on!(algorithm, settle(charge, actual, self.link.is_cluster())) {
+            Ok(Some(call)) => call,
+            Ok(None) => return Box::pin(std::future::ready(Ok(false))),
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let cmd = call.command(key, now_us);
+        let script = call.script;
+        Box::pin(async move { algorithms::parse_refund(self.link.eval(script, &cmd).await?) })
+    }
+
     /// One script call, never batched (one call stands for a whole lease of checks).
     fn reserve<'a>(
         &'a self,
@@ -612,6 +631,17 @@ impl Backend for RedisStore {
         _algorithm: &dyn Algorithm,
         _key: StoreKey<'_>,
         _charge: &Charge,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
+    fn settle_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &Charge,
+        _actual: u32,
         _now_us: Option<u64>,
     ) -> Option<Result<bool, Error>> {
         None

@@ -41,6 +41,15 @@ impl<'a> Calls<'a> for &'a dyn Scripted {
         Err(Error::Unsupported("a custom script cannot give units back"))
     }
 
+    fn settle(
+        self,
+        _charge: &Charge,
+        _actual: u32,
+        _resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        Err(super::not_settled())
+    }
+
     fn peek(self) -> Result<ScriptCall<'a>, Error> {
         Err(Error::Unsupported(
             "a custom algorithm cannot be read without a check",

@@ -7,7 +7,7 @@ use redis::Script;
 
 use super::{parse_banned, reply, scripts, Args, Calls, Keys, ResetCall, ScriptCall, Scripts};
 use crate::{
-    algorithm::{FixedWindow, Outcome, Position},
+    algorithm::{Change, FixedWindow, Outcome, Position},
     decision::Charge,
     error::Error,
     store::redis::keys,
@@ -18,6 +18,8 @@ static PEEK: LazyLock<Script> =
     prelude_script!("fixed_window_peek.lua", after "fixed_window_core.lua");
 static REFUND: LazyLock<Script> =
     prelude_script!("fixed_window_refund.lua", after "fixed_window_core.lua");
+static SETTLE: LazyLock<Script> =
+    prelude_script!("fixed_window_settle.lua", after "fixed_window_core.lua");
 
 /// The arguments every fixed-window script takes: the cost, the limit, the period (0 for a
 /// calendar window) and the calendar (0 for a period).
@@ -51,6 +53,26 @@ impl<'a> Calls<'a> for &'a FixedWindow {
         let keys = Keys::Suffixes(&[keys::WINDOW]);
         Ok(Some(
             ScriptCall::alone(&REFUND, keys, args).marked(resendable),
+        ))
+    }
+
+    fn settle(
+        self,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        let id = match (Change::of(charge.cost(), actual), charge.position) {
+            (Change::None, _) => return Ok(None),
+            (Change::Down(_), Position::Window { id }) => id,
+            (Change::Down(_), _) => return Ok(None), // no window: nothing it provably holds
+            (Change::Up(_), _) => 0,
+        };
+        let mut args = args(self, u64::from(charge.cost())).to_vec();
+        args.extend([u64::from(actual), id]);
+        let keys = Keys::Suffixes(&[keys::WINDOW]);
+        Ok(Some(
+            ScriptCall::alone(&SETTLE, keys, args).marked(resendable),
         ))
     }
 

@@ -6,7 +6,7 @@ use redis::Script;
 
 use super::{parse_banned, scripts, Args, Calls, Keys, ResetCall, ScriptCall, Scripts};
 use crate::{
-    algorithm::{BucketRate, Gcra, Outcome, Placed, Position},
+    algorithm::{BucketRate, Change, Gcra, Outcome, Placed, Position},
     decision::Charge,
     error::Error,
     store::redis::{batch::Layout, keys},
@@ -21,6 +21,13 @@ pub(super) static PEEK: LazyLock<Script> = prelude_script!("gcra_peek.lua", afte
 /// A refund, of one limit or several (the multi-limit's).
 pub(super) static REFUND: LazyLock<Script> =
     prelude_script!("gcra_refund.lua", after "refund_ledger.lua", "gcra_state.lua");
+/// A settlement of a check's charge (one limit).
+static SETTLE: LazyLock<Script> = prelude_script!(
+    "gcra_settle.lua",
+    after "refund_ledger.lua",
+    "gcra_state.lua",
+    "settle.lua"
+);
 static RESERVE: LazyLock<Script> = gcra_script!("gcra_reserve.lua");
 static SCHEDULE: LazyLock<Script> = gcra_script!("gcra_schedule.lua");
 
@@ -49,6 +56,22 @@ impl<'a> Calls<'a> for &'a Gcra {
             state,
             self.rate(),
             charge,
+            resendable,
+        ))
+    }
+
+    fn settle(
+        self,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        let state = &[keys::GCRA, keys::GCRA_LEDGER];
+        Ok(bucket_settle(
+            &SETTLE,
+            state,
+            self.rate(),
+            (charge, actual),
             resendable,
         ))
     }
@@ -101,6 +124,34 @@ pub(super) fn bucket_refund(
         rate.burst(),
         p.at_us,
         p.ends()[0],
+    ];
+    Some(ScriptCall::alone(script, Keys::Suffixes(state), args).marked(resendable))
+}
+
+/// A settlement of `charge` to `actual` units by a bucket's script (on its state and its
+/// ledger, `state`): where the charge lies on the key's time, which settling down needs;
+/// `None` when there is nothing to do (the figure is the charge, or below a charge the store
+/// did not place).
+pub(super) fn bucket_settle(
+    script: &'static Script,
+    state: &'static [&'static str],
+    rate: BucketRate,
+    (charge, actual): (&Charge, u32),
+    resendable: bool,
+) -> Option<ScriptCall<'static>> {
+    let placed = charge.position.placed().filter(|p| p.ends().len() == 1);
+    let (at, end) = match Change::of(charge.cost(), actual) {
+        Change::None => return None,
+        Change::Down(_) => placed.map(|p| (p.at_us, p.ends()[0]))?,
+        Change::Up(_) => (0, 0),
+    };
+    let args = vec![
+        u64::from(charge.cost()),
+        rate.emission_us(),
+        rate.burst(),
+        u64::from(actual),
+        at,
+        end,
     ];
     Some(ScriptCall::alone(script, Keys::Suffixes(state), args).marked(resendable))
 }

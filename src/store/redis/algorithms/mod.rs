@@ -63,6 +63,21 @@ pub(crate) trait Calls<'a>: Copy {
     /// [`Error::Unsupported`] for an algorithm that cannot give units back.
     fn refund(self, charge: &Charge, resendable: bool) -> Result<Option<ScriptCall<'a>>, Error>;
 
+    /// A settlement of `charge` to `actual` units (its reply: [`parse_refund`], 1 when the
+    /// state changed): `Ok(None)` when there is nothing to do (the figure is the charge, or
+    /// below it for a charge the store did not place). `resendable` as for a refund: a
+    /// settlement that a second run would repeat carries a marker key then.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for an algorithm that cannot settle a charge.
+    fn settle(
+        self,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error>;
+
     /// A read of the key without a check (its reply: [`parse_peek`]).
     ///
     /// # Errors
@@ -447,6 +462,13 @@ pub(crate) fn parse_refund(reply: redis::Value) -> Result<bool, Error> {
             "a refund answers 0 or 1, not {other:?}"
         ))),
     }
+}
+
+/// The refusal of an algorithm that cannot settle a charge.
+fn not_settled() -> Error {
+    Error::Unsupported(
+        "only GCRA, the token bucket and the sliding and fixed windows settle charges",
+    )
 }
 
 /// The refusal of an algorithm that cannot be leased.

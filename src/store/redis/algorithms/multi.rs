@@ -53,6 +53,15 @@ impl<'a> Calls<'a> for &'a MultiLimit {
         ))
     }
 
+    fn settle(
+        self,
+        _charge: &Charge,
+        _actual: u32,
+        _resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        Err(super::not_settled())
+    }
+
     fn peek(self) -> Result<ScriptCall<'a>, Error> {
         let args = rates_after(None, self.rates(), 0);
         Ok(ScriptCall::alone(&gcra::PEEK, Keys::Parts(self.parts()), args).with_ban())

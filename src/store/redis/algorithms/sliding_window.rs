@@ -7,7 +7,7 @@ use redis::Script;
 
 use super::{parse_banned, reply, scripts, Args, Calls, Keys, ResetCall, ScriptCall, Scripts};
 use crate::{
-    algorithm::{LogEntry, Outcome, Position, SlidingWindow},
+    algorithm::{Change, LogEntry, Outcome, Position, SlidingWindow},
     decision::Charge,
     error::Error,
     store::redis::keys,
@@ -15,7 +15,10 @@ use crate::{
 
 static CHECK: Scripts = scripts!("sliding_window.lua", after "prelude.lua");
 static PEEK: LazyLock<Script> = prelude_script!("sliding_window_peek.lua");
-static REFUND: LazyLock<Script> = prelude_script!("sliding_window_refund.lua");
+static REFUND: LazyLock<Script> =
+    prelude_script!("sliding_window_refund.lua", after "sliding_window_take.lua");
+static SETTLE: LazyLock<Script> =
+    prelude_script!("sliding_window_settle.lua", after "sliding_window_take.lua");
 
 /// The log, then its running total.
 const STATE: &[&str] = &[keys::LOG, keys::LOG_TOTALS];
@@ -55,6 +58,25 @@ impl<'a> Calls<'a> for &'a SlidingWindow {
             Keys::Suffixes(STATE),
             args,
         )))
+    }
+
+    fn settle(
+        self,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        let w = self.rate();
+        let (at, seq) = match (Change::of(charge.cost(), actual), charge.position) {
+            (Change::None, _) => return Ok(None),
+            (Change::Down(_), Position::Logged(e)) => (e.at_us, e.seq),
+            (Change::Down(_), _) => return Ok(None), // no log entry: nothing it provably holds
+            (Change::Up(_), _) => (0, 0),
+        };
+        let cost = u64::from(charge.cost());
+        let args = vec![cost, w.window_us(), w.limit(), u64::from(actual), at, seq];
+        let call = ScriptCall::alone(&SETTLE, Keys::Suffixes(STATE), args);
+        Ok(Some(call.marked(resendable)))
     }
 
     fn peek(self) -> Result<ScriptCall<'a>, Error> {

@@ -19,6 +19,8 @@ static CHECK: Scripts = scripts!("token_bucket.lua", after "prelude.lua");
 static PEEK: LazyLock<Script> = prelude_script!("token_bucket_peek.lua");
 static REFUND: LazyLock<Script> =
     prelude_script!("token_bucket_refund.lua", after "refund_ledger.lua");
+static SETTLE: LazyLock<Script> =
+    prelude_script!("token_bucket_settle.lua", after "refund_ledger.lua", "settle.lua");
 static RESERVE: LazyLock<Script> = prelude_script!("token_bucket_reserve.lua");
 
 impl<'a> Calls<'a> for &'a TokenBucket {
@@ -45,6 +47,22 @@ impl<'a> Calls<'a> for &'a TokenBucket {
             state,
             self.rate(),
             charge,
+            resendable,
+        ))
+    }
+
+    fn settle(
+        self,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
+    ) -> Result<Option<ScriptCall<'a>>, Error> {
+        let state = &[keys::BUCKET, keys::BUCKET_LEDGER];
+        Ok(gcra::bucket_settle(
+            &SETTLE,
+            state,
+            self.rate(),
+            (charge, actual),
             resendable,
         ))
     }

@@ -74,6 +74,28 @@ impl Backend for RegionalStore {
         unsupported("units are not given back across regions")
     }
 
+    fn settle<'a>(
+        &'a self,
+        _algorithm: &'a dyn Algorithm,
+        _key: StoreKey<'a>,
+        _charge: &'a crate::decision::Charge,
+        _actual: u32,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        unsupported("charges are not settled across regions")
+    }
+
+    fn settle_now(
+        &self,
+        _algorithm: &dyn Algorithm,
+        _key: StoreKey<'_>,
+        _charge: &crate::decision::Charge,
+        _actual: u32,
+        _now_us: Option<u64>,
+    ) -> Option<Result<bool, Error>> {
+        None
+    }
+
     fn reserve<'a>(
         &'a self,
         _algorithm: &'a dyn Algorithm,
