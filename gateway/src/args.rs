@@ -12,12 +12,12 @@ pub(crate) const USAGE: &str = "gateway [--listen ADDR] [--redis URL] [--redis-c
 [--algorithm token-bucket|gcra|sliding-window|fixed-window] [--limit N] [--per DURATION] [--burst N] \
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
-[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] \
+[--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
 [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
-[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N]] [--threads N] \
+[--upstream http://HOST:PORT[/PREFIX] [--upstream-timeout-ms N] [--settle-header NAME]] [--threads N] \
 [--rls-listen ADDR --rls-config PATH [--rls-algorithm fixed-window|gcra|sliding-window]]
        gateway --help | --version";
 
@@ -64,6 +64,10 @@ pub(crate) struct Args {
     pub(crate) plans: Vec<(String, Quota, String)>,
     /// `--count-only LIST`: the statuses that spend quota.
     pub(crate) count_only: Option<StatusSet>,
+    /// `--cost N`: each request's first charge.
+    pub(crate) cost: u32,
+    /// `--settle-header NAME`: the upstream's response header that settles the charge.
+    pub(crate) settle_header: Option<http::HeaderName>,
     /// `--concurrency N`: at most N requests of a key in flight.
     pub(crate) concurrency: Option<u32>,
     /// `--lease-ms M`: the lease of a concurrency slot.
@@ -177,6 +181,8 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         shadow: false,
         plans: Vec::new(),
         count_only: None,
+        cost: 1,
+        settle_header: None,
         concurrency: None,
         lease: None,
         unit_lease: None,
@@ -252,6 +258,9 @@ struct CommandLine {
     /// How long the upstream may go without progress before a 504 [default: 30000].
     #[arg(long, value_name = "N", help_heading = "Serving")]
     upstream_timeout_ms: Vec<OsString>,
+    /// Settle each request's charge to the whole number in the upstream's response header NAME.
+    #[arg(long, value_name = "NAME", help_heading = "Serving")]
+    settle_header: Vec<OsString>,
     /// How long requests in flight may take to finish on SIGTERM [default: 10000].
     #[arg(long, value_name = "N", help_heading = "Serving")]
     drain_ms: Vec<OsString>,
@@ -343,6 +352,9 @@ struct CommandLine {
     /// Spend quota only on these statuses, e.g. 2xx,404.
     #[arg(long, value_name = "LIST", help_heading = "Limit")]
     count_only: Vec<OsString>,
+    /// Units each request is charged first (settled by --settle-header) [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    cost: Vec<OsString>,
     /// At most N requests of a key in flight.
     #[arg(long, value_name = "N", help_heading = "Limit")]
     concurrency: Vec<OsString>,
@@ -678,6 +690,13 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
             let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
             a.count_only = Some(set);
         }
+        "--cost" => {
+            a.cost = value
+                .parse()
+                .ok()
+                .filter(|&n: &u32| n > 0)
+                .ok_or_else(|| bad("a whole number of units, at least 1"))?
+        }
         _ => return Ok(false),
     }
     Ok(true)
@@ -736,6 +755,11 @@ fn operating_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, Strin
         "--upstream" => {
             a.upstream =
                 Some(proxy::Upstream::parse(&value).map_err(|e| format!("--upstream {e}"))?)
+        }
+        "--settle-header" => {
+            a.settle_header = Some(
+                http::HeaderName::from_bytes(value.as_bytes()).map_err(|_| bad("a header name"))?,
+            )
         }
         "--upstream-timeout-ms" => {
             a.upstream_timeout = value

@@ -206,6 +206,12 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
         args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
     check_regions(args, uses_redis)?;
     rls::check(args)?;
+    if args.settle_header.is_some() && args.upstream.is_none() {
+        return Err(refusal("settle_header")(
+            "--settle-header NAME settles each charge from the upstream's answer: give --upstream URL",
+        ));
+    }
+    cost_fits(args)?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err(refusal("plans")(
             "--plan gives a quota per key of --key header:NAME",
@@ -237,6 +243,18 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             .map_err(|e| refusal(field)(format!("--plan {given}: {e}")))?;
     }
     Ok((quota, algorithm))
+}
+
+/// `--cost N` fits in what a rested key holds (else every request would be refused).
+pub(crate) fn cost_fits(args: &Args) -> Result<(), Refusal> {
+    let capacity = limits_of(args).quota().burst_size();
+    if args.cost > capacity {
+        return Err(refusal("cost")(format!(
+            "--cost {} is more than a key ever holds ({capacity}): every request would be refused",
+            args.cost
+        )));
+    }
+    Ok(())
 }
 
 /// A quota as the start-up lines show it: `5 per 60s`, `1000 per calendar month (UTC)`.

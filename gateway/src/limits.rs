@@ -19,6 +19,7 @@ pub(crate) struct FileFlags {
     pub(crate) headers: Option<String>,
     pub(crate) plans: Option<std::collections::BTreeMap<String, String>>,
     pub(crate) count_only: Option<String>,
+    pub(crate) cost: Option<u32>,
     pub(crate) concurrency: Option<u32>,
     pub(crate) lease_ms: Option<u64>,
     pub(crate) unit_lease_ms: Option<u64>,
@@ -42,6 +43,7 @@ pub(crate) const FILE_KEYS: &[&str] = &[
     "headers",
     "plans",
     "count_only",
+    "cost",
     "concurrency",
     "lease_ms",
     "unit_lease_ms",
@@ -174,7 +176,7 @@ fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> 
         timeout_ms,
         headers
     );
-    put_values!(count_only, concurrency, lease_ms, unit_lease_ms);
+    put_values!(count_only, cost, concurrency, lease_ms, unit_lease_ms);
     if file.shadow == Some(true) {
         put("shadow", None);
     }

@@ -16,7 +16,7 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--concurrency N [--lease-ms M]]
+//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
@@ -29,7 +29,7 @@
 //! `--config FILE`: the limit settings in TOML, one key per flag with the flag's name
 //! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
 //! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
-//! table, `gold = "100/1m"`), `count_only`, `concurrency`, `lease_ms`, `unit_lease_ms`,
+//! table, `gold = "100/1m"`), `count_only`, `cost`, `concurrency`, `lease_ms`, `unit_lease_ms`,
 //! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; with
 //! `--config`, any of these given as a flag (in the file or not) is refused at start-up; every
 //! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and
@@ -41,7 +41,7 @@
 //! QUOTA` (followed by `, shadow on` when the file turns shadow mode on), or
 //! `config refused: REASON`, when the file is empty, is not a regular file (a FIFO,
 //! a device), is over 8 MiB, does not parse or changes a setting
-//! other than `limit`, `per`, `burst`, `plans`, `shadow`, `allow` and `deny` (the
+//! other than `limit`, `per`, `burst`, `plans`, `cost`, `shadow`, `allow` and `deny` (the
 //! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
 //! effect for the next request, drops no connection and keeps every counter (a key's state
 //! is read under the new quota, see the guide's quotas per request).
@@ -64,6 +64,10 @@
 //!
 //! `--count-only LIST` (codes and classes, e.g. `401,403,5xx`): only responses whose status is
 //! in LIST spend quota; the others give their units back before they are answered.
+//!
+//! `--cost N` (1): the units each request is charged (its first charge, which
+//! `--settle-header` settles); a limit setting, reloadable in the `--config` file. A cost of 0,
+//! or above what a rested key holds, is refused.
 //!
 //! `--concurrency N` (with `--lease-ms M`, default 30,000): at most N requests of one key in
 //! flight at once across every instance sharing the store, on top of the rate limit; over it,

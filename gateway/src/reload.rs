@@ -1,6 +1,7 @@
 //! Reloads of `--config`'s file: on `SIGHUP` and when it changes, once it has settled.
 
 use super::*;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The metric counting the limits file's reloads, by result (`ok`, `refused`).
 pub(crate) const CONFIG_RELOADS: &str = "ratelimit_config_reloads_total";
@@ -24,6 +25,7 @@ pub(crate) fn reload(
     text: Result<String, FileError>,
     running: &mut Args,
     live: &LiveLimits,
+    cost: &AtomicU32,
 ) {
     let outcome = text
         .map_err(|e| format!("--config {path}: {e}"))
@@ -36,7 +38,9 @@ pub(crate) fn reload(
                     ));
                 }
             }
+            cost_fits(&next).map_err(|e| e.to_string())?;
             live.replace(limits_of(&next)).map_err(|e| e.to_string())?;
+            cost.store(next.cost, Ordering::Relaxed);
             Ok(next)
         });
     match outcome {
@@ -63,7 +67,13 @@ pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// modification time unchanged across two looks 100 ms apart, see `FileWatch`), for as long
 /// as the gateway runs. Each look, read and check runs on tokio's blocking threads, never on
 /// the threads that serve requests.
-pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, live: LiveLimits) {
+pub(crate) fn watch(
+    base: Args,
+    path: String,
+    file: FileWatch,
+    running: Args,
+    (live, cost): (LiveLimits, Arc<AtomicU32>),
+) {
     register_reloads();
     // Taken here, before the gateway says where it listens: a SIGHUP sent right after that
     // line finds it (the signal's default action would end the process).
@@ -75,7 +85,7 @@ pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, li
         }
     };
     tokio::spawn(async move {
-        let fixed = Arc::new((base, path, live));
+        let fixed = Arc::new((base, path, live, cost));
         let mut state = Some((file, running));
         let mut tick = tokio::time::interval(LOOK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -93,8 +103,8 @@ pub(crate) fn watch(base: Args, path: String, file: FileWatch, running: Args, li
             let fixed = Arc::clone(&fixed);
             let looked = tokio::task::spawn_blocking(move || {
                 if let Look::Read(text) = file.look(std::time::Instant::now()) {
-                    let (base, path, live) = &*fixed;
-                    reload(base, path, text, &mut running, live);
+                    let (base, path, live, cost) = &*fixed;
+                    reload(base, path, text, &mut running, live, cost);
                 }
                 (file, running)
             })

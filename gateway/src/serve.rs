@@ -1,6 +1,7 @@
 //! Serving: the public listener (the demo routes, or the proxy), the signals, the drain.
 
 use super::*;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tower::Layer as _;
 
@@ -9,7 +10,8 @@ use tower::Layer as _;
 struct Limited {
     layer: Layer,
     quotas: Quotas,
-    reloaded: Option<(String, LiveLimits)>,
+    /// With `--config`: the file, and what a reload changes (the limits, the cost).
+    reloaded: Option<(String, (LiveLimits, Arc<AtomicU32>))>,
 }
 
 /// The rate limit on the public listener, as the flags (or the limits file) set it, with
@@ -25,6 +27,12 @@ fn rate_limit_layer(
         );
     }
     let mut layer = RateLimitLayer::new(limiter, key_extractor(args)?).headers(args.headers);
+    // Each request's first charge, which a reload of the file may change.
+    let cost = Arc::new(AtomicU32::new(args.cost));
+    if args.cost != 1 || args.config.is_some() {
+        let cost = Arc::clone(&cost);
+        layer = layer.cost(move |_| cost.load(Ordering::Relaxed));
+    }
     if lists_addresses(args) {
         layer = layer.list_addresses(client_ip(args)?);
     }
@@ -57,7 +65,7 @@ fn rate_limit_layer(
         return Ok(Limited {
             layer: live_layer,
             quotas: Quotas::Live(live.clone()),
-            reloaded: Some((path.clone(), live)),
+            reloaded: Some((path.clone(), (live, cost))),
         });
     }
     let Some(header) = args

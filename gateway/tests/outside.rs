@@ -30,3 +30,5 @@ mod rls;
 mod steer;
 #[path = "outside/telemetry.rs"]
 mod telemetry;
+#[path = "outside/usage.rs"]
+mod usage;

@@ -1349,10 +1349,10 @@ fn slow_uncounted_requests_do_not_hand_out_counted_units_through_the_gateway() {
 }
 
 /// A directory of its own under the system's temporary directory, removed when dropped.
-struct TempDir(std::path::PathBuf);
+pub(crate) struct TempDir(pub(crate) std::path::PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("gateway-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -1367,7 +1367,7 @@ impl Drop for TempDir {
 }
 
 /// Replaces the file at `path` at once, as a writer that renames into place does.
-fn rename_into_place(path: &std::path::Path, text: &str) {
+pub(crate) fn rename_into_place(path: &std::path::Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
