@@ -1,6 +1,6 @@
 -- Fixed window (after prelude.lua and fixed_window_core.lua): at most `limit` units in each
--- window aligned to the clock. One GET and, when admitted, one SET per check; a refused check
--- writes nothing.
+-- window aligned to the clock. One MGET (the window and the ban) and, when admitted, one SET
+-- per check; a refused check writes nothing.
 -- KEYS[1]  the key's window (see fixed_window_core.lua)
 -- KEYS[2]  the key's ban
 -- ARGV     now|'', cost, limit, period_us (0 for a calendar window), calendar (0: the period,
@@ -8,11 +8,17 @@
 -- Reply    the shared 4 integers (reset_after_us: until the window ends); admitted, then the
 --          window's id
 local now, cost, limit, period, calendar = window_args()
-local banned = ban_left(KEYS[2], now)
+local stored
+if KEYS[2] == nil then
+  stored = { redis.call('GET', KEYS[1]), false }
+else
+  stored = redis.call('MGET', KEYS[1], KEYS[2])
+end
+local banned = ban_left_of(stored[2], now)
 if banned > 0 then
   return { 2, 0, banned, banned }
 end
-local _, finish, id, count = window_state(KEYS[1], now, period, calendar)
+local _, finish, id, count = window_state_of(stored[1], KEYS[1], now, period, calendar)
 local reset = finish - now
 if count + cost > limit then
   local remaining = limit - count

@@ -80,12 +80,11 @@ local function window_args()
   return now, cost, limit, period, calendar
 end
 
--- The current window at `now` and what the key holds of it: its start, end, id and count.
--- A state of an earlier window counts nothing; one of a later window (the clock stepped back)
+-- The current window at `now` and what the key holds of it (`raw`, the key's stored value,
+-- false when it has none): its start, end, id and count. A state of an earlier window counts nothing; one of a later window (the clock stepped back)
 -- is the current one, so that a step back never frees units.
-local function window_state(key, now, period, calendar)
+local function window_state_of(raw, key, now, period, calendar)
   local start, finish = window_of(now, period, calendar)
-  local raw = redis.call('GET', key)
   if raw then
     local sp = string.find(raw, ' ', 1, true)
     if not sp then
@@ -101,4 +100,9 @@ local function window_state(key, now, period, calendar)
     end
   end
   return start, finish, start, 0
+end
+
+-- The same, read from `key`.
+local function window_state(key, now, period, calendar)
+  return window_state_of(redis.call('GET', key), key, now, period, calendar)
 end

@@ -52,11 +52,8 @@ end
 
 -- The time left at `now` of the ban under `key` (its end in microseconds, see keys.rs), or 0
 -- when the key is not banned or no ban key was given (a caller of the script's own).
-local function ban_left(key, now)
-  if key == nil then
-    return 0
-  end
-  local ban = redis.call('GET', key)
+-- The time a ban of stored value `ban` (false: none) has left at `now`.
+local function ban_left_of(ban, now)
   if not ban then
     return 0
   end
@@ -65,6 +62,13 @@ local function ban_left(key, now)
     return ban - now
   end
   return 0
+end
+
+local function ban_left(key, now)
+  if key == nil then
+    return 0
+  end
+  return ban_left_of(redis.call('GET', key), now)
 end
 
 local function fmt(n)
