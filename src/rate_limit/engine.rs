@@ -506,6 +506,25 @@ impl RateEngine {
         })
     }
 
+    /// Whether a layer can settle this limit's charges after the response: its algorithm
+    /// settles, its store does, and its decisions are not answered from unit leases. The
+    /// reason when not.
+    pub(crate) fn settleable(&self) -> Result<(), String> {
+        let why = if !self.algorithm.rule().settles() {
+            format!(
+                "uses {}, which cannot settle a charge",
+                self.algorithm.name()
+            )
+        } else if self.core.store.regional() {
+            "is on a RegionalStore, which cannot settle a charge".to_owned()
+        } else if self.leasing.is_some() {
+            "takes units from unit leases, whose decisions cannot be settled".to_owned()
+        } else {
+            return Ok(());
+        };
+        Err(format!("policy {:?} {why}", self.policy()))
+    }
+
     /// A degraded decision's settlement, at the local share (nothing without one).
     fn settle_locally(
         &self,
