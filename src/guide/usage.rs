@@ -27,6 +27,7 @@
 //! |---|---|---|
 //! | a response header | [`settle_from_header`](crate::RateLimitLayer::settle_from_header) | once the inner service's response head is ready, before the response is returned: the key's next request sees it |
 //! | the handler's handle | [`settle_from_handle`](crate::RateLimitLayer::settle_from_handle), [`Usage`](crate::rate_limit::Usage) | whenever the handler calls [`Usage::settle`](crate::rate_limit::Usage::settle), also after the response has started streaming |
+//! | a trailer of the response body | [`settle_from_trailer`](crate::RateLimitLayer::settle_from_trailer) | when the streamed body yields its trailers, before they go on: a client that read the whole body sees it |
 //!
 //! Whichever settles first wins; with [`count_if`](crate::RateLimitLayer::count_if), a
 //! response that does not count gives its whole charge back instead. A header that is missing
@@ -108,10 +109,12 @@
 //!
 //! The usage header stays on the response for the client to read; a proxy that must not
 //! forward it removes it outside the layer. For a streamed answer, whose usage comes at its
-//! end, take the [`Usage`](crate::rate_limit::Usage) handle in the handler
-//! (`Extension<Usage>` in axum) and settle from the task that streams the body when the
-//! upstream's last chunk says how many tokens it used: the settlement does not wait for the
-//! response, and the key's next request sees it once it is made.
+//! end, either put the figure in a trailer of the body and build the tokens layer with
+//! [`settle_from_trailer`](crate::RateLimitLayer::settle_from_trailer), or take the
+//! [`Usage`](crate::rate_limit::Usage) handle in the handler (`Extension<Usage>` in axum) and
+//! settle from the task that streams the body when the upstream's last chunk says how many
+//! tokens it used: the settlement does not wait for the response, and the key's next request
+//! sees it once it is made.
 //!
 //! Both layers write `RateLimit` fields, each under its policy name (`requests`, `tokens`):
 //! a client sees both budgets.

@@ -16,13 +16,13 @@ use tower_service::Service;
 use super::{
     counting::CountFn,
     engine::RateEngine,
-    usage::{read_figure, Held, SettleFrom, Usage},
+    usage::{read_figure, FromTrailer, Held, SettleFrom, Usage},
 };
 use crate::core::quiet::{self, Cause};
 use crate::{
     decision::{Decision, Settled},
     error::{Error, ErrorChain},
-    http::{PolicyField, Responder, ResponseBody, Stamp},
+    http::{OnTrailers, PolicyField, Responder, ResponseBody, Stamp},
     store::BoxFuture,
     store::FailurePolicy,
 };
@@ -120,6 +120,13 @@ enum Adjust {
 }
 
 impl AfterResponse {
+    /// What settles the charge from the response body's trailer, when the layer does.
+    fn trailer_hook(&self) -> Option<Box<dyn OnTrailers>> {
+        let name = self.settle.as_ref()?.trailer.clone()?;
+        let held = Arc::clone(&self.held);
+        Some(Box::new(FromTrailer { held, name }))
+    }
+
     /// The work a response with this head asks for: the refund of a response that does not
     /// count, or the settlement to the figure of its usage header. `None` when there is
     /// none: the charge stands (no header, a figure that does not read: logged quietly), or
@@ -180,6 +187,8 @@ struct Decided {
     responder: Arc<Responder<Decision>>,
     partition_key: Option<String>,
     after: Option<AfterResponse>,
+    /// What the response body does with its trailers.
+    trailer: Option<Box<dyn OnTrailers>>,
 }
 
 /// Where a decision leads.
@@ -274,6 +283,7 @@ fn next_step(
         responder: Arc::clone(responder),
         partition_key: answer.partition_key,
         after: answer.after,
+        trailer: None,
     })))
 }
 
@@ -353,7 +363,7 @@ const DONE: &str = "ResponseFuture polled after completion";
 /// What an answer of the inner service still needs.
 enum After<R> {
     /// Nothing: it is the response.
-    Ready(Response<R>),
+    Ready(Response<ResponseBody<R>>),
     /// Its units given back (it does not count) or its charge settled first, then its
     /// fields.
     Settle(BoxFuture<'static, Adjust>, Response<R>, Box<Decided>),
@@ -368,13 +378,14 @@ impl OnResponse {
             OnResponse::Stamp(stamp) => stamp.apply(res.headers_mut()),
             OnResponse::Decided(mut decided) => {
                 let after = decided.after.take();
+                decided.trailer = after.as_ref().and_then(AfterResponse::trailer_hook);
                 if let Some(work) = after.and_then(|a| a.on_head(res.status(), res.headers())) {
                     return After::Settle(work, res, decided);
                 }
-                decided.stamp(&mut res);
+                return After::Ready(decided.finish(res));
             }
         }
-        After::Ready(res)
+        After::Ready(res.map(ResponseBody::inner))
     }
 }
 
@@ -394,6 +405,14 @@ impl Decided {
             }
             Adjust::Up(units) => d.remaining = d.remaining.saturating_sub(units),
         }
+    }
+
+    /// The response: the decision's fields on `res`, its body reading its trailers when the
+    /// layer settles from one.
+    fn finish<R>(mut self: Box<Self>, mut res: Response<R>) -> Response<ResponseBody<R>> {
+        self.stamp(&mut res);
+        let trailer = self.trailer.take();
+        res.map(|body| ResponseBody::inner(body).on_trailers(trailer))
     }
 
     /// Writes the decision's fields on `res`, unless in quiet shadow mode.
@@ -459,7 +478,7 @@ where
                     }
                     let res = ready!(future.poll(cx))?;
                     match then.take().expect(DONE).apply(res) {
-                        After::Ready(res) => return Poll::Ready(Ok(res.map(ResponseBody::inner))),
+                        After::Ready(res) => return Poll::Ready(Ok(res)),
                         After::Settle(work, res, decided) => {
                             this.state.set(State::Settling {
                                 work,
@@ -470,10 +489,9 @@ where
                 }
                 StateProj::Settling { work, response } => {
                     let adjust = ready!(work.as_mut().poll(cx));
-                    let (mut res, mut decided) = response.take().expect(DONE);
+                    let (res, mut decided) = response.take().expect(DONE);
                     decided.adjust(adjust);
-                    decided.stamp(&mut res);
-                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(decided.finish(res)));
                 }
             }
         }

@@ -407,6 +407,44 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         Ok(self)
     }
 
+    /// Settles each request's charge to the whole number in the trailer `name` of its
+    /// response body: the usage block at the end of a streamed answer (a model's completion
+    /// streamed token by token, whose usage is known at its end). When the inner service's
+    /// body yields its trailers, the charge is settled before the trailers frame is passed on,
+    /// so a client that has read the whole body gets its next request decided on the
+    /// settlement. The figure reads as for
+    /// [`settle_from_header`](Self::settle_from_header) (one value of ASCII digits; anything
+    /// else keeps the first charge, logged at most once a second); its rules apply too: the
+    /// first to settle wins (a header in the response head comes first; a handler's
+    /// [`Usage`](super::Usage) may come before either), an uncounted response's charge is
+    /// given back at its head. A body that ends without the trailer, or is dropped before
+    /// it, leaves the first charge. The trailer stays in the body.
+    ///
+    /// Trailers reach the client over HTTP/2, or over HTTP/1.1 chunked when it sent
+    /// `TE: trailers` and the response declares them (`Trailer: x-usage-tokens`); the
+    /// settlement does not depend on it: it is made when the inner body yields them.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `settle_from_trailer` when a policy cannot settle (as for
+    /// [`settle_from_header`](Self::settle_from_header)).
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_redis_ratelimit::*;
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(100_000))?)?;
+    /// let layer = RateLimitLayer::new(tokens, HeaderKey::new("x-api-key")?)
+    ///     .cost(|_| 1_000)
+    ///     .settle_from_trailer(HeaderName::from_static("x-usage-tokens"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn settle_from_trailer(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+        self.settle_mut("settle_from_trailer")?.trailer = Some(name);
+        Ok(self)
+    }
+
     /// The layer's settlement sources, once every policy is known to settle (`field` names
     /// the method asking).
     fn settle_mut(&mut self, field: &'static str) -> Result<&mut SettleFrom, ConfigError> {

@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::engine::RateEngine;
 use crate::{
@@ -15,6 +15,8 @@ use crate::{
     decision::{Charge, Decision, Settled, Source},
     error::Error,
     extract::Key,
+    http::OnTrailers,
+    store::BoxFuture,
 };
 
 /// Where a layer's settlements come from (see
@@ -26,16 +28,18 @@ pub(crate) struct SettleFrom {
     pub(crate) header: Option<HeaderName>,
     /// Whether requests carry a [`Usage`] handle for their handler.
     pub(crate) handle: bool,
+    /// The trailer of a streamed response body that carries the figure.
+    pub(crate) trailer: Option<HeaderName>,
 }
 
 impl SettleFrom {
     /// The builder method that asked for settlements first, for the errors of policies added
     /// later.
     pub(crate) fn field(&self) -> &'static str {
-        if self.header.is_some() {
-            "settle_from_header"
-        } else {
-            "settle_from_handle"
+        match (&self.header, &self.trailer) {
+            (Some(_), _) => "settle_from_header",
+            (None, Some(_)) => "settle_from_trailer",
+            (None, None) => "settle_from_handle",
         }
     }
 }
@@ -132,6 +136,35 @@ impl Held {
             left_out,
             "rate limit: a usage figure that does not read as a whole number; the first charge stands"
         );
+    }
+}
+
+/// Settles a request's charge from a trailer of its response body, before the trailers go
+/// on (see [`RateLimitLayer::settle_from_trailer`](super::RateLimitLayer::settle_from_trailer)).
+pub(crate) struct FromTrailer {
+    pub(crate) held: Arc<Held>,
+    pub(crate) name: HeaderName,
+}
+
+impl OnTrailers for FromTrailer {
+    fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<BoxFuture<'static, ()>> {
+        if !self.held.is_held() {
+            return None; // settled or given back already
+        }
+        let name = &self.name;
+        match read_figure(trailers.get_all(name).iter())? {
+            Ok(actual) => {
+                let held = Arc::clone(&self.held);
+                // A store error is logged (quietly) where it happens; the body goes on.
+                Some(Box::pin(async move {
+                    let _ = held.settle(actual).await;
+                }))
+            }
+            Err(why) => {
+                self.held.unreadable(name, trailers.get(name), why);
+                None
+            }
+        }
     }
 }
 

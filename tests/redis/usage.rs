@@ -156,6 +156,44 @@ async fn stream(
     Response::new(Body::new(Channel(rx)))
 }
 
+/// A body of one chunk, then trailers with the usage figure.
+struct Trailed(Option<Frame<Bytes>>, Option<&'static str>);
+
+impl http_body::Body for Trailed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.0.take() {
+            return Poll::Ready(Some(Ok(data)));
+        }
+        let trailers = self.1.take().map(|figure| {
+            let mut trailers = HeaderMap::new();
+            trailers.insert(USAGE, HeaderValue::from_static(figure));
+            Ok(Frame::trailers(trailers))
+        });
+        Poll::Ready(trailers)
+    }
+}
+
+/// `GET /trailer`: a streamed answer whose usage comes in its trailers, the figure of the
+/// request's `x-give` (one of a few).
+async fn trailer(headers: HeaderMap) -> Response {
+    let figure = match headers.get("x-give").map(HeaderValue::as_bytes) {
+        Some(b"600") => "600",
+        Some(b"-500") => "-500",
+        _ => "abc",
+    };
+    let first = Frame::data(Bytes::from_static(b"streamed"));
+    let mut res = Response::new(Body::new(Trailed(Some(first), Some(figure))));
+    res.headers_mut()
+        .insert("trailer", HeaderValue::from_static(USAGE));
+    res
+}
+
 /// The app on 127.0.0.1 behind `layer`; its address.
 async fn serve<A: Algorithm>(
     layer: RateLimitLayer<HeaderKey, A>,
@@ -165,6 +203,7 @@ async fn serve<A: Algorithm>(
         .route("/answer", get(answer))
         .route("/handle", get(handle))
         .route("/stream", get(stream))
+        .route("/trailer", get(trailer))
         .with_state(shared)
         .layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -210,13 +249,15 @@ impl Caller {
 }
 
 /// A layer over `limiter` charging each request `estimate` units, settled from the usage
-/// header and the handle.
+/// header, the handle and the usage trailer.
 fn layer(limiter: Limiter, estimate: u32) -> RateLimitLayer<HeaderKey, Arc<dyn Algorithm>> {
     RateLimitLayer::new(limiter, HeaderKey::new("x-api-key").unwrap())
         .cost(move |_| estimate)
         .settle_from_header(http::HeaderName::from_static(USAGE))
         .unwrap()
         .settle_from_handle()
+        .unwrap()
+        .settle_from_trailer(http::HeaderName::from_static(USAGE))
         .unwrap()
 }
 
@@ -530,4 +571,48 @@ async fn a_store_failing_while_settling_still_returns_the_response_and_the_charg
     let body = res.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"answered");
     server.abort();
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_settled_by_its_trailer_before_it_ends() {
+    let redis = RedisServer::start();
+    for (store_name, store) in stores(&redis).await {
+        let limiter = limiter(store, gcra(Quota::per_day(1_000)));
+        let (addr, server) = serve(layer(limiter.clone(), 10), Shared::default()).await;
+        let caller = Caller::new(addr);
+        // Trailers that do not read keep the estimate.
+        for hostile in ["abc", "-500"] {
+            let res = caller.get("/trailer", &[("x-give", hostile)]).await;
+            res.into_body().collect().await.unwrap();
+        }
+        assert_eq!(
+            limiter.peek("k").await.unwrap().remaining,
+            980,
+            "{store_name}"
+        );
+        // Asked with `TE: trailers`, the client gets them; the body's end comes after the
+        // settlement.
+        let res = caller
+            .get("/trailer", &[("x-give", "600"), ("te", "trailers")])
+            .await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let body = res.into_body().collect().await.unwrap();
+        assert_eq!(
+            body.trailers().map(|t| &t[USAGE]),
+            Some(&HeaderValue::from_static("600"))
+        );
+        assert_eq!(&body.to_bytes()[..], b"streamed");
+        assert_eq!(
+            limiter.peek("k").await.unwrap().remaining,
+            380,
+            "{store_name}"
+        );
+        assert_eq!(caller.answer(None).await, StatusCode::OK);
+        assert_eq!(
+            limiter.peek("k").await.unwrap().remaining,
+            370,
+            "{store_name}"
+        );
+        server.abort();
+    }
 }
