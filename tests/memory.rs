@@ -36,3 +36,5 @@ mod throttle_clock;
 mod throttle_pacing;
 #[path = "memory/unit_leases.rs"]
 mod unit_leases;
+#[path = "memory/usage.rs"]
+mod usage;

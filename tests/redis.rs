@@ -55,3 +55,5 @@ mod shadow;
 mod throttle;
 #[path = "redis/unit_leases.rs"]
 mod unit_leases;
+#[path = "redis/usage.rs"]
+mod usage;

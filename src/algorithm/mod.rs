@@ -230,6 +230,18 @@ impl<'a> Rule<'a> {
         matches!(self.0, Kind::Script(_))
     }
 
+    /// Whether a charge of this algorithm can be settled after the fact
+    /// ([`Algorithm::settle`]): GCRA, the token bucket and the two windows.
+    pub(crate) const fn settles(self) -> bool {
+        match self.0 {
+            Kind::Gcra(_)
+            | Kind::TokenBucket(_)
+            | Kind::SlidingWindow(_)
+            | Kind::FixedWindow(_) => true,
+            Kind::Multi(_) | Kind::Script(_) => false,
+        }
+    }
+
     /// The bucket rate of GCRA or the token bucket; `None` for any other algorithm.
     pub(crate) fn bucket_rate(self) -> Option<BucketRate> {
         match self.0 {

@@ -19,14 +19,25 @@ pub(crate) enum Cause {
     StoreFailed,
     /// A shadow policy would have denied (a line every ten seconds, with the count).
     WouldDeny,
+    /// A usage figure a response carried does not read as a whole number (a line a second).
+    UnreadableFigure,
+    /// The store failed a settlement (a line a second).
+    SettleFailed,
 }
 
 impl Cause {
-    const ALL: [Cause; 2] = [Cause::StoreFailed, Cause::WouldDeny];
+    const ALL: [Cause; 4] = [
+        Cause::StoreFailed,
+        Cause::WouldDeny,
+        Cause::UnreadableFigure,
+        Cause::SettleFailed,
+    ];
 
     const fn every(self) -> Duration {
         match self {
-            Cause::StoreFailed => Duration::from_secs(1),
+            Cause::StoreFailed | Cause::UnreadableFigure | Cause::SettleFailed => {
+                Duration::from_secs(1)
+            }
             Cause::WouldDeny => Duration::from_secs(10),
         }
     }

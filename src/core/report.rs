@@ -448,12 +448,20 @@ pub(crate) fn refunded(policy: &str, cost: u32, result: &Result<bool, Error>) {
     }
 }
 
-/// A settlement of a charge of `cost` to `actual` units: the result.
-pub(crate) fn settled(policy: &str, cost: u32, actual: u32, result: &Result<bool, Error>) {
+/// A settlement of a charge of `cost` to `actual` units: the result. A failure is logged at
+/// most once a second per policy (a store that fails fails every settlement).
+pub(crate) fn settled(
+    policy: &str,
+    quiet: &super::quiet::Quiet,
+    (cost, actual): (u32, u32),
+    result: &Result<bool, Error>,
+) {
     match result {
         Ok(changed) => tracing::debug!(policy, cost, actual, changed, "rate limit: settled"),
         Err(e) => {
-            tracing::warn!(policy, cost, actual, error = %crate::error::ErrorChain(&e), "rate limit: settlement failed; the first charge may stand")
+            if let Some(left_out) = quiet.may_log(super::quiet::Cause::SettleFailed) {
+                tracing::warn!(policy, cost, actual, left_out, error = %crate::error::ErrorChain(&e), "rate limit: settlement failed; the first charge may stand")
+            }
         }
     }
 }

@@ -23,6 +23,9 @@
 //!     their own Redis; the bound, partitions, what works across regions.
 //! 11. [Behind Envoy](envoy): the rate limit service Envoy and the meshes ask (feature
 //!     `rls`); envoyproxy/ratelimit's rules, what differs, operating it.
+//! 12. [Usage-based limits](usage): units known after the work (tokens, bytes), charged on an
+//!     estimate and settled from a response header, a trailer or the handler's handle; debts;
+//!     a model proxy with requests and tokens per minute per API key.
 //!
 //! # What the crate promises
 //!
@@ -81,3 +84,4 @@ pub mod regions;
 pub mod responses;
 pub mod testing;
 pub mod throttle;
+pub mod usage;

@@ -7,6 +7,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt};
 use pin_project_lite::pin_project;
@@ -23,6 +24,20 @@ pub(crate) trait Guard: Send + Sync {}
 
 impl<T: Send + Sync> Guard for T {}
 
+/// What a body does with its trailers before it passes them on: the work it returns (a
+/// settlement from a trailer) is done before the trailers frame is, so the client has the end
+/// of the body only once it is done.
+pub(crate) trait OnTrailers: Send {
+    fn on_trailers(&mut self, trailers: &HeaderMap)
+        -> Option<crate::store::BoxFuture<'static, ()>>;
+}
+
+/// A body's trailers hook, and the work it started with the trailers frame it holds back.
+struct Trailers {
+    hook: Box<dyn OnTrailers>,
+    pending: Option<(crate::store::BoxFuture<'static, ()>, Frame<Bytes>)>,
+}
+
 pin_project! {
     /// Body of responses passing through this crate's middleware
     /// ([`RateLimit`](crate::rate_limit::RateLimit), [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)): the
@@ -34,6 +49,7 @@ pin_project! {
         #[pin]
         kind: Kind<B>,
         guard: Option<Box<dyn Guard>>,
+        trailers: Option<Box<Trailers>>,
     }
 }
 
@@ -56,6 +72,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
         f.debug_struct("ResponseBody")
             .field("kind", &kind)
             .field("guarded", &self.guard.is_some())
+            .field("reads_trailers", &self.trailers.is_some())
             .finish()
     }
 }
@@ -65,6 +82,7 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Inner { body },
             guard: None,
+            trailers: None,
         }
     }
 
@@ -73,7 +91,19 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Inner { body },
             guard: guard.map(|g| Box::new(g) as Box<dyn Guard>),
+            trailers: None,
         }
+    }
+
+    /// This body, with `hook` run on its trailers before they are passed on.
+    pub(crate) fn on_trailers(mut self, hook: Option<Box<dyn OnTrailers>>) -> Self {
+        self.trailers = hook.map(|hook| {
+            Box::new(Trailers {
+                hook,
+                pending: None,
+            })
+        });
+        self
     }
 
     pub(crate) fn full(data: Bytes) -> Self {
@@ -82,6 +112,7 @@ impl<B> ResponseBody<B> {
                 data: (!data.is_empty()).then_some(data),
             },
             guard: None,
+            trailers: None,
         }
     }
 
@@ -89,6 +120,7 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Boxed { body },
             guard: None,
+            trailers: None,
         }
     }
 }
@@ -105,6 +137,7 @@ impl ResponseBody<std::convert::Infallible> {
         ResponseBody {
             kind,
             guard: self.guard,
+            trailers: None,
         }
     }
 }
@@ -140,10 +173,19 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         let mut kind = this.kind;
+        if let Some(t) = this.trailers.as_deref_mut() {
+            if let Some(frame) = t.poll_pending(cx) {
+                return frame.map(|f| Some(Ok(f)));
+            }
+        }
         let frame = match kind.as_mut().project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Boxed { body } => body.poll_frame(cx),
+        };
+        let frame = match (frame, this.trailers.as_deref_mut()) {
+            (Poll::Ready(Some(Ok(f))), Some(t)) if f.is_trailers() => t.hold(f, cx),
+            (frame, _) => frame,
         };
         if this.guard.is_some() {
             let done = match &frame {
@@ -160,11 +202,40 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.kind.is_end_stream()
+        let held = self.trailers.as_ref().is_some_and(|t| t.pending.is_some());
+        !held && self.kind.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.kind.size_hint()
+    }
+}
+
+impl Trailers {
+    /// Runs the hook on the trailers frame `f`: with work to do, holds the frame back until
+    /// it is done.
+    fn hold(
+        &mut self,
+        f: Frame<Bytes>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let work = f.trailers_ref().and_then(|t| self.hook.on_trailers(t));
+        let Some(work) = work else {
+            return Poll::Ready(Some(Ok(f)));
+        };
+        self.pending = Some((work, f));
+        // Just held: `poll_pending` has a frame to give.
+        let polled = self.poll_pending(cx);
+        polled.map_or(Poll::Ready(None), |p| p.map(|f| Some(Ok(f))))
+    }
+
+    /// The held trailers frame once the work on it is done; `None` when none is held.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Option<Poll<Frame<Bytes>>> {
+        let (work, _) = self.pending.as_mut()?;
+        if work.as_mut().poll(cx).is_pending() {
+            return Some(Poll::Pending);
+        }
+        self.pending.take().map(|(_, f)| Poll::Ready(f))
     }
 }
 

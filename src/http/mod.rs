@@ -11,7 +11,7 @@ mod responder;
 mod stamp;
 
 pub(crate) use self::{
-    body::box_body,
+    body::{box_body, OnTrailers},
     forbidden::forbidden,
     key::{key_of, Keyed},
     responder::{is_grpc, Responder},

@@ -16,6 +16,7 @@ use super::{
     engine::{Quoted, RateEngine},
     lists::{Listed, Lists},
     live::{LiveLimits, Resolved},
+    usage::SettleFrom,
 };
 use crate::{
     decision::Decision,
@@ -97,6 +98,8 @@ pub(crate) struct Config<K> {
     pub(crate) quota: Option<Arc<QuotaFn>>,
     /// Which responses spend quota; the others' units are given back.
     pub(crate) count: Option<Arc<CountFn>>,
+    /// Where charges are settled from after the response, when they are.
+    pub(crate) settle: Option<Arc<SettleFrom>>,
     pub(crate) missing_key: MissingKey,
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     pub(crate) responder: Arc<Responder<Decision>>,
@@ -118,6 +121,7 @@ impl<K> Clone for Config<K> {
             cost: self.cost.clone(),
             quota: self.quota.clone(),
             count: self.count.clone(),
+            settle: self.settle.clone(),
             missing_key: self.missing_key,
             partition_secret: self.partition_secret.clone(),
             responder: Arc::clone(&self.responder),

@@ -18,10 +18,10 @@ use arc_swap::ArcSwapOption;
 
 use super::lists::key_text;
 use crate::{
-    algorithm::{Algorithm, Outcome},
+    algorithm::{Algorithm, Change, Outcome},
     core::report::{self, KeyMeters},
     core::{fleet, Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
-    decision::{Charge, Decision, KeyState, Source},
+    decision::{Charge, Decision, KeyState, Settled, Source},
     error::{ConfigError, Error, ErrorChain},
     extract::{Key, Out, COMPACT_SCRATCH},
     quota::{Quota, MAX_EXACT},
@@ -447,8 +447,82 @@ impl RateEngine {
             cache_key(store_key, quoted.as_ref(), &mut compact);
             cache.remove(compact.as_bytes());
         }
-        report::settled(&self.core.policy, charge.cost, actual, &result);
+        let core = &self.core;
+        report::settled(&core.policy, &core.quiet, (charge.cost, actual), &result);
         result
+    }
+
+    /// A settlement of a decision's charge (`slot`, a decision answered by `source`) to
+    /// `actual` units, as [`RateLimiter::settle`](super::RateLimiter::settle) and the layer's
+    /// settlements make it: the charge is taken from `slot` (so it settles once) only when it
+    /// can be settled, then settled in the store. [`Settled::NoCharge`] for an empty slot.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::settle`](super::RateLimiter::settle): a figure above
+    /// [`Settled::MAX_ACTUAL`] or a unit lease's decision leaves the charge in `slot`.
+    pub(crate) fn take_for_settlement(
+        slot: &mut Option<Charge>,
+        source: Source,
+        actual: u64,
+    ) -> Result<Option<(Charge, u32)>, Error> {
+        if slot.is_none() {
+            return Ok(None);
+        }
+        let Ok(actual) = u32::try_from(actual) else {
+            return Err(Error::InvalidInput(
+                "a charge settles to at most u32::MAX units",
+            ));
+        };
+        if source == Source::UnitLease {
+            return Err(Error::Unsupported(
+                "a decision answered from a unit lease cannot be settled",
+            ));
+        }
+        Ok(slot.take().map(|charge| (charge, actual)))
+    }
+
+    /// Settles `charge`, taken by [`take_for_settlement`](Self::take_for_settlement), to
+    /// `actual` units, and says what happened.
+    pub(crate) async fn settle_taken(
+        &self,
+        key: Option<&Key<'_>>,
+        charge: Charge,
+        actual: u32,
+        now_us: Option<u64>,
+    ) -> Result<Settled, Error> {
+        let change = Change::of(charge.cost, actual);
+        if change == Change::None {
+            return Ok(Settled::AsCharged);
+        }
+        let changed = self.settle(key, &charge, actual, now_us).await?;
+        Ok(match change {
+            Change::Down(units) => Settled::GaveBack {
+                units,
+                given: changed,
+            },
+            Change::Up(units) => Settled::Charged { units },
+            Change::None => Settled::AsCharged,
+        })
+    }
+
+    /// Whether a layer can settle this limit's charges after the response: its algorithm
+    /// settles, its store does, and its decisions are not answered from unit leases. The
+    /// reason when not.
+    pub(crate) fn settleable(&self) -> Result<(), String> {
+        let why = if !self.algorithm.rule().settles() {
+            format!(
+                "uses {}, which cannot settle a charge",
+                self.algorithm.name()
+            )
+        } else if self.core.store.regional() {
+            "is on a RegionalStore, which cannot settle a charge".to_owned()
+        } else if self.leasing.is_some() {
+            "takes units from unit leases, whose decisions cannot be settled".to_owned()
+        } else {
+            return Ok(());
+        };
+        Err(format!("policy {:?} {why}", self.policy()))
     }
 
     /// A degraded decision's settlement, at the local share (nothing without one).

@@ -9,17 +9,20 @@ use std::{
     time::Duration,
 };
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{counting::CountFn, engine::RateEngine};
+use super::{
+    counting::CountFn,
+    engine::RateEngine,
+    usage::{read_figure, FromTrailer, Held, SettleFrom, Usage},
+};
 use crate::core::quiet::{self, Cause};
 use crate::{
-    decision::Decision,
+    decision::{Decision, Settled},
     error::{Error, ErrorChain},
-    extract::Key,
-    http::{PolicyField, Responder, ResponseBody, Stamp},
+    http::{OnTrailers, PolicyField, Responder, ResponseBody, Stamp},
     store::BoxFuture,
     store::FailurePolicy,
 };
@@ -44,18 +47,27 @@ pub(crate) struct Answer {
     pub(crate) grpc: bool,
     /// The IETF `pk` parameter, when the layer writes one.
     pub(crate) partition_key: Option<String>,
-    /// When the layer counts only some responses: how to give the others' units back.
-    pub(crate) refund: Option<Refund>,
+    /// When the layer counts only some responses or settles charges: what that takes.
+    pub(crate) after: Option<AfterResponse>,
     /// Whether a request that goes on carries its decision in its extensions.
     pub(crate) extension: bool,
 }
 
 impl Answer {
-    /// Puts the decision in the extensions of a request that goes on, when asked to.
+    /// Holds the charge of a request that goes on for what comes after its response, and
+    /// puts the decision and the [`Usage`] handle in its extensions, when asked to.
     fn expose<B>(&self, result: &Result<Decision, Error>, request: &mut Request<B>) {
-        if let (true, Ok(d)) = (self.extension, result) {
-            if d.goes_on(self.shadow) {
-                request.extensions_mut().insert(d.clone());
+        let going = result.as_ref().ok().filter(|d| d.goes_on(self.shadow));
+        if let (true, Some(d)) = (self.extension, going) {
+            request.extensions_mut().insert(d.clone());
+        }
+        if let Some(after) = &self.after {
+            if let Some(d) = going {
+                after.held.hold(d);
+            }
+            // A request let through without a decision gets a handle holding no charge.
+            if after.settle.as_ref().is_some_and(|s| s.handle) {
+                request.extensions_mut().insert(Usage::new(&after.held));
             }
         }
     }
@@ -90,11 +102,68 @@ impl Shadow {
     }
 }
 
-/// What giving back an uncounted response's units takes.
-pub(crate) struct Refund {
-    pub(crate) policy: Arc<RateEngine>,
-    pub(crate) key: Option<Key<'static>>,
-    pub(crate) count: Arc<CountFn>,
+/// What a request's charge needs once its response head is ready: given back whole when
+/// the response does not count, settled to the figure of its usage header.
+pub(crate) struct AfterResponse {
+    pub(crate) held: Arc<Held>,
+    pub(crate) count: Option<Arc<CountFn>>,
+    pub(crate) settle: Option<Arc<SettleFrom>>,
+}
+
+/// What the work on a charge did to the decision's units, for the response's fields.
+enum Adjust {
+    Nothing,
+    /// Units given back.
+    Back(u64),
+    /// Units charged past the first charge.
+    Up(u64),
+}
+
+impl AfterResponse {
+    /// What settles the charge from the response body's trailer, when the layer does.
+    fn trailer_hook(&self) -> Option<Box<dyn OnTrailers>> {
+        let name = self.settle.as_ref()?.trailer.clone()?;
+        let held = Arc::clone(&self.held);
+        Some(Box::new(FromTrailer { held, name }))
+    }
+
+    /// The work a response with this head asks for: the refund of a response that does not
+    /// count, or the settlement to the figure of its usage header. `None` when there is
+    /// none: the charge stands (no header, a figure that does not read: logged quietly), or
+    /// the handle already settled it.
+    fn on_head(
+        self,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<BoxFuture<'static, Adjust>> {
+        let held = self.held;
+        if !held.is_held() {
+            return None;
+        }
+        if self.count.is_some_and(|count| !count(status, headers)) {
+            return Some(Box::pin(async move {
+                match held.refund().await {
+                    Ok(units) if units > 0 => Adjust::Back(units),
+                    _ => Adjust::Nothing,
+                }
+            }));
+        }
+        let name = self.settle.as_ref()?.header.as_ref()?;
+        match read_figure(headers.get_all(name).iter())? {
+            Ok(actual) => Some(Box::pin(async move {
+                match held.settle(actual).await {
+                    Ok(Settled::GaveBack { units, given: true }) => Adjust::Back(units),
+                    Ok(Settled::Charged { units }) => Adjust::Up(units),
+                    // A store error was logged (quietly) where it happened.
+                    _ => Adjust::Nothing,
+                }
+            })),
+            Err(why) => {
+                held.unreadable(name, headers.get(name), why);
+                None
+            }
+        }
+    }
 }
 
 /// What the inner service's response gets.
@@ -105,7 +174,8 @@ enum OnResponse {
     /// These headers, rendered when the decision was made (the common case).
     Stamp(Stamp),
     /// The headers of this decision, once the units of a response that does not count are
-    /// given back (several limits, a denial let through in shadow mode, counting by response).
+    /// given back or its charge settled (several limits, a denial let through in shadow
+    /// mode, counting by response, settling).
     Decided(Box<Decided>),
 }
 
@@ -116,7 +186,9 @@ struct Decided {
     headers: bool,
     responder: Arc<Responder<Decision>>,
     partition_key: Option<String>,
-    refund: Option<Refund>,
+    after: Option<AfterResponse>,
+    /// What the response body does with its trailers.
+    trailer: Option<Box<dyn OnTrailers>>,
 }
 
 /// Where a decision leads.
@@ -160,8 +232,9 @@ pin_project! {
             // Decided without waiting: spend the task's budget before the inner service runs.
             budget: bool,
         },
-        Refunding {
-            refund: BoxFuture<'static, Result<bool, Error>>,
+        /// The charge given back or settled before the response goes out.
+        Settling {
+            work: BoxFuture<'static, Adjust>,
             response: Option<(S::Response, Box<Decided>)>,
         },
     }
@@ -195,7 +268,7 @@ fn next_step(
         }
     };
     let headers = answer.shadow != Shadow::Quiet;
-    if answer.refund.is_none() {
+    if answer.after.is_none() {
         if !headers {
             return Next::Call(OnResponse::Nothing);
         }
@@ -209,7 +282,8 @@ fn next_step(
         headers,
         responder: Arc::clone(responder),
         partition_key: answer.partition_key,
-        refund: answer.refund,
+        after: answer.after,
+        trailer: None,
     })))
 }
 
@@ -289,51 +363,56 @@ const DONE: &str = "ResponseFuture polled after completion";
 /// What an answer of the inner service still needs.
 enum After<R> {
     /// Nothing: it is the response.
-    Ready(Response<R>),
-    /// Its units given back first (it does not count), then its fields.
-    Refund(
-        BoxFuture<'static, Result<bool, Error>>,
-        Response<R>,
-        Box<Decided>,
-    ),
+    Ready(Response<ResponseBody<R>>),
+    /// Its units given back (it does not count) or its charge settled first, then its
+    /// fields.
+    Settle(BoxFuture<'static, Adjust>, Response<R>, Box<Decided>),
 }
 
 impl OnResponse {
     /// Finishes `res` as this says: its headers, or the refund of a response that does not
-    /// count, before them.
+    /// count or the settlement of its charge, before them.
     fn apply<R>(self, mut res: Response<R>) -> After<R> {
         match self {
             OnResponse::Nothing => {}
             OnResponse::Stamp(stamp) => stamp.apply(res.headers_mut()),
             OnResponse::Decided(mut decided) => {
-                // Not counted: give the units back before answering.
-                let uncounted = decided.refund.take().and_then(|r| {
-                    let charge = *decided.decision.charge()?;
-                    (!(r.count)(res.status(), res.headers())).then_some((r, charge))
-                });
-                if let Some((r, charge)) = uncounted {
-                    let refund: BoxFuture<'static, _> =
-                        Box::pin(
-                            async move { r.policy.refund(r.key.as_ref(), &charge, None).await },
-                        );
-                    return After::Refund(refund, res, decided);
+                let after = decided.after.take();
+                decided.trailer = after.as_ref().and_then(AfterResponse::trailer_hook);
+                if let Some(work) = after.and_then(|a| a.on_head(res.status(), res.headers())) {
+                    return After::Settle(work, res, decided);
                 }
-                decided.stamp(&mut res);
+                return After::Ready(decided.finish(res));
             }
         }
-        After::Ready(res)
+        After::Ready(res.map(ResponseBody::inner))
     }
 }
 
 impl Decided {
-    /// The decision once its units are back: a quota full again resets now. Otherwise the
-    /// reset time stays the charge's, an upper bound.
-    fn given_back(&mut self) {
+    /// The decision once units are back or charged: units back are left again, and a quota
+    /// full again resets now (otherwise the reset time stays the check's, an upper bound);
+    /// units charged are not left (the reset time stays the check's).
+    fn adjust(&mut self, adjust: Adjust) {
         let d = &mut self.decision;
-        d.remaining = d.capacity.min(d.remaining + u64::from(d.cost));
-        if d.remaining == d.capacity {
-            d.reset_after = Duration::ZERO;
+        match adjust {
+            Adjust::Nothing => {}
+            Adjust::Back(units) => {
+                d.remaining = d.capacity.min(d.remaining.saturating_add(units));
+                if d.remaining == d.capacity {
+                    d.reset_after = Duration::ZERO;
+                }
+            }
+            Adjust::Up(units) => d.remaining = d.remaining.saturating_sub(units),
         }
+    }
+
+    /// The response: the decision's fields on `res`, its body reading its trailers when the
+    /// layer settles from one.
+    fn finish<R>(mut self: Box<Self>, mut res: Response<R>) -> Response<ResponseBody<R>> {
+        self.stamp(&mut res);
+        let trailer = self.trailer.take();
+        res.map(|body| ResponseBody::inner(body).on_trailers(trailer))
     }
 
     /// Writes the decision's fields on `res`, unless in quiet shadow mode.
@@ -399,23 +478,20 @@ where
                     }
                     let res = ready!(future.poll(cx))?;
                     match then.take().expect(DONE).apply(res) {
-                        After::Ready(res) => return Poll::Ready(Ok(res.map(ResponseBody::inner))),
-                        After::Refund(refund, res, decided) => {
-                            this.state.set(State::Refunding {
-                                refund,
+                        After::Ready(res) => return Poll::Ready(Ok(res)),
+                        After::Settle(work, res, decided) => {
+                            this.state.set(State::Settling {
+                                work,
                                 response: Some((res, decided)),
                             });
                         }
                     }
                 }
-                StateProj::Refunding { refund, response } => {
-                    let given = ready!(refund.as_mut().poll(cx));
-                    let (mut res, mut decided) = response.take().expect(DONE);
-                    if let Ok(true) = given {
-                        decided.given_back();
-                    }
-                    decided.stamp(&mut res);
-                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                StateProj::Settling { work, response } => {
+                    let adjust = ready!(work.as_mut().poll(cx));
+                    let (res, mut decided) = response.take().expect(DONE);
+                    decided.adjust(adjust);
+                    return Poll::Ready(Ok(decided.finish(res)));
                 }
             }
         }

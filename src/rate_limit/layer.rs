@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
-use http::{request::Parts, HeaderMap, Response, StatusCode};
+use http::{request::Parts, HeaderMap, HeaderName, Response, StatusCode};
 use http_body::Body;
 use tower_layer::Layer;
 
@@ -15,6 +15,7 @@ use super::{
     lists::{AccessList, Lists},
     live::{Limits, LiveLimits},
     service::RateLimit,
+    usage::SettleFrom,
 };
 use crate::{
     algorithm::Algorithm,
@@ -86,6 +87,7 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
                 cost: None,
                 quota: None,
                 count: None,
+                settle: None,
                 missing_key: MissingKey::default(),
                 partition_secret: None,
                 responder: Arc::new(Responder::default()),
@@ -152,6 +154,9 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         }
         if self.config.count.is_some() {
             cannot_refund(&limiter.engine)?;
+        }
+        if let Some(settle) = &self.config.settle {
+            cannot_settle(&limiter.engine, settle.field())?;
         }
         self.config.policies.push(Policy::new(&limiter.engine));
         Ok(PolicyId::new(
@@ -312,6 +317,143 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
             ));
         }
         self.count_if(move |status, _| statuses.contains(status))
+    }
+
+    /// Settles each request's charge to the whole number its response carries in the header
+    /// `name`: the request is admitted on its first charge (its [`cost`](Self::cost), an
+    /// estimate), and once the inner service's response head is ready, the charge is settled
+    /// to the figure in one atomic store call *before* the response is returned, so the key's
+    /// next request sees it (see [`RateLimiter::settle`] for what a settlement up or down
+    /// does: below the charge, units back, at most what it still holds; above it, a debt that
+    /// the key's next requests wait out, refused with a `Retry-After` covering it). For a
+    /// model's tokens, a download's bytes, a query's complexity: any usage the inner service
+    /// knows when it answers.
+    ///
+    /// - **The figure**: one value of ASCII digits, at most
+    ///   [`Settled::MAX_ACTUAL`](super::Settled::MAX_ACTUAL). A missing header leaves the
+    ///   first charge. A value that does not read (negative, `abc`, `1e9`, empty, several
+    ///   values, too large) leaves the first charge too, and is logged at most once a second
+    ///   for the policy (`warn`, with the value's first bytes); never a panic.
+    /// - **The header stays** on the response, for the client to read. Behind a proxy that
+    ///   must not forward it, remove it outside this layer.
+    /// - **What holds no charge settles nothing**: a denial let through in shadow mode, a
+    ///   request let through while the store fails, a free or bypassed request. An admitted
+    ///   request under shadow mode is settled as when enforcing, so that shadow mode reports
+    ///   what enforcing would do.
+    /// - **With [`count_if`](Self::count_if)**: a response that does not count gives its
+    ///   whole charge back, as without settling; one that counts is settled.
+    /// - **With [`settle_from_handle`](Self::settle_from_handle)**: the first to settle wins
+    ///   (a handler's settlement before the response makes the header's do nothing).
+    /// - **A store error** while settling: the response is returned all the same, the error
+    ///   logged at most once a second for the policy; the settlement happened whole or not at
+    ///   all.
+    ///
+    /// The response's `RateLimit` field shows the units left after the settlement (the reset
+    /// time stays the check's).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `settle_from_header` when a policy cannot settle: a
+    /// [`MultiLimit`](crate::algorithm::MultiLimit) or a custom script, a
+    /// [`RegionalStore`](crate::store::redis::RegionalStore), unit leases.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_redis_ratelimit::*;
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 100,000 tokens a minute per API key: each call is admitted on an estimate of 1,000,
+    /// // then settled to the tokens the upstream says it used.
+    /// let tokens = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(100_000))?)?;
+    /// let layer = RateLimitLayer::new(tokens, HeaderKey::new("x-api-key")?)
+    ///     .cost(|_| 1_000)
+    ///     .settle_from_header(HeaderName::from_static("x-usage-tokens"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn settle_from_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+        self.settle_mut("settle_from_header")?.header = Some(name);
+        Ok(self)
+    }
+
+    /// Puts a [`Usage`](super::Usage) handle in each request's extensions, for the handler
+    /// to settle the request's charge to the units it used whenever it knows them, also after
+    /// the response has started streaming (see [`Usage`](super::Usage): settled once, the
+    /// first settlement wins; a handle dropped without settling leaves the first charge). Axum handlers take it with
+    /// `Extension<Usage>`; others with `req.extensions().get::<Usage>().cloned()`.
+    ///
+    /// Off by default: a handle costs an allocation per request.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `settle_from_handle` when a policy cannot settle (as for
+    /// [`settle_from_header`](Self::settle_from_header)).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{rate_limit::{Settled, Usage}, *};
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let bytes = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_hour(1 << 30))?)?;
+    /// let layer = RateLimitLayer::new(bytes, PeerIp)
+    ///     .cost(|_| 1 << 20) // a megabyte, until the handler knows
+    ///     .settle_from_handle()?;
+    /// // In the handler, or in the task that streams its body:
+    /// async fn served(usage: Usage, bytes_sent: u64) -> Result<Settled, Error> {
+    ///     usage.settle(bytes_sent).await
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn settle_from_handle(mut self) -> Result<Self, ConfigError> {
+        self.settle_mut("settle_from_handle")?.handle = true;
+        Ok(self)
+    }
+
+    /// Settles each request's charge to the whole number in the trailer `name` of its
+    /// response body: the usage block at the end of a streamed answer (a model's completion
+    /// streamed token by token, whose usage is known at its end). When the inner service's
+    /// body yields its trailers, the charge is settled before the trailers frame is passed on,
+    /// so a client that has read the whole body gets its next request decided on the
+    /// settlement. The figure reads as for
+    /// [`settle_from_header`](Self::settle_from_header) (one value of ASCII digits; anything
+    /// else keeps the first charge, logged at most once a second); its rules apply too: the
+    /// first to settle wins (a header in the response head comes first; a handler's
+    /// [`Usage`](super::Usage) may come before either), an uncounted response's charge is
+    /// given back at its head. A body that ends without the trailer, or is dropped before
+    /// it, leaves the first charge. The trailer stays in the body.
+    ///
+    /// Trailers reach the client over HTTP/2, or over HTTP/1.1 chunked when it sent
+    /// `TE: trailers` and the response declares them (`Trailer: x-usage-tokens`); the
+    /// settlement does not depend on it: it is made when the inner body yields them.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `settle_from_trailer` when a policy cannot settle (as for
+    /// [`settle_from_header`](Self::settle_from_header)).
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_redis_ratelimit::*;
+    ///
+    /// # fn layer() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_minute(100_000))?)?;
+    /// let layer = RateLimitLayer::new(tokens, HeaderKey::new("x-api-key")?)
+    ///     .cost(|_| 1_000)
+    ///     .settle_from_trailer(HeaderName::from_static("x-usage-tokens"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn settle_from_trailer(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+        self.settle_mut("settle_from_trailer")?.trailer = Some(name);
+        Ok(self)
+    }
+
+    /// The layer's settlement sources, once every policy is known to settle (`field` names
+    /// the method asking).
+    fn settle_mut(&mut self, field: &'static str) -> Result<&mut SettleFrom, ConfigError> {
+        for policy in &self.config.policies {
+            cannot_settle(&policy.engine, field)?;
+        }
+        Ok(Arc::make_mut(
+            self.config.settle.get_or_insert_with(Arc::default),
+        ))
     }
 
     /// Builds the response for denied (non-gRPC) requests instead of the default plain-text
@@ -522,6 +664,13 @@ fn cannot_refund(policy: &RateEngine) -> Result<(), ConfigError> {
             policy.algorithm.name()
         ),
     ))
+}
+
+/// A [`ConfigError`] naming `field` when `policy` cannot settle its charges.
+fn cannot_settle(policy: &RateEngine, field: &'static str) -> Result<(), ConfigError> {
+    policy
+        .settleable()
+        .map_err(|why| ConfigError::new(field, format!("{why}; settling needs GCRA, the token bucket or a window on a RedisStore or a MemoryStore, without unit leases")))
 }
 
 impl<S, K: KeyExtractor, A: Algorithm> Layer<S> for RateLimitLayer<K, A> {

@@ -4,9 +4,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use super::engine::RateEngine;
 use crate::{
-    algorithm::{Algorithm, Change},
+    algorithm::Algorithm,
     core::{KeyCount, LimiterStats},
-    decision::{Charge, Decision, KeyState, Settled, Source},
+    decision::{Decision, KeyState, Settled},
     error::Error,
     extract::Key,
     quota::Quota,
@@ -317,38 +317,13 @@ impl<A: Algorithm> RateLimiter<A> {
         actual: u64,
         now_us: Option<u64>,
     ) -> Result<Settled, Error> {
-        let Some(cost) = decision.charge.as_ref().map(Charge::cost) else {
+        let taken = RateEngine::take_for_settlement(&mut decision.charge, decision.source, actual)?;
+        let Some((charge, actual)) = taken else {
             return Ok(Settled::NoCharge);
         };
-        let Ok(actual) = u32::try_from(actual) else {
-            return Err(Error::InvalidInput(
-                "a charge settles to at most u32::MAX units",
-            ));
-        };
-        if decision.source == Source::UnitLease {
-            return Err(Error::Unsupported(
-                "a decision answered from a unit lease cannot be settled",
-            ));
-        }
-        let Some(charge) = decision.charge.take() else {
-            return Ok(Settled::NoCharge);
-        };
-        let change = Change::of(cost, actual);
-        if change == Change::None {
-            return Ok(Settled::AsCharged);
-        }
-        let changed = self
-            .engine
-            .settle(Some(&key), &charge, actual, now_us)
-            .await?;
-        Ok(match change {
-            Change::Down(units) => Settled::GaveBack {
-                units,
-                given: changed,
-            },
-            Change::Up(units) => Settled::Charged { units },
-            Change::None => Settled::AsCharged,
-        })
+        self.engine
+            .settle_taken(Some(&key), charge, actual, now_us)
+            .await
     }
 
     /// `key`'s state as its next check would see it, spending nothing: the quota, the units

@@ -26,6 +26,7 @@ mod live;
 pub mod rls;
 mod service;
 mod store_watch;
+mod usage;
 
 /// The rate-limit header fields, and how this crate renders them.
 pub mod headers {
@@ -46,6 +47,7 @@ pub use self::{
     lists::AccessList,
     live::{Limits, LiveLimits},
     service::RateLimit,
+    usage::Usage,
 };
 pub use crate::{
     core::UnitLease,

@@ -7,15 +7,16 @@ use std::{
     task::{Context, Poll},
 };
 
-use http::{Request, Response};
+use http::{request::Parts, Request, Response};
 use tower_service::Service;
 
 use super::{
     config::{Config, Selected},
     engine::RateEngine,
-    future::{Answer, Refund, ResponseFuture, Shadow},
+    future::{AfterResponse, Answer, ResponseFuture, Shadow},
     lists::Listed,
     live::LiveLimits,
+    usage::{Held, Usage},
 };
 use crate::{
     error::Error,
@@ -105,7 +106,7 @@ where
                 return ResponseFuture::refused(forbidden(responder.problem_details, grpc));
             }
             Listed::Allowed => {
-                let req = Request::from_parts(parts, body);
+                let req = uncharged(config, parts, body);
                 return ResponseFuture::unchecked(req, inner);
             }
             Listed::No => {}
@@ -114,7 +115,7 @@ where
         let selected = match config.policy_for(&parts) {
             Selected::Policy(policy) if cost > 0 => policy,
             Selected::Policy(_) | Selected::Bypass => {
-                let req = Request::from_parts(parts, body);
+                let req = uncharged(config, parts, body);
                 return ResponseFuture::unchecked(req, inner);
             }
             Selected::Foreign(id) => {
@@ -135,7 +136,7 @@ where
         ) {
             Keyed::Limited(key) => key,
             Keyed::Unlimited => {
-                let req = Request::from_parts(parts, body);
+                let req = uncharged(config, parts, body);
                 return ResponseFuture::unchecked(req, inner);
             }
         };
@@ -166,6 +167,16 @@ where
     }
 }
 
+/// The request of `parts` and `body`, passed on without a charge: with a [`Usage`] handle
+/// that settles nothing when the layer hands handles out, unless an outer layer's is there.
+fn uncharged<K, B>(config: &Config<K>, mut parts: Parts, body: B) -> Request<B> {
+    if config.settle.as_ref().is_some_and(|s| s.handle) && parts.extensions.get::<Usage>().is_none()
+    {
+        parts.extensions.insert(Usage::inert());
+    }
+    Request::from_parts(parts, body)
+}
+
 /// How the answer to a request of `key` decided under `policy` is made.
 fn answer_of<K>(
     config: &Config<K>,
@@ -178,10 +189,10 @@ fn answer_of<K>(
         shadow: Shadow::of(policy),
         grpc,
         partition_key: config.partition_key(policy, key),
-        refund: config.count.as_ref().map(|count| Refund {
-            policy: Arc::clone(policy),
-            key: key.map(|k| k.clone().into_owned()),
-            count: Arc::clone(count),
+        after: (config.count.is_some() || config.settle.is_some()).then(|| AfterResponse {
+            held: Arc::new(Held::new(policy, key)),
+            count: config.count.clone(),
+            settle: config.settle.clone(),
         }),
         extension: config.extension,
     }
@@ -208,7 +219,7 @@ where
         shadow: Shadow::Off,
         grpc: is_grpc(req.headers()),
         partition_key: None,
-        refund: None,
+        after: None,
         extension: false,
     };
     let field = &config.policies[0].field;
