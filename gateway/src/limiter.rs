@@ -211,6 +211,11 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             "--settle-header NAME settles each charge from the upstream's answer: give --upstream URL",
         ));
     }
+    if args.settle_header.is_some() && (args.unit_lease.is_some() || args.regions.is_some()) {
+        return Err(refusal("settle_header")(
+            "--settle-header settles charges in the store: not those answered from --unit-lease-ms, nor across --regions",
+        ));
+    }
     cost_fits(args)?;
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err(refusal("plans")(

@@ -16,7 +16,7 @@
 //!     [--burst N] [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix N]
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
-//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] [--concurrency N [--lease-ms M]]
+//!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] [--settle-header NAME] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
@@ -68,6 +68,17 @@
 //! `--cost N` (1): the units each request is charged (its first charge, which
 //! `--settle-header` settles); a limit setting, reloadable in the `--config` file. A cost of 0,
 //! or above what a rested key holds, is refused.
+//!
+//! `--settle-header NAME` (with `--upstream`): each request admitted at `--cost` is settled
+//! to the whole number in the upstream's response header NAME, written to the store before
+//! the response's headers are forwarded (the key's next request, on any gateway sharing the
+//! store, sees it; the `RateLimit` field shows what is left after it). Below the cost the
+//! difference is given back; above it, the excess is charged past the limit: a debt, and the
+//! key's next request is refused with a `Retry-After` covering it. A missing header, or one
+//! that is not a whole number (`-500`, `abc`, `1e9`, 20 digits, empty), keeps the first
+//! charge and is logged at most once a second. With `--count-only`, an uncounted response
+//! gives its whole charge back and a counted one is settled. Refused without `--upstream`,
+//! with `--unit-lease-ms` and with `--regions`; a flag only (not in the `--config` file).
 //!
 //! `--concurrency N` (with `--lease-ms M`, default 30,000): at most N requests of one key in
 //! flight at once across every instance sharing the store, on top of the rate limit; over it,

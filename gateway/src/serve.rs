@@ -52,6 +52,13 @@ fn rate_limit_layer(
         );
         layer = layer.deny(list);
     }
+    if let Some(name) = &args.settle_header {
+        println!(
+            "settling each charge to the whole number in the upstream's {name} header (--cost {} first)",
+            args.cost
+        );
+        layer = layer.settle_from_header(name.clone())?;
+    }
     if let Some(statuses) = args.count_only {
         println!(
             "counting only responses with status {statuses}; the others give their units back"

@@ -24,7 +24,7 @@ use crate::servers::gateway::{assert_refused, get, get_path, start_gateway};
 
 /// An upstream serving `app` on a free 127.0.0.1 port until the test process ends, its
 /// handlers given each connection's address (`ConnectInfo`).
-fn upstream(app: Router) -> SocketAddr {
+pub(crate) fn upstream(app: Router) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
