@@ -74,6 +74,12 @@ impl RedisServer {
         }
     }
 
+    /// Its process id, for its CPU time in `/proc` (scripts/bench-rls).
+    #[allow(dead_code)] // not used by `compare`
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
