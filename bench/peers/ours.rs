@@ -1,7 +1,8 @@
 //! The project under test (`tower-redis-ratelimit`), through its public API only: a
 //! `RateLimitLayer` with GCRA, keyed by the same request extension the other layers read.
 //! Variants: the default store (multiplexed, deny cache on), deny cache off, exact batching,
-//! unit leases (50 ms), and the in-memory store.
+//! unit leases (50 ms), and the in-memory store, with the rate-limit fields on every response
+//! or on denials only (`MemoryLean`).
 //!
 //! This crate's copy of the harness's contender, on the crate's module paths;
 //! `bash scripts/peers [--pin]` puts it in the harness's build copy and runs the harness.
@@ -27,6 +28,8 @@ pub enum Variant {
     Batched,
     Leased,
     Memory,
+    /// In memory, the rate-limit fields on denials only (`headers_on_denials_only`).
+    MemoryLean,
 }
 
 type KeyFn = fn(&http::request::Parts) -> Option<u64>;
@@ -61,7 +64,7 @@ impl Ours {
         let limiter = match v {
             // In memory ours runs past 10^6 checks a second: a burst of 10^9 keeps `spread` and
             // `hot-allowed` never limited (as governor's 10^9 a second with a burst of 10^6).
-            Variant::Memory => {
+            Variant::Memory | Variant::MemoryLean => {
                 let quota = match env.workload {
                     Workload::Hot => quota,
                     Workload::Spread | Workload::HotAllowed => quota.burst(1_000_000_000),
@@ -77,7 +80,10 @@ impl Ours {
                 build(s, quota, &env.prefix, cache, matches!(v, Variant::Leased))?
             }
         };
-        let layer = RateLimitLayer::new(limiter, user_key as KeyFn);
+        let mut layer = RateLimitLayer::new(limiter, user_key as KeyFn);
+        if let Variant::MemoryLean = v {
+            layer = layer.headers_on_denials_only();
+        }
         let inner: Inner = tower::service_fn(ok_ready as fn(_) -> _);
         Ok(Self { svc: layer.layer(inner) })
     }

@@ -57,6 +57,8 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 /// How a layer answers: header style and rejection of what `T` describes.
 pub(crate) struct Responder<T: ?Sized> {
     pub(crate) style: HeaderStyle,
+    /// The fields on denials only: an allowed response carries none.
+    pub(crate) denials_only: bool,
     pub(crate) reject: Option<Arc<RejectFn<T>>>,
     pub(crate) problem_details: bool,
 }
@@ -65,6 +67,7 @@ impl<T: ?Sized> Clone for Responder<T> {
     fn clone(&self) -> Self {
         Self {
             style: self.style,
+            denials_only: self.denials_only,
             reject: self.reject.clone(),
             problem_details: self.problem_details,
         }
@@ -75,6 +78,7 @@ impl<T: ?Sized> Default for Responder<T> {
     fn default() -> Self {
         Self {
             style: HeaderStyle::default(),
+            denials_only: false,
             reject: None,
             problem_details: false,
         }
@@ -142,6 +146,7 @@ impl<T: ?Sized> fmt::Debug for Responder<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Responder")
             .field("style", &self.style)
+            .field("denials_only", &self.denials_only)
             .field("custom_rejection", &self.reject.is_some())
             .field("problem_details", &self.problem_details)
             .finish()

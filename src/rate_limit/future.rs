@@ -267,7 +267,7 @@ fn next_step(
             return Next::Call(OnResponse::Nothing);
         }
     };
-    let headers = answer.shadow != Shadow::Quiet;
+    let headers = answer.shadow != Shadow::Quiet && !(d.allowed && responder.denials_only);
     if answer.after.is_none() {
         if !headers {
             return Next::Call(OnResponse::Nothing);

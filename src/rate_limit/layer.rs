@@ -181,6 +181,22 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
         self
     }
 
+    /// Writes the rate-limit fields on denials only (the `429`, or gRPC's
+    /// `RESOURCE_EXHAUSTED`, with `Retry-After` and the fields of [`headers`](Self::headers)'
+    /// style): an allowed response carries none, and its decision is never rendered. What
+    /// tower_governor and most gateways do, and the layer's leanest path; clients then learn
+    /// their quota only when they exceed it. The default writes them on every response.
+    ///
+    /// ```
+    /// # use tower_redis_ratelimit::{Gcra, GlobalKey, MemoryStore, Quota, RateLimitLayer, RateLimiter};
+    /// # let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(100)).unwrap()).unwrap();
+    /// let layer = RateLimitLayer::new(limiter, GlobalKey).headers_on_denials_only();
+    /// ```
+    pub fn headers_on_denials_only(mut self) -> Self {
+        Arc::make_mut(&mut self.config.responder).denials_only = true;
+        self
+    }
+
     /// What to do with requests that have no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
         self.config.missing_key = missing;

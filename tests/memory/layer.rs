@@ -332,3 +332,56 @@ async fn a_quota_given_twice_and_different_is_refused_and_peek_shows_the_enforce
         .unwrap_err();
     assert_eq!(err.field(), "live", "{err}");
 }
+
+/// With the fields on denials only, an allowed response carries no rate-limit field (in any
+/// style) and a denial carries them with `Retry-After`.
+#[tokio::test]
+async fn fields_on_denials_only_leave_allowed_responses_bare() {
+    use tower_redis_ratelimit::{rate_limit::HeaderStyle, MemoryStore};
+    for style in [HeaderStyle::Ietf, HeaderStyle::Legacy, HeaderStyle::Both] {
+        let limiter =
+            RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_hour(2)).unwrap()).unwrap();
+        let layer = RateLimitLayer::new(limiter, GlobalKey)
+            .headers(style)
+            .headers_on_denials_only();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(counting(calls.clone()));
+        let get = || {
+            let svc = svc.clone();
+            async move {
+                let req = Request::get("/").body(Body::empty()).unwrap();
+                svc.oneshot(req).await.unwrap()
+            }
+        };
+        let fields = [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ];
+        for _ in 0..2 {
+            let res = get().await;
+            assert_eq!(res.status(), 200);
+            for name in fields {
+                assert_eq!(header(&res, name), None, "{style:?}: {name}");
+            }
+        }
+        let res = get().await;
+        assert_eq!(res.status(), 429);
+        assert!(header(&res, "retry-after").is_some());
+        let written = fields.iter().filter(|n| header(&res, n).is_some()).count();
+        assert_eq!(
+            written,
+            match style {
+                HeaderStyle::Ietf => 2,
+                HeaderStyle::Legacy => 3,
+                _ => 5,
+            },
+            "{style:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+}
