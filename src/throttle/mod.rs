@@ -33,14 +33,19 @@ mod error;
 mod layer;
 mod learn;
 mod line;
+mod model;
 mod service;
+mod tokens;
 
 pub use self::{
     adaptive::{AdaptiveStats, DEFAULT_MAX_PAUSE},
     config::{NoRetry, RetryIdempotent},
     error::ThrottleError,
     layer::ThrottleLayer,
-    learn::{read_limits, HeaderFamily, Reading, StatedQuota, DEFAULT_429_PAUSE},
+    learn::{
+        read_limits, read_token_limits, HeaderFamily, Reading, StatedQuota, DEFAULT_429_PAUSE,
+    },
     service::Throttle,
+    tokens::{TokenBudget, TokenUsage, DEFAULT_TOKEN_ESTIMATE, DEFAULT_TOKEN_WINDOW},
 };
 pub use crate::store::upstream::{Learned, Rate};

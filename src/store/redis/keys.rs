@@ -84,6 +84,8 @@ pub(crate) const HOLDERS: &str = ":c";
 pub(crate) const RELEASED: &str = ":cx";
 /// What an upstream said.
 pub(crate) const UPSTREAM: &str = ":u";
+/// What an upstream said of its token budget (the same hash as `:u`, counted in tokens).
+pub(crate) const UPSTREAM_TOKENS: &str = ":ut";
 /// Several regions: the key's pool of granted units in a region's Redis.
 pub(crate) const REGION_POOL: &str = ":rp";
 /// Several regions: a refill of the pool is in flight.
