@@ -3,7 +3,8 @@
 -- ARGV     now|'', pause_us (0 = none), remaining (-1 = not known), reset_us (-1 = not
 --          known), blind: how the answered call went (upstream_take.lua's reply: 0 counted,
 --          1 blind, 2 first to learn a new window), quota (0 = no rate known), window_us,
---          stated (1 = the upstream stated its window, 0 = inferred from a reset)
+--          stated (1 = the upstream stated its window, 0 = inferred from a reset), cost (the
+--          units the answered call took: a blind one is no longer counted on its way)
 -- Reply    1
 --
 -- The rate: a stated one replaces what was known (an estimate too); an inferred one keeps the
@@ -43,6 +44,10 @@ local was_blind = how == '1' or probed
 local quota = int_arg(6, 'quota', 0)
 local window = int_arg(7, 'window', 0)
 local stated = ARGV[8] == '1'
+local cost = 1
+if ARGV[9] then
+  cost = int_arg(9, 'cost', 0)
+end
 
 local st = redis.call('HMGET', KEYS[1], 'p', 'r', 'e', 'b', 's')
 local paused, left, ends, blind = 0, -1, 0, 0
@@ -58,7 +63,7 @@ if st[4] and st[5] and stored_int(st[5], 'blind since') >= now - BLIND_US then
 end
 -- This call's answer is back: it is no longer on its way.
 if was_blind and blind > 0 then
-  blind = blind - 1
+  blind = math.max(blind - cost, 0)
   redis.call('HSET', KEYS[1], 'b', blind)
 end
 

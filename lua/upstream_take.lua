@@ -3,7 +3,9 @@
 --          its end, q = a call is learning the next window until then, b = calls sent blind
 --          (no window known) since s; n and w = the upstream's rate (units per window, µs),
 --          t = the next free place in its pace; x = the rate was estimated from a 429; a and
---          c = calls answered without a word since c (while nothing is known)
+--          c = calls answered without a word since c (while nothing is known); b counts
+--          units (each blind call its cost), so that a token budget's blind calls count
+--          their estimates
 -- ARGV     now|'', cost, budget_us (the longest the caller may wait for its place)
 -- Reply    {go (0|1), wait_us, blind (0|1|2)}:
 --          * paused: 0 and the time until the pause ends;
@@ -82,9 +84,9 @@ if st[6] then
   since = stored_int(st[6], 'blind since')
 end
 if st[5] and since and since >= now - BLIND_US then
-  redis.call('HINCRBY', KEYS[1], 'b', 1)
+  redis.call('HINCRBY', KEYS[1], 'b', cost)
 else
-  redis.call('HSET', KEYS[1], 'b', 1, 's', fmt(now))
+  redis.call('HSET', KEYS[1], 'b', cost, 's', fmt(now))
 end
 -- With nothing known of the upstream, its calls are counted from the first (see the rate
 -- estimated from a 429 in upstream_learn.lua).

@@ -53,6 +53,8 @@ mod settlements;
 mod shadow;
 #[path = "redis/throttle.rs"]
 mod throttle;
+#[path = "redis/tokens.rs"]
+mod tokens;
 #[path = "redis/unit_leases.rs"]
 mod unit_leases;
 #[path = "redis/usage.rs"]

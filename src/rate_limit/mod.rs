@@ -37,6 +37,7 @@ pub mod headers {
     pub use crate::http::QUOTA_EXCEEDED;
 }
 
+pub(crate) use self::engine::RateEngine;
 pub use self::{
     builder::RateLimiterBuilder,
     config::{Class, PolicyId},

@@ -6,7 +6,7 @@ use super::{
     leases::{Acquired, SlotTerms},
     namespaces::Namespaces,
     reserved::{Reserved, Scheduled},
-    upstream::{Gate, Learned, Sent},
+    upstream::{Gate, Learned, Ledger, Sent},
     Store, StoreKey,
 };
 use crate::{
@@ -269,26 +269,40 @@ pub(crate) trait Slots: Send + Sync + 'static {
 /// What upstreams said, for the [adaptive throttle](crate::throttle): the crate-private side
 /// of [`UpstreamStore`](super::UpstreamStore).
 pub(crate) trait Upstreams: Send + Sync + 'static {
-    /// Whether an outbound call of `cost` may go now; when it may and the
+    /// Whether an outbound call of `cost` units of `ledger` may go now; when it may and the
     /// units left are known, they are taken. When the upstream's rate is known, the call's
     /// place in its pace is kept for it if the wait for it is at most `budget` (see
-    /// `lua/upstream_take.lua`).
+    /// `lua/upstream_take.lua`). A call sent blind is counted as its `cost` until answered.
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>>;
 
-    /// Records what an upstream's answer said (see `lua/upstream_learn.lua` for the rules): a
-    /// pause only grows; a new window replaces one that ended; the same window keeps the
-    /// smaller remaining count (answers arrive out of order); a stale one is ignored. `how`:
-    /// how the answered call went ([`Gate::blind`]).
+    /// Records what an upstream's answer said of `ledger` (see `lua/upstream_learn.lua` for
+    /// the rules): a pause only grows; a new window replaces one that ended; the same window
+    /// keeps the smaller remaining count (answers arrive out of order); a stale one is
+    /// ignored. `how`: how the answered call went ([`Gate::blind`]); `cost`: what it took.
     fn learn<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
         how: Sent,
+        cost: u32,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Settles a call that took `taken` units of `ledger` to the `used` its answer reported
+    /// (see `lua/upstream_settle.lua`): the pace moves on by the difference (a debt) or back
+    /// by it, never before now; a known window's count is corrected alike.
+    fn settle<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
     ) -> BoxFuture<'a, Result<(), Error>>;
 }
 
@@ -509,18 +523,31 @@ impl<S: Upstreams + ?Sized> Upstreams for Arc<S> {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        (**self).take(key, cost, budget)
+        (**self).take(key, ledger, cost, budget)
     }
 
     fn learn<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
         how: Sent,
+        cost: u32,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).learn(key, learned, how)
+        (**self).learn(key, ledger, learned, how, cost)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).settle(key, ledger, taken, used)
     }
 }

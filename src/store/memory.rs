@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::{
-    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked,
+    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Peeked,
     Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
@@ -836,19 +836,34 @@ impl Upstreams for MemoryStore {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: std::time::Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        Box::pin(std::future::ready(Ok(self.take_units(key, cost, budget))))
+        let gate = self.take_units(key, ledger, cost, budget);
+        Box::pin(std::future::ready(Ok(gate)))
     }
 
     fn learn<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
         how: Sent,
+        cost: u32,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.learn_said(key, learned, how);
+        self.learn_said(key, ledger, learned, how, cost);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.settle_used(key, ledger, taken, used);
         Box::pin(std::future::ready(Ok(())))
     }
 }

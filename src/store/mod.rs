@@ -27,7 +27,7 @@ pub(crate) use self::{
     namespaces::{Claim, Namespaces},
     reserved::{Reserved, Scheduled},
     sharded::{Expiring, Shard, Sharded, Slot},
-    upstream::{Gate, Sent},
+    upstream::{Gate, Ledger, Sent},
 };
 pub(crate) use self::{memory::MemoryStore, upstream::Learned};
 pub use crate::error::ErrorScope;

@@ -101,6 +101,17 @@ impl Learned {
     }
 }
 
+/// Which of an upstream's budgets a call of the store is about: its requests, or its tokens
+/// (a model API's tokens per minute, see [`TokenBudget`](crate::throttle::TokenBudget)). Each
+/// is kept apart under the same key, by the same rules, in units of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ledger {
+    /// Requests (or the units of the throttle's `cost`).
+    Requests,
+    /// Tokens.
+    Tokens,
+}
+
 /// Whether an outbound call may go now, by what the upstream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gate {

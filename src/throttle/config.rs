@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{adaptive::Adaptive, clock::Clock, line::Lines};
+use super::{adaptive::Adaptive, clock::Clock, line::Lines, tokens::TokenBudget};
 use crate::{extract::CostFn, rate_limit::RateLimiter};
 
 /// The limiter, the key and cost of a request, the longest wait, and what is learned from
@@ -23,6 +23,8 @@ pub(crate) struct Settings<K, A> {
     pub(crate) configured: bool,
     /// Each key's callers in this process, in the order they asked.
     pub(crate) lines: Arc<Lines>,
+    /// The upstream's token budget, learned and respected beside its requests.
+    pub(crate) tokens: Option<Arc<TokenBudget>>,
 }
 
 impl<K, A> Clone for Settings<K, A> {
@@ -37,6 +39,7 @@ impl<K, A> Clone for Settings<K, A> {
             clock: self.clock.clone(),
             configured: self.configured,
             lines: Arc::clone(&self.lines),
+            tokens: self.tokens.clone(),
         }
     }
 }

@@ -10,6 +10,7 @@ use super::{
     clock::Clock,
     config::{NoRetry, RetryIdempotent, Settings},
     service::Throttle,
+    tokens::TokenBudget,
 };
 use crate::{
     algorithm::{Algorithm, Gcra},
@@ -119,6 +120,7 @@ impl<K: KeyExtractor, A: Algorithm> ThrottleLayer<K, A> {
                 clock,
                 configured: true,
                 lines: Arc::default(),
+                tokens: None,
             },
             _retry: PhantomData,
         }
@@ -221,6 +223,47 @@ impl<K: KeyExtractor, A: Algorithm, R> ThrottleLayer<K, A, R> {
             ));
         }
         self.settings.max_pause = max_pause;
+        Ok(self)
+    }
+
+    /// Learns and respects the upstream's token budget beside its request budget (a model
+    /// API's tokens per minute, see [`TokenBudget`]): each call takes its estimate of tokens
+    /// before it is sent, waiting for its place in the upstream's token pace as for the
+    /// request budget, and is settled afterwards to what it used (a response header, or the
+    /// [`TokenUsage`](crate::throttle::TokenUsage) handle in the response's extensions). The
+    /// budget is kept in the adaptive store under the call's key (apart from the requests),
+    /// so that every instance calling one API key stays within its tokens per minute. A call
+    /// whose estimate is 0 takes no tokens.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `token_budget` when the layer is not
+    /// [`adaptive`](Self::adaptive) (nor [`learning`](ThrottleLayer::learning)): the budget
+    /// is learned from the upstream's answers and kept in the adaptive store.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::{MemoryStore, GlobalKey, throttle::{ThrottleLayer, TokenBudget}};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let budget = TokenBudget::new().estimate(|_: &http::request::Parts| 800);
+    /// let layer = ThrottleLayer::learning(MemoryStore::new(), "model-api", GlobalKey)?
+    ///     .token_budget(budget.clone())?;
+    /// # let _ = layer;
+    /// // Not adaptive: nowhere to learn the budget into.
+    /// # use tower_redis_ratelimit::{Gcra, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(MemoryStore::new(), Gcra::new(Quota::per_second(5))?)?;
+    /// let refused = ThrottleLayer::new(limiter, GlobalKey).token_budget(budget);
+    /// assert_eq!(refused.unwrap_err().field(), "token_budget");
+    /// # Ok(()) }
+    /// ```
+    pub fn token_budget(mut self, budget: TokenBudget) -> Result<Self, ConfigError> {
+        if self.settings.adaptive.is_none() {
+            return Err(ConfigError::new(
+                "token_budget",
+                "the throttle is not adaptive: call `adaptive` first (the budget is learned into its store)",
+            ));
+        }
+        self.settings.tokens = Some(Arc::new(budget));
         Ok(self)
     }
 

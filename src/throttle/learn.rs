@@ -1,10 +1,12 @@
 //! Reading what an upstream's answer says about its limits: the IETF `RateLimit` fields, the
-//! `X-RateLimit-*` family and `Retry-After`, with the same care as inbound headers.
+//! `X-RateLimit-*` family, the fields of model APIs (requests and tokens) and `Retry-After`,
+//! with the same care as inbound headers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
+use super::model::{self, Vendor};
 use crate::store::{upstream::Rate, Learned};
 
 /// Which header family an answer's limits were read from.
@@ -22,6 +24,21 @@ pub enum HeaderFamily {
     RetryAfter,
     /// A 429 with no usable `Retry-After`: the default pause.
     Default429,
+    /// OpenAI's `x-ratelimit-{limit,remaining,reset}-requests` and `-tokens` (resets as
+    /// durations: `6m0s`, `1s`, `20ms`).
+    OpenAi,
+    /// Anthropic's `anthropic-ratelimit-requests-*`, `-tokens-*`, `-input-tokens-*` and
+    /// `-output-tokens-*` (`limit`, `remaining`, `reset` as an RFC 3339 time).
+    Anthropic,
+}
+
+impl From<Vendor> for HeaderFamily {
+    fn from(v: Vendor) -> Self {
+        match v {
+            Vendor::OpenAi => HeaderFamily::OpenAi,
+            Vendor::Anthropic => HeaderFamily::Anthropic,
+        }
+    }
 }
 
 impl HeaderFamily {
@@ -33,6 +50,8 @@ impl HeaderFamily {
             HeaderFamily::XRateLimit => "x-ratelimit",
             HeaderFamily::RetryAfter => "retry-after",
             HeaderFamily::Default429 => "429",
+            HeaderFamily::OpenAi => "openai",
+            HeaderFamily::Anthropic => "anthropic",
         }
     }
 }
@@ -148,6 +167,59 @@ pub fn read_limits(
     r
 }
 
+/// Reads the token budget a model API's answer tells (see
+/// [`TokenBudget`](crate::throttle::TokenBudget)), at `now`: OpenAI's
+/// `x-ratelimit-limit-tokens`, `x-ratelimit-remaining-tokens` and `x-ratelimit-reset-tokens`
+/// (a duration: `6m0s`, `1s`, `20ms`, `1h2m3.5s`), else Anthropic's
+/// `anthropic-ratelimit-tokens-limit`, `-remaining` and `-reset` (an RFC 3339 time), else the
+/// tighter of its `input-tokens` and `output-tokens` fields. The limit is tokens per `window`
+/// (both vendors state tokens per minute); the reset is cut to `max_pause`. A value that does
+/// not read is ignored and counted in [`Reading::ignored`]; nothing here panics. No pause is
+/// read (that is [`read_limits`]' part).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::HeaderMap;
+/// use tower_redis_ratelimit::throttle::{read_token_limits, HeaderFamily, Rate};
+///
+/// let mut h = HeaderMap::new();
+/// h.insert("x-ratelimit-limit-tokens", "150000".parse().unwrap());
+/// h.insert("x-ratelimit-remaining-tokens", "149984".parse().unwrap());
+/// h.insert("x-ratelimit-reset-tokens", "6ms".parse().unwrap());
+/// let minute = Duration::from_secs(60);
+/// let r = read_token_limits(&h, SystemTime::now(), minute, minute);
+/// assert_eq!(r.learned.remaining, Some(149_984));
+/// assert_eq!(r.learned.reset, Some(Duration::from_millis(6)));
+/// assert_eq!(r.learned.rate, Some(Rate::stated(150_000, minute)));
+/// assert_eq!(r.window_from, Some(HeaderFamily::OpenAi));
+///
+/// h.insert("x-ratelimit-reset-tokens", "-3h".parse().unwrap()); // hostile: ignored
+/// let r = read_token_limits(&h, SystemTime::now(), minute, minute);
+/// assert_eq!((r.learned.remaining, r.ignored), (None, 1));
+/// ```
+pub fn read_token_limits(
+    headers: &HeaderMap,
+    now: SystemTime,
+    window: Duration,
+    max_pause: Duration,
+) -> Reading {
+    let mut r = Reading {
+        learned: Learned::new(),
+        window_from: None,
+        pause_from: None,
+        ignored: 0,
+        capped: 0,
+        stated: None,
+    };
+    let now = answer_clock(headers, now);
+    if let Some((told, vendor)) = model::tokens(headers, now, &mut r.ignored) {
+        r.learn_told(told, vendor.into(), max_pause, |quota, _| {
+            Rate::stated(quota, window)
+        });
+    }
+    r
+}
+
 impl Reading {
     /// The window and the rate the headers tell (the first header family that has them).
     fn read_window(&mut self, headers: &HeaderMap, now: SystemTime, max_pause: Duration) {
@@ -179,6 +251,14 @@ impl Reading {
                 )
                 .map(|w| (w, HeaderFamily::XRateLimit))
             });
+        if window.is_none() {
+            if let Some((told, vendor)) = model::requests(headers, now, &mut r.ignored) {
+                r.learn_told(told, vendor.into(), max_pause, |quota, reset| {
+                    Rate::inferred(quota, reset.max(Duration::from_secs(1)))
+                });
+                return;
+            }
+        }
         if let Some(((remaining, reset), from)) = window {
             let reset = cap(reset, max_pause, &mut r.capped);
             r.learned = r.learned.window(remaining, reset);
@@ -201,6 +281,24 @@ impl Reading {
                     .learned
                     .rate(Rate::inferred(quota, window.max(Duration::from_secs(1))));
             }
+        }
+    }
+
+    /// A budget a model API told: its window, and its rate (`rate` of the limit and the
+    /// reset in whole seconds) when it told its limit.
+    fn learn_told(
+        &mut self,
+        told: model::Told,
+        from: HeaderFamily,
+        max_pause: Duration,
+        rate: impl Fn(u64, Duration) -> Rate,
+    ) {
+        let reset = cap(told.reset, max_pause, &mut self.capped);
+        self.learned = self.learned.window(told.remaining, reset);
+        self.window_from = Some(from);
+        if let Some(quota) = told.limit.filter(|&q| q > 0) {
+            let whole = Duration::from_secs(reset.as_secs());
+            self.learned = self.learned.rate(rate(quota, whole));
         }
     }
 

@@ -23,6 +23,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With [`ThrottleLayer::token_budget`], an adaptive throttle also learns a model API's
+//! budget of tokens per minute (OpenAI's `x-ratelimit-*-tokens`, Anthropic's
+//! `anthropic-ratelimit-tokens-*`) and paces calls by it: each call takes its
+//! [`TokenBudget`] estimate before it is sent and is settled to what it used afterwards (a
+//! response header, or the [`TokenUsage`] handle), so that many workers calling one API key
+//! stay within its tokens per minute (see the guide's
+//! [token budgets](crate::guide::throttle#token-budgets)).
+//!
 //! `poll_ready` only forwards to the inner service: the wait depends on the request's key and
 //! cost, so it happens in the response future, before the inner service is called.
 
@@ -33,14 +41,19 @@ mod error;
 mod layer;
 mod learn;
 mod line;
+mod model;
 mod service;
+mod tokens;
 
 pub use self::{
     adaptive::{AdaptiveStats, DEFAULT_MAX_PAUSE},
     config::{NoRetry, RetryIdempotent},
     error::ThrottleError,
     layer::ThrottleLayer,
-    learn::{read_limits, HeaderFamily, Reading, StatedQuota, DEFAULT_429_PAUSE},
+    learn::{
+        read_limits, read_token_limits, HeaderFamily, Reading, StatedQuota, DEFAULT_429_PAUSE,
+    },
     service::Throttle,
+    tokens::{TokenBudget, TokenUsage, DEFAULT_TOKEN_ESTIMATE, DEFAULT_TOKEN_WINDOW},
 };
 pub use crate::store::upstream::{Learned, Rate};

@@ -18,8 +18,9 @@ use super::{
     clock::Clock,
     config::{NoRetry, RetryIdempotent, Settings},
     error::ThrottleError,
-    learn::{at_least_a_moment, read_limits},
+    learn::{at_least_a_moment, read_limits, read_token_limits},
     line::Place,
+    tokens::{TokenBudget, TokenUsage},
 };
 use crate::core::quiet::{self, Cause};
 use crate::{
@@ -28,7 +29,7 @@ use crate::{
     error::ErrorChain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
-    store::{micros, Backend, BoxFuture, Learned, Sent, Upstreams},
+    store::{micros, Backend, BoxFuture, Learned, Ledger, Sent, Upstreams},
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -189,29 +190,31 @@ async fn acquire<A: Algorithm>(
     }
 }
 
-/// Waits while the upstream said to pause, or while its window has fewer than `cost` units
-/// left (taking them when the call may go), by the deadline; how the call goes (blind, or
-/// first to learn the next window), and how long until its place in the upstream's pace
-/// when the upstream's rate is known (the place is kept for it). While the store fails
-/// (logged and counted), the same from what this process learned meanwhile.
+/// Waits while the upstream said to pause, or while its window of `ledger` has fewer than
+/// `cost` units left (taking them when the call may go), by the deadline; how the call goes
+/// (blind, or first to learn the next window), and how long until its place in the
+/// upstream's pace when the upstream's rate is known (the place is kept for it). While the
+/// store fails (logged and counted), the same from what this process learned meanwhile.
 async fn upstream_gate<A: Algorithm>(
     clock: &Clock,
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
-    cost: u32,
+    (ledger, cost): (Ledger, u32),
     budget: Budget,
 ) -> Result<(Sent, Duration), ThrottleError> {
     let engine = &limiter.engine;
     loop {
         let store_key = engine.store_key(Some(key));
-        let call = adaptive.store.take(store_key, cost, budget.left(clock));
+        let call = adaptive
+            .store
+            .take(store_key, ledger, cost, budget.left(clock));
         let gate = match bounded(adaptive, limiter, "reading", call).await {
             Some(gate) => gate,
             // In memory: answers at once, and cannot fail but for a key it cannot hold.
             None => match adaptive
                 .local
-                .take(store_key, cost, budget.left(clock))
+                .take(store_key, ledger, cost, budget.left(clock))
                 .await
             {
                 Ok(gate) => gate,
@@ -235,16 +238,24 @@ async fn upstream_gate<A: Algorithm>(
     }
 }
 
+/// How a call went by each of the upstream's budgets (see [`Sent`]).
+#[derive(Clone, Copy)]
+struct Ways {
+    requests: Sent,
+    tokens: Sent,
+}
+
 /// Waits for the call's turn, by the deadline: first in its key's line in this process, then
 /// for the configured quota (unless the throttle only learns; its place in the quota's
-/// schedule kept, see [`configured_turn`]), then for the upstream; leaves the line once its
-/// places are kept, and waits for the later of them.
+/// schedule kept, see [`configured_turn`]), then for the upstream's requests and its tokens
+/// (`tokens`: the call's estimate, 0 for none); leaves the line once its places are kept,
+/// and waits for the latest of them.
 async fn turn<K, A: Algorithm>(
     settings: &Settings<K, A>,
     key: &Key<'static>,
-    cost: u32,
+    (cost, tokens): (u32, u32),
     budget: Budget,
-) -> Result<Sent, ThrottleError> {
+) -> Result<Ways, ThrottleError> {
     let clock = &settings.clock;
     let limiter = &settings.limiter;
     let mut place = settings.lines.join(key);
@@ -258,17 +269,29 @@ async fn turn<K, A: Algorithm>(
     if settings.configured {
         slot += configured_turn(clock, limiter, key, cost, budget).await?;
     }
-    let (how, until_place) = match &settings.adaptive {
-        Some(adaptive) => upstream_gate(clock, adaptive, limiter, key, cost, budget).await?,
-        None => (Sent::Counted, Duration::ZERO),
+    let not_told = (Sent::Counted, Duration::ZERO);
+    let (requests, until_place) = match &settings.adaptive {
+        Some(adaptive) => {
+            let ledger = (Ledger::Requests, cost);
+            upstream_gate(clock, adaptive, limiter, key, ledger, budget).await?
+        }
+        None => not_told,
+    };
+    let slot = slot.max(clock.now() + until_place);
+    let (tokens, until_tokens) = match (&settings.adaptive, tokens) {
+        (Some(adaptive), 1..) => {
+            let ledger = (Ledger::Tokens, tokens);
+            upstream_gate(clock, adaptive, limiter, key, ledger, budget).await?
+        }
+        _ => not_told,
     };
     drop(place);
-    let go = slot.max(clock.now() + until_place);
+    let go = slot.max(clock.now() + until_tokens);
     let wait = go.saturating_sub(clock.now());
     if !wait.is_zero() {
         clock.sleep(wait).await;
     }
-    Ok(how)
+    Ok(Ways { requests, tokens })
 }
 
 /// Waits until `place` is first in its line (true), or until the deadline (false); a place
@@ -363,29 +386,68 @@ fn observe<A: Algorithm, B>(
     (reading.learned, rate_limited)
 }
 
-/// Records what an answer said, for every instance sharing the store. The answer to a blind
-/// call is recorded even when it says nothing: it is no longer on its way, and when it went
-/// first to learn a new window, the others stop waiting for it.
+/// Records what an answer said of `ledger`, for every instance sharing the store. The
+/// answer to a blind call (which took `cost`) is recorded even when it says nothing: it is
+/// no longer on its way, and when it went first to learn a new window, the others stop
+/// waiting for it.
 async fn record<A: Algorithm>(
     adaptive: &Adaptive,
     limiter: &RateLimiter<A>,
     key: &Key<'_>,
-    learned: Learned,
-    how: Sent,
+    (ledger, learned): (Ledger, Learned),
+    (how, cost): (Sent, u32),
 ) {
     if learned.is_empty() && how == Sent::Counted {
         return;
     }
     let engine = &limiter.engine;
     let store_key = engine.store_key(Some(key));
-    let call = adaptive.store.learn(store_key, learned, how);
+    let call = adaptive.store.learn(store_key, ledger, learned, how, cost);
     if bounded(adaptive, limiter, "recording", call)
         .await
         .is_none()
     {
         // For the calls that go by this process' own state while the store fails.
-        let _ = adaptive.local.learn(store_key, learned, how).await;
+        let _ = adaptive
+            .local
+            .learn(store_key, ledger, learned, how, cost)
+            .await;
     }
+}
+
+/// After an answer to a call that took `tokens` of the upstream's token budget: records
+/// the budget the answer tells, settles the call to the figure of the budget's header when
+/// there is one, and hands the caller the [`TokenUsage`] handle (in the response's
+/// extensions) to settle it otherwise.
+async fn account_tokens<A: Algorithm, B>(
+    (clock, adaptive, limiter): (&Clock, &Adaptive, &RateLimiter<A>),
+    (budget, max_pause): (&TokenBudget, Duration),
+    key: &Key<'static>,
+    (tokens, how): (u32, Sent),
+    res: &mut Response<B>,
+) {
+    let engine = &limiter.engine;
+    let counters = &adaptive.counters;
+    let now = clock.system_now();
+    let reading = read_token_limits(res.headers(), now, budget.window, max_pause);
+    AdaptiveCounters::add(&counters.ignored, u64::from(reading.ignored));
+    AdaptiveCounters::add(&counters.capped, u64::from(reading.capped));
+    if reading.ignored > 0 {
+        tracing::info!(policy = %engine.core.policy, ignored = reading.ignored, "rate limit: the upstream sent token-budget headers that were malformed");
+    }
+    if !reading.learned.is_empty() {
+        AdaptiveCounters::add(&counters.learned, 1);
+    }
+    let learned = (Ledger::Tokens, reading.learned);
+    record(adaptive, limiter, key, learned, (how, tokens)).await;
+    let usage = TokenUsage::new(adaptive, engine, key, tokens);
+    if let Some(used) = budget.figure(res.headers()) {
+        if let Err(e) = usage.settle(used).await {
+            AdaptiveCounters::add(&counters.store_errors, 1);
+            tracing::warn!(policy = %engine.core.policy, error = %ErrorChain(&e), "rate limit: settling a call's tokens failed; its estimate stands");
+        }
+    }
+    res.extensions_mut().insert(usage);
 }
 
 /// Whether a method may be sent twice.
@@ -429,6 +491,10 @@ where
     let (parts, body) = req.into_parts();
     let key = settings.key.extract(&parts).map(Key::into_owned);
     let cost = settings.cost.as_ref().map_or(1, |f| f(&parts));
+    let tokens = settings
+        .tokens
+        .as_ref()
+        .map_or(0, |b| b.estimate_of(&parts));
     let mut req = Request::from_parts(parts, body);
     let (Some(key), true) = (key, cost > 0) else {
         return inner.call(req).await.map_err(Into::into);
@@ -444,7 +510,10 @@ where
     let mut last_429: Option<Response<RB>> = None;
     let mut sent = 0;
     loop {
-        let how = match (turn(&settings, &key, cost, budget).await, last_429.take()) {
+        let how = match (
+            turn(&settings, &key, (cost, tokens), budget).await,
+            last_429.take(),
+        ) {
             (Ok(how), _) => how,
             (Err(_), Some(res)) => return Ok(res),
             (Err(e), None) => return Err(e.into()),
@@ -455,13 +524,19 @@ where
         std::future::poll_fn(|cx| inner.poll_ready(cx))
             .await
             .map_err(Into::into)?;
-        let res = inner.call(req).await.map_err(Into::into)?;
+        let mut res = inner.call(req).await.map_err(Into::into)?;
         sent += 1;
         let Some(adaptive) = &settings.adaptive else {
             return Ok(res);
         };
         let (learned, rate_limited) = observe(clock, adaptive, limiter, settings.max_pause, &res);
-        record(adaptive, limiter, &key, learned, how).await;
+        let requests = (Ledger::Requests, learned);
+        record(adaptive, limiter, &key, requests, (how.requests, cost)).await;
+        if let (Some(budget), 1..) = (&settings.tokens, tokens) {
+            let on = (clock, adaptive, limiter);
+            let budget = (&**budget, settings.max_pause);
+            account_tokens(on, budget, &key, (tokens, how.tokens), &mut res).await;
+        }
         // A 429 that says to come back at once still waits the default pause: the store
         // holds it (read_limits), unless `max_pause` cut it to nothing; then the retry waits
         // it here.

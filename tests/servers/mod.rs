@@ -9,6 +9,7 @@
 pub mod gateway;
 pub mod grpc;
 pub mod link;
+pub mod model;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;

@@ -1,12 +1,12 @@
-//! The in-memory twin of `lua/upstream_take.lua` and `lua/upstream_learn.lua`, on this
-//! store's clock: the same fields, the same rules.
+//! The in-memory twin of `lua/upstream_take.lua`, `lua/upstream_learn.lua` and
+//! `lua/upstream_settle.lua`, on this store's clock: the same fields, the same rules.
 
 use std::time::Duration;
 
 use super::MemoryStore;
 use crate::store::{
     micros,
-    upstream::{Gate, Learned, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
+    upstream::{Gate, Learned, Ledger, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
     Expiring, KeyBuf, StoreKey,
 };
 
@@ -54,7 +54,13 @@ impl Expiring for Said {
     }
 }
 
-const KIND: &str = "upstream";
+/// The kind of the in-process map's keys, per ledger.
+fn kind(ledger: Ledger) -> &'static str {
+    match ledger {
+        Ledger::Requests => "upstream",
+        Ledger::Tokens => "upstream-tokens",
+    }
+}
 
 impl Said {
     /// The blind count, if its calls are recent enough to be on their way.
@@ -99,9 +105,9 @@ impl Said {
         }
         self.blind = match self.blind {
             Some((count, since)) if since >= now.saturating_sub(BLIND_US) => {
-                Some((count + 1, since))
+                Some((count.saturating_add(cost), since))
             }
-            _ => Some((1, now)),
+            _ => Some((cost, now)),
         };
         if blind == Sent::Blind && self.count_start.is_none() {
             self.count_start = Some(now);
@@ -113,12 +119,12 @@ impl Said {
     }
 
     /// As `upstream_learn.lua`.
-    fn learn(&mut self, now: u64, learned: Learned, how: Sent) {
+    fn learn(&mut self, now: u64, learned: Learned, (how, cost): (Sent, u64)) {
         let probed = how == Sent::Probe;
         let mut blind = self.recent_blind(now);
         if how != Sent::Counted && blind > 0 {
             // This call's answer is back: it is no longer on its way.
-            blind -= 1;
+            blind = blind.saturating_sub(cost);
             if let Some((count, _)) = &mut self.blind {
                 *count = blind;
             }
@@ -187,6 +193,35 @@ impl Said {
 }
 
 impl Said {
+    /// As `upstream_settle.lua`: the pace (and a known window's count) moved by what the
+    /// call used beyond, or below, what it took.
+    fn settle(&mut self, now: u64, taken: u64, used: u64) {
+        if taken == used {
+            return;
+        }
+        if let Some((n, w)) = self.rate {
+            let i = interval(n, w);
+            if used > taken {
+                let debt = (used - taken).saturating_mul(i).min(MAX);
+                self.pace = self.pace.max(now).saturating_add(debt).min(MAX);
+            } else if self.pace > now {
+                let back = (taken - used).saturating_mul(i).min(MAX);
+                self.pace = self.pace.saturating_sub(back).max(now);
+            }
+            let keep = self.pace.max(now) + KEEP_US;
+            self.keep_until = self.keep_until.max(keep);
+        }
+        if let Some((left, ends)) = &mut self.window {
+            if *ends > now {
+                *left = if used > taken {
+                    left.saturating_sub(used - taken)
+                } else {
+                    left.saturating_add(taken - used).min(MAX)
+                };
+            }
+        }
+    }
+
     /// The window an answer tells, as `upstream_learn.lua` keeps it: the same window keeps
     /// the smaller count and the earlier end, a new one takes the calls still on their way
     /// (`blind`) off its count; a call that went first and learned nothing forgets the old.
@@ -219,10 +254,15 @@ impl Said {
 impl MemoryStore {
     /// Runs `f` on the state of `key`, fresh when it expired (as the Redis key would have),
     /// removed when left expired.
-    fn with_said<T>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Said, u64) -> T) -> T {
+    fn with_said<T>(
+        &self,
+        key: StoreKey<'_>,
+        ledger: Ledger,
+        f: impl FnOnce(&mut Said, u64) -> T,
+    ) -> T {
         let now = self.now_us();
         let mut compact = KeyBuf::new();
-        key.write_compact(KIND, &mut compact);
+        key.write_compact(kind(ledger), &mut compact);
         let key = compact.as_bytes();
         let map = &self.inner.upstreams;
         let slot = map.slot(key);
@@ -247,13 +287,38 @@ impl MemoryStore {
 
 impl MemoryStore {
     /// Whether a call of `cost` may go now (see [`Backend::take`](crate::store::Backend::take)).
-    pub(super) fn take_units(&self, key: StoreKey<'_>, cost: u32, budget: Duration) -> Gate {
+    pub(super) fn take_units(
+        &self,
+        key: StoreKey<'_>,
+        ledger: Ledger,
+        cost: u32,
+        budget: Duration,
+    ) -> Gate {
         let budget = micros(budget).min(MAX);
-        self.with_said(key, |s, now| s.take(now, u64::from(cost), budget))
+        self.with_said(key, ledger, |s, now| s.take(now, u64::from(cost), budget))
     }
 
     /// Records what an answer said (see [`Backend::learn`](crate::store::Backend::learn)).
-    pub(super) fn learn_said(&self, key: StoreKey<'_>, learned: Learned, how: Sent) {
-        self.with_said(key, |s, now| s.learn(now, learned, how));
+    pub(super) fn learn_said(
+        &self,
+        key: StoreKey<'_>,
+        ledger: Ledger,
+        learned: Learned,
+        how: Sent,
+        cost: u32,
+    ) {
+        let answered = (how, u64::from(cost));
+        self.with_said(key, ledger, |s, now| s.learn(now, learned, answered));
+    }
+
+    /// Settles a call's units (see [`Backend::settle`](crate::store::Backend::settle)); a
+    /// state that expired is left alone, as the script leaves a missing key.
+    pub(super) fn settle_used(&self, key: StoreKey<'_>, ledger: Ledger, taken: u64, used: u64) {
+        let (taken, used) = (taken.min(MAX_RATE_QUOTA), used.min(MAX_RATE_QUOTA));
+        self.with_said(key, ledger, |s, now| {
+            if s.keep_until > now {
+                s.settle(now, taken, used);
+            }
+        });
     }
 }

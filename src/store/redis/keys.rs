@@ -30,7 +30,8 @@
 //! | `{NS:KEY}:rm` | string `1`, in each region's Redis: a refill of the pool is in flight, or the home had nothing to grant | `regional_spend.lua`, `regional_fill.lua` | the refill's deadline, or until the home has a unit |
 //! | `{NS:KEY}:rd` | hash, in the home region's Redis: each region's last demand, field the region's index, `WANT:TIME` | `regional_grant_gcra.lua`, `regional_grant_bucket.lua` | a few lead times after the last grant |
 //! | `{NS:KEY}:rs` | string, in each region's Redis: the TAT of the GCRA at the region's share, used while the region is cut off | `regional_spend.lua` | when the TAT passes |
-//! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` calls sent blind since `s`, `n` and `w` its rate (units per window), `t` the next free place in its pace, `x` the rate was estimated from a 429, `a` calls answered without a word since `c` | `upstream_take.lua`, `upstream_learn.lua` | a minute past the pause, the window and the pace |
+//! | `{NS:KEY}:u` | hash: what an upstream said, `p` paused until, `r` units left in its window, `e` the window's end, `q` a call learns the next window until, `b` units sent blind since `s`, `n` and `w` its rate (units per window), `t` the next free place in its pace, `x` the rate was estimated from a 429, `a` calls answered without a word since `c` | `upstream_take.lua`, `upstream_learn.lua`, `upstream_settle.lua` | a minute past the pause, the window and the pace |
+//! | `{NS:KEY}:ut` | hash: the same as `:u` for the upstream's token budget (counted in tokens; `t` also moved by settlements) | `upstream_take.lua`, `upstream_learn.lua`, `upstream_settle.lua` | a minute past the pause, the window and the pace |
 //! | `{NS:KEY}SUFFIX` | a custom algorithm's (its [`key_suffixes`](crate::algorithm::Scripted::key_suffixes)) | its script | its script's |
 //!
 //! A ban is in force in both `:x` and `:g` or in neither: `ban.lua` writes both, an unban
@@ -84,6 +85,8 @@ pub(crate) const HOLDERS: &str = ":c";
 pub(crate) const RELEASED: &str = ":cx";
 /// What an upstream said.
 pub(crate) const UPSTREAM: &str = ":u";
+/// What an upstream said of its token budget (the same hash as `:u`, counted in tokens).
+pub(crate) const UPSTREAM_TOKENS: &str = ":ut";
 /// Several regions: the key's pool of granted units in a region's Redis.
 pub(crate) const REGION_POOL: &str = ":rp";
 /// Several regions: a refill of the pool is in flight.

@@ -80,8 +80,8 @@ use self::{
     link::{Link, Shared},
 };
 use super::{
-    Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Namespaces, Peeked, Reserved, Scheduled,
-    Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Peeked, Reserved,
+    Scheduled, Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -710,18 +710,31 @@ impl Upstreams for RedisStore {
     fn take<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: std::time::Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        self.take_units(key, cost, budget)
+        self.take_units(key, ledger, cost, budget)
     }
 
     fn learn<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
         how: Sent,
+        cost: u32,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.learn_said(key, learned, how)
+        self.learn_said(key, ledger, learned, how, cost)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.settle_used(key, ledger, taken, used)
     }
 }

@@ -1,5 +1,6 @@
-//! What upstreams said, in Redis: `lua/upstream_take.lua` and `lua/upstream_learn.lua` on a
-//! hash under the throttle's key (`:u`, see `keys.rs`).
+//! What upstreams said, in Redis: `lua/upstream_take.lua`, `lua/upstream_learn.lua` and
+//! `lua/upstream_settle.lua` on a hash under the throttle's key (`:u` for requests, `:ut` for
+//! tokens, see `keys.rs`).
 
 use std::{sync::LazyLock, time::Duration};
 
@@ -10,21 +11,27 @@ use crate::{
     error::Error,
     store::{
         micros,
-        upstream::{Gate, Learned, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
+        upstream::{Gate, Learned, Ledger, Sent, MAX_RATE_QUOTA, MAX_RATE_WINDOW},
         BoxFuture, KeyBuf, StoreKey,
     },
 };
 
 static TAKE: LazyLock<Script> = prelude_script!("upstream_take.lua");
 static LEARN: LazyLock<Script> = prelude_script!("upstream_learn.lua");
+static SETTLE: LazyLock<Script> = prelude_script!("upstream_settle.lua");
 
 /// The largest time a script takes: 2^52 µs, as the prelude checks.
 const MAX_US: u64 = 1 << 52;
 
-/// The script's call on `key`, at `now` (µs since the epoch) when given, else at Redis' time.
-fn call(script: &Script, key: StoreKey<'_>, now: Option<u64>) -> Cmd {
+/// The script's call on `key`'s hash of `ledger`, at `now` (µs since the epoch) when given,
+/// else at Redis' time.
+fn call(script: &Script, key: StoreKey<'_>, ledger: Ledger, now: Option<u64>) -> Cmd {
+    let suffix = match ledger {
+        Ledger::Requests => keys::UPSTREAM,
+        Ledger::Tokens => keys::UPSTREAM_TOKENS,
+    };
     let mut buf = KeyBuf::new();
-    keys::write_key(key, keys::UPSTREAM, &mut buf);
+    keys::write_key(key, suffix, &mut buf);
     evalsha(
         script,
         1,
@@ -55,21 +62,23 @@ impl RedisStore {
     pub(super) fn take_units<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: Duration,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        self.take_units_at(key, cost, budget, None)
+        self.take_units_at(key, ledger, cost, budget, None)
     }
 
     /// [`take_units`](Self::take_units) at `now` (µs since the epoch) when given.
     fn take_units_at<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         cost: u32,
         budget: Duration,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Gate, Error>> {
-        let mut cmd = call(&TAKE, key, now);
+        let mut cmd = call(&TAKE, key, ledger, now);
         cmd.arg(cost).arg(micros(budget).min(MAX_US));
         Box::pin(async move { parse_gate(self.link.eval(&TAKE, &cmd).await?) })
     }
@@ -77,21 +86,24 @@ impl RedisStore {
     pub(super) fn learn_said<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
         how: Sent,
+        cost: u32,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.learn_said_at(key, learned, how, None)
+        self.learn_said_at(key, ledger, learned, (how, cost), None)
     }
 
     /// [`learn_said`](Self::learn_said) at `now` (µs since the epoch) when given.
     fn learn_said_at<'a>(
         &'a self,
         key: StoreKey<'a>,
+        ledger: Ledger,
         learned: Learned,
-        how: Sent,
+        (how, cost): (Sent, u32),
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let mut cmd = call(&LEARN, key, now);
+        let mut cmd = call(&LEARN, key, ledger, now);
         let us = |d: Option<Duration>| d.map_or(0, |d| micros(d).min(MAX_US));
         cmd.arg(us(learned.pause));
         match (learned.remaining, learned.reset) {
@@ -110,8 +122,37 @@ impl RedisStore {
                 .arg(u8::from(r.stated)),
             None => cmd.arg(0).arg(0).arg(0),
         };
+        cmd.arg(cost);
         Box::pin(async move {
             self.link.eval(&LEARN, &cmd).await?;
+            Ok(())
+        })
+    }
+
+    pub(super) fn settle_used<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.settle_used_at(key, ledger, taken, used, None)
+    }
+
+    /// [`settle_used`](Self::settle_used) at `now` (µs since the epoch) when given.
+    fn settle_used_at<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        ledger: Ledger,
+        taken: u64,
+        used: u64,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let mut cmd = call(&SETTLE, key, ledger, now);
+        cmd.arg(taken.min(MAX_RATE_QUOTA))
+            .arg(used.min(MAX_RATE_QUOTA));
+        Box::pin(async move {
+            self.link.eval(&SETTLE, &cmd).await?;
             Ok(())
         })
     }
@@ -160,7 +201,7 @@ mod agreement {
         store::{
             clock::ManualClock,
             redis::RedisStore,
-            upstream::{Gate, Learned, Rate, Sent},
+            upstream::{Gate, Learned, Ledger, Rate, Sent},
             MemoryStore, StoreKey, UpstreamStore, Upstreams,
         },
     };
@@ -181,9 +222,9 @@ mod agreement {
         async fn take_within(&self, key: StoreKey<'_>, cost: u32, budget: Duration) -> Gate {
             match self {
                 Self::Redis(store, clock) => {
-                    store.take_units_at(key, cost, budget, Some(clock.now_us()))
+                    store.take_units_at(key, REQ, cost, budget, Some(clock.now_us()))
                 }
-                Self::Memory(store, _) => store.take(key, cost, budget),
+                Self::Memory(store, _) => store.take(key, REQ, cost, budget),
             }
             .await
             .unwrap()
@@ -192,9 +233,9 @@ mod agreement {
         async fn learn(&self, key: StoreKey<'_>, learned: Learned, how: Sent) {
             match self {
                 Self::Redis(store, clock) => {
-                    store.learn_said_at(key, learned, how, Some(clock.now_us()))
+                    store.learn_said_at(key, REQ, learned, (how, 1), Some(clock.now_us()))
                 }
-                Self::Memory(store, _) => store.learn(key, learned, how),
+                Self::Memory(store, _) => store.learn(key, REQ, learned, how, 1),
             }
             .await
             .unwrap()
@@ -206,6 +247,10 @@ mod agreement {
             }
         }
     }
+
+    /// The ledger these tests run on: requests (tokens follow the same rules, under a key of
+    /// their own; see `tokens_are_settled_alike_in_redis_and_in_memory`).
+    const REQ: Ledger = Ledger::Requests;
 
     /// Runs `f` on Redis, then on memory, each on a clock of its own.
     async fn on_both<F, Fut>(redis: &TestRedis, f: F)
@@ -454,15 +499,15 @@ mod agreement {
             let k = Key::from("twin");
             let key = StoreKey::bounded("rv", Some(&k), 128);
             for _ in 0..3 {
-                assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
+                assert!(store.take(key, REQ, 1, Duration::ZERO).await.unwrap().go);
             }
             let zero = Learned::new().pause(Duration::ZERO);
-            store.learn(key, zero, Sent::Counted).await.unwrap();
+            store.learn(key, REQ, zero, Sent::Counted, 1).await.unwrap();
             let w = Learned::new().window(10, Duration::from_secs(5));
-            store.learn(key, w, Sent::Counted).await.unwrap();
+            store.learn(key, REQ, w, Sent::Counted, 1).await.unwrap();
             let mut n = 0;
             for _ in 0..12 {
-                n += u32::from(store.take(key, 1, Duration::ZERO).await.unwrap().go);
+                n += u32::from(store.take(key, REQ, 1, Duration::ZERO).await.unwrap().go);
             }
             went.push(n);
         }
@@ -470,6 +515,105 @@ mod agreement {
         assert_eq!(
             went[0], 7,
             "10 left, less the 3 blind calls still on their way"
+        );
+    }
+
+    impl OnClock {
+        /// A take of `cost` units of `ledger`, by a caller who may wait a minute.
+        async fn take_of(&self, key: StoreKey<'_>, ledger: Ledger, cost: u32) -> Gate {
+            let minute = Duration::from_secs(60);
+            match self {
+                Self::Redis(store, clock) => {
+                    store.take_units_at(key, ledger, cost, minute, Some(clock.now_us()))
+                }
+                Self::Memory(store, _) => store.take(key, ledger, cost, minute),
+            }
+            .await
+            .unwrap()
+        }
+
+        async fn learn_tokens(&self, key: StoreKey<'_>, learned: Learned, how: (Sent, u32)) {
+            match self {
+                Self::Redis(store, clock) => {
+                    store.learn_said_at(key, Ledger::Tokens, learned, how, Some(clock.now_us()))
+                }
+                Self::Memory(store, _) => store.learn(key, Ledger::Tokens, learned, how.0, how.1),
+            }
+            .await
+            .unwrap()
+        }
+
+        async fn settle_tokens(&self, key: StoreKey<'_>, taken: u64, used: u64) {
+            match self {
+                Self::Redis(store, clock) => {
+                    store.settle_used_at(key, Ledger::Tokens, taken, used, Some(clock.now_us()))
+                }
+                Self::Memory(store, _) => store.settle(key, Ledger::Tokens, taken, used),
+            }
+            .await
+            .unwrap()
+        }
+    }
+
+    /// A token budget, on its own key beside the requests': blind calls counted by their
+    /// estimates, the pace started behind them, settlements moving it on (a debt) and back
+    /// (never before now); the same gates in Redis and in memory, to the microsecond.
+    #[tokio::test]
+    async fn tokens_are_settled_alike_in_redis_and_in_memory() {
+        const TOK: Ledger = Ledger::Tokens;
+        async fn tokens_run(store: OnClock, _: &'static str) -> Vec<(bool, u128)> {
+            let k = Key::from("tokens");
+            let key = StoreKey::bounded("rv", Some(&k), 128);
+            let mut gates = Vec::new();
+            // Three calls of 1,000 tokens go blind; the first answer says 9,000 of 10,000
+            // left: the pace starts behind its 1,000 and the 2,000 still on their way.
+            for _ in 0..3 {
+                gates.push(store.take_of(key, TOK, 1_000).await);
+            }
+            let told = Learned::new()
+                .window(9_000, Duration::from_secs(6))
+                .rate(Rate::stated(10_000, Duration::from_secs(60)));
+            store.learn_tokens(key, told, (Sent::Blind, 1_000)).await;
+            gates.push(store.take_of(key, TOK, 500).await);
+            // It used 2,000 of its 500: a debt of 1,500.
+            store.settle_tokens(key, 500, 2_000).await;
+            gates.push(store.take_of(key, TOK, 500).await);
+            // It used 100 of its 500: 400 back.
+            store.settle_tokens(key, 500, 100).await;
+            gates.push(store.take_of(key, TOK, 500).await);
+            // Long after: giving back makes no burst.
+            store.advance(Duration::from_secs(120));
+            store.settle_tokens(key, 500, 0).await;
+            gates.push(store.take_of(key, TOK, 500).await);
+            // The requests' key knew nothing of it: that call goes blind.
+            let g = store.take_of(key, REQ, 1).await;
+            let mut out: Vec<_> = gates.iter().map(|g| (g.go, g.wait.as_micros())).collect();
+            out.push((g.go, u128::from(g.blind == Sent::Blind)));
+            out
+        }
+        let redis = TestRedis::start();
+        let on_redis =
+            tokens_run(OnClock::Redis(redis.store().await, ManualClock::new()), "").await;
+        let clock = ManualClock::new();
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        assert_eq!(
+            on_redis,
+            tokens_run(OnClock::Memory(memory, clock), "").await
+        );
+        // One token every 60 s / 10,000 / 0.97 = 6,186 µs.
+        let i = 6_186;
+        assert_eq!(
+            on_redis,
+            vec![
+                (true, 0),
+                (true, 0),
+                (true, 0),
+                (true, 3_000 * i),
+                (true, 5_000 * i),
+                (true, 5_100 * i),
+                (true, 0),
+                (true, 1),
+            ]
         );
     }
 
@@ -482,11 +626,11 @@ mod agreement {
         let k = Key::from("expiry");
         let key = StoreKey::bounded("rv", Some(&k), 128);
         let w = Learned::new().window(0, Duration::from_secs(1));
-        store.learn(key, w, Sent::Counted).await.unwrap();
+        store.learn(key, REQ, w, Sent::Counted, 1).await.unwrap();
         clock.advance(Duration::from_secs(600));
-        assert!(store.take(key, 1, Duration::ZERO).await.unwrap().go);
+        assert!(store.take(key, REQ, 1, Duration::ZERO).await.unwrap().go);
         assert!(
-            store.take(key, 1, Duration::ZERO).await.unwrap().go,
+            store.take(key, REQ, 1, Duration::ZERO).await.unwrap().go,
             "no probe of a forgotten window"
         );
     }
