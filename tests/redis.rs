@@ -21,6 +21,8 @@ mod algorithms;
 mod bad_keys;
 #[path = "redis/batching.rs"]
 mod batching;
+#[path = "redis/budgets.rs"]
+mod budgets;
 #[path = "redis/clock.rs"]
 mod clock;
 #[path = "redis/composition.rs"]

@@ -91,23 +91,11 @@ pub(crate) fn decide(
     (o, Some(new_tat))
 }
 
-/// In-memory twin of `lua/gcra_refund.lua` for one limit: gives back what a charge of `cost`
-/// admitted at `at` that left the TAT at `end` still holds at `now` (see `held.rs`), never
-/// moving the TAT before `now`. `None` when there is nothing to give back (no TAT, or one
-/// already in the past).
-pub(crate) fn refund(
-    rate: BucketRate,
-    stored_tat: Option<u64>,
-    ledger: &mut Ledger,
-    now: u64,
-    cost: u64,
-    (at, end): (u64, u64),
-) -> Option<GivenBack> {
-    refund_part(rate, stored_tat, ledger, now, (cost, cost), (at, end))
-}
-
-/// Like [`refund`], but at most `back` of the charge's `cost` units: their share of the TAT
-/// that the charge still holds (a settlement below the charge).
+/// In-memory twin of `lua/gcra_refund.lua` for one limit (`back` = `cost`) and of settling
+/// down (`back` below it): gives back at most `back` of what a charge of `cost` admitted at
+/// `at` that left the TAT at `end` still holds at `now` (see `held.rs`), never moving the TAT
+/// before `now`. `None` when there is nothing to give back (no TAT, or one already in the
+/// past).
 pub(crate) fn refund_part(
     rate: BucketRate,
     stored_tat: Option<u64>,

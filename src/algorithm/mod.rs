@@ -38,7 +38,7 @@ mod token_bucket;
 pub use self::{
     fixed_window::{Calendar, FixedWindow},
     gcra::Gcra,
-    multi::MultiLimit,
+    multi::{LimitCost, MultiLimit},
     outcome::{Outcome, PartInfo, PartOutcome},
     scripted::Scripted,
     sliding_window::SlidingWindow,
@@ -231,14 +231,16 @@ impl<'a> Rule<'a> {
     }
 
     /// Whether a charge of this algorithm can be settled after the fact
-    /// ([`Algorithm::settle`]): GCRA, the token bucket and the two windows.
+    /// ([`Algorithm::settle`]): GCRA, the token bucket, the two windows and budgets
+    /// ([`MultiLimit::budgets`]).
     pub(crate) const fn settles(self) -> bool {
         match self.0 {
             Kind::Gcra(_)
             | Kind::TokenBucket(_)
             | Kind::SlidingWindow(_)
             | Kind::FixedWindow(_) => true,
-            Kind::Multi(_) | Kind::Script(_) => false,
+            Kind::Multi(m) => m.settles(),
+            Kind::Script(_) => false,
         }
     }
 
@@ -273,7 +275,12 @@ impl fmt::Debug for Rule<'_> {
             Kind::TokenBucket(t) => f.debug_tuple("TokenBucket").field(&t.rate()).finish(),
             Kind::SlidingWindow(w) => f.debug_tuple("SlidingWindow").field(&w.rate()).finish(),
             Kind::FixedWindow(w) => f.debug_tuple("FixedWindow").field(w).finish(),
-            Kind::Multi(m) => f.debug_tuple("Multi").field(&m.rates()).finish(),
+            Kind::Multi(m) => f
+                .debug_tuple("Multi")
+                .field(&m.rates())
+                .field(&m.costs(0).collect::<Vec<_>>())
+                .field(&m.settles())
+                .finish(),
             // The source's digest tells scripts apart (limiters on one namespace with two
             // scripts are two policies).
             Kind::Script(s) => f

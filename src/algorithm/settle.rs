@@ -28,7 +28,11 @@ pub(crate) enum Change {
 
 impl Change {
     pub(crate) fn of(cost: u32, actual: u32) -> Self {
-        let (cost, actual) = (u64::from(cost), u64::from(actual));
+        Self::of_units(u64::from(cost), u64::from(actual))
+    }
+
+    /// [`of`](Self::of) on any units (a limit's own cost, for budgets).
+    pub(crate) fn of_units(cost: u64, actual: u64) -> Self {
         match actual.cmp(&cost) {
             std::cmp::Ordering::Equal => Self::None,
             std::cmp::Ordering::Less => Self::Down(cost - actual),

@@ -36,9 +36,10 @@
 //! A handle dropped without settling leaves the estimate. A store that fails a settlement
 //! fails it whole (the estimate stands) and the response is returned all the same.
 //!
-//! Which algorithms settle: GCRA, the token bucket, the sliding window and the fixed window,
-//! on a `RedisStore` or a `MemoryStore`. A `MultiLimit`, a custom script, a `RegionalStore`
-//! and unit leases cannot: a layer asked to settle them is a
+//! Which algorithms settle: GCRA, the token bucket, the sliding window, the fixed window and
+//! budgets ([`MultiLimit::budgets`](crate::algorithm::MultiLimit::budgets), below), on a
+//! `RedisStore` or a `MemoryStore`. A `MultiLimit` built with `new`, a custom script, a
+//! `RegionalStore` and unit leases cannot: a layer asked to settle them is a
 //! [`ConfigError`](crate::ConfigError) when it is built.
 //!
 //! # Debts
@@ -55,20 +56,27 @@
 //!
 //! # A model proxy: requests and tokens per minute per API key
 //!
-//! Two layers on the same key: 60 requests a minute (each costs 1), and 90,000 tokens a minute
-//! (each request admitted on an estimate of 1,000, then settled to the tokens the upstream
-//! says it used, which the handler copies into a response header). The requests layer is
-//! outside and counts every answer but a `429`, so that a request the tokens layer refuses
-//! gives its request back.
+//! Two budgets on one key, decided together
+//! ([`MultiLimit::budgets`](crate::algorithm::MultiLimit::budgets)): 60 requests a minute
+//! (each request costs 1, [`LimitCost::Fixed`](crate::algorithm::LimitCost::Fixed)) and 90,000
+//! tokens a minute (each request admitted on an estimate of 1,000,
+//! [`LimitCost::Request`](crate::algorithm::LimitCost::Request), then settled to the tokens the
+//! upstream says it used, which the handler copies into a response header). A request is
+//! admitted only when both budgets have room, in one atomic store call; a request refused by
+//! either spends neither; the settlement moves the tokens alone (a debt of tokens makes the
+//! key's next request wait, whatever requests it has left).
 //!
 //! ```no_run
 //! use axum::{
-//!     http::{HeaderName, StatusCode},
+//!     http::HeaderName,
 //!     response::IntoResponse,
 //!     routing::post,
 //!     Router,
 //! };
-//! use tower_redis_ratelimit::{Gcra, HeaderKey, Quota, RateLimitLayer, RateLimiter, RedisStore};
+//! use tower_redis_ratelimit::{
+//!     algorithm::{LimitCost, MultiLimit},
+//!     HeaderKey, Quota, RateLimitLayer, RateLimiter, RedisStore,
+//! };
 //!
 //! /// The header the handler writes the upstream's usage in.
 //! const USAGE: HeaderName = HeaderName::from_static("x-usage-tokens");
@@ -82,25 +90,20 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-//! let api_key = HeaderKey::new("x-api-key")?;
-//! let requests = RateLimiter::builder(store.clone(), Gcra::new(Quota::per_minute(60))?)
-//!     .policy_name("requests")
-//!     .build()?;
-//! let tokens = RateLimiter::builder(store, Gcra::new(Quota::per_minute(90_000))?)
-//!     .policy_name("tokens")
+//! let budgets = MultiLimit::budgets([
+//!     ("requests", Quota::per_minute(60), LimitCost::Fixed(1)),
+//!     ("tokens", Quota::per_minute(90_000), LimitCost::Request),
+//! ])?;
+//! let limiter = RateLimiter::builder(store, budgets)
+//!     .policy_name("model")
 //!     .build()?;
 //! let app = Router::new()
 //!     .route("/v1/chat/completions", post(complete))
-//!     // Inner: tokens, admitted on 1,000 and settled to the upstream's figure.
 //!     .layer(
-//!         RateLimitLayer::new(tokens, api_key.clone())
+//!         RateLimitLayer::new(limiter, HeaderKey::new("x-api-key")?)
+//!             // The request's cost: the tokens' estimate (the requests budget takes 1).
 //!             .cost(|_| 1_000)
 //!             .settle_from_header(USAGE)?,
-//!     )
-//!     // Outer: requests; one the tokens layer refuses gets its request back.
-//!     .layer(
-//!         RateLimitLayer::new(requests, api_key)
-//!             .count_if(|status, _| status != StatusCode::TOO_MANY_REQUESTS)?,
 //!     );
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app).await?;
@@ -109,12 +112,19 @@
 //!
 //! The usage header stays on the response for the client to read; a proxy that must not
 //! forward it removes it outside the layer. For a streamed answer, whose usage comes at its
-//! end, either put the figure in a trailer of the body and build the tokens layer with
+//! end, either put the figure in a trailer of the body and build the layer with
 //! [`settle_from_trailer`](crate::RateLimitLayer::settle_from_trailer), or take the
 //! [`Usage`](crate::rate_limit::Usage) handle in the handler (`Extension<Usage>` in axum) and
 //! settle from the task that streams the body when the upstream's last chunk says how many
 //! tokens it used: the settlement does not wait for the response, and the key's next request
 //! sees it once it is made.
 //!
-//! Both layers write `RateLimit` fields, each under its policy name (`requests`, `tokens`):
-//! a client sees both budgets.
+//! Both budgets appear in the `RateLimit-Policy` and `RateLimit` fields, each as its own item
+//! under its name (`requests`, `tokens`): a client sees both. `Retry-After` covers the longer
+//! wait. A `count_if` that does not count a response gives each budget its own cost back (one
+//! request, the estimate's tokens).
+//!
+//! Two layers, one per budget, work too (the outer one counting every answer but a `429` so
+//! that a request the inner one refuses gets its request back), but they decide one after the
+//! other: the decision takes two store calls and, between them, another instance may see a
+//! request charged to one budget and not yet to the other.

@@ -370,7 +370,8 @@ impl<K: KeyExtractor, A: Algorithm> RateLimitLayer<K, A> {
     /// # Errors
     ///
     /// A [`ConfigError`] naming `settle_from_header` when a policy cannot settle: a
-    /// [`MultiLimit`](crate::algorithm::MultiLimit) or a custom script, a
+    /// [`MultiLimit`](crate::algorithm::MultiLimit) built with `new` (one built with
+    /// [`budgets`](crate::algorithm::MultiLimit::budgets) settles) or a custom script, a
     /// [`RegionalStore`](crate::store::redis::RegionalStore), unit leases.
     ///
     /// ```

@@ -263,7 +263,9 @@ impl<A: Algorithm> RateLimiter<A> {
     /// stands, and is kept). [`Error::Unsupported`] for a decision answered from a
     /// [unit lease](super::UnitLease) (its units are the lease's), a store that cannot settle
     /// (a [`RegionalStore`](crate::store::redis::RegionalStore)) or an algorithm that cannot
-    /// (a [`MultiLimit`](crate::algorithm::MultiLimit), a custom script); the charge is kept
+    /// (a [`MultiLimit`](crate::algorithm::MultiLimit) built with `new`, a custom script;
+    /// one built with [`budgets`](crate::algorithm::MultiLimit::budgets) settles the limits
+    /// that take the request's cost); the charge is kept
     /// for the first. [`Error::Timeout`], [`Error::CircuitOpen`] and the store's own error as
     /// for a [`refund`](Self::refund): the charge is used up, and the settlement may or may
     /// not have happened (it is atomic: all or nothing).

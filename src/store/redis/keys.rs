@@ -16,8 +16,8 @@
 //! | `{NS:KEY}:w` | string: a fixed window, `ID COUNT`: the units admitted in the current window and its id (a time inside it: its start, or just after the reset that zeroed it) | `fixed_window.lua`, `fixed_window_refund.lua`, `fixed_window_settle.lua`; `reset.lua` (count 0, a new id, its expiry kept) | when the window ends |
 //! | `{NS:KEY}:l2` | sorted set: sliding-window log, one member `TOTAL:SEQ` per admitted check, scored by its time | `sliding_window.lua`, `sliding_window_refund.lua`, `sliding_window_settle.lua` | a window after the newest member |
 //! | `{NS:KEY}:m2` | hash: the log's totals, `a` admitted, `r` expired, `l` newest member's time, `s` last sequence number | `sliding_window.lua`, `sliding_window_refund.lua`, `sliding_window_settle.lua`; `reset.lua` (nothing in use, `l` and `s` kept) | with its log |
-//! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua` | as `:g` |
-//! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua`, `reset.lua` | as `:gr` |
+//! | `{NS:KEY}:q:NAME` | string: the TAT of limit `NAME` of a multi-limit | `multi_gcra.lua`, `gcra_refund.lua`; for budgets `multi_gcra_settle.lua` (refunds and settlements) | as `:g` |
+//! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua`, `multi_gcra_settle.lua`, `reset.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund or a settlement with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua`, `fixed_window_refund.lua`, each `*_settle.lua` | 30 s |
 //! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |

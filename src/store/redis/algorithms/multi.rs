@@ -1,16 +1,28 @@
 //! The multi-limit's calls (`lua/multi_gcra.lua`, and GCRA's peek and refund scripts, which
-//! take several limits): one GCRA per limit, each under `:q:NAME`.
+//! take several limits; budgets' refunds and settlements by `lua/multi_gcra_settle.lua`): one
+//! GCRA per limit, each under `:q:NAME`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
 
 use super::{
     gcra, parse_banned, reply, scripts, Args, Calls, Keys, ResetCall, ScriptCall, Scripts,
 };
 use crate::{
-    algorithm::{Algorithm, BucketRate, MultiLimit, Outcome, Placed, Position},
+    algorithm::{Algorithm, BucketRate, Change, MultiLimit, Outcome, Placed, Position},
     decision::Charge,
     error::Error,
 };
 
 static CHECK: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
+/// Budgets' settlements and refunds: each limit with its own cost and figure.
+static SETTLE: LazyLock<Script> = prelude_script!(
+    "multi_gcra_settle.lua",
+    after "refund_ledger.lua",
+    "gcra_state.lua",
+    "settle.lua"
+);
 
 /// Each limit's emission interval and burst, after `first`.
 fn rates_after(first: Option<u64>, rates: &[BucketRate], extra: usize) -> Vec<u64> {
@@ -24,7 +36,11 @@ fn rates_after(first: Option<u64>, rates: &[BucketRate], extra: usize) -> Vec<u6
 
 impl<'a> Calls<'a> for &'a MultiLimit {
     fn check(self, cost: u32) -> ScriptCall<'a> {
-        let args = rates_after(Some(u64::from(cost)), self.rates(), 0);
+        let cost = u64::from(cost);
+        let mut args = rates_after(Some(cost), self.rates(), self.rates().len());
+        if self.has_fixed_costs() {
+            args.extend(self.costs(cost));
+        }
         ScriptCall::builtin_check(&CHECK, Keys::Parts(self.parts()), Args::List(args))
     }
 
@@ -36,6 +52,13 @@ impl<'a> Calls<'a> for &'a MultiLimit {
     }
 
     fn refund(self, charge: &Charge, resendable: bool) -> Result<Option<ScriptCall<'a>>, Error> {
+        if self.has_fixed_costs() {
+            let each: Vec<_> = self
+                .costs(u64::from(charge.cost()))
+                .map(|c| (c, 0))
+                .collect();
+            return Ok(settle_call(self, charge, &each, resendable));
+        }
         let rates = self.rates();
         let Some(p) = charge
             .position
@@ -55,11 +78,18 @@ impl<'a> Calls<'a> for &'a MultiLimit {
 
     fn settle(
         self,
-        _charge: &Charge,
-        _actual: u32,
-        _resendable: bool,
+        charge: &Charge,
+        actual: u32,
+        resendable: bool,
     ) -> Result<Option<ScriptCall<'a>>, Error> {
-        Err(super::not_settled())
+        if !self.settles() {
+            return Err(super::not_settled());
+        }
+        if Change::of(charge.cost(), actual) == Change::None {
+            return Ok(None);
+        }
+        let each = self.settled(charge.cost(), actual);
+        Ok(settle_call(self, charge, &each, resendable))
     }
 
     fn peek(self) -> Result<ScriptCall<'a>, Error> {
@@ -79,6 +109,34 @@ impl<'a> Calls<'a> for &'a MultiLimit {
     fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
         Err(super::not_scheduled())
     }
+}
+
+/// Budgets' settlement of each limit's charge `(cost, actual)` (a refund: every limit to 0):
+/// where the charge lies on each limit's time, which settling down needs; `None` below a
+/// charge the store did not place.
+fn settle_call<'a>(
+    multi: &'a MultiLimit,
+    charge: &Charge,
+    each: &[(u64, u64)],
+    resendable: bool,
+) -> Option<ScriptCall<'a>> {
+    let rates = multi.rates();
+    let placed = charge
+        .position
+        .placed()
+        .filter(|p| p.ends().len() == rates.len());
+    let down = each.iter().any(|(c, a)| a < c);
+    if down && placed.is_none() {
+        return None; // not placed on these limits' times: nothing it provably holds
+    }
+    let mut args = Vec::with_capacity(1 + 5 * rates.len());
+    args.push(placed.map_or(0, |p| p.at_us));
+    for (i, (r, &(cost, actual))) in rates.iter().zip(each).enumerate() {
+        let end = placed.map_or(0, |p| p.ends()[i]);
+        args.extend([r.emission_us(), r.burst(), cost, actual, end]);
+    }
+    let keys = Keys::PartsAndLedgers(multi.parts());
+    Some(ScriptCall::alone(&SETTLE, keys, args).marked(resendable))
 }
 
 /// The multi-limit's reply: the shared shape with its parts, then, when admitted, the time the
