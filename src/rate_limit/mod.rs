@@ -11,6 +11,8 @@
 
 #[cfg(feature = "admin")]
 pub mod admin;
+mod autoban;
+mod banner;
 mod builder;
 mod config;
 mod counting;
@@ -38,6 +40,7 @@ pub mod headers {
 }
 
 pub use self::{
+    autoban::AutoBan,
     builder::RateLimiterBuilder,
     config::{Class, PolicyId},
     counting::StatusSet,
