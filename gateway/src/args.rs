@@ -107,14 +107,8 @@ pub(crate) struct Args {
     pub(crate) rls_config: Option<String>,
     /// `--rls-algorithm`: its algorithm.
     pub(crate) rls_algorithm: RlsAlgorithm,
-    /// `--ban-after N`: a key refused N times within `--ban-within` is banned.
-    pub(crate) ban_after: Option<u32>,
-    /// `--ban-within DURATION` (60s unless given).
-    pub(crate) ban_within: Option<Duration>,
-    /// `--ban-for DURATION` (300s unless given).
-    pub(crate) ban_for: Option<Duration>,
-    /// `--ban-escalate F` (2 unless given).
-    pub(crate) ban_escalate: Option<f64>,
+    /// `--ban-after` and its settings: automatic bans.
+    pub(crate) bans: Bans,
     /// The flags given on the command line (the file may not give them again).
     pub(crate) given: Vec<String>,
 }
@@ -211,10 +205,7 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         rls_listen: None,
         rls_config: None,
         rls_algorithm: RlsAlgorithm::FixedWindow,
-        ban_after: None,
-        ban_within: None,
-        ban_for: None,
-        ban_escalate: None,
+        bans: Bans::default(),
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
@@ -728,6 +719,19 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
     Ok(true)
 }
 
+/// The `--ban-*` flags as given.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Bans {
+    /// `--ban-after N`: a key refused N times within `--ban-within` is banned.
+    pub(crate) after: Option<u32>,
+    /// `--ban-within DURATION` (60s unless given).
+    pub(crate) within: Option<Duration>,
+    /// `--ban-for DURATION` (300s unless given).
+    pub(crate) duration: Option<Duration>,
+    /// `--ban-escalate F` (2 unless given).
+    pub(crate) escalate: Option<f64>,
+}
+
 /// Sets a flag of automatic bans (`--ban-*`). Whether `flag` is one of them.
 fn ban_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
     let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
@@ -738,7 +742,7 @@ fn ban_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
     };
     match flag {
         "--ban-after" => {
-            a.ban_after = Some(
+            a.bans.after = Some(
                 value
                     .parse()
                     .ok()
@@ -746,10 +750,10 @@ fn ban_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
                     .ok_or_else(|| bad("a whole number of refusals, at least 1"))?,
             )
         }
-        "--ban-within" => a.ban_within = Some(duration()?),
-        "--ban-for" => a.ban_for = Some(duration()?),
+        "--ban-within" => a.bans.within = Some(duration()?),
+        "--ban-for" => a.bans.duration = Some(duration()?),
         "--ban-escalate" => {
-            a.ban_escalate = Some(
+            a.bans.escalate = Some(
                 value
                     .parse::<f64>()
                     .ok()

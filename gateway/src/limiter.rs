@@ -143,27 +143,27 @@ pub(crate) fn rate_limiter(
 
 /// `--ban-after N` with its window, duration and escalation (their defaults: 60 s, 300 s, 2).
 pub(crate) fn auto_ban(args: &Args) -> Option<AutoBan> {
-    let within = args.ban_within.unwrap_or(Duration::from_secs(60));
-    let duration = args.ban_for.unwrap_or(Duration::from_secs(300));
-    let ban = AutoBan::new(args.ban_after?, within, duration);
-    Some(ban.escalate(args.ban_escalate.unwrap_or(2.0)))
+    let within = args.bans.within.unwrap_or(Duration::from_secs(60));
+    let duration = args.bans.duration.unwrap_or(Duration::from_secs(300));
+    let ban = AutoBan::new(args.bans.after?, within, duration);
+    Some(ban.escalate(args.bans.escalate.unwrap_or(2.0)))
 }
 
 /// The `--ban-*` flags that cannot work: the others without `--ban-after`, and automatic bans
 /// across `--regions` (which keep no bans).
 fn check_bans(args: &Args) -> Result<(), Refusal> {
     let given = [
-        ("ban_within", args.ban_within.is_some()),
-        ("ban_for", args.ban_for.is_some()),
-        ("ban_escalate", args.ban_escalate.is_some()),
+        ("ban_within", args.bans.within.is_some()),
+        ("ban_for", args.bans.duration.is_some()),
+        ("ban_escalate", args.bans.escalate.is_some()),
     ];
-    if let (None, Some((field, _))) = (args.ban_after, given.iter().find(|(_, on)| *on)) {
+    if let (None, Some((field, _))) = (args.bans.after, given.iter().find(|(_, on)| *on)) {
         let flag = format!("--{}", field.replace('_', "-"));
         return Err(refusal(*field)(format!(
             "{flag} is a setting of automatic bans: give --ban-after N"
         )));
     }
-    if args.ban_after.is_some() && args.regions.is_some() {
+    if args.bans.after.is_some() && args.regions.is_some() {
         return Err(refusal("ban_after")(
             "--ban-after does not work across --regions (regions keep no bans)",
         ));

@@ -230,10 +230,10 @@ pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 17] {
         ("lease_ms", format!("{:?}", a.lease)),
         ("unit_lease_ms", format!("{:?}", a.unit_lease)),
         // The automatic bans are the limiter's, built once: a change needs a restart.
-        ("ban_after", format!("{:?}", a.ban_after)),
-        ("ban_within", format!("{:?}", a.ban_within)),
-        ("ban_for", format!("{:?}", a.ban_for)),
-        ("ban_escalate", format!("{:?}", a.ban_escalate)),
+        ("ban_after", format!("{:?}", a.bans.after)),
+        ("ban_within", format!("{:?}", a.bans.within)),
+        ("ban_for", format!("{:?}", a.bans.duration)),
+        ("ban_escalate", format!("{:?}", a.bans.escalate)),
     ]
 }
 
