@@ -4,6 +4,8 @@
 -- KEYS[1]  the key's ban: when it ends, in microseconds on the server's clock
 -- KEYS[2]  the key's GCRA state, which gets a copy of the ban (whatever the limiter's algorithm:
 --          the ban is the key's)
+-- KEYS[3]  the key's refusals counted toward an automatic ban (autoban.lua), deleted: the
+--          count starts afresh when a ban starts (optional)
 -- ARGV     now|'', duration_us
 -- Reply    when the ban ends
 local now = clock()
@@ -19,4 +21,7 @@ if raw then
 end
 redis.call('SET', KEYS[1], fmt(ends), 'PX', ms_ceil(duration))
 gcra_write(KEYS[2], tat, ends, now)
+if KEYS[3] then
+  redis.call('DEL', KEYS[3])
+end
 return ends

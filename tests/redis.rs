@@ -17,6 +17,8 @@ mod adaptive;
 mod agreement;
 #[path = "redis/algorithms.rs"]
 mod algorithms;
+#[path = "redis/autoban.rs"]
+mod autoban;
 #[path = "redis/bad_keys.rs"]
 mod bad_keys;
 #[path = "redis/batching.rs"]

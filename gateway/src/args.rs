@@ -13,7 +13,8 @@ pub(crate) const USAGE: &str = "gateway [--listen ADDR] [--redis URL] [--redis-c
 [--key global|ip|header:NAME] [--trusted-proxy CIDR]... [--ipv6-prefix 1-128] \
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] \
-[--concurrency N [--lease-ms M]] [--unit-lease-ms N] [--prefix P] [--log LEVEL] [--shadow] \
+[--concurrency N [--lease-ms M]] [--unit-lease-ms N] \
+[--ban-after N [--ban-within DURATION] [--ban-for DURATION] [--ban-escalate F]] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
 [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
@@ -106,6 +107,8 @@ pub(crate) struct Args {
     pub(crate) rls_config: Option<String>,
     /// `--rls-algorithm`: its algorithm.
     pub(crate) rls_algorithm: RlsAlgorithm,
+    /// `--ban-after` and its settings: automatic bans.
+    pub(crate) bans: Bans,
     /// The flags given on the command line (the file may not give them again).
     pub(crate) given: Vec<String>,
 }
@@ -202,6 +205,7 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         rls_listen: None,
         rls_config: None,
         rls_algorithm: RlsAlgorithm::FixedWindow,
+        bans: Bans::default(),
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
@@ -364,6 +368,18 @@ struct CommandLine {
     /// Unit leases for hot allowed keys, handed out for at most N ms.
     #[arg(long, value_name = "N", help_heading = "Limit")]
     unit_lease_ms: Vec<OsString>,
+    /// Ban a key refused N times within --ban-within, on every gateway sharing the store.
+    #[arg(long, value_name = "N", help_heading = "Limit")]
+    ban_after: Vec<OsString>,
+    /// The window in which --ban-after counts refusals [default: 60s].
+    #[arg(long, value_name = "DURATION", help_heading = "Limit")]
+    ban_within: Vec<OsString>,
+    /// How long a key is banned [default: 300s].
+    #[arg(long, value_name = "DURATION", help_heading = "Limit")]
+    ban_for: Vec<OsString>,
+    /// A key banned again within a day is banned F times longer, at most a day [default: 2].
+    #[arg(long, value_name = "F", help_heading = "Limit")]
+    ban_escalate: Vec<OsString>,
     /// Decide and report, never refuse.
     #[arg(long, action = ArgAction::SetTrue, help_heading = "Limit")]
     shadow: bool,
@@ -557,6 +573,7 @@ pub(crate) fn apply_flag(a: &mut Args, flag: &str, value: Option<String>) -> Res
         _ => {
             let handled = store_flag(a, flag, value.clone())?
                 || limit_flag(a, flag, value.clone())?
+                || ban_flag(a, flag, value.clone())?
                 || operating_flag(a, flag, value)?;
             if !handled {
                 return Err(format!("unknown flag {flag}"));
@@ -696,6 +713,53 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
                 .ok()
                 .filter(|&n: &u32| n > 0)
                 .ok_or_else(|| bad("a whole number of units, at least 1"))?
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The `--ban-*` flags as given.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Bans {
+    /// `--ban-after N`: a key refused N times within `--ban-within` is banned.
+    pub(crate) after: Option<u32>,
+    /// `--ban-within DURATION` (60s unless given).
+    pub(crate) within: Option<Duration>,
+    /// `--ban-for DURATION` (300s unless given).
+    pub(crate) duration: Option<Duration>,
+    /// `--ban-escalate F` (2 unless given).
+    pub(crate) escalate: Option<f64>,
+}
+
+/// Sets a flag of automatic bans (`--ban-*`). Whether `flag` is one of them.
+fn ban_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
+    let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+    let duration = || {
+        parse_duration(&value)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| bad("a duration like 500ms, 10s, 5m, 1h"))
+    };
+    match flag {
+        "--ban-after" => {
+            a.bans.after = Some(
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u32| n > 0)
+                    .ok_or_else(|| bad("a whole number of refusals, at least 1"))?,
+            )
+        }
+        "--ban-within" => a.bans.within = Some(duration()?),
+        "--ban-for" => a.bans.duration = Some(duration()?),
+        "--ban-escalate" => {
+            a.bans.escalate = Some(
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (1.0..=1000.0).contains(f))
+                    .ok_or_else(|| bad("a factor F with 1 <= F <= 1000"))?,
+            )
         }
         _ => return Ok(false),
     }

@@ -125,7 +125,11 @@ pub(crate) fn rate_limiter(
     if let Some(lifetime) = args.unit_lease {
         builder = builder.lease(UnitLease::up_to(lifetime));
     }
+    if let Some(ban) = auto_ban(args) {
+        builder = builder.ban_after(ban);
+    }
     builder.build().map_err(|e| match e.field() {
+        f if f.starts_with("ban_after") => refusal("ban_after")(e),
         f if f.starts_with("lease") => refusal("unit_lease_ms")(format!(
             "--unit-lease-ms {} (--algorithm {}): {e}",
             args.unit_lease.unwrap_or_default().as_millis(),
@@ -135,6 +139,36 @@ pub(crate) fn rate_limiter(
         "local_share" => refusal("local_share")(e),
         _ => e.to_string().into(),
     })
+}
+
+/// `--ban-after N` with its window, duration and escalation (their defaults: 60 s, 300 s, 2).
+pub(crate) fn auto_ban(args: &Args) -> Option<AutoBan> {
+    let within = args.bans.within.unwrap_or(Duration::from_secs(60));
+    let duration = args.bans.duration.unwrap_or(Duration::from_secs(300));
+    let ban = AutoBan::new(args.bans.after?, within, duration);
+    Some(ban.escalate(args.bans.escalate.unwrap_or(2.0)))
+}
+
+/// The `--ban-*` flags that cannot work: the others without `--ban-after`, and automatic bans
+/// across `--regions` (which keep no bans).
+fn check_bans(args: &Args) -> Result<(), Refusal> {
+    let given = [
+        ("ban_within", args.bans.within.is_some()),
+        ("ban_for", args.bans.duration.is_some()),
+        ("ban_escalate", args.bans.escalate.is_some()),
+    ];
+    if let (None, Some((field, _))) = (args.bans.after, given.iter().find(|(_, on)| *on)) {
+        let flag = format!("--{}", field.replace('_', "-"));
+        return Err(refusal(*field)(format!(
+            "{flag} is a setting of automatic bans: give --ban-after N"
+        )));
+    }
+    if args.bans.after.is_some() && args.regions.is_some() {
+        return Err(refusal("ban_after")(
+            "--ban-after does not work across --regions (regions keep no bans)",
+        ));
+    }
+    Ok(())
 }
 
 /// Everything that can be checked before connecting to anything: the quota and the algorithm
@@ -179,6 +213,7 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
     metrics::with_local_recorder(&metrics::NoopRecorder, || {
         rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))
     })?;
+    check_bans(args)?;
     key_extractor(args)?;
     admin_token(args)?;
     if args.shadow && args.concurrency.is_some() {

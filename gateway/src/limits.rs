@@ -24,6 +24,10 @@ pub(crate) struct FileFlags {
     pub(crate) lease_ms: Option<u64>,
     pub(crate) unit_lease_ms: Option<u64>,
     pub(crate) shadow: Option<bool>,
+    pub(crate) ban_after: Option<u32>,
+    pub(crate) ban_within: Option<String>,
+    pub(crate) ban_for: Option<String>,
+    pub(crate) ban_escalate: Option<f64>,
     pub(crate) allow: Option<Vec<String>>,
     pub(crate) deny: Option<Vec<String>>,
 }
@@ -48,6 +52,10 @@ pub(crate) const FILE_KEYS: &[&str] = &[
     "lease_ms",
     "unit_lease_ms",
     "shadow",
+    "ban_after",
+    "ban_within",
+    "ban_for",
+    "ban_escalate",
     "allow",
     "deny",
 ];
@@ -177,6 +185,7 @@ fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> 
         headers
     );
     put_values!(count_only, cost, concurrency, lease_ms, unit_lease_ms);
+    put_values!(ban_after, ban_within, ban_for, ban_escalate);
     if file.shadow == Some(true) {
         put("shadow", None);
     }
@@ -194,7 +203,7 @@ fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> 
 
 /// The settings a reload may change: those of [`Limits`]. The others (the algorithm, the key
 /// and the rest) need a restart.
-pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 13] {
+pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 17] {
     [
         // Calendar windows and windows of a duration are not the same windows, even of one
         // nominal length (1mo and 30d).
@@ -220,6 +229,11 @@ pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 13] {
         ("concurrency", format!("{:?}", a.concurrency)),
         ("lease_ms", format!("{:?}", a.lease)),
         ("unit_lease_ms", format!("{:?}", a.unit_lease)),
+        // The automatic bans are the limiter's, built once: a change needs a restart.
+        ("ban_after", format!("{:?}", a.bans.after)),
+        ("ban_within", format!("{:?}", a.bans.within)),
+        ("ban_for", format!("{:?}", a.bans.duration)),
+        ("ban_escalate", format!("{:?}", a.bans.escalate)),
     ]
 }
 

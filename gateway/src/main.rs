@@ -17,7 +17,8 @@
 //!     [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N]
 //!     [--headers ietf|legacy|both|none]
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] [--settle-header NAME] [--concurrency N [--lease-ms M]]
-//!     [--unit-lease-ms N] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
+//!     [--unit-lease-ms N] [--ban-after N [--ban-within DURATION] [--ban-for DURATION] [--ban-escalate F]]
+//!     [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
@@ -30,7 +31,7 @@
 //! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
 //! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
 //! table, `gold = "100/1m"`), `count_only`, `cost`, `concurrency`, `lease_ms`, `unit_lease_ms`,
-//! `shadow`, `allow` and `deny` (lists). An absent key takes the flag's default; with
+//! `shadow`, `ban_after`, `ban_within`, `ban_for`, `ban_escalate`, `allow` and `deny` (lists). An absent key takes the flag's default; with
 //! `--config`, any of these given as a flag (in the file or not) is refused at start-up; every
 //! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and
 //! when it changes (looked at every 50 ms), once it has settled: its size, modification time
@@ -89,6 +90,23 @@
 //! blocks of its units reserved in the store in one call, each handed out for at most N ms
 //! after its reservation was sent; what is left goes back. The limit then holds in count,
 //! shifted in time by at most N ms (see `UnitLease`).
+//!
+//! `--ban-after N` bans a key refused N times within `--ban-within DURATION` (default `60s`)
+//! for `--ban-for DURATION` (default `300s`); a key banned again within a day of its last
+//! ban's end is banned `--ban-escalate F` (default `2`, from 1 to 1000) times as long as its
+//! last ban, at most a day (durations as `--per` reads them: `500ms`, `10s`, `5m`, `1h`, each
+//! from 1 ms to a day). The ban is the one `PUT /bans/{key}` sets: in the store, so every
+//! gateway sharing it answers the key `429` with `Retry-After` the time the ban has left;
+//! `GET /keys/{key}` shows it as `banned_ms`, `DELETE /bans/{key}` lifts it. Refusals of a
+//! banned key do not count; the count starts afresh when a ban starts. Refusals are counted
+//! off the request path (a queue and one atomic store call each, see the library's
+//! `AutoBan`): a ban starts about one store round trip after the refusal that brought it.
+//! With `--shadow`, the would-be bans are logged, never set. Each ban is counted in
+//! `ratelimit_bans_total{policy, reason="automatic"}` (`reason="operator"` for
+//! `PUT /bans`) and logged at `info` with the key's digest. Refused at start-up: `--ban-after`
+//! with `--regions`; `--ban-within`, `--ban-for` or `--ban-escalate` without `--ban-after`. In
+//! the `--config` file as `ban_after`, `ban_within`, `ban_for`, `ban_escalate`; a reload
+//! that changes them is refused (they need a restart).
 //!
 //! `--shadow` never rejects and changes nothing a client sees: every request is served, no
 //! response gets a rate-limit field, and each over-limit request is logged ("would deny") at
@@ -298,7 +316,7 @@ use tower_redis_ratelimit::{
     rate_limit::rls::{RlsAlgorithm, RlsService},
     rate_limit::{
         file::{self, from_toml, FileError, FileWatch, Look},
-        AccessList, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
+        AccessList, AutoBan, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
     },
     store::redis::{Batching, RegionalStore},
     store::{SlotStore, Store},

@@ -12,6 +12,8 @@ mod common;
 #[path = "../../tests/servers/mod.rs"]
 mod servers;
 
+#[path = "outside/bans.rs"]
+mod bans;
 #[path = "outside/gateway.rs"]
 mod gateway;
 #[path = "outside/gateway_production.rs"]

@@ -125,6 +125,15 @@ impl Backend for Flaky {
         self.inner.unban(key)
     }
 
+    fn count_refusal<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        terms: &'a crate::store::offences::BanTerms,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::offences::Counted, Error>> {
+        self.inner.count_refusal(key, terms, now_us)
+    }
+
     fn mark<'a>(
         &'a self,
         namespace: &'a str,

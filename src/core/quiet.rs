@@ -23,21 +23,26 @@ pub(crate) enum Cause {
     UnreadableFigure,
     /// The store failed a settlement (a line a second).
     SettleFailed,
+    /// A refusal could not be counted toward an automatic ban: its queue was full, or the
+    /// store failed (a line a second).
+    RefusalNotCounted,
 }
 
 impl Cause {
-    const ALL: [Cause; 4] = [
+    const ALL: [Cause; 5] = [
         Cause::StoreFailed,
         Cause::WouldDeny,
         Cause::UnreadableFigure,
         Cause::SettleFailed,
+        Cause::RefusalNotCounted,
     ];
 
     const fn every(self) -> Duration {
         match self {
-            Cause::StoreFailed | Cause::UnreadableFigure | Cause::SettleFailed => {
-                Duration::from_secs(1)
-            }
+            Cause::StoreFailed
+            | Cause::UnreadableFigure
+            | Cause::SettleFailed
+            | Cause::RefusalNotCounted => Duration::from_secs(1),
             Cause::WouldDeny => Duration::from_secs(10),
         }
     }

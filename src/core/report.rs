@@ -33,6 +33,8 @@ pub const NEAR_LIMIT: &str = "ratelimit_near_limit_total";
 /// Metric names.
 pub const STORE_RESETS: &str = "ratelimit_store_resets_total";
 /// Metric names.
+pub const BANS: &str = "ratelimit_bans_total";
+/// Metric names.
 pub const POLICY_CAPACITY: &str = "ratelimit_policy_capacity";
 /// Metric names.
 pub const POLICY_WINDOW: &str = "ratelimit_policy_window_seconds";
@@ -70,6 +72,10 @@ pub(crate) fn describe() {
         describe_counter!(
             STORE_ERRORS,
             "Store calls that failed, by policy and kind (timeout, redis, other); checks refused by an open circuit breaker are not store calls."
+        );
+        describe_counter!(
+            BANS,
+            "Keys banned, by policy and reason (automatic: refused too often, under ban_after; operator: RateLimiter::ban, PUT /bans). Each ban is counted once, by the instance that set it."
         );
         describe_counter!(
             REFUNDS,
@@ -395,6 +401,72 @@ pub(crate) fn store_reset(policy: &str, bans: usize, failed: usize) {
     );
     #[cfg(feature = "metrics")]
     metrics::counter!(STORE_RESETS, "policy" => policy.to_owned()).increment(1);
+}
+
+/// A ban set (or, in shadow mode, one that would have been): counted under `reason`
+/// (`automatic` or `operator`; a would-be ban is not counted), and an automatic one logged
+/// once, at `info` with the key's digest (`key_sha1`, the first 16 hex digits of the SHA-1 of
+/// its bytes, as the admin audit logs it), its duration and its number (`offence`: 1 for the
+/// key's first ban within a day), the key itself at `trace` only.
+pub(crate) fn banned(
+    policy: &str,
+    reason: &'static str,
+    key: Option<&Key<'_>>,
+    duration: Duration,
+    offence: Option<u32>,
+    shadow: bool,
+) {
+    if let (Some(offence), Some(k)) = (offence, key) {
+        let digest = sha1_smol::Sha1::from(key_bytes(k)).digest().to_string();
+        let key_sha1 = &digest[..16];
+        let ban_ms = duration.as_millis() as u64;
+        match shadow {
+            true => tracing::info!(
+                policy,
+                key_sha1,
+                ban_ms,
+                offence,
+                "rate limit: would ban the key (shadow mode): refused too often"
+            ),
+            false => tracing::info!(
+                policy,
+                key_sha1,
+                ban_ms,
+                offence,
+                "rate limit: key banned: refused too often"
+            ),
+        }
+        tracing::trace!(policy, key = %Logged(key), key_sha1, "rate limit: the key of the ban above");
+    }
+    #[cfg(feature = "metrics")]
+    if !shadow {
+        metrics::counter!(BANS, "policy" => policy.to_owned(), "reason" => reason).increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = reason;
+}
+
+/// A key's bytes as an operator names it (`/bans/{key}`): text or bytes as they are, an
+/// address or a number as written.
+fn key_bytes(key: &Key<'_>) -> Vec<u8> {
+    use crate::extract::Repr;
+    match key.repr() {
+        Repr::Text(t) => t.as_bytes().to_vec(),
+        Repr::Bytes(b) => b.to_vec(),
+        _ => key.to_string().into_bytes(),
+    }
+}
+
+/// A refusal not counted toward an automatic ban (`why`), logged at most once a second.
+pub(crate) fn refusal_not_counted(policy: &str, quiet: &quiet::Quiet, why: &dyn std::fmt::Display) {
+    if let Some(left_out) = quiet.may_log(Cause::RefusalNotCounted) {
+        tracing::warn!(
+            policy,
+            not_counted = left_out + 1,
+            reason = %why,
+            "rate limit: refusals not counted toward automatic bans since the last such line"
+        );
+    }
 }
 
 /// The bans a loss left waiting, written back at a later look.

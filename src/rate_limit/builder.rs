@@ -7,7 +7,12 @@ use std::{
 
 use arc_swap::ArcSwapOption;
 
-use super::{engine::RateEngine, limiter::RateLimiter};
+use super::{
+    autoban::{self, AutoBan},
+    banner::Banner,
+    engine::RateEngine,
+    limiter::RateLimiter,
+};
 use crate::{
     algorithm::Algorithm,
     core::report::KeyMeters,
@@ -61,6 +66,7 @@ impl<A: Algorithm> RateLimiter<A> {
             top_keys: Self::DEFAULT_TOP_KEYS,
             metric_keys: Vec::new(),
             lease: None,
+            ban_after: None,
         }
     }
 }
@@ -77,6 +83,7 @@ pub struct RateLimiterBuilder<A> {
     top_keys: usize,
     metric_keys: Vec<Key<'static>>,
     lease: Option<UnitLease>,
+    ban_after: Option<AutoBan>,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -234,6 +241,18 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         self
     }
 
+    /// Bans a key refused too often, by itself: see [`AutoBan`] (the terms, and how the
+    /// refusals are counted). The ban is the one [`RateLimiter::ban`] sets, shared by every
+    /// instance on the store. In shadow mode, the ban that would be set is logged, never set.
+    ///
+    /// [`build`](Self::build) refuses terms that cannot work (a [`ConfigError`] naming
+    /// `ban_after.after`, `ban_after.within`, `ban_after.duration` or `ban_after.escalate`),
+    /// and `ban_after` across regions or with a custom algorithm (neither keeps bans).
+    pub fn ban_after(mut self, terms: AutoBan) -> Self {
+        self.ban_after = Some(terms);
+        self
+    }
+
     /// Validates the options; the error names the field.
     ///
     /// # Errors
@@ -248,6 +267,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             ));
         }
         let regional = self.store.regional();
+        let banner = self.banner(regional)?;
         if regional {
             refuse_across_regions(&self.algorithm, self.lease.is_some())?;
         }
@@ -306,17 +326,40 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             prefix,
             live: ArcSwapOption::empty(),
             watch: Default::default(),
+            banner,
         };
-        Ok(RateLimiter {
-            engine: Arc::new(engine),
-            algorithm,
-        })
+        let engine = Arc::new(engine);
+        autoban::bind(&engine);
+        Ok(RateLimiter { engine, algorithm })
     }
 }
 
 /// Registers at 0 the decisions' series a dashboard reads from the start: allowed and
 /// denied (`would_deny` in shadow mode) by the store, and by the deny cache and unit leases
 /// when they are on. The rest appear on their first decision.
+impl<A: Algorithm> RateLimiterBuilder<A> {
+    /// The automatic bans, their terms checked.
+    fn banner(&self, regional: bool) -> Result<Option<Banner>, ConfigError> {
+        let Some(ban_after) = &self.ban_after else {
+            return Ok(None);
+        };
+        let terms = ban_after.terms()?;
+        if regional {
+            return Err(ConfigError::new(
+                "ban_after",
+                "automatic bans do not work across regions (a RegionalStore keeps no bans)",
+            ));
+        }
+        if self.algorithm.rule().is_script() {
+            return Err(ConfigError::new(
+                "ban_after",
+                "a custom algorithm's script reads no ban",
+            ));
+        }
+        Ok(Some(Banner::new(terms)))
+    }
+}
+
 fn register_series(core: &Core, shadow: bool, deny_cache: bool, leasing: bool) {
     use crate::decision::{Source, Verdict};
     if !core.reports {
@@ -366,6 +409,7 @@ fn local_engine(
         prefix,
         live: ArcSwapOption::empty(),
         watch: Default::default(),
+        banner: None,
     }))
 }
 

@@ -57,6 +57,9 @@ pub(crate) struct RateEngine {
     /// The marker last seen and the bans this instance knows, to notice a store that lost
     /// this limit's state and write the bans back.
     pub(crate) watch: super::store_watch::StoreWatch,
+    /// Automatic bans ([`RateLimiterBuilder::ban_after`](super::RateLimiterBuilder::ban_after)):
+    /// the refusals to count.
+    pub(crate) banner: Option<super::banner::Banner>,
 }
 
 /// The quotas of live limits: the default one (`None`: the algorithm's own) and per key.
@@ -752,8 +755,16 @@ impl RateEngine {
         Ok(())
     }
 
+    /// A refusal this process answered: queued to be counted toward a ban when the policy
+    /// bans by itself, the key has one, and the refusal is not a ban's.
+    fn count_if_refused(&self, key: Option<&Key<'_>>, allowed: bool, banned: bool) {
+        if let (Some(banner), Some(key), false, false) = (&self.banner, key, allowed, banned) {
+            banner.refused(key, &self.core.policy, &self.core.quiet);
+        }
+    }
+
     /// Forgets the cached denial and the unit lease of `key` in this process.
-    fn forget_locally(&self, key: StoreKey<'_>) {
+    pub(super) fn forget_locally(&self, key: StoreKey<'_>) {
         if let Some(cache) = &self.deny_cache {
             let mut compact = KeyBuf::new();
             cache_key(key, None, &mut compact);
@@ -794,6 +805,7 @@ impl RateEngine {
         // The cache key ends with the key's compact form.
         let id = &compact.as_bytes()[cache_key_prefix(quoted)..];
         self.record(&mut d, key, Some(id), None);
+        self.count_if_refused(key.key(), false, hit.banned);
         Some(d)
     }
 
@@ -840,6 +852,9 @@ impl RateEngine {
             charge.quota = Some(q.quota);
         }
         self.record(&mut d, key, None, started.map(|s| s.elapsed()));
+        if now_us.is_none() {
+            self.count_if_refused(key.key(), d.allowed, d.banned);
+        }
         // Only what cannot change before its deadline (but by an operator, whose reset or
         // unban is seen here within MAX_AGE): a cost-1 denial with nothing left, on the
         // store's clock (never for explicit test times), for single-limit algorithms; a ban.
@@ -881,7 +896,7 @@ fn cache_key_prefix(quoted: Option<&Quoted>) -> usize {
 /// The deny cache's key for `key` (and the quota given for the check, if any): a marker
 /// byte, then the quota's fixed-length tag when there is one, then the key. The marker goes
 /// first so that no key's bytes can spell another key with a quota.
-fn cache_key(key: StoreKey<'_>, quoted: Option<&Quoted>, out: &mut KeyBuf) {
+pub(super) fn cache_key(key: StoreKey<'_>, quoted: Option<&Quoted>, out: &mut KeyBuf) {
     match quoted {
         Some(q) => {
             out.put(b"q");

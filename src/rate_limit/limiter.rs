@@ -467,7 +467,10 @@ impl<A: Algorithm> RateLimiter<A> {
     /// ```
     pub async fn ban<'k>(&self, key: impl Into<Key<'k>>, duration: Duration) -> Result<(), Error> {
         let key = key.into();
-        self.engine.ban(Some(&key), duration, None).await
+        self.engine.ban(Some(&key), duration, None).await?;
+        let policy = self.engine.policy();
+        crate::core::report::banned(policy, "operator", Some(&key), duration, None, false);
+        Ok(())
     }
 
     /// Looks at this limit's marker in the store, and answers `true` when the store lost it

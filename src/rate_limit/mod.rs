@@ -11,6 +11,8 @@
 
 #[cfg(feature = "admin")]
 pub mod admin;
+mod autoban;
+mod banner;
 mod builder;
 mod config;
 mod counting;
@@ -39,6 +41,7 @@ pub mod headers {
 
 pub(crate) use self::engine::RateEngine;
 pub use self::{
+    autoban::AutoBan,
     builder::RateLimiterBuilder,
     config::{Class, PolicyId},
     counting::StatusSet,

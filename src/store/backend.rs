@@ -5,6 +5,7 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use super::{
     leases::{Acquired, SlotTerms},
     namespaces::Namespaces,
+    offences::{BanTerms, Counted},
     reserved::{Reserved, Scheduled},
     upstream::{Gate, Learned, Ledger, Sent},
     Store, StoreKey,
@@ -165,6 +166,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Lifts `key`'s ban, if it has one.
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Counts one refusal of `key` under `terms` (a policy that bans by itself), atomically
+    /// across every instance sharing the store: the refusal that brings the key's count in
+    /// its window to `terms.after` bans it (as [`ban`](Self::ban) does, unless in shadow
+    /// mode), escalated from its last ban; a refusal of a banned key does not count (see
+    /// `lua/autoban.lua`). [`Error::Unsupported`] from a store that keeps no bans.
+    fn count_refusal<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        terms: &'a BanTerms,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Counted, Error>>;
 
     /// The token of `namespace`'s marker, set to `token` when the store holds none: a store
     /// that lost the namespace's state (a restart without persistence, a flush) lost the
@@ -431,6 +444,15 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
 
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         (**self).unban(key)
+    }
+
+    fn count_refusal<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        terms: &'a BanTerms,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Counted, Error>> {
+        (**self).count_refusal(key, terms, now_us)
     }
 
     fn mark<'a>(

@@ -21,6 +21,7 @@ use crate::{
 };
 
 mod leases;
+mod offences;
 mod upstream;
 
 const SHARDS: usize = 16;
@@ -72,6 +73,9 @@ struct Inner {
     bans: Sharded<Ban>,
     /// Bans held (live or not yet swept): while none is, a check looks none up.
     bans_held: AtomicUsize,
+    /// Refusals counted toward automatic bans, and the last ban of each key (see
+    /// [`Backend::count_refusal`]).
+    offences: Sharded<super::offences::Offences>,
     /// Each namespace's marker (see [`Backend::mark`]): a process's memory is never lost
     /// while it runs, so a marker set stays.
     markers: std::sync::Mutex<std::collections::HashMap<Box<str>, Vec<u8>>>,
@@ -386,6 +390,7 @@ impl MemoryStoreBuilder {
                 upstreams: Sharded::new(SHARDS, self.max_keys),
                 bans: Sharded::new(SHARDS, self.max_keys),
                 bans_held: AtomicUsize::new(0),
+                offences: Sharded::new(SHARDS, self.max_keys),
                 markers: Default::default(),
                 tops: Default::default(),
                 max_entries_per_shard: self.max_log_entries.div_ceil(SHARDS).max(1),
@@ -705,7 +710,20 @@ impl Backend for MemoryStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         let now = now.unwrap_or_else(|| self.now_us());
         let result = self.set_ban(key, Some(now.saturating_add(duration_us)), now);
+        if result.is_ok() {
+            self.forget_refusals(key);
+        }
         Box::pin(std::future::ready(result))
+    }
+
+    fn count_refusal<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        terms: &'a super::offences::BanTerms,
+        now: Option<u64>,
+    ) -> BoxFuture<'a, Result<super::offences::Counted, Error>> {
+        let now = now.unwrap_or_else(|| self.now_us());
+        Box::pin(std::future::ready(self.count_refusal_now(key, terms, now)))
     }
 
     fn mark<'a>(

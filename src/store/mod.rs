@@ -13,6 +13,7 @@ mod leases;
 mod map_key;
 pub mod memory;
 mod namespaces;
+pub(crate) mod offences;
 pub mod redis;
 mod reserved;
 mod sharded;

@@ -20,6 +20,8 @@
 //! | `{NS:KEY}:qr:NAME` | string: the refund ledger of `:q:NAME` | `gcra_refund.lua`, `multi_gcra_settle.lua`, `reset.lua` | as `:gr` |
 //! | `{NS:KEY}:rf:ID` | string `1`: a refund or a settlement with this id ran (on a cluster only, whose client may send a call again) | `gcra_refund.lua`, `token_bucket_refund.lua`, `fixed_window_refund.lua`, each `*_settle.lua` | 30 s |
 //! | `{NS:KEY}:x` | string: when the key's ban ends (read by every check, reservation and peek of the key, whatever its algorithm but a custom one; GCRA's check and its batch form read the copy in `:g` instead) | `ban.lua`; deleted by `forget.lua` on an unban | when the ban ends |
+//! | `{NS:KEY}:ab` | string: the key's refusals counted toward an automatic ban in the current window (a policy with `RateLimiterBuilder::ban_after`) | `autoban.lua` (`INCR`; deleted when a ban starts, by it or by `ban.lua`) | when the window (`within`) ends, from the window's first refusal |
+//! | `{NS:KEY}:al` | string: the key's last automatic ban, `DURATION:OFFENCE` (µs, and which ban of the key it was), read to escalate the next | `autoban.lua` | a day after that ban ends |
 //! | `{NS:KEY}:c` | sorted set: concurrency holders, scored by the deadline of its time to live | `semaphore_acquire.lua`, `semaphore_renew.lua`, `semaphore_release.lua` | the latest deadline |
 //! | `{NS:KEY}:cx` | sorted set: holders released while a renewal of theirs got no answer, scored by the end of their guard | `semaphore_release.lua` (read by `semaphore_renew.lua`) | the latest guard |
 //! | `{NS:#epoch}:c`, on a cluster `{NS:#epoch:N}:c` (`N` chosen per hash slot) | hash: `e` when this server's slots began, `p` no new holder before | `semaphore_epoch.lua` (in acquire and renew) | a day after the last call |
@@ -79,6 +81,10 @@ pub(crate) const LIMIT_LEDGER: &str = ":qr:";
 pub(crate) const REFUND_MARKER: &str = ":rf:";
 /// The key's ban: when it ends.
 pub(crate) const BAN: &str = ":x";
+/// The key's refusals counted toward an automatic ban.
+pub(crate) const REFUSALS: &str = ":ab";
+/// The key's last automatic ban, for the next one's escalation.
+pub(crate) const LAST_BAN: &str = ":al";
 /// Concurrency holders.
 pub(crate) const HOLDERS: &str = ":c";
 /// Holders released while a renewal of theirs got no answer.

@@ -37,6 +37,7 @@ macro_rules! gcra_script {
 }
 
 pub(crate) mod algorithms;
+mod autoban;
 mod batch;
 mod builder;
 mod connect;
@@ -80,6 +81,7 @@ use self::{
     link::{Link, Shared},
 };
 use super::{
+    offences::{BanTerms, Counted},
     Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Peeked, Reserved,
     Scheduled, Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
@@ -501,11 +503,16 @@ impl Backend for RedisStore {
         keys::write_key(key, keys::BAN, &mut ban);
         let mut state = KeyBuf::new();
         keys::write_key(key, keys::GCRA, &mut state);
+        // The refusals counted toward an automatic ban: they start afresh with a ban.
+        let mut refusals = KeyBuf::new();
+        keys::write_key(key, keys::REFUSALS, &mut refusals);
         let mut cmd = link::evalsha(
             &algorithms::BAN,
-            2,
+            3,
             |cmd| {
-                cmd.arg(ban.as_bytes()).arg(state.as_bytes());
+                cmd.arg(ban.as_bytes())
+                    .arg(state.as_bytes())
+                    .arg(refusals.as_bytes());
             },
             now_us,
         );
@@ -602,6 +609,16 @@ impl Backend for RedisStore {
             }
             Ok(pairs)
         })
+    }
+
+    fn count_refusal<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        terms: &'a BanTerms,
+        now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<Counted, Error>> {
+        let cmd = autoban::call(key, terms, now_us);
+        Box::pin(async move { autoban::counted(self.link.eval(&autoban::AUTOBAN, &cmd).await?) })
     }
 
     fn unban<'a>(&'a self, key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {

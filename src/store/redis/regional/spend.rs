@@ -150,6 +150,15 @@ impl Backend for RegionalStore {
         unsupported("keys are not banned across regions")
     }
 
+    fn count_refusal<'a>(
+        &'a self,
+        _key: StoreKey<'a>,
+        _terms: &'a crate::store::offences::BanTerms,
+        _now_us: Option<u64>,
+    ) -> BoxFuture<'a, Result<crate::store::offences::Counted, Error>> {
+        unsupported("keys are not banned across regions")
+    }
+
     fn unban<'a>(&'a self, _key: StoreKey<'a>) -> BoxFuture<'a, Result<(), Error>> {
         unsupported("keys are not banned across regions")
     }
