@@ -629,6 +629,14 @@ pub(crate) fn parse_per(text: &str) -> Option<(Duration, Option<Calendar>)> {
     Some((calendar.nominal(), Some(calendar)))
 }
 
+/// A `--plan KEY=N/PERIOD`: the key, its quota, and the flag's value as given.
+fn plan_of(value: &str) -> Option<(String, Quota, String)> {
+    let (key, quota) = value.rsplit_once('=')?;
+    let (n, per) = quota.split_once('/')?;
+    let quota = Quota::new(n.parse().ok()?, parse_per(per)?.0);
+    (!key.is_empty()).then(|| (key.to_owned(), quota, value.to_owned()))
+}
+
 /// The calendar of a `--plan` as given (`KEY=N/1mo`), if its period is one.
 pub(crate) fn plan_calendar(given: &str) -> Option<Calendar> {
     let (_, quota) = given.rsplit_once('=')?;
@@ -694,15 +702,9 @@ fn limit_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
             }
         }
         "--prefix" => a.prefix = value,
-        "--plan" => {
-            let plan = value.rsplit_once('=').and_then(|(key, quota)| {
-                let (n, per) = quota.split_once('/')?;
-                let quota = Quota::new(n.parse().ok()?, parse_per(per)?.0);
-                (!key.is_empty()).then(|| (key.to_owned(), quota, value.clone()))
-            });
-            a.plans
-                .push(plan.ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?);
-        }
+        "--plan" => a
+            .plans
+            .push(plan_of(&value).ok_or_else(|| bad("KEY=N/PERIOD, e.g. gold=100/1m"))?),
         "--count-only" => {
             let set: StatusSet = value.parse().map_err(|e| format!("--count-only: {e}"))?;
             a.count_only = Some(set);

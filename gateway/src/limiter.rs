@@ -174,11 +174,32 @@ fn check_bans(args: &Args) -> Result<(), Refusal> {
 /// Everything that can be checked before connecting to anything: the quota and the algorithm
 /// it builds, or the first setting that cannot work (at start-up, `--check-config`, a reload).
 pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
+    let (quota, algorithm) = algorithm_of(args)?;
+    // Built to be refused or dropped: its gauges (the limit in force, the breaker) must not
+    // overwrite those of the limiter serving requests, so it reports to no recorder.
+    metrics::with_local_recorder(&metrics::NoopRecorder, || {
+        rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))
+    })?;
+    check_bans(args)?;
+    key_extractor(args)?;
+    admin_token(args)?;
+    check_combinations(args)?;
+    concurrency_limiter(args, Some(Arc::new(MemoryStore::new())))?;
+    let uses_redis =
+        args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
+    check_regions(args, uses_redis)?;
+    rls::check(args)?;
+    cost_fits(args)?;
+    check_plans(args, &*algorithm)?;
+    Ok((quota, algorithm))
+}
+
+/// The quota the flags set and the algorithm it builds, or the setting that cannot work.
+fn algorithm_of(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
     let mut quota = Quota::new(args.limit, args.per);
     if let Some(b) = args.burst {
         quota = quota.burst(b);
     }
-    // Reject a bad configuration before connecting to anything.
     let quota_refusal = |e: ConfigError| {
         let field = match e.field() {
             "quota.limit" => "limit",
@@ -208,14 +229,11 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
         }
         _ => Arc::new(Gcra::new(quota).map_err(quota_refusal)?),
     };
-    // Built to be refused or dropped: its gauges (the limit in force, the breaker) must not
-    // overwrite those of the limiter serving requests, so it reports to no recorder.
-    metrics::with_local_recorder(&metrics::NoopRecorder, || {
-        rate_limiter(args, Arc::new(MemoryStore::new()), Arc::clone(&algorithm))
-    })?;
-    check_bans(args)?;
-    key_extractor(args)?;
-    admin_token(args)?;
+    Ok((quota, algorithm))
+}
+
+/// Flags that each work, given together where they cannot.
+fn check_combinations(args: &Args) -> Result<(), Refusal> {
     if args.shadow && args.concurrency.is_some() {
         return Err(refusal("shadow")(
             "--shadow covers the rate limit only: --concurrency has no shadow mode and would still answer 429; give one or the other",
@@ -236,11 +254,6 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             "--lease-ms is the lease of --concurrency: give --concurrency N",
         ));
     }
-    concurrency_limiter(args, Some(Arc::new(MemoryStore::new())))?;
-    let uses_redis =
-        args.redis.is_some() || args.redis_cluster.is_some() || args.redis_sentinel.is_some();
-    check_regions(args, uses_redis)?;
-    rls::check(args)?;
     if args.settle_header.is_some() && args.upstream.is_none() {
         return Err(refusal("settle_header")(
             "--settle-header NAME settles each charge from the upstream's answer: give --upstream URL",
@@ -251,7 +264,12 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             "--settle-header settles charges in the store: not those answered from --unit-lease-ms, nor across --regions",
         ));
     }
-    cost_fits(args)?;
+    Ok(())
+}
+
+/// Each `--plan`: on a header key, given once per key, of `--per`'s calendar, and a quota
+/// `algorithm` takes.
+fn check_plans(args: &Args, algorithm: &dyn Algorithm) -> Result<(), Refusal> {
     if !args.plans.is_empty() && !args.key.starts_with("header:") {
         return Err(refusal("plans")(
             "--plan gives a quota per key of --key header:NAME",
@@ -282,7 +300,7 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
             .with_quota(*plan)
             .map_err(|e| refusal(field)(format!("--plan {given}: {e}")))?;
     }
-    Ok((quota, algorithm))
+    Ok(())
 }
 
 /// `--cost N` fits in what a rested key holds (else every request would be refused).

@@ -33,38 +33,7 @@ fn rate_limit_layer(
         let cost = Arc::clone(&cost);
         layer = layer.cost(move |_| cost.load(Ordering::Relaxed));
     }
-    if lists_addresses(args) {
-        layer = layer.list_addresses(client_ip(args)?);
-    }
-    if let Some(list) = args.allow.clone() {
-        println!(
-            "allow list: {} keys and {} networks served without a limit",
-            list.keys(),
-            list.networks()
-        );
-        layer = layer.allow(list);
-    }
-    if let Some(list) = args.deny.clone() {
-        println!(
-            "deny list: {} keys and {} networks refused (403)",
-            list.keys(),
-            list.networks()
-        );
-        layer = layer.deny(list);
-    }
-    if let Some(name) = &args.settle_header {
-        println!(
-            "settling each charge to the whole number in the upstream's {name} header (--cost {} first)",
-            args.cost
-        );
-        layer = layer.settle_from_header(name.clone())?;
-    }
-    if let Some(statuses) = args.count_only {
-        println!(
-            "counting only responses with status {statuses}; the others give their units back"
-        );
-        layer = layer.count_only(statuses)?;
-    }
+    layer = lists_and_counting(args, layer)?;
     if let Some(path) = &args.config {
         // The limits from the file, replaced on each reload (plans and lists included).
         let (live_layer, live) = layer.live(limits_of(args))?;
@@ -105,6 +74,44 @@ fn rate_limit_layer(
         quotas: Quotas::Plans(plans),
         reloaded: None,
     })
+}
+
+/// The allow and deny lists, the settlement from a header and counting by status, as the
+/// flags set them, each said on stdout.
+fn lists_and_counting(args: &Args, mut layer: Layer) -> Result<Layer, BoxError> {
+    if lists_addresses(args) {
+        layer = layer.list_addresses(client_ip(args)?);
+    }
+    if let Some(list) = args.allow.clone() {
+        println!(
+            "allow list: {} keys and {} networks served without a limit",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.allow(list);
+    }
+    if let Some(list) = args.deny.clone() {
+        println!(
+            "deny list: {} keys and {} networks refused (403)",
+            list.keys(),
+            list.networks()
+        );
+        layer = layer.deny(list);
+    }
+    if let Some(name) = &args.settle_header {
+        println!(
+            "settling each charge to the whole number in the upstream's {name} header (--cost {} first)",
+            args.cost
+        );
+        layer = layer.settle_from_header(name.clone())?;
+    }
+    if let Some(statuses) = args.count_only {
+        println!(
+            "counting only responses with status {statuses}; the others give their units back"
+        );
+        layer = layer.count_only(statuses)?;
+    }
+    Ok(layer)
 }
 
 type Layer = RateLimitLayer<Arc<dyn KeyExtractor>, Arc<dyn Algorithm>>;
