@@ -15,7 +15,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_redis_ratelimit::{throttle::ThrottleLayer, Quota, RateLimiter, RedisStore, SlidingWindow};
 //!
-//! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
+//! # async fn run<S>(http_client: S) -> Result<(), tower::BoxError>
 //! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
 //! #       S::Future: Send, S::Error: Into<tower::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -123,7 +123,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_redis_ratelimit::{throttle::ThrottleLayer, Gcra, Quota, RateLimiter, RedisStore};
 //!
-//! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
+//! # async fn run<S>(http_client: S) -> Result<(), tower::BoxError>
 //! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
 //! #       S::Future: Send, S::Error: Into<tower::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -236,7 +236,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_redis_ratelimit::{throttle::{ThrottleLayer, TokenBudget, TokenUsage}, RedisStore};
 //!
-//! # async fn run<S>(http_client: S) -> Result<(), Box<dyn std::error::Error>>
+//! # async fn run<S>(http_client: S) -> Result<(), tower::BoxError>
 //! # where S: tower::Service<http::Request<String>, Response = http::Response<String>> + Clone + Send + 'static,
 //! #       S::Future: Send, S::Error: Into<tower::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
