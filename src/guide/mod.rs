@@ -15,7 +15,7 @@
 //!    batching, connect errors.
 //! 7. [Operating the limiter](operating): what the limiter reports (counters, logs,
 //!    metrics), shadow mode, the deny cache, several policies and plans, quotas per request,
-//!    counting by response status, unit leases, concurrency limits.
+//!    counting by response status, unit leases, concurrency limits, automatic bans.
 //! 8. [The outbound throttle](throttle): a client that waits for its quota, and learns the
 //!    upstream's limits from its answers.
 //! 9. [Testing with the manual clock](testing): tests of your own limits that never sleep.

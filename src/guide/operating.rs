@@ -306,6 +306,24 @@
 //! `--deny` lists, and `--config FILE` (see the gateway, `gateway/` in the repository). Never put admin
 //! endpoints on the public listener.
 //!
+//! # Automatic bans
+//!
+//! A client that keeps hitting its limit gets a fresh quota every period: a credential
+//! stuffing or scraping bot then runs at exactly the limit forever. With
+//! [`RateLimiterBuilder::ban_after`](crate::rate_limit::RateLimiterBuilder::ban_after), a
+//! policy bans such a key by itself: refused N times within a window, the key is banned for
+//! a duration, and a key banned again within a day of its last ban gets a longer one (twice
+//! unless set, at most a day). The ban is the one operators set: shared by every instance,
+//! shown by a peek and `GET /keys/{key}` (`banned_ms`), kept by a reset, lifted by `unban` and
+//! `DELETE /bans/{key}`. Refusals are counted in the store, exactly across instances, off the
+//! request path: a response is never delayed, and a ban starts one store round trip after
+//! the refusal that earned it. Refusals of a banned key do not count, and a ban (an
+//! operator's too) starts the count afresh. In shadow mode the policy logs the ban it would
+//! set and never bans. Each ban is counted in `ratelimit_bans_total{policy, reason}`
+//! (`automatic` or `operator`) and logged once at `info` with the key's digest. See
+//! [`AutoBan`](crate::rate_limit::AutoBan); the gateway's `--ban-after N`, `--ban-within`,
+//! `--ban-for` and `--ban-escalate` set it.
+//!
 //! # Several policies on one layer
 //!
 //! Several limiters can serve one layer, each with its own policy name (so its own counters
