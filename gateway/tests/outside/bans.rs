@@ -109,3 +109,31 @@ fn ban_flags_that_cannot_work_are_refused_at_start_up() {
         "ban_after.duration",
     );
 }
+
+/// In shadow mode a key refused too often is served all the same and never banned: the
+/// gateway logs the ban it would set.
+#[test]
+fn shadow_mode_logs_the_ban_it_would_set_and_never_bans() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&[
+        "--redis",
+        &url,
+        "--key",
+        "header:x-key",
+        "--limit",
+        "1",
+        "--per",
+        "1h",
+        "--ban-after",
+        "2",
+        "--shadow",
+    ]);
+    for _ in 0..4 {
+        assert_eq!(status(&gw).0, 200, "shadow mode serves every request");
+    }
+    let log = gw.wait_lines("would ban the key", 1, DEADLINE);
+    assert!(log.contains("shadow mode"), "{log}");
+    assert_eq!(banned_ms(&gw, "k"), 0);
+    assert_eq!(status(&gw).0, 200);
+}
