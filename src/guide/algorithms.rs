@@ -8,6 +8,7 @@
 //! | [`SlidingWindow`](crate::SlidingWindow) | one log entry (~100 B) per admitted request, for one window | at most `limit` units in any window of `period` | an exact "N per window" contract, e.g. a provider's quota, with per-request costs |
 //! | [`FixedWindow`](crate::algorithm::FixedWindow) | one short string (~60 B) | at most `limit` units in each window of the clock (a period from the epoch, or a calendar week, month or year in UTC) | long quotas and plans (a million calls a month), windows everyone can read off a calendar; up to twice the limit can pass around a window's end |
 //! | [`MultiLimit`](crate::algorithm::MultiLimit) | one integer per limit | several GCRA limits at once, e.g. 10 a second and 1,000 a day | a key needs several limits and a request refused by one must not spend the others |
+//! | [`MultiLimit::budgets`](crate::algorithm::MultiLimit::budgets) | one integer per budget | several budgets with their own costs at once, e.g. 60 requests and 100,000 tokens a minute | requests and the units they use (tokens) on one key, the units settled after the response (see [usage-based limits](super::usage)) |
 //!
 //! A [`Quota`](crate::Quota) is `limit` units per `period`, with an optional `burst`: for
 //! GCRA and the token bucket the bucket's capacity (default: `limit`), refilled at `limit`

@@ -137,3 +137,37 @@ fn shadow_mode_logs_the_ban_it_would_set_and_never_bans() {
     assert_eq!(banned_ms(&gw, "k"), 0);
     assert_eq!(status(&gw).0, 200);
 }
+
+/// Refusals of a banned key do not count: a key kept knocking during its ban is not banned
+/// again over it (a second ban would be twice as long, above the first's 2 s).
+#[test]
+fn refusals_while_banned_do_not_count() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let gw = AdminGateway::start(&[
+        "--redis",
+        &url,
+        "--key",
+        "header:x-key",
+        "--limit",
+        "1",
+        "--per",
+        "1h",
+        "--ban-after",
+        "2",
+        "--ban-for",
+        "2s",
+    ]);
+    assert_eq!(status(&gw).0, 200);
+    for _ in 0..2 {
+        assert_eq!(status(&gw).0, 429);
+    }
+    until("banned", || banned_ms(&gw, "k") > 0);
+    // Refused while banned, ten times: none of them counts toward another ban.
+    for _ in 0..10 {
+        assert_eq!(status(&gw).0, 429);
+        let ms = banned_ms(&gw, "k");
+        assert!(ms <= 2_000, "banned again during the ban: {ms} ms");
+    }
+    until("the ban ends", || banned_ms(&gw, "k") == 0);
+}
