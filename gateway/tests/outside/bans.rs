@@ -35,14 +35,11 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Refused 3 times within the window: banned on both gateways (429, Retry-After its time
-/// left, `banned_ms`), then served again; a second offence is banned twice as long; an
-/// operator's `DELETE /bans/{key}` lifts it.
-#[test]
-fn a_key_refused_too_often_is_banned_on_every_gateway_then_served_again() {
-    let redis = RedisServer::start();
+/// A gateway on `redis`: one request an hour per `x-key`, banned after `after` refusals, with
+/// `more` flags.
+fn banning(redis: &RedisServer, after: &str, more: &[&str]) -> AdminGateway {
     let url = redis.url();
-    let args = [
+    let mut args = vec![
         "--redis",
         &url,
         "--key",
@@ -52,11 +49,20 @@ fn a_key_refused_too_often_is_banned_on_every_gateway_then_served_again() {
         "--per",
         "1h",
         "--ban-after",
-        "3",
-        "--ban-for",
-        "2s",
+        after,
     ];
-    let gws = [AdminGateway::start(&args), AdminGateway::start(&args)];
+    args.extend_from_slice(more);
+    AdminGateway::start(&args)
+}
+
+/// Refused 3 times within the window: banned on both gateways (429, Retry-After its time
+/// left, `banned_ms`), then served again; a second offence is banned twice as long; an
+/// operator's `DELETE /bans/{key}` lifts it.
+#[test]
+fn a_key_refused_too_often_is_banned_on_every_gateway_then_served_again() {
+    let redis = RedisServer::start();
+    let more = ["--ban-for", "2s"];
+    let gws = [banning(&redis, "3", &more), banning(&redis, "3", &more)];
     assert_eq!(status(&gws[0]).0, 200);
     for gw in [&gws[0], &gws[1], &gws[0]] {
         assert_eq!(status(gw).0, 429);
@@ -115,20 +121,7 @@ fn ban_flags_that_cannot_work_are_refused_at_start_up() {
 #[test]
 fn shadow_mode_logs_the_ban_it_would_set_and_never_bans() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let gw = AdminGateway::start(&[
-        "--redis",
-        &url,
-        "--key",
-        "header:x-key",
-        "--limit",
-        "1",
-        "--per",
-        "1h",
-        "--ban-after",
-        "2",
-        "--shadow",
-    ]);
+    let gw = banning(&redis, "2", &["--shadow"]);
     for _ in 0..4 {
         assert_eq!(status(&gw).0, 200, "shadow mode serves every request");
     }
@@ -143,21 +136,7 @@ fn shadow_mode_logs_the_ban_it_would_set_and_never_bans() {
 #[test]
 fn refusals_while_banned_do_not_count() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let gw = AdminGateway::start(&[
-        "--redis",
-        &url,
-        "--key",
-        "header:x-key",
-        "--limit",
-        "1",
-        "--per",
-        "1h",
-        "--ban-after",
-        "2",
-        "--ban-for",
-        "2s",
-    ]);
+    let gw = banning(&redis, "2", &["--ban-for", "2s"]);
     assert_eq!(status(&gw).0, 200);
     for _ in 0..2 {
         assert_eq!(status(&gw).0, 429);
