@@ -196,10 +196,7 @@ pub(crate) fn check(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal>
 
 /// The quota the flags set and the algorithm it builds, or the setting that cannot work.
 fn algorithm_of(args: &Args) -> Result<(Quota, Arc<dyn Algorithm>), Refusal> {
-    let mut quota = Quota::new(args.limit, args.per);
-    if let Some(b) = args.burst {
-        quota = quota.burst(b);
-    }
+    let quota = quota_of(args);
     let quota_refusal = |e: ConfigError| {
         let field = match e.field() {
             "quota.limit" => "limit",
@@ -305,7 +302,7 @@ fn check_plans(args: &Args, algorithm: &dyn Algorithm) -> Result<(), Refusal> {
 
 /// `--cost N` fits in what a rested key holds (else every request would be refused).
 pub(crate) fn cost_fits(args: &Args) -> Result<(), Refusal> {
-    let capacity = limits_of(args).quota().burst_size();
+    let capacity = quota_of(args).burst_size();
     if args.cost > capacity {
         return Err(refusal("cost")(format!(
             "--cost {} is more than a key ever holds ({capacity}): every request would be refused",

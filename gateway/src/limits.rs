@@ -237,13 +237,18 @@ pub(crate) fn fixed(a: &Args) -> [(&'static str, String); 17] {
     ]
 }
 
+/// The quota `--limit`, `--per` and `--burst` set (keys without a plan).
+pub(crate) fn quota_of(a: &Args) -> Quota {
+    let quota = Quota::new(a.limit, a.per);
+    match a.burst {
+        Some(b) => quota.burst(b),
+        None => quota,
+    }
+}
+
 /// The limits `a` sets, for the layer's live limits.
 pub(crate) fn limits_of(a: &Args) -> Limits {
-    let mut quota = Quota::new(a.limit, a.per);
-    if let Some(b) = a.burst {
-        quota = quota.burst(b);
-    }
-    let mut limits = Limits::new(quota).shadow(a.shadow);
+    let mut limits = Limits::new(quota_of(a)).shadow(a.shadow);
     for (key, plan, _) in &a.plans {
         limits = limits.plan(key, *plan);
     }

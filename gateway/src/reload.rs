@@ -50,7 +50,7 @@ pub(crate) fn reload(
             let shadow = if running.shadow { ", shadow on" } else { "" };
             eprintln!(
                 "config reloaded: {path}: limit {}{shadow}",
-                quota_text(&limits_of(running).quota(), running.calendar)
+                quota_text(&quota_of(running), running.calendar)
             );
         }
         Err(reason) => {

@@ -156,7 +156,7 @@ pub(crate) async fn serve(
         token: None,
         regional,
         quotas,
-        quota: limits_of(&args).quota(),
+        quota: quota_of(&args),
         rls: rls.as_ref().map(|r| r.service.clone()),
     });
     announce(&args);
