@@ -64,6 +64,10 @@ pub struct Decision {
     /// left, and `remaining` is 0. `source` still says what answered (the store, or the deny
     /// cache repeating the store's answer).
     pub banned: bool,
+    /// How long the request waited for its units before it was allowed: zero unless its
+    /// policy delays requests over the limit instead of refusing them
+    /// ([`RateLimiterBuilder::delay`](crate::rate_limit::RateLimiterBuilder::delay)).
+    pub delayed: Duration,
     /// The index in `limits` of the limit the fields above describe.
     /// (At most 8 limits: a byte keeps the decision small.)
     pub(crate) binding: u8,
@@ -393,6 +397,7 @@ impl Decision {
             source,
             shadow: false,
             banned: o.banned,
+            delayed: Duration::ZERO,
             binding: u8::try_from(o.binding).unwrap_or(u8::MAX),
             charge: o.allowed.then_some(Charge {
                 cost,
@@ -425,6 +430,7 @@ impl Decision {
             source: Source::DenyCache,
             shadow: false,
             banned: false,
+            delayed: Duration::ZERO,
             binding: 0,
             limits: Vec::new(),
             charge: None,
@@ -466,6 +472,7 @@ impl Decision {
             source: Source::Store,
             shadow: false,
             banned: false,
+            delayed: Duration::ZERO,
             binding: 0,
             limits: Vec::new(),
             charge: None,

@@ -46,6 +46,8 @@
 //! | `ratelimit_store_connects_total` | counter | `result` = `ok` / `failed`: attempts to connect to Redis, the first included (standalone and Sentinel) |
 //! | `ratelimit_store_resets_total` | counter | `policy`: stores found to have lost the policy's state by [`RateLimiter::notice_reset`](crate::RateLimiter::notice_reset) |
 //! | `ratelimit_bans_total` | counter | `policy`, `reason` (`automatic`: refused too often under [`RateLimiterBuilder::ban_after`](crate::rate_limit::RateLimiterBuilder::ban_after), counted by the instance that set the ban; `operator`: [`RateLimiter::ban`](crate::RateLimiter::ban), `PUT /bans`): keys banned |
+//! | `ratelimit_delayed_total` | counter | `policy`, `outcome` (`served`: waited for its units, then went on; `abandoned`: went away first, its units given back) | requests over the limit that waited instead of being refused ([`RateLimiterBuilder::delay`](crate::rate_limit::RateLimiterBuilder::delay)) |
+//! | `ratelimit_waiting` | gauge | `policy` | requests waiting for their units on this instance now |
 //! | `ratelimit_refunds_total` | counter | `policy`, `outcome` = `given` / `nothing` / `failed` |
 //! | `ratelimit_upstream_learned_total` | counter | `policy`, `source` = `ratelimit` / `ratelimit-remaining` / `x-ratelimit` / `retry-after` / `429` |
 //! | `ratelimit_upstream_waits_total` | counter | `policy` |
@@ -67,9 +69,9 @@
 
 pub use crate::core::{
     report::{
-        BANS, BREAKER_OPEN, DECISIONS, KEY_DECISIONS, NEAR_LIMIT, POLICY_CAPACITY, POLICY_SHADOW,
-        POLICY_WINDOW, REFUNDS, STORE_ERRORS, STORE_LATENCY, STORE_RESETS, UPSTREAM_LEARNED,
-        UPSTREAM_WAITS,
+        BANS, BREAKER_OPEN, DECISIONS, DELAYED, KEY_DECISIONS, NEAR_LIMIT, POLICY_CAPACITY,
+        POLICY_SHADOW, POLICY_WINDOW, REFUNDS, STORE_ERRORS, STORE_LATENCY, STORE_RESETS,
+        UPSTREAM_LEARNED, UPSTREAM_WAITS, WAITING,
     },
     KeyCount, LimiterStats,
 };

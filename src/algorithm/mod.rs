@@ -33,7 +33,7 @@ mod scripted;
 mod settle;
 mod sliding_window;
 mod state;
-mod token_bucket;
+pub(crate) mod token_bucket;
 
 pub use self::{
     fixed_window::{Calendar, FixedWindow},

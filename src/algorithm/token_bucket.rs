@@ -15,6 +15,7 @@ use crate::{
     decision::Charge,
     error::{ConfigError, Error},
     quota::Quota,
+    store::{Pace, Scheduled},
 };
 
 /// Token bucket: capacity `quota.burst_size()` tokens, refilled at `quota.limit()` per
@@ -140,6 +141,63 @@ pub(crate) fn decide(
         ts: b.ts,
     };
     (o, Some((bucket, full_in)))
+}
+
+/// In-memory twin of `lua/token_bucket_schedule.lua`: a place for a call of `cost` at `now`
+/// paced by `pace` (see [`Pace`]) that may wait `budget_us`, on the bucket's equivalent of
+/// GCRA's time. The call goes when the bucket holds `want` tokens (`cost`, or under
+/// [`Pace::Steady`] a full bucket) and takes its cost then: at once as a check takes it, or
+/// later with the credit time moved to that moment (ahead of now: the bucket owes the tokens
+/// until then). Returns the answer, and the bucket to write with its time to live when the
+/// place is kept.
+pub(crate) fn schedule(
+    rate: BucketRate,
+    stored: Option<Bucket>,
+    now: u64,
+    (cost, budget_us): (u64, u64),
+    pace: Pace,
+) -> (Scheduled, Option<(Bucket, u64)>) {
+    let burst = rate.burst;
+    let b = Credited::new(rate, stored, now);
+    let refused = |retry| {
+        let o = Outcome::single(false, b.tokens, retry, b.wait_for(rate, now, burst));
+        (
+            Scheduled {
+                outcome: o,
+                wait_us: 0,
+            },
+            None,
+        )
+    };
+    if cost > burst {
+        return refused(None);
+    }
+    let want = match pace {
+        Pace::Steady => burst,
+        Pace::Burst => cost,
+    };
+    let wait = b.wait_for(rate, now, want);
+    if wait > budget_us {
+        return refused(Some(wait));
+    }
+    let bucket = match wait {
+        0 => Bucket {
+            tokens: b.tokens - cost,
+            ts: b.ts,
+        },
+        _ => Bucket {
+            tokens: want - cost,
+            ts: now + wait,
+        },
+    };
+    let full_in = bucket.ts + (burst - bucket.tokens) * rate.emission_us - now;
+    let mut o = Outcome::single(true, bucket.tokens, Some(0), full_in);
+    o.position = Position::Placed(Placed::new(now, &[now + full_in]));
+    let scheduled = Scheduled {
+        outcome: o,
+        wait_us: wait,
+    };
+    (scheduled, Some((bucket, full_in)))
 }
 
 /// In-memory twin of `lua/token_bucket_refund.lua`: gives back what a charge of `cost`

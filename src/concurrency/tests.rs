@@ -87,11 +87,11 @@ impl Backend for Flaky {
         &'a self,
         algorithm: &'a dyn crate::algorithm::Algorithm,
         key: StoreKey<'a>,
-        cost: u32,
-        budget_us: u64,
+        call: (u32, u64),
+        pace: crate::store::Pace,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<crate::store::Scheduled, Error>> {
-        self.inner.schedule(algorithm, key, cost, budget_us, now_us)
+        self.inner.schedule(algorithm, key, call, pace, now_us)
     }
 
     fn peek<'a>(

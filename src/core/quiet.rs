@@ -26,15 +26,18 @@ pub(crate) enum Cause {
     /// A refusal could not be counted toward an automatic ban: its queue was full, or the
     /// store failed (a line a second).
     RefusalNotCounted,
+    /// A request over the limit could not wait: too many wait already (a line a second).
+    WaitingFull,
 }
 
 impl Cause {
-    const ALL: [Cause; 5] = [
+    const ALL: [Cause; 6] = [
         Cause::StoreFailed,
         Cause::WouldDeny,
         Cause::UnreadableFigure,
         Cause::SettleFailed,
         Cause::RefusalNotCounted,
+        Cause::WaitingFull,
     ];
 
     const fn every(self) -> Duration {
@@ -42,7 +45,8 @@ impl Cause {
             Cause::StoreFailed
             | Cause::UnreadableFigure
             | Cause::SettleFailed
-            | Cause::RefusalNotCounted => Duration::from_secs(1),
+            | Cause::RefusalNotCounted
+            | Cause::WaitingFull => Duration::from_secs(1),
             Cause::WouldDeny => Duration::from_secs(10),
         }
     }

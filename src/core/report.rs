@@ -35,6 +35,10 @@ pub const STORE_RESETS: &str = "ratelimit_store_resets_total";
 /// Metric names.
 pub const BANS: &str = "ratelimit_bans_total";
 /// Metric names.
+pub const DELAYED: &str = "ratelimit_delayed_total";
+/// Metric names.
+pub const WAITING: &str = "ratelimit_waiting";
+/// Metric names.
 pub const POLICY_CAPACITY: &str = "ratelimit_policy_capacity";
 /// Metric names.
 pub const POLICY_WINDOW: &str = "ratelimit_policy_window_seconds";
@@ -76,6 +80,14 @@ pub(crate) fn describe() {
         describe_counter!(
             BANS,
             "Keys banned, by policy and reason (automatic: refused too often, under ban_after; operator: RateLimiter::ban, PUT /bans). Each ban is counted once, by the instance that set it."
+        );
+        describe_counter!(
+            DELAYED,
+            "Requests over the limit that waited for their units instead of being refused, by policy and outcome (served: went on at their time; abandoned: went away first, their units given back)."
+        );
+        describe_gauge!(
+            WAITING,
+            "Requests waiting for their units on this instance now, by policy."
         );
         describe_counter!(
             REFUNDS,

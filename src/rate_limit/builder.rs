@@ -10,6 +10,7 @@ use arc_swap::ArcSwapOption;
 use super::{
     autoban::{self, AutoBan},
     banner::Banner,
+    delay::{Delay, Delays},
     engine::RateEngine,
     limiter::RateLimiter,
 };
@@ -67,6 +68,7 @@ impl<A: Algorithm> RateLimiter<A> {
             metric_keys: Vec::new(),
             lease: None,
             ban_after: None,
+            delay: None,
         }
     }
 }
@@ -84,6 +86,7 @@ pub struct RateLimiterBuilder<A> {
     metric_keys: Vec<Key<'static>>,
     lease: Option<UnitLease>,
     ban_after: Option<AutoBan>,
+    delay: Option<Delay>,
 }
 
 impl<A: Algorithm> fmt::Debug for RateLimiterBuilder<A> {
@@ -253,6 +256,30 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         self
     }
 
+    /// Lets a request over the limit wait for its units, up to [`Delay::up_to`], instead of
+    /// refusing it: see [`Delay`] (how the wait is kept exactly across instances, and what
+    /// bounds the requests waiting). [`Decision::delayed`](super::Decision::delayed) says how
+    /// long a request waited. A request that goes away while it waits gives its units back.
+    ///
+    /// [`build`](Self::build) refuses a delay that cannot work: a [`ConfigError`] naming
+    /// `delay.up_to` or `delay.waiting` for its terms, or `delay` with an algorithm other
+    /// than GCRA and the token bucket, with unit leases, or on a store that does not keep
+    /// places (across regions).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_redis_ratelimit::{rate_limit::Delay, *};
+    /// let window = RateLimiter::builder(MemoryStore::new(), SlidingWindow::new(Quota::per_second(10))?)
+    ///     .delay(Delay::up_to(Duration::from_secs(1)))
+    ///     .build();
+    /// assert_eq!(window.unwrap_err().field(), "delay");
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn delay(mut self, delay: Delay) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
     /// Validates the options; the error names the field.
     ///
     /// # Errors
@@ -268,6 +295,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         }
         let regional = self.store.regional();
         let banner = self.banner(regional)?;
+        self.check_delay()?;
         if regional {
             refuse_across_regions(&self.algorithm, self.lease.is_some())?;
         }
@@ -313,6 +341,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
                 self.shadow,
             );
         }
+        let delays = Delays::new(self.delay, Arc::clone(&core.policy));
         let engine = RateEngine {
             core,
             algorithm: dyn_algorithm,
@@ -327,6 +356,7 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
             live: ArcSwapOption::empty(),
             watch: Default::default(),
             banner,
+            delays,
         };
         let engine = Arc::new(engine);
         autoban::bind(&engine);
@@ -358,6 +388,49 @@ impl<A: Algorithm> RateLimiterBuilder<A> {
         }
         Ok(Some(Banner::new(terms)))
     }
+}
+
+impl<A: Algorithm> RateLimiterBuilder<A> {
+    /// The delay, if any, checked against the algorithm, the store and unit leases.
+    fn check_delay(&self) -> Result<(), ConfigError> {
+        let Some(delay) = self.delay else {
+            return Ok(());
+        };
+        delay.checked()?;
+        delayable(&self.algorithm, &*self.store)?;
+        if self.lease.is_some() {
+            return Err(ConfigError::new(
+                "delay",
+                "a delay keeps each request's place in the store: it cannot take units from unit leases",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `algorithm` on `store` can delay requests: GCRA and the token bucket keep places,
+/// on a store that keeps them.
+pub(super) fn delayable(algorithm: &dyn Algorithm, store: &dyn Store) -> Result<(), ConfigError> {
+    use crate::algorithm::Kind;
+    if !matches!(
+        algorithm.rule().kind(),
+        Kind::Gcra(_) | Kind::TokenBucket(_)
+    ) {
+        return Err(ConfigError::new(
+            "delay",
+            format!(
+                "{} cannot delay requests (a window's units have no time of their own): use GCRA or the token bucket",
+                algorithm.name()
+            ),
+        ));
+    }
+    if !store.schedules() {
+        return Err(ConfigError::new(
+            "delay",
+            "this store keeps no places for delayed requests (a RegionalStore)",
+        ));
+    }
+    Ok(())
 }
 
 fn register_series(core: &Core, shadow: bool, deny_cache: bool, leasing: bool) {
@@ -410,6 +483,7 @@ fn local_engine(
         live: ArcSwapOption::empty(),
         watch: Default::default(),
         banner: None,
+        delays: Delays::new(None, Arc::clone(&core.policy)),
     }))
 }
 

@@ -16,7 +16,10 @@ use std::{
 
 use arc_swap::ArcSwapOption;
 
-use super::lists::key_text;
+use super::{
+    delay::{Delays, Waiter},
+    lists::key_text,
+};
 use crate::{
     algorithm::{Algorithm, Change, Outcome},
     core::report::{self, KeyMeters},
@@ -25,7 +28,7 @@ use crate::{
     error::{ConfigError, Error, ErrorChain},
     extract::{Key, Out, COMPACT_SCRATCH},
     quota::{Quota, MAX_EXACT},
-    store::{KeyBuf, StoreKey},
+    store::{KeyBuf, Pace, StoreKey},
 };
 
 /// A rate limit without its algorithm's type: what a layer's policies hold.
@@ -60,6 +63,9 @@ pub(crate) struct RateEngine {
     /// Automatic bans ([`RateLimiterBuilder::ban_after`](super::RateLimiterBuilder::ban_after)):
     /// the refusals to count.
     pub(crate) banner: Option<super::banner::Banner>,
+    /// Delay instead of refusal ([`RateLimiterBuilder::delay`](super::RateLimiterBuilder::delay)):
+    /// the longest wait and the requests waiting.
+    pub(crate) delays: Delays,
 }
 
 /// The quotas of live limits: the default one (`None`: the algorithm's own) and per key.
@@ -209,6 +215,9 @@ impl RateEngine {
         if let Some(d) = self.cached_denial(key, cost, quoted) {
             return Some(Ok(d));
         }
+        if self.delaying() {
+            return None; // the request's place is kept by `check`, which may wait
+        }
         let (result, source) = match self.store_now(key, cost, quoted) {
             Some(result) => (result, Source::Store),
             None => (
@@ -252,6 +261,9 @@ impl RateEngine {
         cost: u32,
         quoted: Option<&Quoted>,
     ) -> Result<Decision, Error> {
+        if self.delaying() {
+            return self.check_delayed(key, cost, quoted).await;
+        }
         let key = self.store_key(key);
         let algorithm = self.algorithm(quoted);
         let core = &self.core;
@@ -278,6 +290,108 @@ impl RateEngine {
         }
     }
 
+    /// Whether requests over the limit wait for their units now: a delay is set, and the
+    /// policy is not in shadow mode (which never delays).
+    fn delaying(&self) -> bool {
+        self.delays.max_us() > 0 && !self.shadow()
+    }
+
+    /// Decides `key` under a delay (see [`Delay`](super::Delay)): its place kept in the store
+    /// (at once within the burst, else when its units come, within the longest wait and the
+    /// bounds of waiting requests), then waited for. A request that goes away while it waits
+    /// gives its units back ([`Waiter`]). A refusal's `retry_after` is the time until a
+    /// request would wait no longer than the longest wait.
+    async fn check_delayed(
+        self: &Arc<Self>,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Result<Decision, Error> {
+        let store_key = self.store_key(key);
+        let algorithm = self.algorithm(quoted);
+        let burst = algorithm.quota();
+        let mut seat_key = KeyBuf::new();
+        cache_key(store_key, quoted, &mut seat_key);
+        let core = &self.core;
+        let max_us = self.delays.max_us();
+        let budget_us = match self.delays.room(seat_key.as_bytes(), burst) {
+            true => max_us,
+            false => 0,
+        };
+        let started = Instant::now();
+        let call = (cost, budget_us);
+        let scheduled = core
+            .call(|| {
+                core.store
+                    .schedule(algorithm, store_key, call, Pace::Burst, None)
+            })
+            .await;
+        let mut seated = None;
+        let outcome = match scheduled {
+            Ok(s) if s.outcome.allowed && s.wait_us > 0 => {
+                match self.delays.seat(seat_key.as_bytes(), burst) {
+                    Some(seat) => {
+                        seated = Some((seat, s.wait_us));
+                        Ok(s.outcome)
+                    }
+                    // Too many wait already: the units go back, and the request is refused.
+                    None => Ok(self.unseated(key, cost, quoted, s.outcome, s.wait_us).await),
+                }
+            }
+            Ok(s) => Ok(retry_within(s.outcome, budget_us)),
+            Err(e) => Err(e),
+        };
+        let concluded = self.conclude(
+            store_key,
+            cost,
+            quoted,
+            None,
+            Some(started),
+            Source::Store,
+            outcome,
+        );
+        let mut d = match concluded {
+            Err(e) => return self.fall_back(store_key, cost, quoted, e),
+            Ok(d) => d,
+        };
+        let Some((seat, wait_us)) = seated.filter(|_| d.allowed) else {
+            return Ok(d);
+        };
+        let waiter = Waiter {
+            _seat: seat,
+            engine: Arc::clone(self),
+            key: key.map(|k| k.clone().into_owned()),
+            charge: d.charge.clone(),
+        };
+        let wait = Duration::from_micros(wait_us);
+        tokio::time::sleep(wait).await;
+        waiter.served();
+        d.delayed = wait;
+        d.reset_after = d.reset_after.saturating_sub(wait);
+        Ok(d)
+    }
+
+    /// A place kept for a request that cannot wait here (too many wait already): its units
+    /// given back, and a refusal in its stead, to retry when its place would have come.
+    async fn unseated(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+        kept: Outcome,
+        wait_us: u64,
+    ) -> Outcome {
+        let charge = Charge {
+            cost,
+            quota: quoted.map(|q| q.quota),
+            local: false,
+            position: kept.position.clone(),
+        };
+        // A failure is counted and logged by the refund; the units then come back with time.
+        let _ = self.refund(key, &charge, None).await;
+        Outcome::single(false, kept.remaining, Some(wait_us), kept.reset_after_us)
+    }
+
     /// Decides `key` at an explicit time (µs since the Unix epoch), in the store only: no
     /// deny cache, no lease, no local share. For tests and simulations.
     pub(crate) async fn check_at(
@@ -298,19 +412,37 @@ impl RateEngine {
         let core = &self.core;
         let algorithm = &*self.algorithm;
         let started = Instant::now();
-        let outcome = core
-            .call(|| core.store.check(algorithm, key, cost, Some(now_us)))
-            .await;
-        self.conclude(
-            key,
-            cost,
-            None,
-            Some(now_us),
-            Some(started),
-            Source::Store,
-            outcome,
-        )
-        .map_err(|e| self.undecided(e))
+        let (max_us, mut wait_us) = (self.delays.max_us(), 0);
+        let outcome = match self.delaying() {
+            false => {
+                core.call(|| core.store.check(algorithm, key, cost, Some(now_us)))
+                    .await
+            }
+            true => core
+                .call(|| {
+                    let call = (cost, max_us);
+                    core.store
+                        .schedule(algorithm, key, call, Pace::Burst, Some(now_us))
+                })
+                .await
+                .map(|s| {
+                    wait_us = s.wait_us;
+                    retry_within(s.outcome, max_us)
+                }),
+        };
+        let mut d = self
+            .conclude(
+                key,
+                cost,
+                None,
+                Some(now_us),
+                Some(started),
+                Source::Store,
+                outcome,
+            )
+            .map_err(|e| self.undecided(e))?;
+        d.delayed = Duration::from_micros(wait_us);
+        Ok(d)
     }
 
     /// Under [`FailurePolicy::Local`](crate::FailurePolicy::Local) and a store-wide failure:
@@ -868,6 +1000,19 @@ impl RateEngine {
         }
         Ok(d)
     }
+}
+
+/// A refusal under a delay of at most `max_us` (see [`Delay`](super::Delay)), retried when
+/// the request would wait no longer than that: its `retry_after` less `max_us` (at least
+/// 1 µs). Anything else (an admission, a ban, a cost that never fits) as it is.
+fn retry_within(mut outcome: Outcome, max_us: u64) -> Outcome {
+    if outcome.allowed || outcome.banned {
+        return outcome;
+    }
+    if let Some(retry) = &mut outcome.retry_after_us {
+        *retry = retry.saturating_sub(max_us).max(1);
+    }
+    outcome
 }
 
 /// The shortest ban.

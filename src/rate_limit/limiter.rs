@@ -143,6 +143,11 @@ impl<A: Algorithm> RateLimiter<A> {
     /// still expires keys on its own clock, so keep simulated periods far longer than the
     /// test's real run time.
     ///
+    /// Under a [delay](super::RateLimiterBuilder::delay), the request's place is kept as
+    /// [`check`](Self::check) keeps it, but not waited for: the decision comes at once, and
+    /// [`Decision::delayed`] says how long the request would wait (on the simulated
+    /// timeline, which is the caller's). The bounds of requests waiting do not apply.
+    ///
     /// # Errors
     ///
     /// As [`check`](Self::check).

@@ -1,7 +1,7 @@
 //! Limits that change while a layer runs: its quota, per-key plans, allow and deny lists and
 //! shadow mode, swapped atomically.
 
-use std::{collections::HashMap, fmt, sync::Arc};
+use std::{collections::HashMap, fmt, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
 
@@ -43,6 +43,8 @@ pub struct Limits {
     deny: AccessList,
     /// `None`: the limiter's.
     shadow: Option<bool>,
+    /// The longest wait of a request over the limit; `None`: the limiter's; zero: none.
+    delay: Option<Duration>,
 }
 
 impl Limits {
@@ -55,6 +57,7 @@ impl Limits {
             allow: AccessList::new(),
             deny: AccessList::new(),
             shadow: None,
+            delay: None,
         }
     }
 
@@ -84,6 +87,22 @@ impl Limits {
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = Some(on);
         self
+    }
+
+    /// Requests over the limit wait up to `max` for their units instead of being refused
+    /// (see [`Delay`](super::Delay); zero: refused at once, as without a delay). Unset, the
+    /// limiter's ([`RateLimiterBuilder::delay`](super::RateLimiterBuilder::delay)). A delay
+    /// above an hour, or one the limiter's algorithm or store cannot keep, is a
+    /// [`ConfigError`] naming `delay.up_to` or `delay`.
+    pub fn delay_up_to(mut self, max: Duration) -> Self {
+        self.delay = Some(max);
+        self
+    }
+
+    /// The longest wait of a request over the limit: for the limits in force, the one in
+    /// force (zero: none); for limits being built, the one set, if any.
+    pub fn delay(&self) -> Option<Duration> {
+        self.delay
     }
 
     /// The quota of keys without a plan.
@@ -149,6 +168,9 @@ struct Inner {
     client: ClientIp,
     /// Shadow mode as the limiter's builder set it: the limits' when they leave it unset.
     shadow: bool,
+    /// The delay as the limiter's builder set it (zero: none): the limits' when they leave
+    /// it unset.
+    delay: Duration,
     /// How many replacements were put in force.
     generation: std::sync::atomic::AtomicU64,
 }
@@ -190,7 +212,8 @@ impl LiveLimits {
                  set it in one place",
             ));
         }
-        let resolved = resolve(&engine, &client, limits, shadow)?;
+        let delay = engine.delays.max();
+        let resolved = resolve(&engine, &client, limits, (shadow, delay))?;
         if resolved.quotas.own.is_some() {
             return Err(ConfigError::new(
                 "quota",
@@ -209,6 +232,7 @@ impl LiveLimits {
             resolved.limits.is_shadow(),
             std::sync::atomic::Ordering::Relaxed,
         );
+        engine.delays.set(resolved.limits.delay);
         in_force(&engine, &resolved);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -216,6 +240,7 @@ impl LiveLimits {
                 engine,
                 client,
                 shadow,
+                delay,
                 generation: std::sync::atomic::AtomicU64::new(0),
             }),
         })
@@ -232,9 +257,11 @@ impl LiveLimits {
     /// not take it; nothing changes then.
     pub fn replace(&self, limits: Limits) -> Result<(), ConfigError> {
         let engine = &self.inner.engine;
-        let resolved = resolve(engine, &self.inner.client, limits, self.inner.shadow)?;
+        let base = (self.inner.shadow, self.inner.delay);
+        let resolved = resolve(engine, &self.inner.client, limits, base)?;
         let shadow = resolved.limits.is_shadow();
         engine.live.store(Some(Arc::clone(&resolved.quotas)));
+        engine.delays.set(resolved.limits.delay);
         self.inner.current.store(Arc::new(resolved));
         engine
             .shadow
@@ -303,14 +330,25 @@ impl Resolved {
 }
 
 /// Checks `limits` against `engine`'s algorithm and builds what requests will use; shadow
-/// mode left unset is `shadow`, the limiter's.
+/// mode and the delay left unset are the limiter's (`base`).
 fn resolve(
     engine: &RateEngine,
     client: &ClientIp,
     mut limits: Limits,
-    shadow: bool,
+    (shadow, delay): (bool, Duration),
 ) -> Result<Resolved, ConfigError> {
     limits.shadow = Some(limits.shadow.unwrap_or(shadow));
+    limits.delay = Some(limits.delay.unwrap_or(delay));
+    if let Some(delay) = limits.delay.filter(|d| !d.is_zero()) {
+        super::delay::check_up_to(delay)?;
+        super::builder::delayable(&*engine.algorithm, &*engine.core.store)?;
+        if engine.leasing.is_some() {
+            return Err(ConfigError::new(
+                "delay",
+                "a delay keeps each request's place in the store: it cannot take units from unit leases",
+            ));
+        }
+    }
     let own = Arc::new(engine.quoted(limits.quota)?);
     // The limiter's own quota needs no quota per request (and keeps its unit leases).
     let own = (!own.same_rule(&*engine.algorithm)).then_some(own);

@@ -16,6 +16,7 @@ mod banner;
 mod builder;
 mod config;
 mod counting;
+mod delay;
 mod engine;
 #[cfg(feature = "config")]
 pub mod file;
@@ -45,6 +46,7 @@ pub use self::{
     builder::RateLimiterBuilder,
     config::{Class, PolicyId},
     counting::StatusSet,
+    delay::Delay,
     future::ResponseFuture,
     layer::RateLimitLayer,
     limiter::RateLimiter,

@@ -6,7 +6,7 @@ use super::{
     leases::{Acquired, SlotTerms},
     namespaces::Namespaces,
     offences::{BanTerms, Counted},
-    reserved::{Reserved, Scheduled},
+    reserved::{Pace, Reserved, Scheduled},
     upstream::{Gate, Learned, Ledger, Sent},
     Store, StoreKey,
 };
@@ -120,18 +120,21 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether [`schedule`](Self::schedule) keeps places (in Redis and in memory).
     fn schedules(&self) -> bool;
 
-    /// Keeps a place of `cost` units in `key`'s GCRA schedule for an outbound call that may
-    /// wait at most `budget_us` (see `lua/gcra_schedule.lua` and its twin
-    /// [`gcra_schedule`](super::reserved::gcra_schedule)): the call goes at the key's TAT and
-    /// moves it on by its cost, so callers sharing the key go in the order they asked.
-    /// [`Error::Unsupported`] for any other algorithm, or from a store that does not schedule;
-    /// the throttle then checks until the quota is there.
+    /// Keeps a place of `call.0` (the cost) units in `key`'s time for a call that may wait at most
+    /// `call.1` µs, paced by `pace` (see [`Pace`]; `lua/gcra_schedule.lua`,
+    /// `lua/token_bucket_schedule.lua` and their twins
+    /// [`gcra_schedule`](super::reserved::gcra_schedule) and
+    /// [`token_bucket::schedule`](crate::algorithm::token_bucket::schedule)): the key's time
+    /// moves on by the cost, so callers sharing the key go in the order they asked, and a
+    /// kept place's units are placed on the key's time as a check's are (a refund gives them
+    /// back). GCRA and the token bucket schedule; [`Error::Unsupported`] for any other
+    /// algorithm, or from a store that does not schedule.
     fn schedule<'a>(
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
-        cost: u32,
-        budget_us: u64,
+        call: (u32, u64),
+        pace: Pace,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Scheduled, Error>>;
 
@@ -408,11 +411,11 @@ impl<S: Store + ?Sized> Backend for Arc<S> {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
-        cost: u32,
-        budget_us: u64,
+        call: (u32, u64),
+        pace: Pace,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Scheduled, Error>> {
-        (**self).schedule(algorithm, key, cost, budget_us, now_us)
+        (**self).schedule(algorithm, key, call, pace, now_us)
     }
 
     fn peek<'a>(

@@ -11,11 +11,11 @@ use std::{
 };
 
 use super::{
-    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Peeked,
-    Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Pace,
+    Peeked, Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
-    algorithm::{Algorithm, Kind, MemoryState, Outcome, Reset},
+    algorithm::{token_bucket, Algorithm, Kind, MemoryState, Outcome, Reset},
     decision::Charge,
     error::{ConfigError, Error},
 };
@@ -248,19 +248,25 @@ impl MemoryStore {
         self.decide_compact(algorithm, compact.as_bytes(), cost, now)
     }
 
-    /// The twin of `lua/gcra_schedule.lua` (see [`Backend::schedule`]).
+    /// The twin of `lua/gcra_schedule.lua` and `lua/token_bucket_schedule.lua` (see
+    /// [`Backend::schedule`]).
     fn schedule_now(
         &self,
         algorithm: &dyn Algorithm,
         key: StoreKey<'_>,
-        cost: u32,
-        budget_us: u64,
+        (cost, budget_us): (u32, u64),
+        pace: Pace,
         now: u64,
     ) -> Result<Scheduled, Error> {
-        let Kind::Gcra(gcra) = algorithm.rule().kind() else {
-            return Err(Error::Unsupported("only GCRA schedules calls"));
+        let (rate, gcra) = match algorithm.rule().kind() {
+            Kind::Gcra(gcra) => (gcra.rate(), true),
+            Kind::TokenBucket(bucket) => (bucket.rate(), false),
+            _ => {
+                return Err(Error::Unsupported(
+                    "only GCRA and the token bucket schedule calls",
+                ))
+            }
         };
-        let rate = gcra.rate();
         if cost == 0 {
             return Err(Error::InvalidInput("cost must be at least 1"));
         }
@@ -277,9 +283,18 @@ impl MemoryStore {
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
+        let call = (u64::from(cost), budget_us);
         let (scheduled, _, empty) = Entry::run_held_or_new(shard, slot, key, now, |s| {
+            if !gcra {
+                let stored = s.bucket()?;
+                let (scheduled, write) = token_bucket::schedule(rate, stored, now, call, pace);
+                if let Some((bucket, ttl)) = write {
+                    s.put_bucket(bucket, now, ttl);
+                }
+                return Ok(scheduled);
+            }
             let (scheduled, write) =
-                super::reserved::gcra_schedule(rate, s.tat()?, now, u64::from(cost), budget_us);
+                super::reserved::gcra_schedule(rate, s.tat()?, now, call, pace);
             if let Some(tat) = write {
                 s.put_tat(tat, now, tat - now);
             }
@@ -668,13 +683,13 @@ impl Backend for MemoryStore {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
-        cost: u32,
-        budget_us: u64,
+        call: (u32, u64),
+        pace: Pace,
         now: Option<u64>,
     ) -> BoxFuture<'a, Result<Scheduled, Error>> {
         let now = now.unwrap_or_else(|| self.now_us());
         Box::pin(std::future::ready(
-            self.schedule_now(algorithm, key, cost, budget_us, now),
+            self.schedule_now(algorithm, key, call, pace, now),
         ))
     }
 

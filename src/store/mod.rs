@@ -26,7 +26,7 @@ pub(crate) use self::{
     key::{compact_prefix, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
-    reserved::{Reserved, Scheduled},
+    reserved::{Pace, Reserved, Scheduled},
     sharded::{Expiring, Shard, Sharded, Slot},
     upstream::{Gate, Ledger, Sent},
 };

@@ -29,7 +29,7 @@ use crate::{
     error::ErrorChain,
     extract::{Key, KeyExtractor},
     rate_limit::RateLimiter,
-    store::{micros, Backend, BoxFuture, Learned, Ledger, Sent, Upstreams},
+    store::{micros, Backend, BoxFuture, Learned, Ledger, Pace, Sent, Upstreams},
 };
 
 /// The service made by [`ThrottleLayer`](super::ThrottleLayer).
@@ -121,7 +121,7 @@ async fn configured_turn<A: Algorithm>(
     let scheduled = core
         .call(|| {
             core.store
-                .schedule(algorithm, store_key, cost, budget_us, None)
+                .schedule(algorithm, store_key, (cost, budget_us), Pace::Steady, None)
         })
         .await;
     let Ok(scheduled) = scheduled else {

@@ -1,7 +1,7 @@
 //! MemoryStore and RedisStore make the same decisions for the same random sequences of
 //! (time step, cost, refund), for every algorithm (a property test against real Redis): each
 //! algorithm's check script alone and in its batch form (a batching store), and its refund
-//! script. (Reservations, which no public call makes at an explicit time, are held to the
+//! script; and the places delayed checks keep (with the bound they hold). (Reservations, which no public call makes at an explicit time, are held to the
 //! in-memory twin in `src/store/redis/reserve.rs`.)
 
 use std::{
@@ -13,8 +13,10 @@ use crate::servers::RedisServer;
 use proptest::{prelude::*, test_runner::TestRunner};
 use tower_redis_ratelimit::algorithm::FixedWindow;
 use tower_redis_ratelimit::{
-    algorithm::Algorithm, rate_limit::Decision, store::redis::Batching, Gcra, MemoryStore, Quota,
-    RateLimiter, RedisStore, SlidingWindow, TokenBucket,
+    algorithm::Algorithm,
+    rate_limit::{Decision, Delay},
+    store::redis::Batching,
+    Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -277,4 +279,105 @@ fn gcra_matches_token_bucket() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Admissions that waited, over every case.
+static DELAYED: AtomicU64 = AtomicU64::new(0);
+
+/// A case of delayed checks: its limit and steps, and the longest wait in emission intervals.
+fn delayed_cases() -> impl Strategy<Value = (Case, u64)> {
+    (cases(), 1u64..12)
+}
+
+/// Checks `case` under a delay of `intervals` emission intervals (at explicit times: each
+/// request's place kept, not waited for) on Redis and in memory, for GCRA and the token
+/// bucket: the four agree on every decision and every wait, and the admissions, each at its
+/// time (`now + delayed`), never exceed the bound of the limit in any window: the burst plus
+/// the units its rate brings in the window.
+async fn delayed_agree(redis: &RedisStore, case: &Case, intervals: u64) {
+    let q = Quota::new(case.limit, Duration::from_secs(case.period_s)).burst(case.burst);
+    let period_us = case.period_s * 1_000_000;
+    // At most an hour, the longest delay.
+    let delay_us = (intervals * period_us / u64::from(case.limit) / 2).min(3_600_000_000);
+    let delay = Duration::from_micros(delay_us);
+    let prefix = format!("delay{}", CASE_ID.fetch_add(1, Ordering::Relaxed));
+    let redis_gcra = RateLimiter::builder(redis.clone(), Gcra::new(q).unwrap())
+        .prefix(&prefix)
+        .store_timeout(Duration::from_secs(5))
+        .delay(Delay::up_to(delay))
+        .build()
+        .unwrap();
+    let redis_bucket = RateLimiter::builder(redis.clone(), TokenBucket::new(q).unwrap())
+        .prefix(&prefix)
+        .store_timeout(Duration::from_secs(5))
+        .delay(Delay::up_to(delay))
+        .build()
+        .unwrap();
+    let memory_gcra = RateLimiter::builder(MemoryStore::new(), Gcra::new(q).unwrap())
+        .delay(Delay::up_to(delay))
+        .build()
+        .unwrap();
+    let memory_bucket = RateLimiter::builder(MemoryStore::new(), TokenBucket::new(q).unwrap())
+        .delay(Delay::up_to(delay))
+        .build()
+        .unwrap();
+    let mut now = T0;
+    let mut admitted: Vec<(u64, u32)> = Vec::new();
+    for (i, &(step, cost, _)) in case.steps.iter().enumerate() {
+        now += step;
+        let m = memory_gcra.check_at("k", cost, now).await.unwrap();
+        let r = redis_gcra.check_at("k", cost, now).await.unwrap();
+        let rb = redis_bucket.check_at("k", cost, now).await.unwrap();
+        let mb = memory_bucket.check_at("k", cost, now).await.unwrap();
+        let what = format!("step {i} of {case:?} delayed up to {delay:?}");
+        assert_eq!(r, m, "GCRA, Redis and memory: {what}");
+        assert_eq!(
+            (rb.allowed, rb.delayed, rb.retry_after),
+            (m.allowed, m.delayed, m.retry_after),
+            "the token bucket and GCRA, in Redis: {what}"
+        );
+        assert_eq!(rb, mb, "token bucket, Redis and memory: {what}");
+        assert!(m.delayed <= delay, "waits beyond the delay: {what}");
+        if m.allowed {
+            if m.delayed > Duration::ZERO {
+                DELAYED.fetch_add(1, Ordering::Relaxed);
+            }
+            admitted.push((now + m.delayed.as_micros() as u64, cost));
+        } else if let Some(retry) = m.retry_after {
+            // Retried then, the request waits no longer than the delay.
+            assert!(retry > Duration::ZERO, "{what}");
+        }
+    }
+    for (i, &(from, _)) in admitted.iter().enumerate() {
+        let mut units = 0u64;
+        for &(at, cost) in &admitted[i..] {
+            assert!(at >= from, "admissions out of order: {admitted:?}");
+            units += u64::from(cost);
+            let brought = (at - from) * u64::from(case.limit) / period_us;
+            assert!(
+                units <= u64::from(case.burst) + brought,
+                "{units} units admitted in [{from}, {at}] under {case:?} delayed up to {delay:?}: {admitted:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn delayed_admissions_agree_and_hold_the_bound() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(redis.store());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&delayed_cases(), |(case, intervals)| {
+            rt.block_on(delayed_agree(&store, &case, intervals));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("delays: {e}"));
+    let delayed = DELAYED.load(Ordering::Relaxed);
+    assert!(delayed >= 50, "only {delayed} admissions waited in all the cases");
 }

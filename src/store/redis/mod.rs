@@ -82,8 +82,8 @@ use self::{
 };
 use super::{
     offences::{BanTerms, Counted},
-    Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Peeked, Reserved,
-    Scheduled, Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Pace, Peeked,
+    Reserved, Scheduled, Sent, SlotTerms, Slots, Store, StoreKey, Upstreams,
 };
 use crate::{
     algorithm::{Algorithm, Outcome},
@@ -438,11 +438,11 @@ impl Backend for RedisStore {
         &'a self,
         algorithm: &'a dyn Algorithm,
         key: StoreKey<'a>,
-        cost: u32,
-        budget_us: u64,
+        (cost, budget_us): (u32, u64),
+        pace: Pace,
         now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<Scheduled, Error>> {
-        let call = match on!(algorithm, schedule(cost, budget_us)) {
+        let call = match on!(algorithm, schedule(cost, budget_us, pace)) {
             Ok(call) => call,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };

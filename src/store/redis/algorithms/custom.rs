@@ -16,6 +16,7 @@ use crate::{
     decision::Charge,
     error::Error,
     store::redis::batch::Layout,
+    store::Pace,
 };
 
 impl<'a> Calls<'a> for &'a dyn Scripted {
@@ -64,7 +65,7 @@ impl<'a> Calls<'a> for &'a dyn Scripted {
         Err(super::not_reserved())
     }
 
-    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
+    fn schedule(self, _cost: u32, _budget_us: u64, _pace: Pace) -> Result<ScriptCall<'a>, Error> {
         Err(super::not_scheduled())
     }
 }

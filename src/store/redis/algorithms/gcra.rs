@@ -10,6 +10,7 @@ use crate::{
     decision::Charge,
     error::Error,
     store::redis::{batch::Layout, keys},
+    store::Pace,
 };
 
 /// GCRA has a batch script of its own (one `MGET` for the whole batch instead of a `GET` per
@@ -89,23 +90,40 @@ impl<'a> Calls<'a> for &'a Gcra {
         Ok(reserve(&RESERVE, &[keys::GCRA], self.rate(), cost, up_to))
     }
 
-    fn schedule(self, cost: u32, budget_us: u64) -> Result<ScriptCall<'a>, Error> {
-        if cost == 0 {
-            return Err(Error::InvalidInput("cost must be at least 1"));
-        }
-        let r = self.rate();
-        let args = vec![
-            u64::from(cost),
-            r.emission_us(),
-            r.burst(),
-            budget_us.min(crate::quota::MAX_EXACT),
-        ];
-        Ok(ScriptCall::alone(&SCHEDULE, Keys::Suffixes(&[keys::GCRA]), args).with_ban())
+    fn schedule(self, cost: u32, budget_us: u64, pace: Pace) -> Result<ScriptCall<'a>, Error> {
+        schedule(
+            &SCHEDULE,
+            &[keys::GCRA],
+            self.rate(),
+            (cost, budget_us),
+            pace,
+        )
     }
 }
 
 // What GCRA and the token bucket share: their refunds, peeks and reservations take the same
 // arguments, on their own state keys.
+
+/// A place in a bucket's time (see [`Pace`]) by its script, on its state key `state`.
+pub(super) fn schedule(
+    script: &'static Script,
+    state: &'static [&'static str],
+    rate: BucketRate,
+    (cost, budget_us): (u32, u64),
+    pace: Pace,
+) -> Result<ScriptCall<'static>, Error> {
+    if cost == 0 {
+        return Err(Error::InvalidInput("cost must be at least 1"));
+    }
+    let args = vec![
+        u64::from(cost),
+        rate.emission_us(),
+        rate.burst(),
+        budget_us.min(crate::quota::MAX_EXACT),
+        pace.arg(),
+    ];
+    Ok(ScriptCall::alone(script, Keys::Suffixes(state), args).with_ban())
+}
 
 /// A refund of `charge` by a bucket's script (on its state and its ledger, `state`): where the
 /// charge lies on the key's time; `None` when the store did not say.

@@ -33,7 +33,7 @@ use crate::{
     decision::Charge,
     error::Error,
     extract::Out,
-    store::{KeyBuf, Peeked, StoreKey},
+    store::{KeyBuf, Pace, Peeked, StoreKey},
     unique_id,
 };
 
@@ -96,14 +96,14 @@ pub(crate) trait Calls<'a>: Copy {
     /// [`Error::Unsupported`] for an algorithm that cannot be leased.
     fn reserve(self, cost: u32, up_to: u32) -> Result<ScriptCall<'a>, Error>;
 
-    /// A place of `cost` units in the key's schedule within `budget_us` (its reply:
+    /// A place of `cost` units in the key's time, paced by `pace`, within `budget_us` (its reply:
     /// [`super::reserve::parse_schedule`]).
     ///
     /// # Errors
     ///
     /// [`Error::Unsupported`] for an algorithm that cannot schedule; [`Error::InvalidInput`]
     /// for a cost of 0.
-    fn schedule(self, cost: u32, budget_us: u64) -> Result<ScriptCall<'a>, Error>;
+    fn schedule(self, cost: u32, budget_us: u64, pace: Pace) -> Result<ScriptCall<'a>, Error>;
 }
 
 /// Calls `$method` of the [`Calls`] of `$algorithm`'s rule with these arguments: the one place

@@ -13,6 +13,7 @@ use crate::{
     algorithm::{Algorithm, BucketRate, Change, MultiLimit, Outcome, Placed, Position},
     decision::Charge,
     error::Error,
+    store::Pace,
 };
 
 static CHECK: Scripts = scripts!("multi_gcra.lua", after "gcra_core.lua");
@@ -106,7 +107,7 @@ impl<'a> Calls<'a> for &'a MultiLimit {
         Err(super::not_reserved())
     }
 
-    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
+    fn schedule(self, _cost: u32, _budget_us: u64, _pace: Pace) -> Result<ScriptCall<'a>, Error> {
         Err(super::not_scheduled())
     }
 }

@@ -11,6 +11,7 @@ use crate::{
     decision::Charge,
     error::Error,
     store::redis::keys,
+    store::Pace,
 };
 
 static CHECK: Scripts = scripts!("sliding_window.lua", after "prelude.lua");
@@ -93,7 +94,7 @@ impl<'a> Calls<'a> for &'a SlidingWindow {
         Err(super::not_reserved())
     }
 
-    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
+    fn schedule(self, _cost: u32, _budget_us: u64, _pace: Pace) -> Result<ScriptCall<'a>, Error> {
         Err(super::not_scheduled())
     }
 }

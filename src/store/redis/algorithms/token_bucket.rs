@@ -13,6 +13,7 @@ use crate::{
     decision::Charge,
     error::Error,
     store::redis::keys,
+    store::Pace,
 };
 
 static CHECK: Scripts = scripts!("token_bucket.lua", after "prelude.lua");
@@ -22,6 +23,7 @@ static REFUND: LazyLock<Script> =
 static SETTLE: LazyLock<Script> =
     prelude_script!("token_bucket_settle.lua", after "refund_ledger.lua", "settle.lua");
 static RESERVE: LazyLock<Script> = prelude_script!("token_bucket_reserve.lua");
+static SCHEDULE: LazyLock<Script> = prelude_script!("token_bucket_schedule.lua");
 
 impl<'a> Calls<'a> for &'a TokenBucket {
     fn check(self, cost: u32) -> ScriptCall<'a> {
@@ -86,8 +88,9 @@ impl<'a> Calls<'a> for &'a TokenBucket {
         ))
     }
 
-    fn schedule(self, _cost: u32, _budget_us: u64) -> Result<ScriptCall<'a>, Error> {
-        Err(super::not_scheduled())
+    fn schedule(self, cost: u32, budget_us: u64, pace: Pace) -> Result<ScriptCall<'a>, Error> {
+        let r = self.rate();
+        gcra::schedule(&SCHEDULE, &[keys::BUCKET], r, (cost, budget_us), pace)
     }
 }
 

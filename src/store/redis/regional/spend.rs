@@ -116,8 +116,8 @@ impl Backend for RegionalStore {
         &'a self,
         _algorithm: &'a dyn Algorithm,
         _key: StoreKey<'a>,
-        _cost: u32,
-        _budget_us: u64,
+        _call: (u32, u64),
+        _pace: crate::store::Pace,
         _now_us: Option<u64>,
     ) -> BoxFuture<'a, Result<crate::store::Scheduled, Error>> {
         unsupported("calls are not scheduled across regions")
