@@ -14,7 +14,8 @@ pub(crate) const USAGE: &str = "gateway [--listen ADDR] [--redis URL] [--redis-c
 [--on-redis-error open|closed|local] [--local-share N] [--timeout-ms N] \
 [--headers ietf|legacy|both|none] [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] \
 [--concurrency N [--lease-ms M]] [--unit-lease-ms N] \
-[--ban-after N [--ban-within DURATION] [--ban-for DURATION] [--ban-escalate F]] [--prefix P] [--log LEVEL] [--shadow] \
+[--ban-after N [--ban-within DURATION] [--ban-for DURATION] [--ban-escalate F]] \
+[--delay-up-to DURATION] [--prefix P] [--log LEVEL] [--shadow] \
 [--batch] [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]] \
 [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE] \
 [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N] \
@@ -109,6 +110,9 @@ pub(crate) struct Args {
     pub(crate) rls_algorithm: RlsAlgorithm,
     /// `--ban-after` and its settings: automatic bans.
     pub(crate) bans: Bans,
+    /// `--delay-up-to DURATION`: a request over the limit waits up to this long for its
+    /// units instead of being refused.
+    pub(crate) delay_up_to: Option<Duration>,
     /// The flags given on the command line (the file may not give them again).
     pub(crate) given: Vec<String>,
 }
@@ -206,6 +210,7 @@ fn parse_from<I: IntoIterator<Item = T>, T: Into<OsString>>(args: I) -> Result<A
         rls_config: None,
         rls_algorithm: RlsAlgorithm::FixedWindow,
         bans: Bans::default(),
+        delay_up_to: None,
         given: Vec::new(),
     };
     // Arguments as the OS gives them: any bytes, never a panic. clap reads the command line
@@ -380,6 +385,9 @@ struct CommandLine {
     /// A key banned again within a day is banned F times longer, at most a day [default: 2].
     #[arg(long, value_name = "F", help_heading = "Limit")]
     ban_escalate: Vec<OsString>,
+    /// Serve a request over the limit late, in time with the limit, when its units come within DURATION (gcra, token-bucket).
+    #[arg(long, value_name = "DURATION", help_heading = "Limit")]
+    delay_up_to: Vec<OsString>,
     /// Decide and report, never refuse.
     #[arg(long, action = ArgAction::SetTrue, help_heading = "Limit")]
     shadow: bool,
@@ -753,6 +761,7 @@ fn ban_flag(a: &mut Args, flag: &str, value: String) -> Result<bool, String> {
             )
         }
         "--ban-within" => a.bans.within = Some(duration()?),
+        "--delay-up-to" => a.delay_up_to = Some(duration()?),
         "--ban-for" => a.bans.duration = Some(duration()?),
         "--ban-escalate" => {
             a.bans.escalate = Some(

@@ -128,8 +128,17 @@ pub(crate) fn rate_limiter(
     if let Some(ban) = auto_ban(args) {
         builder = builder.ban_after(ban);
     }
+    if let Some(max) = args.delay_up_to {
+        builder = builder.delay(Delay::up_to(max));
+    }
     builder.build().map_err(|e| match e.field() {
         f if f.starts_with("ban_after") => refusal("ban_after")(e),
+        f if f.starts_with("delay") => refusal("delay_up_to")(format!(
+            "--delay-up-to {:?} (--algorithm {}): {}",
+            args.delay_up_to.unwrap_or_default(),
+            args.algorithm,
+            e.reason()
+        )),
         f if f.starts_with("lease") => refusal("unit_lease_ms")(format!(
             "--unit-lease-ms {} (--algorithm {}): {e}",
             args.unit_lease.unwrap_or_default().as_millis(),
@@ -166,6 +175,11 @@ fn check_bans(args: &Args) -> Result<(), Refusal> {
     if args.bans.after.is_some() && args.regions.is_some() {
         return Err(refusal("ban_after")(
             "--ban-after does not work across --regions (regions keep no bans)",
+        ));
+    }
+    if args.delay_up_to.is_some() && args.regions.is_some() {
+        return Err(refusal("delay_up_to")(
+            "--delay-up-to does not work across --regions (a region's pool keeps no places in time)",
         ));
     }
     Ok(())

@@ -28,6 +28,7 @@ pub(crate) struct FileFlags {
     pub(crate) ban_within: Option<String>,
     pub(crate) ban_for: Option<String>,
     pub(crate) ban_escalate: Option<f64>,
+    pub(crate) delay_up_to: Option<String>,
     pub(crate) allow: Option<Vec<String>>,
     pub(crate) deny: Option<Vec<String>>,
 }
@@ -56,6 +57,7 @@ pub(crate) const FILE_KEYS: &[&str] = &[
     "ban_within",
     "ban_for",
     "ban_escalate",
+    "delay_up_to",
     "allow",
     "deny",
 ];
@@ -185,7 +187,7 @@ fn flag_values(file: &FileFlags) -> Vec<(&'static str, String, Option<String>)> 
         headers
     );
     put_values!(count_only, cost, concurrency, lease_ms, unit_lease_ms);
-    put_values!(ban_after, ban_within, ban_for, ban_escalate);
+    put_values!(ban_after, ban_within, ban_for, ban_escalate, delay_up_to);
     if file.shadow == Some(true) {
         put("shadow", None);
     }
@@ -248,7 +250,9 @@ pub(crate) fn quota_of(a: &Args) -> Quota {
 
 /// The limits `a` sets, for the layer's live limits.
 pub(crate) fn limits_of(a: &Args) -> Limits {
-    let mut limits = Limits::new(quota_of(a)).shadow(a.shadow);
+    let mut limits = Limits::new(quota_of(a))
+        .shadow(a.shadow)
+        .delay_up_to(a.delay_up_to.unwrap_or_default());
     for (key, plan, _) in &a.plans {
         limits = limits.plan(key, *plan);
     }

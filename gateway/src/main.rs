@@ -316,7 +316,7 @@ use tower_redis_ratelimit::{
     rate_limit::rls::{RlsAlgorithm, RlsService},
     rate_limit::{
         file::{self, from_toml, FileError, FileWatch, Look},
-        AccessList, AutoBan, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
+        AccessList, AutoBan, Delay, HeaderStyle, Limits, LiveLimits, StatusSet, UnitLease,
     },
     store::redis::{Batching, RegionalStore},
     store::{SlotStore, Store},

@@ -48,8 +48,12 @@ pub(crate) fn reload(
             *running = next;
             metrics::counter!(CONFIG_RELOADS, "result" => "ok").increment(1);
             let shadow = if running.shadow { ", shadow on" } else { "" };
+            let delay = match running.delay_up_to {
+                Some(max) => format!(", delay up to {max:?}"),
+                None => String::new(),
+            };
             eprintln!(
-                "config reloaded: {path}: limit {}{shadow}",
+                "config reloaded: {path}: limit {}{shadow}{delay}",
                 quota_text(&quota_of(running), running.calendar)
             );
         }

@@ -20,6 +20,9 @@ fn rate_limit_layer(
     args: &Args,
     limiter: RateLimiter<Arc<dyn Algorithm>>,
 ) -> Result<Limited, BoxError> {
+    if let Some(max) = args.delay_up_to {
+        println!("delay: a request over the limit waits up to {max:?} for its units, in time with the limit");
+    }
     if let Some(lifetime) = args.unit_lease {
         println!(
             "unit leases: hot allowed keys answered from reserved blocks, each handed out for at most {} ms",

@@ -14,6 +14,8 @@ mod servers;
 
 #[path = "outside/bans.rs"]
 mod bans;
+#[path = "outside/delays.rs"]
+mod delays;
 #[path = "outside/gateway.rs"]
 mod gateway;
 #[path = "outside/gateway_production.rs"]

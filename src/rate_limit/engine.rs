@@ -361,7 +361,7 @@ impl RateEngine {
             _seat: seat,
             engine: Arc::clone(self),
             key: key.map(|k| k.clone().into_owned()),
-            charge: d.charge.clone(),
+            charge: d.charge,
         };
         let wait = Duration::from_micros(wait_us);
         tokio::time::sleep(wait).await;
@@ -385,7 +385,7 @@ impl RateEngine {
             cost,
             quota: quoted.map(|q| q.quota),
             local: false,
-            position: kept.position.clone(),
+            position: kept.position,
         };
         // A failure is counted and logged by the refund; the units then come back with time.
         let _ = self.refund(key, &charge, None).await;

@@ -379,5 +379,8 @@ fn delayed_admissions_agree_and_hold_the_bound() {
         })
         .unwrap_or_else(|e| panic!("delays: {e}"));
     let delayed = DELAYED.load(Ordering::Relaxed);
-    assert!(delayed >= 50, "only {delayed} admissions waited in all the cases");
+    assert!(
+        delayed >= 50,
+        "only {delayed} admissions waited in all the cases"
+    );
 }
