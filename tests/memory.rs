@@ -19,6 +19,8 @@ mod algorithms;
 mod concurrency;
 #[path = "memory/counting.rs"]
 mod counting;
+#[path = "memory/delays.rs"]
+mod delays;
 #[path = "memory/hostile_input.rs"]
 mod hostile_input;
 #[path = "memory/layer.rs"]

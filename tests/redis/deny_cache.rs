@@ -245,3 +245,32 @@ async fn a_redis_restart_is_noticed_within_a_second() {
         started.elapsed()
     );
 }
+
+/// Under a delay, a refusal is cached only until a request would wait no longer than the
+/// delay (its `retry_after`, the store's wait less the delay): a request then is served late
+/// by the store, not refused by the cache, and one before then is refused by the cache.
+#[tokio::test]
+async fn under_a_delay_a_denial_is_cached_until_its_wait_fits_the_delay() {
+    use tower_redis_ratelimit::{rate_limit::Delay, telemetry::Source};
+    let redis = RedisServer::start();
+    let gcra = Gcra::new(Quota::new(1, Duration::from_secs(2))).unwrap();
+    let limiter = RateLimiter::builder(redis.store().await, gcra)
+        .store_timeout(Duration::from_secs(5))
+        .delay(Delay::up_to(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().allowed);
+    let refused = limiter.check("k", 1).await.unwrap();
+    assert!(!refused.allowed, "{refused:?}");
+    let retry = refused.retry_after.unwrap();
+    assert!(retry <= Duration::from_secs(1), "{refused:?}");
+    let cached = limiter.check("k", 1).await.unwrap();
+    assert!(
+        !cached.allowed && cached.source == Source::DenyCache,
+        "{cached:?}"
+    );
+    tokio::time::sleep(retry).await;
+    let late = limiter.check("k", 1).await.unwrap();
+    assert!(late.allowed && late.source == Source::Store, "{late:?}");
+    assert!(late.delayed <= Duration::from_secs(1), "{late:?}");
+}
