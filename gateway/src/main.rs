@@ -18,7 +18,7 @@
 //!     [--headers ietf|legacy|both|none]
 //!     [--plan KEY=N/PERIOD]... [--count-only LIST] [--cost N] [--settle-header NAME] [--concurrency N [--lease-ms M]]
 //!     [--unit-lease-ms N] [--ban-after N [--ban-within DURATION] [--ban-for DURATION] [--ban-escalate F]]
-//!     [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
+//!     [--delay-up-to DURATION] [--prefix P] [--log error|warn|info|debug|trace] [--shadow] [--batch]
 //!     [--no-limit] [--admin-listen ADDR [--admin-token TOKEN | --admin-token-file FILE]]
 //!     [--allow LIST] [--deny LIST] [--config FILE] [--check-config FILE]
 //!     [--region NAME --regions NAME=URL,NAME=URL,... [--region-share F]] [--drain-ms N]
@@ -31,7 +31,8 @@
 //! (dashes as underscores): `algorithm`, `limit`, `per`, `burst`, `key`, `trusted_proxy` (a
 //! list), `ipv6_prefix`, `on_redis_error`, `local_share`, `timeout_ms`, `headers`, `plans` (a
 //! table, `gold = "100/1m"`), `count_only`, `cost`, `concurrency`, `lease_ms`, `unit_lease_ms`,
-//! `shadow`, `ban_after`, `ban_within`, `ban_for`, `ban_escalate`, `allow` and `deny` (lists). An absent key takes the flag's default; with
+//! `shadow`, `ban_after`, `ban_within`, `ban_for`, `ban_escalate`, `delay_up_to`, `allow` and
+//! `deny` (lists). An absent key takes the flag's default; with
 //! `--config`, any of these given as a flag (in the file or not) is refused at start-up; every
 //! other flag stays a flag, and is refused in the file. The file is read again on `SIGHUP` and
 //! when it changes (looked at every 50 ms), once it has settled: its size, modification time
@@ -39,10 +40,11 @@
 //! within 1 s of its last write or of `SIGHUP` (a writer that needs its file read whole at
 //! once writes another file and renames it into place). Looks, reads and checks run off the
 //! threads that serve requests. Each read gives one stderr line: `config reloaded: FILE: limit
-//! QUOTA` (followed by `, shadow on` when the file turns shadow mode on), or
+//! QUOTA` (followed by `, shadow on` when the file turns shadow mode on, and `, delay up to
+//! DURATION` when it sets a delay), or
 //! `config refused: REASON`, when the file is empty, is not a regular file (a FIFO,
 //! a device), is over 8 MiB, does not parse or changes a setting
-//! other than `limit`, `per`, `burst`, `plans`, `cost`, `shadow`, `allow` and `deny` (the
+//! other than `limit`, `per`, `burst`, `plans`, `cost`, `shadow`, `delay_up_to`, `allow` and `deny` (the
 //! algorithm, the key and the rest need a restart): the running limits stay. A reload takes
 //! effect for the next request, drops no connection and keeps every counter (a key's state
 //! is read under the new quota, see the guide's quotas per request).
@@ -107,6 +109,21 @@
 //! with `--regions`; `--ban-within`, `--ban-for` or `--ban-escalate` without `--ban-after`. In
 //! the `--config` file as `ban_after`, `ban_within`, `ban_for`, `ban_escalate`; a reload
 //! that changes them is refused (they need a restart).
+//!
+//! `--delay-up-to DURATION` (GCRA and the token bucket; durations as `--per` reads them,
+//! `500ms`, `10s`, `5m`, `1h`, at most an hour): a request over the limit is served late, in
+//! time with the limit, when its units come within DURATION; refused (429) otherwise, with
+//! `Retry-After` the time until a request would wait no longer than DURATION. The place of a
+//! delayed request is kept in the store with its check, so across gateways sharing the store
+//! the served requests follow the limit exactly. A client that hangs up while it waits gives
+//! its units back. At most the key's burst wait per key on each gateway, and 10,000 in all; a
+//! request beyond either is refused. The start-up line `delay: a request over the limit waits
+//! up to DURATION for its units, in time with the limit`; the metrics
+//! `ratelimit_delayed_total{policy, outcome="served"|"abandoned"}` and
+//! `ratelimit_waiting{policy}`. A limit setting: `delay_up_to` in the `--config` file,
+//! reloadable (a reload may set, change or lift it). Refused at start-up (and in a reload):
+//! with `--algorithm sliding-window` or `fixed-window`, with `--unit-lease-ms`, with
+//! `--regions`. `--shadow` never delays.
 //!
 //! `--shadow` never rejects and changes nothing a client sees: every request is served, no
 //! response gets a rate-limit field, and each over-limit request is logged ("would deny") at

@@ -324,6 +324,56 @@
 //! [`AutoBan`](crate::rate_limit::AutoBan); the gateway's `--ban-after N`, `--ban-within`,
 //! `--ban-for` and `--ban-escalate` set it.
 //!
+//! # Delay instead of refusal
+//!
+//! Clients that do not retry well (browsers, webhooks, batch jobs) fail on a `429` even when
+//! the limit would let them through a moment later. With
+//! [`RateLimiterBuilder::delay`](crate::rate_limit::RateLimiterBuilder::delay), a policy on
+//! GCRA or the token bucket lets a request over its limit wait for its units instead, as
+//! NGINX's `limit_req` with `burst` and `delay` does: a request within the burst goes at once;
+//! one beyond it goes when its units come, if that is within the delay; later than that it is
+//! refused as before, its `Retry-After` the time until a request would wait no longer than
+//! the delay (the deny cache holds such a refusal only that long).
+//!
+//! - **Exact across instances.** The request's place is kept in the store in the same atomic
+//!   step as the check (the key's time moves on by its cost), then waited for here: the
+//!   requests served, on every instance together, follow the limit exactly, and nothing polls
+//!   the store. [`Decision::delayed`](crate::rate_limit::Decision::delayed) says how long a
+//!   request waited.
+//! - **A client that goes away gives its units back.** A request whose future is dropped
+//!   while it waits (its client hung up) is refunded, so the next request is served on time.
+//! - **What bounds the held connections.** A waiting request holds its connection and its
+//!   task. On each instance at most the quota's burst wait per key, and at most
+//!   [`Delay::waiting_at_most`](crate::rate_limit::Delay::waiting_at_most) (10,000 unless set)
+//!   in all; a request beyond either is refused (logged at most once a second). Across the
+//!   fleet, the store bounds a key's waiting requests to those whose units come within the
+//!   delay. Mind the server's own limits on connections and request time: a delay longer
+//!   than a proxy's or a client's timeout turns a delay into an error.
+//! - **Shadow mode never delays**, and the local share of
+//!   [`FailurePolicy::Local`](crate::FailurePolicy::Local) decides at once (no delay while the
+//!   store is down). A window (sliding or fixed) cannot delay, nor can a policy with unit
+//!   leases, nor a [`RegionalStore`](crate::store::redis::RegionalStore): the builder refuses
+//!   them.
+//! - **Metrics:** `ratelimit_delayed_total{policy, outcome}` (`served`, or `abandoned` when
+//!   the client went away first) and the gauge `ratelimit_waiting{policy}`.
+//!
+//! [`Limits::delay_up_to`](crate::rate_limit::Limits::delay_up_to) changes the delay of a
+//! running layer (zero lifts it); the gateway's `--delay-up-to DURATION` (or `delay_up_to` in
+//! its limits file, reloaded) sets it.
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use tower_redis_ratelimit::{rate_limit::Delay, *};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 5 a second, bursts of 10; a request over the limit waits up to a second for its unit.
+//! let limiter = RateLimiter::builder(MemoryStore::new(), Gcra::new(Quota::per_second(5).burst(10))?)
+//!     .delay(Delay::up_to(Duration::from_secs(1)))
+//!     .build()?;
+//! let layer = RateLimitLayer::new(limiter, PeerIp);
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
 //! # Several policies on one layer
 //!
 //! Several limiters can serve one layer, each with its own policy name (so its own counters
