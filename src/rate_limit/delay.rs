@@ -19,7 +19,6 @@ use std::{
     time::Duration,
 };
 
-use super::engine::RateEngine;
 use crate::{
     core::{
         quiet::{self, Cause},
@@ -231,11 +230,21 @@ impl Drop for Seat {
     }
 }
 
+/// What gives back the units of a request that went away while it waited: the limit that
+/// took them.
+pub(crate) trait GiveBack: Send + Sync + 'static {
+    /// The limit's policy name.
+    fn policy(&self) -> &str;
+
+    /// Gives back `charge` of `key`, without waiting (on a task of its own).
+    fn give_back(self: Arc<Self>, key: Option<Key<'static>>, charge: Charge);
+}
+
 /// A request waiting for its units: its seat, and what it took, given back if it goes away
 /// before its time (see [`Waiter::served`]).
 pub(crate) struct Waiter {
     pub(crate) _seat: Seat,
-    pub(crate) engine: Arc<RateEngine>,
+    pub(crate) limit: Arc<dyn GiveBack>,
     pub(crate) key: Option<Key<'static>>,
     pub(crate) charge: Option<Charge>,
 }
@@ -244,7 +253,7 @@ impl Waiter {
     /// Its time came: the request goes on with what it took.
     pub(crate) fn served(mut self) {
         self.charge = None;
-        delayed(&self.engine.core.policy, "served");
+        delayed(self.limit.policy(), "served");
     }
 }
 
@@ -253,16 +262,8 @@ impl Drop for Waiter {
         let Some(charge) = self.charge.take() else {
             return;
         };
-        delayed(&self.engine.core.policy, "abandoned");
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime to give the units back on: they come back with time
-        };
-        let engine = Arc::clone(&self.engine);
-        let key = self.key.take();
-        runtime.spawn(async move {
-            // A failure is counted and logged by the refund itself.
-            let _ = engine.refund(key.as_ref(), &charge, None).await;
-        });
+        delayed(self.limit.policy(), "abandoned");
+        Arc::clone(&self.limit).give_back(self.key.take(), charge);
     }
 }
 

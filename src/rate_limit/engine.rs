@@ -17,7 +17,7 @@ use std::{
 use arc_swap::ArcSwapOption;
 
 use super::{
-    delay::{Delays, Waiter},
+    delay::{Delays, GiveBack, Waiter},
     lists::key_text,
 };
 use crate::{
@@ -359,7 +359,7 @@ impl RateEngine {
         };
         let waiter = Waiter {
             _seat: seat,
-            engine: Arc::clone(self),
+            limit: Arc::clone(self) as Arc<dyn GiveBack>,
             key: key.map(|k| k.clone().into_owned()),
             charge: d.charge,
         };
@@ -999,6 +999,22 @@ impl RateEngine {
             }
         }
         Ok(d)
+    }
+}
+
+impl GiveBack for RateEngine {
+    fn policy(&self) -> &str {
+        &self.core.policy
+    }
+
+    fn give_back(self: Arc<Self>, key: Option<Key<'static>>, charge: Charge) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime to give the units back on: they come back with time
+        };
+        runtime.spawn(async move {
+            // A failure is counted and logged by the refund itself.
+            let _ = self.refund(key.as_ref(), &charge, None).await;
+        });
     }
 }
 
