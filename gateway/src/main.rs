@@ -117,7 +117,9 @@
 //! delayed request is kept in the store with its check, so across gateways sharing the store
 //! the served requests follow the limit exactly. A client that hangs up while it waits gives
 //! its units back. At most the key's burst wait per key on each gateway, and 10,000 in all; a
-//! request beyond either is refused. The start-up line `delay: a request over the limit waits
+//! request beyond either is refused. A waiting request holds its connection, and counts
+//! toward `--concurrency` while it waits; on `SIGTERM` it is one of the requests in flight
+//! that `--drain-ms` waits for. The start-up line `delay: a request over the limit waits
 //! up to DURATION for its units, in time with the limit`; the metrics
 //! `ratelimit_delayed_total{policy, outcome="served"|"abandoned"}` and
 //! `ratelimit_waiting{policy}`. A limit setting: `delay_up_to` in the `--config` file,
