@@ -347,6 +347,16 @@ impl LimitState {
     }
 }
 
+/// The numbers of an admitted check that its response's fields need: the decision's
+/// `remaining`, `capacity`, `window` and `reset_after`, without the rest of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admitted {
+    pub(crate) remaining: u64,
+    pub(crate) capacity: u64,
+    pub(crate) window: Duration,
+    pub(crate) reset_after: Duration,
+}
+
 impl Decision {
     pub(crate) fn from_outcome(
         o: Outcome,

@@ -116,6 +116,7 @@ fn main() {
                 let lim = b.build().unwrap();
                 let mut layer = RateLimitLayer::new(lim, user_key as KeyFn);
                 if o.contains("noheaders") { layer = layer.headers(tower_redis_ratelimit::rate_limit::HeaderStyle::None); }
+                if o.contains("lean") { layer = layer.headers_on_denials_only(); }
                 run(layer.layer(inner), n, &wl).await
             }
         }

@@ -11,6 +11,8 @@ use crate::{error::ConfigError, quota::Quota};
 pub(crate) struct BucketQuota {
     pub(crate) quota: Quota,
     pub(crate) rate: BucketRate,
+    /// [`Quota::burst_window`], computed once: every admission's fields show it.
+    window: Duration,
 }
 
 impl BucketQuota {
@@ -18,6 +20,7 @@ impl BucketQuota {
         Ok(Self {
             quota,
             rate: BucketRate::from_quota(&quota)?,
+            window: quota.burst_window(),
         })
     }
 
@@ -28,7 +31,7 @@ impl BucketQuota {
 
     /// Time to refill the whole burst, from the quota (see [`Quota::burst_window`]).
     pub(crate) fn window(&self) -> Duration {
-        self.quota.burst_window()
+        self.window
     }
 
     /// The same bucket with limit and burst divided among `instances`.

@@ -7,11 +7,11 @@ use std::{sync::Arc, time::Duration};
 use http::{HeaderMap, HeaderValue};
 
 use super::headers::{
-    number, policy_item, push_sf_string, render_legacy, render_with, reset_secs, state_item,
-    valid_pk, value, write_u64, HeaderStyle, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    ceil_secs, number, policy_item, push_sf_string, render_legacy, render_with, reset_secs,
+    state_item, valid_pk, value, write_u64, HeaderStyle, RATELIMIT, RATELIMIT_POLICY,
+    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use crate::decision::Decision;
+use crate::decision::{Admitted, Decision};
 
 /// A policy's `RateLimit-Policy` member for its configured quota, rendered once when the
 /// layer is built (it is the same on every response of the policy), and the start of its
@@ -66,27 +66,27 @@ impl PolicyField {
         &self.name
     }
 
-    /// The `RateLimit` member of a decision of this policy, without a partition key: the
-    /// same bytes as [`state_item`]'s.
-    fn state(&self, d: &Decision, t: Option<u64>) -> HeaderValue {
+    /// The `RateLimit` member of a decision of this policy with `remaining` units left,
+    /// without a partition key: the same bytes as [`state_item`]'s.
+    fn state(&self, remaining: u64, t: Option<u64>) -> HeaderValue {
         // Two numbers of at most 20 digits and `;t=`.
         if !fits(&self.state) {
-            return state_item(&d.policy, d.remaining, t, None);
+            return state_item(&self.name, remaining, t, None);
         }
-        if d.remaining == 0 {
+        if remaining == 0 {
             let held = t.and_then(|t| self.empty.get(usize::try_from(t).ok()?));
             if let Some(member) = held {
                 return member.clone();
             }
         }
-        render_state(&self.state, d.remaining, t)
+        render_state(&self.state, remaining, t)
     }
 
-    /// Whether this is the policy field of `d`. Decisions of a policy carry its name, so
-    /// only the quota can differ: a quota given per request, or the local share of a degraded
-    /// decision.
-    fn matches(&self, d: &Decision) -> bool {
-        d.capacity == self.limit && d.window == self.window
+    /// Whether this is the policy field of a decision of `capacity` units per `window`.
+    /// Decisions of a policy carry its name, so only the quota can differ: a quota given per
+    /// request, or the local share of a degraded decision.
+    fn matches(&self, capacity: u64, window: Duration) -> bool {
+        capacity == self.limit && window == self.window
     }
 }
 
@@ -130,8 +130,8 @@ impl Stamp {
         let t = reset_secs(d);
         let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| {
             let pk = valid_pk(pk);
-            match field.filter(|f| pk.is_none() && f.matches(d)) {
-                Some(f) => (f.value.clone(), f.state(d, t)),
+            match field.filter(|f| pk.is_none() && f.matches(d.capacity, d.window)) {
+                Some(f) => (f.value.clone(), f.state(d.remaining, t)),
                 None => (
                     policy_item(&d.policy, d.capacity, d.window, pk),
                     state_item(&d.policy, d.remaining, t, pk),
@@ -144,6 +144,27 @@ impl Stamp {
             t,
         ));
         Some(Self { ietf, legacy })
+    }
+
+    /// The headers of an admission of `field`'s policy (`a`, a single limit), without a
+    /// partition key: those [`of`](Self::of) renders for its decision.
+    pub(crate) fn admitted(style: HeaderStyle, a: &Admitted, field: &PolicyField) -> Self {
+        let t = Some(ceil_secs(a.reset_after));
+        let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| {
+            match field.matches(a.capacity, a.window) {
+                true => (field.value.clone(), field.state(a.remaining, t)),
+                false => (
+                    policy_item(&field.name, a.capacity, a.window, None),
+                    state_item(&field.name, a.remaining, t, None),
+                ),
+            }
+        });
+        let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then_some((
+            a.capacity,
+            a.remaining,
+            t,
+        ));
+        Self { ietf, legacy }
     }
 
     /// Adds the headers to a response, as `render_with` does: the IETF fields appended (after
@@ -173,13 +194,15 @@ pub(crate) fn render_with_field(
     field: Option<&PolicyField>,
     headers: &mut HeaderMap,
 ) {
-    let own = field.filter(|f| d.limits.is_empty() && valid_pk(pk).is_none() && f.matches(d));
+    let own = field.filter(|f| {
+        d.limits.is_empty() && valid_pk(pk).is_none() && f.matches(d.capacity, d.window)
+    });
     match own {
         Some(f) => {
             let t = reset_secs(d);
             if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
                 headers.append(RATELIMIT_POLICY, f.value.clone());
-                headers.append(RATELIMIT, f.state(d, t));
+                headers.append(RATELIMIT, f.state(d.remaining, t));
             }
             render_legacy(style, d, t, headers);
         }

@@ -214,6 +214,16 @@ impl<K> Config<K> {
             .ok()
     }
 
+    /// Whether a request admitted at once needs no decision: the layer writes none into the
+    /// request, settles nothing after the response and writes no `pk` (see
+    /// [`RateEngine::decide_lean`]).
+    pub(crate) fn lean(&self) -> bool {
+        self.count.is_none()
+            && self.settle.is_none()
+            && !self.extension
+            && self.partition_secret.is_none()
+    }
+
     /// The IETF `pk` of `key` under `engine`, when the layer has a partition secret.
     pub(crate) fn partition_key(
         &self,

@@ -15,6 +15,7 @@ use std::{
 };
 
 use arc_swap::ArcSwapOption;
+use tracing::Level;
 
 use super::{
     delay::{Delays, GiveBack, Waiter},
@@ -24,7 +25,7 @@ use crate::{
     algorithm::{Algorithm, Change, Outcome},
     core::report::{self, KeyMeters},
     core::{fleet, Core, DenyCache, KeyCount, Leasing, PendingReturn, TopKeys},
-    decision::{Charge, Decision, KeyState, Settled, Source},
+    decision::{Admitted, Charge, Decision, KeyState, Settled, Source, Verdict},
     error::{ConfigError, Error, ErrorChain},
     extract::{Key, Out, COMPACT_SCRATCH},
     quota::{Quota, MAX_EXACT},
@@ -66,6 +67,14 @@ pub(crate) struct RateEngine {
     /// Delay instead of refusal ([`RateLimiterBuilder::delay`](super::RateLimiterBuilder::delay)):
     /// the longest wait and the requests waiting.
     pub(crate) delays: Delays,
+}
+
+/// What [`RateEngine::decide_lean`] answers: the numbers of an admission, or the decision.
+// Moved once, to the layer: a boxed decision would cost an allocation on every denial.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum AtOnce {
+    Admitted(Admitted),
+    Decided(Decision),
 }
 
 /// The quotas of live limits: the default one (`None`: the algorithm's own) and per key.
@@ -208,12 +217,45 @@ impl RateEngine {
         cost: u32,
         quoted: Option<&Quoted>,
     ) -> Option<Result<Decision, Error>> {
+        self.decide_as(key, cost, quoted, |_| None, |d| d)
+    }
+
+    /// [`decide`](Self::decide) for a caller that needs only the numbers of an admitted
+    /// check (a layer that writes no decision into the request and settles nothing after the
+    /// response): an admission of a single limit, counted and reported as `decide` would,
+    /// comes as [`AtOnce::Admitted`] without the public [`Decision`] being built; everything
+    /// else as the decision.
+    pub(crate) fn decide_lean(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Result<AtOnce, Error>> {
+        self.decide_as(
+            key,
+            cost,
+            quoted,
+            |a| Some(AtOnce::Admitted(a)),
+            AtOnce::Decided,
+        )
+    }
+
+    /// [`decide`](Self::decide), an admission handed to `admitted` first (which may take it)
+    /// and every decision to `decided`.
+    fn decide_as<T>(
+        &self,
+        key: Option<&Key<'_>>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+        admitted: impl FnOnce(Admitted) -> Option<T>,
+        decided: impl FnOnce(Decision) -> T,
+    ) -> Option<Result<T, Error>> {
         if cost == 0 {
             return Some(Err(Error::InvalidInput("cost must be at least 1")));
         }
         let key = self.store_key(key);
         if let Some(d) = self.cached_denial(key, cost, quoted) {
-            return Some(Ok(d));
+            return Some(Ok(decided(d)));
         }
         if self.delaying() {
             return None; // the request's place is kept by `check`, which may wait
@@ -225,11 +267,54 @@ impl RateEngine {
                 Source::UnitLease,
             ),
         };
+        if let Some(a) = result.as_ref().ok().and_then(|o| self.admitted(o, quoted)) {
+            if let Some(t) = admitted(a) {
+                self.record_admitted(key, &a, source);
+                return Some(Ok(t));
+            }
+        }
         let result = self.conclude(key, cost, quoted, None, None, source, result);
-        Some(match result {
-            Err(e) => self.fall_back(key, cost, quoted, e),
-            ok => ok,
+        Some(
+            match result {
+                Err(e) => self.fall_back(key, cost, quoted, e),
+                ok => ok,
+            }
+            .map(decided),
+        )
+    }
+
+    /// The numbers of `outcome`, an admission of a single limit, when nothing else needs its
+    /// decision: no `debug` event to write (it shows the decision).
+    fn admitted(&self, outcome: &Outcome, quoted: Option<&Quoted>) -> Option<Admitted> {
+        if !outcome.allowed || !outcome.parts.is_empty() || tracing::enabled!(Level::DEBUG) {
+            return None;
+        }
+        let algorithm = self.algorithm(quoted);
+        let capacity = algorithm.quota();
+        Some(Admitted {
+            remaining: outcome.remaining.min(capacity),
+            capacity,
+            window: algorithm.window(),
+            reset_after: Duration::from_micros(outcome.reset_after_us),
         })
+    }
+
+    /// Counts and reports an admission (see [`record`](Self::record)) without its decision.
+    fn record_admitted(&self, key: StoreKey<'_>, a: &Admitted, source: Source) {
+        if !self.core.reports {
+            return;
+        }
+        self.core.decided(Verdict::Allowed, source, None);
+        if a.remaining.saturating_mul(5) <= a.capacity {
+            self.core.meters.near_limit(&self.core.policy);
+        }
+        if let (Source::Store, Some(k), true) = (source, key.key(), self.watch.knows_bans()) {
+            self.watch.unbanned(k);
+        }
+        if !self.key_meters.is_empty() {
+            self.key_meters
+                .decided(&self.core.policy, key.key(), Verdict::Allowed);
+        }
     }
 
     /// A store that decides at once (in memory).

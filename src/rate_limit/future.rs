@@ -315,6 +315,18 @@ where
         Self { state }
     }
 
+    /// Admitted in `call` without a decision (see `RateEngine::decide_lean`): the inner call
+    /// started on `service` (driven to readiness), its response given `stamp`'s fields.
+    pub(crate) fn admitted(request: Request<B>, service: &mut S, stamp: Option<Stamp>) -> Self {
+        Self {
+            state: State::Calling {
+                future: service.call(request),
+                then: Some(stamp.map_or(OnResponse::Nothing, OnResponse::Stamp)),
+                budget: true,
+            },
+        }
+    }
+
     pub(crate) fn checking(
         check: BoxFuture<'static, Result<Decision, Error>>,
         request: Request<B>,

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{
     config::{Config, Selected},
-    engine::RateEngine,
+    engine::{AtOnce, RateEngine},
     future::{AfterResponse, Answer, ResponseFuture, Shadow},
     lists::Listed,
     live::LiveLimits,
@@ -21,7 +21,7 @@ use super::{
 use crate::{
     error::Error,
     extract::{Key, KeyExtractor},
-    http::{forbidden, is_grpc, key_of, Keyed, ResponseBody},
+    http::{forbidden, is_grpc, key_of, Keyed, ResponseBody, Stamp},
     store::BoxFuture,
     store::FailurePolicy,
 };
@@ -144,7 +144,24 @@ where
         drop(guard);
         let answer = |grpc| answer_of(config, policy, key.as_ref(), grpc);
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        if let Some(result) = policy.decide(key.as_ref(), cost, quoted.as_deref()) {
+        let at_once = match config.lean() {
+            true => policy.decide_lean(key.as_ref(), cost, quoted.as_deref()),
+            false => policy
+                .decide(key.as_ref(), cost, quoted.as_deref())
+                .map(|r| r.map(AtOnce::Decided)),
+        };
+        if let Some(result) = at_once {
+            let result = match result {
+                Ok(AtOnce::Admitted(a)) => {
+                    drop(key);
+                    let fields = !responder.denials_only && Shadow::of(policy) != Shadow::Quiet;
+                    let stamp = fields.then(|| Stamp::admitted(responder.style, &a, field));
+                    let req = Request::from_parts(parts, body);
+                    return ResponseFuture::admitted(req, inner, stamp);
+                }
+                Ok(AtOnce::Decided(d)) => Ok(d),
+                Err(e) => Err(e),
+            };
             // Only an answer the limiter writes itself depends on the protocol.
             let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
             let answer = answer(grpc);

@@ -385,3 +385,85 @@ async fn fields_on_denials_only_leave_allowed_responses_bare() {
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }
+
+/// A layer that needs no decision for an admitted request (no decision extension, nothing
+/// settled after the response, no `pk`) renders its fields from the admission's numbers: the
+/// same bytes, and the same counts, as a layer that builds the decision.
+#[tokio::test]
+async fn admitted_fields_and_counts_are_the_same_with_or_without_the_decision_built() {
+    use tower_redis_ratelimit::{rate_limit::HeaderStyle, TokenBucket};
+    let quota = Quota::per_second(5).burst(3);
+    for style in [HeaderStyle::Ietf, HeaderStyle::Legacy, HeaderStyle::Both] {
+        same_fields_lean_or_built(style, || Gcra::new(quota).unwrap()).await;
+        same_fields_lean_or_built(style, || TokenBucket::new(quota).unwrap()).await;
+    }
+}
+
+/// Sixty requests of three keys (one on a plan of its own) through a layer that builds no
+/// decision and one that does, on clocks that move alike: every response's fields the same.
+async fn same_fields_lean_or_built<A>(
+    style: tower_redis_ratelimit::rate_limit::HeaderStyle,
+    algorithm: impl Fn() -> A,
+) where
+    A: tower_redis_ratelimit::algorithm::Algorithm + Clone,
+{
+    use tower_redis_ratelimit::{store::memory::ManualClock, MemoryStore};
+    let fields = [
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "retry-after",
+    ];
+    let clock = ManualClock::new();
+    let layer = |built: bool| {
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let limiter = RateLimiter::builder(store, algorithm())
+            .policy_name("api")
+            .build()
+            .unwrap();
+        // Keys starting with "gold" are on a plan of their own.
+        let layer = RateLimitLayer::new(limiter.clone(), HeaderKey::new("x-key").unwrap())
+            .headers(style)
+            .quota_fn(|parts| {
+                let key = parts.headers.get("x-key")?.to_str().ok()?;
+                key.starts_with("gold").then(|| Quota::per_second(20))
+            })
+            .decision_extension(built);
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(counting(Arc::new(AtomicUsize::new(0))));
+        (svc, limiter)
+    };
+    let (lean, lean_limiter) = layer(false);
+    let (built, built_limiter) = layer(true);
+    let name = std::any::type_name::<A>();
+    for step in 0..60u64 {
+        let key = ["a", "b", "gold-1"][(step % 3) as usize];
+        let req = || {
+            Request::get("/")
+                .header("x-key", key)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let a = lean.clone().oneshot(req()).await.unwrap();
+        let b = built.clone().oneshot(req()).await.unwrap();
+        assert_eq!(a.status(), b.status(), "{style:?} {name} step {step}");
+        for field in fields {
+            assert_eq!(
+                header(&a, field),
+                header(&b, field),
+                "{style:?} {name} step {step}: {field}"
+            );
+        }
+        assert!(
+            fields.iter().any(|f| header(&a, f).is_some()),
+            "{style:?} {name} step {step}: no field"
+        );
+        clock.advance(Duration::from_millis(20 + 7 * (step % 5)));
+    }
+    let (l, b) = (lean_limiter.stats(), built_limiter.stats());
+    assert_eq!(l, b, "{style:?} {name}");
+    assert!(l.allowed > 0 && l.denied > 0, "{style:?} {name}: {l:?}");
+}
