@@ -270,6 +270,24 @@ pub fn ours_memory(c: &mut Contenders, check_baseline: &str, layer_baseline: &st
         Some(calls),
         via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
     );
+    // The fields on denials only, as tower_governor writes them.
+    let prefix = c.prefix();
+    let lean = self::limiter(
+        MemoryStore::new(),
+        Gcra::new(quota()).unwrap(),
+        prefix,
+        true,
+    );
+    let (inner, calls) = Inner::new();
+    let layer =
+        RateLimitLayer::new(lean, HeaderKey::new(KEY_HEADER).unwrap()).headers_on_denials_only();
+    c.push(
+        "ours memory gcra layer (fields on denials only)".to_owned(),
+        false,
+        Some(layer_baseline.to_owned()),
+        Some(calls),
+        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
+    );
 }
 
 fn limiter<A: Algorithm>(
