@@ -440,7 +440,9 @@ where
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // Heads and small bodies copied into one buffer, written by one `write`.
+        .writev(false);
     let (stopping, stopped) = tokio::sync::watch::channel(());
     let shutdown = stop.signal;
     tokio::pin!(shutdown);
