@@ -314,13 +314,17 @@ impl ProxyConnection {
         Err("the upstream closed every connection the request was given to".into())
     }
 
-    /// The request to the upstream, its answer back.
-    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// The request to the upstream, its answer back (the service's future itself: no future
+    /// around it to move it into).
+    async fn forward(
+        self,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
         let shared = &self.held.shared;
         let (mut parts, body) = req.into_parts();
         parts.uri = match shared.upstream.target(parts.uri) {
             Ok(uri) => uri,
-            Err(_) => return text(StatusCode::BAD_REQUEST, "bad request target\n"),
+            Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n")),
         };
         // HTTP/1.1 to the upstream, whatever the client spoke.
         parts.version = http::Version::HTTP_11;
@@ -332,15 +336,19 @@ impl ProxyConnection {
         let progress = &self.held.progress;
         progress.restart();
         let body = Upload::new(body, Arc::clone(progress));
-        let sent = self.send(Request::from_parts(parts, body));
         let mut timer = self.held.take_timer();
-        let answered = tokio::select! {
-            biased;
-            answered = sent => Some(answered),
-            () = progress.idle_for(shared.timeout, &mut timer) => None,
+        let answered = {
+            // Polled where they are, not moved into the select.
+            let sent = std::pin::pin!(self.send(Request::from_parts(parts, body)));
+            let idle = std::pin::pin!(progress.idle_for(shared.timeout, &mut timer));
+            tokio::select! {
+                biased;
+                answered = sent => Some(answered),
+                () = idle => None,
+            }
         };
         self.held.put_timer(timer);
-        match answered {
+        Ok(match answered {
             Some(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 drop_hop_by_hop(&mut parts.headers);
@@ -358,7 +366,7 @@ impl ProxyConnection {
                 );
                 text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
             }
-        }
+        })
     }
 }
 
@@ -523,8 +531,7 @@ impl tower::Service<Request<Incoming>> for ProxyConnection {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        Box::pin(self.clone().forward(req))
     }
 }
 
