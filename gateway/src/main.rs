@@ -313,6 +313,7 @@ mod proxy;
 mod reload;
 mod rls;
 mod serve;
+mod timer;
 
 use self::{admin::*, args::*, limiter::*, limits::*, reload::*, serve::*};
 

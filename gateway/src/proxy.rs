@@ -28,19 +28,6 @@ use hyper_util::rt::TokioIo;
 /// What the proxy answers with: the upstream's body, or a line of its own (502, 504, 400).
 pub type ProxyBody = Either<Download, Full<Bytes>>;
 
-/// The headers that concern one connection, not the request (RFC 9110, 7.6.1), never
-/// forwarded either way.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
 /// Where requests go: `http://HOST[:PORT][/PREFIX]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Upstream {
@@ -157,6 +144,8 @@ impl Proxy {
             held: Arc::new(Held {
                 shared: Arc::clone(&self.shared),
                 sender: Mutex::new(None),
+                progress: Arc::new(Progress::new()),
+                timer: Mutex::new(None),
             }),
             client: HeaderValue::from_str(&client.ip().to_string())
                 .expect("an address is a header value"),
@@ -199,8 +188,11 @@ impl Shared {
     async fn connect(&self) -> Result<SendRequest<Upload>, BoxError> {
         let stream = tokio::net::TcpStream::connect(self.upstream.address()).await?;
         stream.set_nodelay(true)?;
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        // Heads and small bodies copied into one buffer, written by one `write`.
+        let (sender, connection) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
+            .await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream connection ended");
@@ -222,13 +214,34 @@ pub struct ProxyConnection {
     client: HeaderValue,
 }
 
-/// The upstream connection a client connection holds between its requests.
+/// The upstream connection a client connection holds between its requests, and what its
+/// requests (one at a time) reuse: the record of their progress and the timer of the
+/// upstream timeout.
 struct Held {
     shared: Arc<Shared>,
     sender: Mutex<Option<SendRequest<Upload>>>,
+    progress: Arc<Progress>,
+    /// Pushed later at each request: a later deadline costs no new place in the timer wheel.
+    timer: Mutex<Option<Pin<Box<tokio::time::Sleep>>>>,
 }
 
 impl Held {
+    fn take_timer(&self) -> Pin<Box<tokio::time::Sleep>> {
+        let timer = self
+            .timer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        timer.unwrap_or_else(|| Box::pin(tokio::time::sleep(self.shared.timeout)))
+    }
+
+    fn put_timer(&self, timer: Pin<Box<tokio::time::Sleep>>) {
+        *self
+            .timer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(timer);
+    }
+
     fn take(&self) -> Option<SendRequest<Upload>> {
         self.sender
             .lock()
@@ -281,7 +294,8 @@ impl ProxyConnection {
             };
             let mut sender = match reused {
                 Some(sender) => sender,
-                None => shared.connect().await?,
+                // Boxed: a connection is rare, and its future would make every request's larger.
+                None => Box::pin(shared.connect()).await?,
             };
             if sender.ready().await.is_err() {
                 continue;
@@ -300,29 +314,41 @@ impl ProxyConnection {
         Err("the upstream closed every connection the request was given to".into())
     }
 
-    /// The request to the upstream, its answer back.
-    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// The request to the upstream, its answer back (the service's future itself: no future
+    /// around it to move it into).
+    async fn forward(
+        self,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
         let shared = &self.held.shared;
         let (mut parts, body) = req.into_parts();
         parts.uri = match shared.upstream.target(parts.uri) {
             Ok(uri) => uri,
-            Err(_) => return text(StatusCode::BAD_REQUEST, "bad request target\n"),
+            Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n")),
         };
         // HTTP/1.1 to the upstream, whatever the client spoke.
         parts.version = http::Version::HTTP_11;
         drop_hop_by_hop(&mut parts.headers);
         forwarded_for(&mut parts.headers, &self.client);
-        if !parts.headers.contains_key(header::HOST) {
-            parts.headers.insert(header::HOST, shared.host.clone());
+        if let header::Entry::Vacant(host) = parts.headers.entry(header::HOST) {
+            host.insert(shared.host.clone());
         }
-        let progress = Arc::new(Progress::new());
-        let body = Upload::new(body, Arc::clone(&progress));
-        let sent = self.send(Request::from_parts(parts, body));
-        let answered = tokio::select! {
-            answered = sent => Some(answered),
-            () = progress.idle_for(shared.timeout) => None,
+        let progress = &self.held.progress;
+        progress.restart();
+        let body = Upload::new(body, Arc::clone(progress));
+        let mut timer = self.held.take_timer();
+        let answered = {
+            // Polled where they are, not moved into the select.
+            let sent = std::pin::pin!(self.send(Request::from_parts(parts, body)));
+            let idle = std::pin::pin!(progress.idle_for(shared.timeout, &mut timer));
+            tokio::select! {
+                biased;
+                answered = sent => Some(answered),
+                () = idle => None,
+            }
         };
-        match answered {
+        self.held.put_timer(timer);
+        Ok(match answered {
             Some(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 drop_hop_by_hop(&mut parts.headers);
@@ -340,43 +366,55 @@ impl ProxyConnection {
                 );
                 text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
             }
-        }
+        })
     }
 }
 
-/// When a request last made progress: its start, then each part of its body taken by the
-/// upstream connection. The upstream's time to answer counts from the last.
+/// When the request in flight on a client connection last made progress: its start, then
+/// each part of its body taken by the upstream connection. The upstream's time to answer
+/// counts from the last.
 struct Progress {
-    start: tokio::time::Instant,
-    /// Microseconds from `start` to the last progress.
+    /// The client connection's start.
+    epoch: tokio::time::Instant,
+    /// Microseconds from `epoch` to the last progress.
     last_us: std::sync::atomic::AtomicU64,
 }
 
 impl Progress {
     fn new() -> Self {
         Self {
-            start: tokio::time::Instant::now(),
+            epoch: tokio::time::Instant::now(),
             last_us: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    fn made(&self) {
-        let us = self.start.elapsed().as_micros() as u64;
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// A request starts.
+    fn restart(&self) {
         self.last_us
-            .fetch_max(us, std::sync::atomic::Ordering::Relaxed);
+            .store(self.now_us(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn made(&self) {
+        self.last_us
+            .fetch_max(self.now_us(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ends once nothing happened for `timeout`: no connection, no part of the body taken,
-    /// no answer.
-    async fn idle_for(&self, timeout: Duration) {
+    /// no answer. `timer` is set to each deadline in turn.
+    async fn idle_for(&self, timeout: Duration, timer: &mut Pin<Box<tokio::time::Sleep>>) {
         loop {
             let last =
                 Duration::from_micros(self.last_us.load(std::sync::atomic::Ordering::Relaxed));
-            let due = self.start + last + timeout;
+            let due = self.epoch + last + timeout;
             if tokio::time::Instant::now() >= due {
                 return;
             }
-            tokio::time::sleep_until(due).await;
+            timer.as_mut().reset(due);
+            timer.as_mut().await;
         }
     }
 }
@@ -493,8 +531,7 @@ impl tower::Service<Request<Incoming>> for ProxyConnection {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        Box::pin(self.clone().forward(req))
     }
 }
 
@@ -511,56 +548,78 @@ fn text(status: StatusCode, line: &'static str) -> Response<ProxyBody> {
     res
 }
 
+/// Whether `name` concerns one connection, not the message (RFC 9110, 7.6.1), never
+/// forwarded either way: `connection`, `keep-alive`, `proxy-connection`, `proxy-authenticate`,
+/// `proxy-authorization`, `te`, `trailer`, `transfer-encoding`, `upgrade`. Told apart by
+/// length first: most names are none of them and cost one comparison.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name) || name == header::UPGRADE
+    let name = name.as_str();
+    match name.len() {
+        2 => name == "te",
+        7 => name == "trailer" || name == "upgrade",
+        10 => name == "connection" || name == "keep-alive",
+        16 => name == "proxy-connection",
+        17 => name == "transfer-encoding",
+        18 => name == "proxy-authenticate",
+        19 => name == "proxy-authorization",
+        _ => false,
+    }
 }
 
 /// Drops the hop-by-hop headers, and those the `Connection` header names. Looks before it
-/// removes: most messages carry none, or only `Connection`.
+/// removes: most messages carry none, or only `Connection` with its usual options.
 fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
-        if name == header::CONNECTION {
-            let named: Vec<HeaderName> = headers
-                .get_all(header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .map(str::trim)
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    let mut named: Vec<HeaderName> = Vec::new();
+    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+        for value in connection.remove_entry_mult().1 {
+            for option in value.as_bytes().split(|&b| b == b',') {
+                let option = option.trim_ascii();
                 // The usual options, never header names worth a lookup.
-                .filter(|o| {
-                    !o.eq_ignore_ascii_case("close") && !o.eq_ignore_ascii_case("keep-alive")
-                })
-                .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
-                .collect();
-            for name in &named {
-                headers.remove(name);
+                if option.is_empty()
+                    || option.eq_ignore_ascii_case(b"close")
+                    || option.eq_ignore_ascii_case(b"keep-alive")
+                {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(option) {
+                    named.push(name);
+                }
             }
         }
+    }
+    for name in &named {
+        headers.remove(name);
+    }
+    while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
         headers.remove(&name);
     }
 }
 
 /// Appends the client's address to `x-forwarded-for` (every line of it joined, in order).
+/// One lookup of the name: a request without the header gets the address as it is.
 fn forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
     const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+    let mut before = match headers.entry(XFF) {
+        header::Entry::Vacant(entry) => {
+            entry.insert(client.clone());
+            return;
+        }
+        header::Entry::Occupied(entry) => entry,
+    };
     let mut joined = Vec::new();
-    for before in headers.get_all(&XFF) {
-        if !before.is_empty() {
-            joined.extend_from_slice(before.as_bytes());
+    for value in before.iter() {
+        if !value.is_empty() {
+            joined.extend_from_slice(value.as_bytes());
             joined.extend_from_slice(b", ");
         }
     }
-    let value = match joined.is_empty() {
-        true => client.clone(),
-        false => {
-            joined.extend_from_slice(client.as_bytes());
-            match HeaderValue::from_bytes(&joined) {
-                Ok(value) => value,
-                Err(_) => return,
-            }
-        }
-    };
-    headers.insert(XFF, value);
+    joined.extend_from_slice(client.as_bytes());
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        before.insert(value);
+    }
 }
 
 #[cfg(test)]

@@ -433,14 +433,16 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::TokioIo;
 
     let slots = Arc::new(tokio::sync::Semaphore::new(max));
     let mut connections = tokio::task::JoinSet::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .timer(crate::timer::KeptTimer::default())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // Heads and small bodies copied into one buffer, written by one `write`.
+        .writev(false);
     let (stopping, stopped) = tokio::sync::watch::channel(());
     let shutdown = stop.signal;
     tokio::pin!(shutdown);
