@@ -151,6 +151,16 @@ impl MemoryState {
         }
     }
 
+    /// Drops the refund ledgers when every one of them may be forgotten by `now_us` (as
+    /// [`take_ledgers`](Self::take_ledgers) would), keeping the value they were kept with.
+    pub(crate) fn drop_spent_ledgers(&mut self, now_us: u64) {
+        if let Value::Ledgered(l) = &mut self.value {
+            if l.ledgers.iter().all(|g| g.until <= now_us) {
+                self.value = std::mem::take(&mut l.value);
+            }
+        }
+    }
+
     pub(crate) fn put_tat(&mut self, tat: u64, now_us: u64, ttl_us: u64) {
         self.put_plain(Value::Tat(tat), now_us, ttl_us);
     }

@@ -340,8 +340,8 @@ impl MemoryStore {
         cost: u32,
         now: u64,
     ) -> Result<Outcome, Error> {
-        if let Kind::Gcra(g) = algorithm.rule().kind() {
-            return self.decide_gcra(algorithm, g.rate(), key, cost, now);
+        if let Some(rate) = word_rate(algorithm) {
+            return self.decide_gcra(algorithm, rate, key, cost, now);
         }
         let inner = &*self.inner;
         let slot = inner.states.slot(key);
@@ -392,6 +392,7 @@ impl MemoryStore {
         let mut moved = None;
         if let Some(entry) = shard.get_mut(slot, key) {
             entry.state.expire(now);
+            entry.state.drop_spent_ledgers(now);
             match entry.state.bare_tat() {
                 Some(tat) => moved = Some(tat),
                 None => {
@@ -435,7 +436,7 @@ impl MemoryStore {
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
-        let gcra = matches!(algorithm.rule().kind(), Kind::Gcra(_));
+        let gcra = word_rate(algorithm).is_some();
         if gcra {
             if let Some(tat) = inner.words.write(slot).remove(slot, key) {
                 let state = MemoryState::of_tat(tat);
@@ -446,6 +447,7 @@ impl MemoryStore {
         if gcra {
             if let Some(entry) = shard.get_mut(slot, key) {
                 entry.state.expire(now);
+                entry.state.drop_spent_ledgers(now);
                 if let Some(bare) = entry.state.bare_tat() {
                     shard.remove(slot, key);
                     if let Some(tat) = bare.filter(|&t| t > now) {
@@ -455,6 +457,17 @@ impl MemoryStore {
             }
         }
         out
+    }
+}
+
+/// The rate of a GCRA whose keys are words: the built-in [`Gcra`](crate::Gcra), under its own
+/// name (or shared behind an `Arc`). Another algorithm whose rule is GCRA's but whose name is
+/// its own may decide differently in memory (its [`Algorithm::decide`] is what runs here): its
+/// keys stay in the general table.
+fn word_rate(algorithm: &dyn Algorithm) -> Option<BucketRate> {
+    match algorithm.rule().kind() {
+        Kind::Gcra(gcra) if algorithm.name() == "gcra" => Some(gcra.rate()),
+        _ => None,
     }
 }
 
