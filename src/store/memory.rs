@@ -37,7 +37,11 @@ const SHARDS: usize = 16;
 /// A check looks its key up by a hash computed once, in one of 16 lock shards, without
 /// allocating: keys of up to 46 bytes (with the limiter's namespace) are held in the map's
 /// slot, and a key whose state expired keeps its slot until the map has grown past an eighth
-/// of its cap, so that a key coming back now and then is found again.
+/// of its cap, so that a key coming back now and then is found again. A [`Gcra`](crate::Gcra)
+/// key is one atomic word (its theoretical arrival time) in a table of its own, found under
+/// its shard's shared lock and compared-and-swapped: checks of one key do not wait for each
+/// other, and a denial writes nothing. The other algorithms' state, and a GCRA key whose
+/// refunds or reset keep a ledger, are held behind the shard's exclusive lock.
 ///
 /// Memory is bounded: beyond that eighth, expired state is swept as the map grows; the
 /// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
