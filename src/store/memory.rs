@@ -47,7 +47,8 @@ const SHARDS: usize = 16;
 /// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
 /// of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]). A
-/// GCRA or token-bucket key takes about 127 bytes of heap, a sliding-window key about 257
+/// GCRA key takes about 85 bytes of heap, a token-bucket key about 127, a sliding-window key
+/// about 257
 /// plus 30 per entry in its log (287 with one entry, 575 with ten; `cargo bench --bench
 /// footprint`; a key longer than 46 bytes with its namespace adds its length). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
@@ -187,8 +188,8 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 130 MB of GCRA or token-bucket state at the
-    /// cap (127 bytes per key for either, keys held in place, `cargo bench --bench
+    /// Default cap on the number of keys: about 85 MB of GCRA state or 130 MB of token-bucket
+    /// state at the cap (85 and 127 bytes per key, keys held in place, `cargo bench --bench
     /// footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
