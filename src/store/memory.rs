@@ -1279,6 +1279,47 @@ mod tests {
         );
     }
 
+    /// A GCRA key is in one table at a time: a word, in the general table while a refund's or
+    /// a reset's ledger lives, a word again once it is spent; deciding as the twin throughout.
+    #[tokio::test]
+    async fn a_gcra_key_is_held_in_one_table_at_a_time() {
+        use crate::RateLimiter;
+        use std::time::Duration;
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let gcra = Gcra::new(Quota::per_second(10).burst(2)).unwrap();
+        let limiter = RateLimiter::new(store.clone(), gcra).unwrap();
+        let held = || {
+            let states: usize = store.inner.states.each().map(|s| s.len()).sum();
+            let words: usize = store.inner.words.each().map(|w| w.len()).sum();
+            (states, words)
+        };
+        let mut first = limiter.check("k", 1).await.unwrap();
+        assert!(first.allowed);
+        assert_eq!(held(), (0, 1), "a word");
+        assert!(limiter.refund("k", &mut first).await.unwrap());
+        assert_eq!(held(), (1, 0), "with its ledger, in the general table");
+        for allowed in [true, true, false] {
+            assert_eq!(limiter.check("k", 1).await.unwrap().allowed, allowed);
+            assert_eq!(held(), (1, 0));
+        }
+        clock.advance(Duration::from_secs(1));
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        assert_eq!(held(), (0, 1), "its ledger spent, a word again");
+        limiter.reset("k").await.unwrap();
+        assert_eq!(
+            held(),
+            (1, 0),
+            "a reset's floor keeps it in the general table"
+        );
+        for allowed in [true, true, false] {
+            assert_eq!(limiter.check("k", 1).await.unwrap().allowed, allowed);
+        }
+        clock.advance(Duration::from_secs(1));
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        assert_eq!(held(), (0, 1));
+    }
+
     /// Sliding-window logs of many keys stay under the entry cap: each shard holds at most its
     /// share plus the log of the key being decided.
     #[test]
