@@ -131,6 +131,36 @@ impl MemoryState {
         }
     }
 
+    /// A GCRA's state holding `tat`, which expires then.
+    pub(crate) fn of_tat(tat: u64) -> Self {
+        Self {
+            value: Value::Tat(tat),
+            expires_at_us: tat,
+            entries: 0,
+        }
+    }
+
+    /// What a GCRA key's state comes to when it is no more than its TAT: `Some(None)` when
+    /// it holds nothing, `Some(Some(tat))` when a TAT alone (no refund ledger), `None`
+    /// otherwise.
+    pub(crate) fn bare_tat(&self) -> Option<Option<u64>> {
+        match self.value {
+            Value::Empty => Some(None),
+            Value::Tat(t) => Some(Some(t)),
+            _ => None,
+        }
+    }
+
+    /// Drops the refund ledgers when every one of them may be forgotten by `now_us` (as
+    /// [`take_ledgers`](Self::take_ledgers) would), keeping the value they were kept with.
+    pub(crate) fn drop_spent_ledgers(&mut self, now_us: u64) {
+        if let Value::Ledgered(l) = &mut self.value {
+            if l.ledgers.iter().all(|g| g.until <= now_us) {
+                self.value = std::mem::take(&mut l.value);
+            }
+        }
+    }
+
     pub(crate) fn put_tat(&mut self, tat: u64, now_us: u64, ttl_us: u64) {
         self.put_plain(Value::Tat(tat), now_us, ttl_us);
     }

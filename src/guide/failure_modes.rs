@@ -115,8 +115,8 @@
 //! - keys longer than [`max_key_len`](crate::rate_limit::RateLimiterBuilder::max_key_len)
 //!   (default 128 bytes) are stored as a SHA-1; every Redis key a script writes has an expiry;
 //! - [`MemoryStore`](crate::MemoryStore) (and the local twin) sweeps expired state and caps
-//!   its keys (default 1,000,000, about 130 MB of GCRA or token-bucket state at 127 bytes a
-//!   key) and the sliding-window log entries of all keys together (default 4,000,000, about
+//!   its keys (default 1,000,000, about 85 MB of GCRA state at 85 bytes a key, 130 MB of
+//!   token-bucket state at 127) and the sliding-window log entries of all keys together (default 4,000,000, about
 //!   120 MB at about 30 bytes an entry); at a cap the keys whose state expires soonest are forgotten
 //!   first, and a forgotten key starts afresh with a full quota. Set the caps with
 //!   [`MemoryStore::builder`](crate::MemoryStore::builder);

@@ -11,11 +11,12 @@ use std::{
 };
 
 use super::{
-    unsupported, Acquired, Backend, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces, Pace,
-    Peeked, Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey, Upstreams,
+    unsupported, Acquired, Backend, Beside, BoxFuture, Gate, KeyBuf, Learned, Ledger, Namespaces,
+    Pace, Peeked, Scheduled, Sent, Shard, Sharded, Slot, SlotTerms, Slots, Store, StoreKey,
+    Upstreams,
 };
 use crate::{
-    algorithm::{token_bucket, Algorithm, Kind, MemoryState, Outcome, Reset},
+    algorithm::{gcra, token_bucket, Algorithm, BucketRate, Kind, MemoryState, Outcome, Reset},
     decision::Charge,
     error::{ConfigError, Error},
 };
@@ -23,6 +24,9 @@ use crate::{
 mod leases;
 mod offences;
 mod upstream;
+mod words;
+
+use words::Words;
 
 const SHARDS: usize = 16;
 
@@ -33,13 +37,18 @@ const SHARDS: usize = 16;
 /// A check looks its key up by a hash computed once, in one of 16 lock shards, without
 /// allocating: keys of up to 46 bytes (with the limiter's namespace) are held in the map's
 /// slot, and a key whose state expired keeps its slot until the map has grown past an eighth
-/// of its cap, so that a key coming back now and then is found again.
+/// of its cap, so that a key coming back now and then is found again. A [`Gcra`](crate::Gcra)
+/// key is one atomic word (its theoretical arrival time) in a table of its own, found under
+/// its shard's shared lock and compared-and-swapped: checks of one key do not wait for each
+/// other, and a denial writes nothing. The other algorithms' state, and a GCRA key whose
+/// refunds or reset keep a ledger, are held behind the shard's exclusive lock.
 ///
 /// Memory is bounded: beyond that eighth, expired state is swept as the map grows; the
 /// number of keys is capped (default [`MemoryStore::DEFAULT_MAX_KEYS`]), and so is the number
 /// of sliding-window log
 /// entries held by all keys together (default [`MemoryStore::DEFAULT_MAX_LOG_ENTRIES`]). A
-/// GCRA or token-bucket key takes about 127 bytes of heap, a sliding-window key about 257
+/// GCRA key takes about 85 bytes of heap, a token-bucket key about 127, a sliding-window key
+/// about 257
 /// plus 30 per entry in its log (287 with one entry, 575 with ten; `cargo bench --bench
 /// footprint`; a key longer than 46 bytes with its namespace adds its length). At either cap, the keys whose state expires
 /// soonest are forgotten first (they hold the least); a forgotten key starts afresh with a full
@@ -64,7 +73,10 @@ pub struct MemoryStore {
 }
 
 struct Inner {
+    /// Every key's state but a GCRA key's without a refund ledger.
     states: Sharded<Entry>,
+    /// A GCRA key's TAT while it has no refund ledger, beside `states` (see `words.rs`).
+    words: Words,
     /// The holders of concurrency slots, per key (see [`Backend::acquire`]).
     leases: Sharded<leases::Holders>,
     /// What upstreams said, per key (see [`Backend::take`]).
@@ -108,15 +120,15 @@ impl Entry {
     /// counted again), and counts its growth in the shard's weight. One lookup for a key
     /// held, the common case.
     fn run_held_or_new<T>(
-        shard: &mut Shard<Entry>,
+        (shard, words): (&mut Shard<Entry>, &Words),
         slot: Slot,
         key: &[u8],
         now: u64,
         f: impl FnOnce(&mut MemoryState) -> T,
     ) -> (T, isize, bool) {
         let held = shard.position(slot, key);
-        if held.is_none() && shard.room(now) {
-            shard.weight = shard.values().map(Entry::entries).sum();
+        if held.is_none() {
+            Entry::make_room(shard, &mut words.write(slot), now);
         }
         let entry = match held.and_then(|at| shard.at(at)) {
             Some(entry) => entry,
@@ -125,6 +137,14 @@ impl Entry {
         let (out, grown, empty) = entry.run(now, f);
         shard.weight = shard.weight.wrapping_add_signed(grown);
         (out, grown, empty)
+    }
+
+    /// Makes room in `shard` and `words` (the same shard of both tables) for one more key at
+    /// `now`, the weight counted again when entries went.
+    fn make_room(shard: &mut Shard<Entry>, words: &mut words::WordShard, now: u64) {
+        if shard.room_beside(now, words) {
+            shard.weight = shard.values().map(Entry::entries).sum();
+        }
     }
 
     /// Runs `f` on the state at `now`, its expired value cleared first: what `f` returned, by
@@ -168,8 +188,8 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// Default cap on the number of keys: about 130 MB of GCRA or token-bucket state at the
-    /// cap (127 bytes per key for either, keys held in place, `cargo bench --bench
+    /// Default cap on the number of keys: about 85 MB of GCRA state or 130 MB of token-bucket
+    /// state at the cap (85 and 127 bytes per key, keys held in place, `cargo bench --bench
     /// footprint`).
     pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
@@ -217,7 +237,8 @@ impl MemoryStore {
 
     /// Number of keys held, including expired ones not swept yet.
     pub fn len(&self) -> usize {
-        self.inner.states.each().map(|s| s.len()).sum()
+        let states: usize = self.inner.states.each().map(|s| s.len()).sum();
+        states + self.inner.words.each().map(|w| w.len()).sum::<usize>()
     }
 
     /// True when no key is held.
@@ -279,12 +300,23 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
-        let inner = &*self.inner;
-        let slot = inner.states.slot(key);
-        let mut shard = inner.states.lock(slot);
-        let shard = &mut *shard;
         let call = (u64::from(cost), budget_us);
-        let (scheduled, _, empty) = Entry::run_held_or_new(shard, slot, key, now, |s| {
+        self.in_general(algorithm, key, now, |shard, slot, words| {
+            Self::schedule_in(shard, words, (slot, key), (rate, gcra), call, pace, now)
+        })
+    }
+
+    /// [`schedule_now`](Self::schedule_now) on `key`'s shard of the general table.
+    fn schedule_in(
+        shard: &mut Shard<Entry>,
+        words: &Words,
+        (slot, key): (Slot, &[u8]),
+        (rate, gcra): (BucketRate, bool),
+        call: (u64, u64),
+        pace: Pace,
+        now: u64,
+    ) -> Result<Scheduled, Error> {
+        let (scheduled, _, empty) = Entry::run_held_or_new((shard, words), slot, key, now, |s| {
             if !gcra {
                 let stored = s.bucket()?;
                 let (scheduled, write) = token_bucket::schedule(rate, stored, now, call, pace);
@@ -313,19 +345,22 @@ impl MemoryStore {
         cost: u32,
         now: u64,
     ) -> Result<Outcome, Error> {
+        if let Some(rate) = word_rate(algorithm) {
+            return self.decide_gcra(algorithm, rate, key, cost, now);
+        }
         let inner = &*self.inner;
         let slot = inner.states.slot(key);
         let mut shard = inner.states.lock(slot);
         let shard = &mut *shard;
         let (outcome, grown, empty) =
-            Entry::run_held_or_new(shard, slot, key, now, |s| algorithm.decide(s, now, cost));
+            Entry::run_held_or_new((shard, &inner.words), slot, key, now, |s| {
+                algorithm.decide(s, now, cost)
+            });
         if empty {
             shard.remove(slot, key);
         } else if grown > 0 && shard.weight > inner.max_entries_per_shard {
             // A sliding-window log grew past the shard's share of the cap.
-            if shard.room(now) {
-                shard.weight = shard.values().map(Entry::entries).sum();
-            }
+            Entry::make_room(shard, &mut inner.words.write(slot), now);
             let max = inner.max_entries_per_shard;
             if shard.weight > max {
                 let freed = shard.shed(key, shard.weight - (max - max / 8), Entry::entries);
@@ -333,6 +368,111 @@ impl MemoryStore {
             }
         }
         outcome
+    }
+}
+
+impl MemoryStore {
+    /// A GCRA check: on `key`'s word under its shard's shared lock when it has one (the
+    /// common case: one lookup, no lock held alone, a denial writes nothing); else on its
+    /// state in the general table if it has one with a refund ledger; else on a new word, or
+    /// on the word of a bare state moved from the general table.
+    fn decide_gcra(
+        &self,
+        algorithm: &dyn Algorithm,
+        rate: BucketRate,
+        key: &[u8],
+        cost: u32,
+        now: u64,
+    ) -> Result<Outcome, Error> {
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let units = u64::from(cost);
+        if let Some(outcome) = inner.words.read(slot).decide(slot, key, rate, now, units) {
+            return Ok(outcome);
+        }
+        // Every move between the tables holds the general shard's lock: while it is held
+        // here, the key stays where it is found.
+        let mut shard = inner.states.lock(slot);
+        let shard = &mut *shard;
+        let mut moved = None;
+        if let Some(entry) = shard.get_mut(slot, key) {
+            entry.state.expire(now);
+            entry.state.drop_spent_ledgers(now);
+            match entry.state.bare_tat() {
+                Some(tat) => moved = Some(tat),
+                None => {
+                    let (outcome, grown, empty) =
+                        entry.run(now, |s| algorithm.decide(s, now, cost));
+                    shard.weight = shard.weight.wrapping_add_signed(grown);
+                    if empty {
+                        shard.remove(slot, key);
+                    }
+                    return outcome;
+                }
+            }
+            shard.remove(slot, key);
+        }
+        let mut words = inner.words.write(slot);
+        if let Some(outcome) = words.decide(slot, key, rate, now, units) {
+            return Ok(outcome); // another check added the word meanwhile
+        }
+        let stored = moved.flatten();
+        let (outcome, write) = gcra::decide(rate, stored, now, units);
+        if let Some(tat) = write.or(stored.filter(|&t| t > now)) {
+            if moved.is_none() {
+                Entry::make_room(shard, &mut words, now);
+            }
+            words.insert(slot, key, tat);
+        }
+        Ok(outcome)
+    }
+
+    /// Runs `f` on the general table's shard of `key` (compact): for a GCRA algorithm, with
+    /// the key's word moved into that table first, and its state moved back after when it is
+    /// left bare (a TAT without a refund ledger, or nothing).
+    fn in_general<T>(
+        &self,
+        algorithm: &dyn Algorithm,
+        key: &[u8],
+        now: u64,
+        f: impl FnOnce(&mut Shard<Entry>, Slot, &Words) -> T,
+    ) -> T {
+        let inner = &*self.inner;
+        let slot = inner.states.slot(key);
+        let mut shard = inner.states.lock(slot);
+        let shard = &mut *shard;
+        let gcra = word_rate(algorithm).is_some();
+        if gcra {
+            if let Some(tat) = inner.words.write(slot).remove(slot, key) {
+                let state = MemoryState::of_tat(tat);
+                shard.insert(slot, key, Entry { state });
+            }
+        }
+        let out = f(shard, slot, &inner.words);
+        if gcra {
+            if let Some(entry) = shard.get_mut(slot, key) {
+                entry.state.expire(now);
+                entry.state.drop_spent_ledgers(now);
+                if let Some(bare) = entry.state.bare_tat() {
+                    shard.remove(slot, key);
+                    if let Some(tat) = bare.filter(|&t| t > now) {
+                        inner.words.write(slot).insert(slot, key, tat);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The rate of a GCRA whose keys are words: the built-in [`Gcra`](crate::Gcra), under its own
+/// name (or shared behind an `Arc`). Another algorithm whose rule is GCRA's but whose name is
+/// its own may decide differently in memory (its [`Algorithm::decide`] is what runs here): its
+/// keys stay in the general table.
+fn word_rate(algorithm: &dyn Algorithm) -> Option<BucketRate> {
+    match algorithm.rule().kind() {
+        Kind::Gcra(gcra) if algorithm.name() == "gcra" => Some(gcra.rate()),
+        _ => None,
     }
 }
 
@@ -401,6 +541,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 states: Sharded::new(SHARDS, self.max_keys),
+                words: Words::new(SHARDS),
                 leases: Sharded::new(SHARDS, self.max_keys),
                 upstreams: Sharded::new(SHARDS, self.max_keys),
                 bans: Sharded::new(SHARDS, self.max_keys),
@@ -475,18 +616,17 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
-        let inner = &*self.inner;
-        let slot = inner.states.slot(key);
-        let mut shard = inner.states.lock(slot);
-        let outcome = match shard.get_mut(slot, key) {
-            Some(entry) => {
-                let (outcome, grown, _) =
-                    entry.run(now, |s| crate::algorithm::peek(algorithm, s, now));
-                shard.weight = shard.weight.wrapping_add_signed(grown);
-                outcome?
+        let outcome = self.in_general(algorithm, key, now, |shard, slot, _| {
+            match shard.get_mut(slot, key) {
+                Some(entry) => {
+                    let (outcome, grown, _) =
+                        entry.run(now, |s| crate::algorithm::peek(algorithm, s, now));
+                    shard.weight = shard.weight.wrapping_add_signed(grown);
+                    outcome
+                }
+                None => crate::algorithm::peek(algorithm, &mut MemoryState::default(), now),
             }
-            None => crate::algorithm::peek(algorithm, &mut MemoryState::default(), now)?,
-        };
+        })?;
         Ok(Peeked { outcome, banned_us })
     }
 
@@ -499,10 +639,18 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
-        let inner = &*self.inner;
-        let slot = inner.states.slot(key);
-        let mut shard = inner.states.lock(slot);
-        let shard = &mut *shard;
+        self.in_general(algorithm, key, now, |shard, slot, words| {
+            Self::reset_in(algorithm, (shard, words), (slot, key), now);
+        });
+    }
+
+    /// [`reset_now`](Self::reset_now) on `key`'s shard of the general table.
+    fn reset_in(
+        algorithm: &dyn Algorithm,
+        (shard, words): (&mut Shard<Entry>, &Words),
+        (slot, key): (Slot, &[u8]),
+        now: u64,
+    ) {
         // How long a charge admitted before now may hold part of each limit's time.
         let leads = match algorithm.rule().twin().map(|twin| twin.reset()) {
             Some(Reset::Floors(leads)) => leads,
@@ -529,7 +677,9 @@ impl MemoryStore {
                 return;
             }
         };
-        Entry::run_held_or_new(shard, slot, key, now, |s| s.rest_with_floors(&leads, now));
+        Entry::run_held_or_new((shard, words), slot, key, now, |s| {
+            s.rest_with_floors(&leads, now)
+        });
     }
 
     /// The algorithm's refund twin on `key`'s state, if it holds one.
@@ -543,18 +693,17 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
-        let inner = &*self.inner;
-        let slot = inner.states.slot(key);
-        let mut shard = inner.states.lock(slot);
-        let Some(entry) = shard.get_mut(slot, key) else {
-            return Ok(false);
-        };
-        let (given, grown, empty) = entry.run(now, |s| algorithm.refund(s, now, charge));
-        shard.weight = shard.weight.wrapping_add_signed(grown);
-        if empty {
-            shard.remove(slot, key);
-        }
-        given
+        self.in_general(algorithm, key, now, |shard, slot, _| {
+            let Some(entry) = shard.get_mut(slot, key) else {
+                return Ok(false);
+            };
+            let (given, grown, empty) = entry.run(now, |s| algorithm.refund(s, now, charge));
+            shard.weight = shard.weight.wrapping_add_signed(grown);
+            if empty {
+                shard.remove(slot, key);
+            }
+            given
+        })
     }
 }
 
@@ -572,17 +721,15 @@ impl MemoryStore {
         let mut compact = KeyBuf::new();
         key.write_compact(algorithm.name(), &mut compact);
         let key = compact.as_bytes();
-        let inner = &*self.inner;
-        let slot = inner.states.slot(key);
-        let mut shard = inner.states.lock(slot);
-        let shard = &mut *shard;
-        let (settled, _, empty) = Entry::run_held_or_new(shard, slot, key, now, |s| {
-            algorithm.settle(s, now, charge, actual)
-        });
-        if empty {
-            shard.remove(slot, key);
-        }
-        settled
+        self.in_general(algorithm, key, now, |shard, slot, words| {
+            let (settled, _, empty) = Entry::run_held_or_new((shard, words), slot, key, now, |s| {
+                algorithm.settle(s, now, charge, actual)
+            });
+            if empty {
+                shard.remove(slot, key);
+            }
+            settled
+        })
     }
 }
 
@@ -977,6 +1124,9 @@ mod tests {
                 !e.state.is_empty()
             });
         }
+        for mut words in store.inner.words.each() {
+            words.sweep(later);
+        }
         assert_eq!(store.len(), 1);
         assert!(!allowed(&long, later), "the bucket lost its state");
         assert!(allowed(&short, later));
@@ -1031,6 +1181,143 @@ mod tests {
             assert_eq!(store.len(), if round == 0 { 5_000 } else { 10_000 });
         }
         assert_eq!(store.evicted(), 0);
+    }
+
+    /// Many threads checking one GCRA key at once, on a clock that does not move: exactly its
+    /// burst admitted, however the compare-and-swaps of its word interleave.
+    #[test]
+    fn one_word_hammered_by_many_threads_admits_exactly_the_burst() {
+        let store = MemoryStore::new();
+        let g = Gcra::new(Quota::per_hour(10).burst(1_000)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        // The word exists before the threads start, so every check races on it.
+        assert!(store.decide_at(&g, "hot", 1, t0).unwrap().allowed);
+        let threads = 8;
+        let start = std::sync::Barrier::new(threads);
+        let admitted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        (0..1_000)
+                            .filter(|_| store.decide_at(&g, "hot", 1, t0).unwrap().allowed)
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted + 1, 1_000);
+        assert_eq!(store.len(), 1);
+        // New keys too: the first check of each, from every thread at once, adds one word.
+        let admitted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        (0..200u64)
+                            .flat_map(|k| (0..10).map(move |_| k))
+                            .filter(|k| {
+                                let key = format!("new{k}");
+                                store.decide_at(&g, &key, 100, t0).unwrap().allowed
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 200 * 10, "10 checks of 100 units per key");
+        assert_eq!(store.len(), 201);
+    }
+
+    /// A GCRA key is held as a word, counted by `len`, and once its TAT has passed it is
+    /// swept like any expired key, here by new keys of the general table (a token bucket's)
+    /// once a shard's keys of both tables together have doubled since its last sweep.
+    #[test]
+    fn a_word_past_its_tat_is_counted_and_swept() {
+        use crate::algorithm::TokenBucket;
+        // 2,048 keys a shard: sweeps start at 256 keys in one shard.
+        let store = MemoryStore::builder().max_keys(16 * 2_048).build().unwrap();
+        let g = Gcra::new(Quota::per_second(10)).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        for i in 0..3_000u64 {
+            store.decide_at(&g, &format!("k{i}"), 1, t0).unwrap();
+        }
+        assert_eq!(store.len(), 3_000);
+        let words: usize = store.inner.words.each().map(|w| w.len()).sum();
+        assert_eq!(words, 3_000, "every GCRA key is a word");
+        // 100 ms later every TAT has passed.
+        let b = TokenBucket::new(Quota::per_hour(1)).unwrap();
+        let later = t0 + 100_000;
+        for i in 0..8_000u64 {
+            store.decide_at(&b, &format!("n{i}"), 1, later + i).unwrap();
+        }
+        assert_eq!(store.len(), 8_000, "the expired words are gone");
+        assert_eq!(store.evicted(), 0);
+        // At the cap, the words expiring soonest go first, before the general table's keys.
+        let small = MemoryStore::builder().max_keys(1_600).build().unwrap();
+        for i in 0..800u64 {
+            small.decide_at(&b, &format!("b{i}"), 1, t0).unwrap();
+        }
+        for i in 0..20_000u64 {
+            small.decide_at(&g, &format!("g{i}"), 1, t0 + i).unwrap();
+            assert!(small.len() <= 1_600);
+        }
+        assert!(small.evicted() > 18_000);
+        let kept = (0..800u64)
+            .filter(|i| {
+                !small
+                    .decide_at(&b, &format!("b{i}"), 1, t0 + 20_000)
+                    .unwrap()
+                    .allowed
+            })
+            .count();
+        assert_eq!(
+            kept, 800,
+            "every token bucket, expiring in an hour, is still limited"
+        );
+    }
+
+    /// A GCRA key is in one table at a time: a word, in the general table while a refund's or
+    /// a reset's ledger lives, a word again once it is spent; deciding as the twin throughout.
+    #[tokio::test]
+    async fn a_gcra_key_is_held_in_one_table_at_a_time() {
+        use crate::RateLimiter;
+        use std::time::Duration;
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let gcra = Gcra::new(Quota::per_second(10).burst(2)).unwrap();
+        let limiter = RateLimiter::new(store.clone(), gcra).unwrap();
+        let held = || {
+            let states: usize = store.inner.states.each().map(|s| s.len()).sum();
+            let words: usize = store.inner.words.each().map(|w| w.len()).sum();
+            (states, words)
+        };
+        let mut first = limiter.check("k", 1).await.unwrap();
+        assert!(first.allowed);
+        assert_eq!(held(), (0, 1), "a word");
+        assert!(limiter.refund("k", &mut first).await.unwrap());
+        assert_eq!(held(), (1, 0), "with its ledger, in the general table");
+        for allowed in [true, true, false] {
+            assert_eq!(limiter.check("k", 1).await.unwrap().allowed, allowed);
+            assert_eq!(held(), (1, 0));
+        }
+        clock.advance(Duration::from_secs(1));
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        assert_eq!(held(), (0, 1), "its ledger spent, a word again");
+        limiter.reset("k").await.unwrap();
+        assert_eq!(
+            held(),
+            (1, 0),
+            "a reset's floor keeps it in the general table"
+        );
+        for allowed in [true, true, false] {
+            assert_eq!(limiter.check("k", 1).await.unwrap().allowed, allowed);
+        }
+        clock.advance(Duration::from_secs(1));
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        assert_eq!(held(), (0, 1));
     }
 
     /// Sliding-window logs of many keys stay under the entry cap: each shard holds at most its

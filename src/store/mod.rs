@@ -27,7 +27,7 @@ pub(crate) use self::{
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
     reserved::{Pace, Reserved, Scheduled},
-    sharded::{Expiring, Shard, Sharded, Slot},
+    sharded::{Beside, Expiring, Shard, Sharded, Slot},
     upstream::{Gate, Ledger, Sent},
 };
 pub(crate) use self::{memory::MemoryStore, upstream::Learned};

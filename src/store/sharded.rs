@@ -52,6 +52,42 @@ pub(crate) struct Slot {
     hash: u64,
 }
 
+impl Slot {
+    /// The hash of the key.
+    pub(crate) fn hash(self) -> u64 {
+        self.hash
+    }
+
+    /// The shard, of `shards` (a power of two), the key lives in.
+    pub(crate) fn shard(self, shards: usize) -> usize {
+        // Middle bits: the table uses the low bits for buckets and the top ones as tags.
+        (self.hash >> 32) as usize & (shards - 1)
+    }
+}
+
+/// Entries of another table whose keys share this shard's bound (see
+/// [`Shard::room_beside`]): what the bound needs to count, sweep and forget them.
+pub(crate) trait Beside {
+    /// Entries held.
+    fn len(&self) -> usize;
+    /// Forgets the entries expired at `now`.
+    fn sweep(&mut self, now: u64);
+    /// Adds the expiry of every entry to `into`.
+    fn expiries(&self, into: &mut Vec<u64>);
+    /// Forgets up to `left` entries expiring at or before `cutoff`, counting them off `left`.
+    fn forget_expiring(&mut self, cutoff: u64, left: &mut usize);
+}
+
+/// No other table.
+impl Beside for () {
+    fn len(&self) -> usize {
+        0
+    }
+    fn sweep(&mut self, _now: u64) {}
+    fn expiries(&self, _into: &mut Vec<u64>) {}
+    fn forget_expiring(&mut self, _cutoff: u64, _left: &mut usize) {}
+}
+
 impl<V> Sharded<V> {
     /// `shards` lock shards (a power of two), holding about `max_entries` entries in all.
     pub(crate) fn new(shards: usize, max_entries: usize) -> Self {
@@ -84,9 +120,7 @@ impl<V> Sharded<V> {
 
     /// Locks the shard of `slot`.
     pub(crate) fn lock(&self, slot: Slot) -> MutexGuard<'_, Shard<V>> {
-        // Middle bits: the table uses the low bits for buckets and the top ones as tags.
-        let i = (slot.hash >> 32) as usize & (self.shards.len() - 1);
-        lock(&self.shards[i].0)
+        lock(&self.shards[slot.shard(self.shards.len())].0)
     }
 
     /// Every shard in turn, locked.
@@ -195,16 +229,25 @@ impl<V: Expiring> Shard<V> {
     /// state expired (many keys each seen now and then) finds its entry, instead of being
     /// swept and added again on every visit.
     pub(crate) fn room(&mut self, now: u64) -> bool {
-        let len = self.table.len();
+        self.room_beside(now, &mut ())
+    }
+
+    /// Like [`room`](Self::room), for this shard's entries and `beside`'s together: they share
+    /// the bound, are swept together, and the soonest-expiring of either are forgotten first.
+    pub(crate) fn room_beside(&mut self, now: u64, beside: &mut impl Beside) -> bool {
+        let len = self.table.len() + beside.len();
         if len >= self.max || len >= (2 * self.swept_len).max(self.max / 8).max(256) {
             self.table.retain(|e| e.2.expires_at() > now);
-            self.swept_len = self.table.len();
+            beside.sweep(now);
+            self.swept_len = self.table.len() + beside.len();
         }
-        if self.table.len() < self.max {
-            return self.table.len() < len;
+        let held = self.table.len() + beside.len();
+        if held < self.max {
+            return held < len;
         }
-        let n = (self.table.len() / 8).max(1);
+        let n = (held / 8).max(1);
         let mut by_expiry: Vec<u64> = self.table.iter().map(|e| e.2.expires_at()).collect();
+        beside.expiries(&mut by_expiry);
         by_expiry.select_nth_unstable(n - 1);
         let cutoff = by_expiry[n - 1];
         let mut left = n;
@@ -213,8 +256,9 @@ impl<V: Expiring> Shard<V> {
             left -= usize::from(forget);
             !forget
         });
+        beside.forget_expiring(cutoff, &mut left);
         self.evicted += (n - left) as u64;
-        self.swept_len = self.table.len();
+        self.swept_len = self.table.len() + beside.len();
         true
     }
 
