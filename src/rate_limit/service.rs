@@ -12,16 +12,17 @@ use tower_service::Service;
 
 use super::{
     config::{Config, Selected},
-    engine::{AtOnce, RateEngine},
+    engine::{AtOnce, Quoted, RateEngine},
     future::{AfterResponse, Answer, ResponseFuture, Shadow},
     lists::Listed,
     live::LiveLimits,
     usage::{Held, Usage},
 };
 use crate::{
+    decision::{Admitted, Decision},
     error::Error,
     extract::{Key, KeyExtractor},
-    http::{forbidden, is_grpc, key_of, Keyed, ResponseBody, Stamp},
+    http::{forbidden, is_grpc, key_of, Keyed, PolicyField, Responder, ResponseBody, Stamp},
     store::BoxFuture,
     store::FailurePolicy,
 };
@@ -127,13 +128,7 @@ where
         let policy = &selected.engine;
         // The key borrows from the request head: decide what can be decided at once before
         // the head goes back into the request.
-        let key = match key_of(
-            &*config.key,
-            config.missing_key,
-            &parts,
-            &WARNED_UNKEYED,
-            "rate limit",
-        ) {
+        let key = match key_for(config, &parts) {
             Keyed::Limited(key) => key,
             Keyed::Unlimited => {
                 let req = uncharged(config, parts, body);
@@ -144,19 +139,13 @@ where
         drop(guard);
         let answer = |grpc| answer_of(config, policy, key.as_ref(), grpc);
         // Answered without waiting (deny cache, in-memory store): no boxed future.
-        let at_once = match config.lean() {
-            true => policy.decide_lean(key.as_ref(), cost, quoted.as_deref()),
-            false => policy
-                .decide(key.as_ref(), cost, quoted.as_deref())
-                .map(|r| r.map(AtOnce::Decided)),
-        };
-        if let Some(result) = at_once {
+        if let Some(result) = decide_at_once(config, policy, key.as_ref(), cost, quoted.as_deref())
+        {
             let result = match result {
                 Ok(AtOnce::Admitted(a)) => {
                     drop(key);
-                    let fields = !responder.denials_only && Shadow::of(policy) != Shadow::Quiet;
-                    let stamp = fields.then(|| Stamp::admitted(responder.style, &a, field));
                     let req = Request::from_parts(parts, body);
+                    let stamp = admitted_fields(responder, policy, field, &a);
                     return ResponseFuture::admitted(req, inner, stamp);
                 }
                 Ok(AtOnce::Decided(d)) => Ok(d),
@@ -170,18 +159,68 @@ where
             return ResponseFuture::decided(result, req, inner, responder, answer, field);
         }
         let answer = answer(is_grpc(&parts.headers));
-        let key = key.map(Key::into_owned);
+        let check = check_later(policy, key, cost, quoted);
         let req = Request::from_parts(parts, body);
         // Called once the decision comes: take the service that was driven to readiness and
         // leave a fresh clone in its place.
         let clone = inner.clone();
         let inner = std::mem::replace(inner, clone);
-        let policy = Arc::clone(policy);
-        let check: BoxFuture<'static, _> =
-            Box::pin(async move { policy.check(key.as_ref(), cost, quoted.as_deref()).await });
         let responder = Arc::clone(responder);
         ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }
+}
+
+/// The check of a request of `key` in a store that must be waited for.
+fn check_later(
+    policy: &Arc<RateEngine>,
+    key: Option<Key<'_>>,
+    cost: u32,
+    quoted: Option<Arc<Quoted>>,
+) -> BoxFuture<'static, Result<Decision, Error>> {
+    let key = key.map(Key::into_owned);
+    let policy = Arc::clone(policy);
+    Box::pin(async move { policy.check(key.as_ref(), cost, quoted.as_deref()).await })
+}
+
+/// The key of the request of `parts`, as the layer's key extractor and its setting for
+/// requests without one say.
+fn key_for<'a, K: KeyExtractor>(config: &'a Config<K>, parts: &'a Parts) -> Keyed<'a> {
+    key_of(
+        &*config.key,
+        config.missing_key,
+        parts,
+        &WARNED_UNKEYED,
+        "rate limit",
+    )
+}
+
+/// What `policy` decides for a request of `key` without waiting (see
+/// [`RateEngine::decide`]): an admission without its decision when the layer needs none.
+fn decide_at_once<K>(
+    config: &Config<K>,
+    policy: &RateEngine,
+    key: Option<&Key<'_>>,
+    cost: u32,
+    quoted: Option<&Quoted>,
+) -> Option<Result<AtOnce, Error>> {
+    match config.lean() {
+        true => policy.decide_lean(key, cost, quoted),
+        false => policy
+            .decide(key, cost, quoted)
+            .map(|r| r.map(AtOnce::Decided)),
+    }
+}
+
+/// The fields of an admission `a` of `policy`, unless its responses get none (on denials
+/// only, or in quiet shadow mode).
+fn admitted_fields(
+    responder: &Responder<Decision>,
+    policy: &RateEngine,
+    field: &PolicyField,
+    a: &Admitted,
+) -> Option<Stamp> {
+    let fields = !responder.denials_only && Shadow::of(policy) != Shadow::Quiet;
+    fields.then(|| Stamp::admitted(responder.style, a, field))
 }
 
 /// The request of `parts` and `body`, passed on without a charge: with a [`Usage`] handle
