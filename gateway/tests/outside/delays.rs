@@ -140,15 +140,24 @@ fn a_client_that_hangs_up_while_delayed_gives_its_units_back() {
         assert!(Instant::now() < deadline, "the hang-up was never seen");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Given back: the burst's 5 units end within 5 s of the burst (6 s without the refund).
-    let peek = send(gw.admin, "GET", "/keys/k", &[]);
-    let state: serde_json::Value = serde_json::from_str(&peek.body).unwrap();
-    let reset_ms = state["reset_ms"].as_u64().unwrap();
-    assert!(
-        Duration::from_millis(reset_ms) + burst.elapsed() <= Duration::from_secs(5) + SLACK,
-        "{state} {:?} after the burst",
-        burst.elapsed()
-    );
+    // Given back (by a store call after the hang-up is counted): the burst's 5 units end
+    // within 5 s of the burst, where without the refund they end 6 s after it, whenever
+    // looked at.
+    let given_back = Instant::now() + Duration::from_secs(3);
+    loop {
+        let peek = send(gw.admin, "GET", "/keys/k", &[]);
+        let state: serde_json::Value = serde_json::from_str(&peek.body).unwrap();
+        let reset = Duration::from_millis(state["reset_ms"].as_u64().unwrap());
+        if reset + burst.elapsed() <= Duration::from_secs(5) + SLACK {
+            break;
+        }
+        assert!(
+            Instant::now() < given_back,
+            "{state} {:?} after the burst",
+            burst.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let r = send(gw.addr, "GET", "/", &[("x-key", "k")]);
     assert_eq!(r.status, 200, "{}", r.head);
     assert!(burst.elapsed() + SLACK >= Duration::from_secs(1));
