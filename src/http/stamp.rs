@@ -127,35 +127,37 @@ impl Stamp {
         if !d.allowed || !d.limits.is_empty() {
             return None;
         }
-        let t = reset_secs(d);
-        let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| {
-            let pk = valid_pk(pk);
-            match field.filter(|f| pk.is_none() && f.matches(d.capacity, d.window)) {
-                Some(f) => (f.value.clone(), f.state(d.remaining, t)),
-                None => (
-                    policy_item(&d.policy, d.capacity, d.window, pk),
-                    state_item(&d.policy, d.remaining, t, pk),
-                ),
-            }
-        });
-        let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then_some((
-            d.capacity,
-            d.remaining,
-            t,
-        ));
-        Some(Self { ietf, legacy })
+        let a = Admitted {
+            remaining: d.remaining,
+            capacity: d.capacity,
+            window: d.window,
+            reset_after: d.reset_after,
+        };
+        Some(Self::rendered(style, &d.policy, &a, valid_pk(pk), field))
     }
 
     /// The headers of an admission of `field`'s policy (`a`, a single limit), without a
     /// partition key: those [`of`](Self::of) renders for its decision.
     pub(crate) fn admitted(style: HeaderStyle, a: &Admitted, field: &PolicyField) -> Self {
+        Self::rendered(style, &field.name, a, None, Some(field))
+    }
+
+    /// The headers of admission `a` of policy `name` in `style`: `field`'s member when it is
+    /// that of `a` and there is no `pk`, else rendered.
+    fn rendered(
+        style: HeaderStyle,
+        name: &str,
+        a: &Admitted,
+        pk: Option<&str>,
+        field: Option<&PolicyField>,
+    ) -> Self {
         let t = Some(ceil_secs(a.reset_after));
         let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| {
-            match field.matches(a.capacity, a.window) {
-                true => (field.value.clone(), field.state(a.remaining, t)),
-                false => (
-                    policy_item(&field.name, a.capacity, a.window, None),
-                    state_item(&field.name, a.remaining, t, None),
+            match field.filter(|f| pk.is_none() && f.matches(a.capacity, a.window)) {
+                Some(f) => (f.value.clone(), f.state(a.remaining, t)),
+                None => (
+                    policy_item(name, a.capacity, a.window, pk),
+                    state_item(name, a.remaining, t, pk),
                 ),
             }
         });
