@@ -140,24 +140,21 @@ impl MemoryState {
         }
     }
 
-    /// What a GCRA key's state comes to when it is no more than its TAT: `Some(None)` when
-    /// it holds nothing, `Some(Some(tat))` when a TAT alone (no refund ledger), `None`
-    /// otherwise.
-    pub(crate) fn bare_tat(&self) -> Option<Option<u64>> {
-        match self.value {
-            Value::Empty => Some(None),
-            Value::Tat(t) => Some(Some(t)),
-            _ => None,
-        }
-    }
-
-    /// Drops the refund ledgers when every one of them may be forgotten by `now_us` (as
-    /// [`take_ledgers`](Self::take_ledgers) would), keeping the value they were kept with.
-    pub(crate) fn drop_spent_ledgers(&mut self, now_us: u64) {
+    /// What a GCRA key's state comes to at `now_us` (expired value cleared, refund ledgers
+    /// dropped once every one may be forgotten, as [`take_ledgers`](Self::take_ledgers)
+    /// would) when it is no more than its TAT: `Some(None)` when it holds nothing,
+    /// `Some(Some(tat))` when a TAT alone, `None` otherwise.
+    pub(crate) fn bare_tat_at(&mut self, now_us: u64) -> Option<Option<u64>> {
+        self.expire(now_us);
         if let Value::Ledgered(l) = &mut self.value {
             if l.ledgers.iter().all(|g| g.until <= now_us) {
                 self.value = std::mem::take(&mut l.value);
             }
+        }
+        match self.value {
+            Value::Empty => Some(None),
+            Value::Tat(t) => Some(Some(t)),
+            _ => None,
         }
     }
 

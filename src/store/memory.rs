@@ -396,9 +396,7 @@ impl MemoryStore {
         let shard = &mut *shard;
         let mut moved = None;
         if let Some(entry) = shard.get_mut(slot, key) {
-            entry.state.expire(now);
-            entry.state.drop_spent_ledgers(now);
-            match entry.state.bare_tat() {
+            match entry.state.bare_tat_at(now) {
                 Some(tat) => moved = Some(tat),
                 None => {
                     let (outcome, grown, empty) =
@@ -451,9 +449,7 @@ impl MemoryStore {
         let out = f(shard, slot, &inner.words);
         if gcra {
             if let Some(entry) = shard.get_mut(slot, key) {
-                entry.state.expire(now);
-                entry.state.drop_spent_ledgers(now);
-                if let Some(bare) = entry.state.bare_tat() {
+                if let Some(bare) = entry.state.bare_tat_at(now) {
                     shard.remove(slot, key);
                     if let Some(tat) = bare.filter(|&t| t > now) {
                         inner.words.write(slot).insert(slot, key, tat);
