@@ -137,23 +137,10 @@ impl RateEngine {
             return;
         }
         let verdict = d.verdict();
-        self.core.decided(verdict, d.source, latency);
-        if d.allowed && d.remaining.saturating_mul(5) <= d.capacity {
-            self.core.meters.near_limit(&self.core.policy);
-        }
-        if let (Source::Store, Some(k)) = (d.source, key.key()) {
-            match (d.banned, d.retry_after) {
-                (true, Some(left)) => self.watch.banned(k, left),
-                // Lifted by another instance, or ended: nothing to write back.
-                (false, _) if self.watch.knows_bans() => self.watch.unbanned(k),
-                _ => {}
-            }
-        }
+        let near_limit = d.allowed && d.remaining.saturating_mul(5) <= d.capacity;
+        self.meter(key, verdict, d.source, latency, near_limit);
+        self.watch_ban(key, d.source, d.banned, d.retry_after);
         report::decided(d, key.key(), verdict, latency, &self.core.quiet);
-        if !self.key_meters.is_empty() {
-            self.key_meters
-                .decided(&self.core.policy, key.key(), verdict);
-        }
         if let (Some(top), false) = (&self.top, d.allowed) {
             match compact {
                 Some(id) => top.record(id, key.key(), verdict),
@@ -304,16 +291,43 @@ impl RateEngine {
         if !self.core.reports {
             return;
         }
-        self.core.decided(Verdict::Allowed, source, None);
-        if a.remaining.saturating_mul(5) <= a.capacity {
+        let near_limit = a.remaining.saturating_mul(5) <= a.capacity;
+        self.meter(key, Verdict::Allowed, source, None, near_limit);
+        self.watch_ban(key, source, false, None);
+    }
+
+    /// Meters a decision of `key`: its verdict and source (`latency`: how long
+    /// the store took, when asked), an admission with a fifth or less of its units left
+    /// (`near_limit`), and the per-key meters.
+    fn meter(
+        &self,
+        key: StoreKey<'_>,
+        verdict: Verdict,
+        source: Source,
+        latency: Option<Duration>,
+        near_limit: bool,
+    ) {
+        self.core.decided(verdict, source, latency);
+        if near_limit {
             self.core.meters.near_limit(&self.core.policy);
-        }
-        if let (Source::Store, Some(k), true) = (source, key.key(), self.watch.knows_bans()) {
-            self.watch.unbanned(k);
         }
         if !self.key_meters.is_empty() {
             self.key_meters
-                .decided(&self.core.policy, key.key(), Verdict::Allowed);
+                .decided(&self.core.policy, key.key(), verdict);
+        }
+    }
+
+    /// Keeps this instance's list of `key`'s bans up to what the store said (`banned`, with
+    /// `left` its time left), for writing them back to a store that lost them.
+    fn watch_ban(&self, key: StoreKey<'_>, source: Source, banned: bool, left: Option<Duration>) {
+        let (Source::Store, Some(k)) = (source, key.key()) else {
+            return;
+        };
+        match (banned, left) {
+            (true, Some(left)) => self.watch.banned(k, left),
+            // Lifted by another instance, or ended: nothing to write back.
+            (false, _) if self.watch.knows_bans() => self.watch.unbanned(k),
+            _ => {}
         }
     }
 
