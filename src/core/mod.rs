@@ -35,7 +35,9 @@ use crate::{
     decision::{Source, Verdict},
     error::Error,
     extract::Key,
-    store::{within, BoxFuture, CircuitBreaker, Claim, FailurePolicy, Store, StoreKey},
+    store::{
+        namespace_id, within, BoxFuture, CircuitBreaker, Claim, FailurePolicy, Store, StoreKey,
+    },
 };
 
 /// Default bound on one store call.
@@ -50,6 +52,8 @@ pub(crate) struct Core {
     pub(crate) store: Arc<dyn Store>,
     /// `prefix:policy`: every key of this limit is stored under `{namespace:key}`.
     pub(crate) namespace: Box<str>,
+    /// The namespace's number in this process (the start of its keys in an in-process map).
+    namespace_id: u32,
     /// The policy name: the limit's name in the headers, the logs and the metrics.
     pub(crate) policy: Arc<str>,
     pub(crate) timeout: Duration,
@@ -76,6 +80,7 @@ impl Core {
         Self {
             store,
             namespace: namespace.into(),
+            namespace_id: namespace_id(namespace),
             policy: Arc::clone(policy),
             timeout: DEFAULT_TIMEOUT,
             max_key_len: DEFAULT_MAX_KEY_LEN,
@@ -92,7 +97,7 @@ impl Core {
 
     /// The store key of `key` (`None`: the limit keyless requests share).
     pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
-        StoreKey::bounded(&self.namespace, key, self.max_key_len)
+        StoreKey::bounded(&self.namespace, key, self.max_key_len).numbered(self.namespace_id)
     }
 
     /// One store call through the circuit breaker and within the store timeout. Refused at

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::{
     error::ConfigError,
-    store::{CircuitBreaker, FailurePolicy, Store},
+    store::{namespace_id, CircuitBreaker, FailurePolicy, Store},
 };
 
 /// The options of a limit that are not about what it limits.
@@ -73,6 +73,7 @@ impl Options {
         let policy: Arc<str> = self.policy.into();
         Ok(Core {
             store,
+            namespace_id: namespace_id(&namespace),
             namespace: namespace.into(),
             timeout: self.timeout,
             max_key_len: self.max_key_len,

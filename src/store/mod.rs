@@ -23,7 +23,7 @@ pub use self::failure::{CircuitBreaker, FailurePolicy};
 pub(crate) use self::{
     backend::{unsupported, Backend, BoxFuture, Peeked, Slots, Snapshots, Upstreams},
     clock::micros,
-    key::{compact_prefix, KeyBuf, StoreKey},
+    key::{compact_prefix, namespace_id, KeyBuf, StoreKey},
     leases::{Acquired, SlotTerms},
     namespaces::{Claim, Namespaces},
     reserved::{Pace, Reserved, Scheduled},
