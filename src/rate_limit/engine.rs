@@ -247,12 +247,15 @@ impl RateEngine {
         if self.delaying() {
             return None; // the request's place is kept by `check`, which may wait
         }
-        let (result, source) = match self.store_now(key, cost, quoted) {
-            Some(result) => (result, Source::Store),
-            None => (
-                Ok(self.leasing(quoted)?.take(key, cost)?),
-                Source::UnitLease,
-            ),
+        // The source apart from the result: a tuple of the two moved the outcome once more.
+        let stored = self.store_now(key, cost, quoted);
+        let source = match stored.is_some() {
+            true => Source::Store,
+            false => Source::UnitLease,
+        };
+        let result = match stored {
+            Some(result) => result,
+            None => Ok(self.leasing(quoted)?.take(key, cost)?),
         };
         if let Some(a) = result.as_ref().ok().and_then(|o| self.admitted(o, quoted)) {
             if let Some(t) = admitted(a) {

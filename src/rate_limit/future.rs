@@ -317,6 +317,7 @@ where
 
     /// Admitted in `call` without a decision (see `RateEngine::decide_lean`): the inner call
     /// started on `service` (driven to readiness), its response given `stamp`'s fields.
+    #[inline(always)]
     pub(crate) fn admitted(request: Request<B>, service: &mut S, stamp: Option<Stamp>) -> Self {
         Self {
             state: State::Calling {
@@ -488,8 +489,19 @@ where
                         ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                         *budget = false;
                     }
-                    let res = ready!(future.poll(cx))?;
-                    match then.take().expect(DONE).apply(res) {
+                    let mut res = ready!(future.poll(cx))?;
+                    // The common answers finished here, the response moved once.
+                    let decided = match then.take().expect(DONE) {
+                        OnResponse::Nothing => {
+                            return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                        }
+                        OnResponse::Stamp(stamp) => {
+                            stamp.apply(res.headers_mut());
+                            return Poll::Ready(Ok(res.map(ResponseBody::inner)));
+                        }
+                        decided => decided,
+                    };
+                    match decided.apply(res) {
                         After::Ready(res) => return Poll::Ready(Ok(res)),
                         After::Settle(work, res, decided) => {
                             this.state.set(State::Settling {

@@ -144,9 +144,12 @@ where
             let result = match result {
                 Ok(AtOnce::Admitted(a)) => {
                     drop(key);
-                    let req = Request::from_parts(parts, body);
                     let stamp = admitted_fields(responder, policy, field, &a);
-                    return ResponseFuture::admitted(req, inner, stamp);
+                    return ResponseFuture::admitted(
+                        Request::from_parts(parts, body),
+                        inner,
+                        stamp,
+                    );
                 }
                 Ok(AtOnce::Decided(d)) => Ok(d),
                 Err(e) => Err(e),
