@@ -566,15 +566,19 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     }
 }
 
-/// Drops the hop-by-hop headers, and those the `Connection` header names. Looks before it
-/// removes: most messages carry none, or only `Connection` with its usual options.
+/// Drops the hop-by-hop headers, and those the `Connection` header names. Looks once before
+/// it removes: most messages carry none, or only `Connection` with its usual options.
 fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
+    let (mut connection, mut others) = (false, false);
+    for name in headers.keys().filter(|name| is_hop_by_hop(name)) {
+        match *name == header::CONNECTION {
+            true => connection = true,
+            false => others = true,
+        }
     }
-    let mut named: Vec<HeaderName> = Vec::new();
-    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
-        for value in connection.remove_entry_mult().1 {
+    if connection {
+        let mut named: Vec<HeaderName> = Vec::new();
+        for value in headers.get_all(header::CONNECTION) {
             for option in value.as_bytes().split(|&b| b == b',') {
                 let option = option.trim_ascii();
                 // The usual options, never header names worth a lookup.
@@ -589,12 +593,15 @@ fn drop_hop_by_hop(headers: &mut HeaderMap) {
                 }
             }
         }
+        headers.remove(header::CONNECTION);
+        for name in &named {
+            headers.remove(name);
+        }
     }
-    for name in &named {
-        headers.remove(name);
-    }
-    while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
-        headers.remove(&name);
+    if others {
+        while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
+            headers.remove(&name);
+        }
     }
 }
 
@@ -678,5 +685,25 @@ mod tests {
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 198.51.100.9, 10.0.0.2");
+    }
+
+    #[test]
+    fn every_connection_line_goes_with_what_each_names() {
+        // Only `Connection`, with its usual option.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        drop_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+        // Two lines, each naming a header; one also names a hop-by-hop header.
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("close, x-one"));
+        h.append(header::CONNECTION, HeaderValue::from_static("X-Two ,te"));
+        for name in ["x-one", "x-two", "te", "x-three"] {
+            h.insert(name, HeaderValue::from_static("1"));
+        }
+        drop_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-three"], "{h:?}");
     }
 }
