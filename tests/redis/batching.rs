@@ -108,10 +108,26 @@ fn slowed(limit: u32, period: Duration) -> Quota {
     Quota::new(limit, period * SLOW)
 }
 
-/// Waves of concurrent checks at explicit times, on four keys with costs up to one more than
-/// the burst: the batched store must answer exactly what one call per check, in the same order,
-/// answers. On one server: small batches and one call in flight, so calls are strictly in
-/// arrival order; on a cluster (calls are not held back there), batches big enough for a wave.
+/// The waves `name`'s test sends, each at its time: on four keys, costs up to one more than the
+/// burst.
+fn waves(name: &str) -> Vec<(u64, Vec<(String, u32)>)> {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ name.len() as u64);
+    let mut now = T0;
+    (0..40)
+        .map(|_| {
+            now += rng.below(300_000) * u64::from(SLOW);
+            let wave = (0..1 + rng.below(24))
+                .map(|_| (format!("k{}", rng.below(4)), 1 + rng.below(6) as u32))
+                .collect();
+            (now, wave)
+        })
+        .collect()
+}
+
+/// Waves of concurrent checks at explicit times (see [`waves`]): the batched store must answer
+/// exactly what one call per check, in the same order, answers. On one server: small batches
+/// and one call in flight, so calls are strictly in arrival order; on a cluster (calls are not
+/// held back there), batches big enough for a wave.
 async fn same_as_one_call_each<A: Algorithm>(
     name: &str,
     algorithm: impl Fn() -> A,
@@ -126,13 +142,8 @@ async fn same_as_one_call_each<A: Algorithm>(
         &format!("b-{name}"),
     );
     let single = limiter(&single, algorithm(), &format!("s-{name}"));
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ name.len() as u64);
-    let (mut now, mut checks, mut calls, mut allowed, mut denied) = (T0, 0, 0, 0, 0);
-    for _wave in 0..40 {
-        now += rng.below(300_000) * u64::from(SLOW);
-        let wave: Vec<(String, u32)> = (0..1 + rng.below(24))
-            .map(|_| (format!("k{}", rng.below(4)), 1 + rng.below(6) as u32))
-            .collect();
+    let (mut checks, mut calls, mut allowed, mut denied) = (0, 0, 0, 0);
+    for (now, wave) in waves(name) {
         let before = script_calls(conns);
         let got = in_order(
             wave.iter()
@@ -202,6 +213,80 @@ async fn batched_decisions_equal_one_call_each_on_redis_cluster() {
     let store = cluster.store().await;
     let mut conns: Vec<_> = cluster.nodes.iter().map(RedisServer::conn).collect();
     every_algorithm(|| store.clone(), &mut conns, (Batching::new(), 0.75)).await;
+}
+
+/// The waves of [`waves`], each split every way: into batches of 1 to 8 checks and of a whole
+/// wave. A wave's checks are all queued in one poll, so each call takes the next `max_batch` of
+/// them in arrival order (the script calls counted say so): where the test above leaves its
+/// batch boundaries to timing, here every boundary is placed, so that a key's checks are cut
+/// apart at every point, and each split must answer what one call per check answers.
+async fn every_split_as_one_call_each<A: Algorithm>(
+    name: &str,
+    algorithm: impl Fn() -> A,
+    store: &RedisStore,
+    conn: &mut redis::Connection,
+) {
+    let single = limiter(store, algorithm(), &format!("one-{name}"));
+    let splits: Vec<_> = [1, 2, 3, 4, 5, 6, 7, 8, 24]
+        .into_iter()
+        .map(|size| {
+            let batching = Batching::new().max_batch(size).max_in_flight(1);
+            let batched = store.clone().with_batching(batching).unwrap();
+            (
+                size,
+                limiter(&batched, algorithm(), &format!("split{size}-{name}")),
+            )
+        })
+        .collect();
+    // Loads the batch script, so that each call below is counted once.
+    assert!(splits[0].1.check_at("warm", 1, T0).await.is_ok());
+    for (now, wave) in waves(name) {
+        let mut answers = Vec::new();
+        for (size, batched) in &splits {
+            let before = script_calls(std::slice::from_mut(conn));
+            let got = in_order(
+                wave.iter()
+                    .map(|(key, cost)| check(batched, key, *cost, Some(now)))
+                    .collect(),
+            )
+            .await;
+            let calls = script_calls(std::slice::from_mut(conn)) - before;
+            assert_eq!(
+                calls,
+                wave.len().div_ceil(*size) as u64,
+                "{name}: {} checks in batches of {size}",
+                wave.len()
+            );
+            answers.push((size, got));
+        }
+        for (i, (key, cost)) in wave.iter().enumerate() {
+            let want = single.check_at(key.as_str(), *cost, now).await.unwrap();
+            for (size, got) in &answers {
+                assert_eq!(
+                    got[i].as_ref().unwrap(),
+                    &want,
+                    "{name}: batches of {size}: {key} cost {cost} at +{} µs",
+                    now - T0
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_split_of_a_wave_decides_as_one_call_each() {
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    let conn = &mut redis.conn();
+    let q = slowed(10, Duration::from_secs(1)).burst(5);
+    every_split_as_one_call_each("gcra", || Gcra::new(q).unwrap(), &store, conn).await;
+    every_split_as_one_call_each("tb", || TokenBucket::new(q).unwrap(), &store, conn).await;
+    let window = slowed(5, Duration::from_secs(1));
+    let sw = || SlidingWindow::new(window).unwrap();
+    every_split_as_one_call_each("sw", sw, &store, conn).await;
+    let parts = [("s", q), ("m", slowed(30, Duration::from_secs(60)))];
+    let multi = || MultiLimit::new(parts).unwrap();
+    every_split_as_one_call_each("multi", multi, &store, conn).await;
 }
 
 /// A key holding foreign or corrupted data fails its own check with the error a single call
