@@ -185,7 +185,7 @@ impl fmt::Display for Verdict {
 /// Two charges are equal when they took the same units under the same quota in the same
 /// place; where the store put them is its bookkeeping and is not compared (Redis and the
 /// in-memory twin number their log entries apart, and read different clocks).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Charge {
     pub(crate) cost: u32,
     /// The quota given for the check, when not the limiter's own.

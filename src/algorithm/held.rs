@@ -19,6 +19,8 @@
 //! The same arithmetic runs in `lua/refund_ledger.lua`; the ledger is stored there as a
 //! string of integers: `until floor` then `at moved_at back until` per record.
 
+use std::sync::Arc;
+
 use crate::error::Error;
 
 /// Records a key's ledger keeps; beyond them the two oldest are merged.
@@ -26,33 +28,43 @@ pub(crate) const RECORDS: usize = 16;
 
 /// Where an admitted check's charge lies on its key's time: when it was admitted, and for
 /// each limit (one, or each limit of a [`MultiLimit`](crate::algorithm::MultiLimit)) the stored time it
-/// left, when the charge would have drained had nothing been given back since.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// left, when the charge would have drained had nothing been given back since. One or two
+/// limits' ends are held in place (every outcome carries a position, so it stays small);
+/// more are shared on the heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placed {
     pub(crate) at_us: u64,
-    ends: [u64; 8],
-    len: u8,
+    ends: Ends,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ends {
+    One([u64; 1]),
+    Two([u64; 2]),
+    /// Three to eight; none when there were more (such a charge gives nothing back).
+    Many(Arc<[u64]>),
 }
 
 impl Placed {
     /// A charge admitted at `at_us` whose limits' times it left are `ends` (at most 8: more
     /// are not kept, and such a charge gives nothing back).
     pub(crate) fn new(at_us: u64, ends: &[u64]) -> Self {
-        let mut placed = Self {
-            at_us,
-            ends: [0; 8],
-            len: 0,
+        let ends = match ends {
+            &[end] => Ends::One([end]),
+            &[first, second] => Ends::Two([first, second]),
+            ends if ends.len() <= 8 => Ends::Many(ends.into()),
+            _ => Ends::Many(Arc::new([])),
         };
-        if let Some(slot) = placed.ends.get_mut(..ends.len()) {
-            slot.copy_from_slice(ends);
-            placed.len = ends.len() as u8;
-        }
-        placed
+        Self { at_us, ends }
     }
 
     /// The stored time each limit's charge left.
     pub(crate) fn ends(&self) -> &[u64] {
-        &self.ends[..usize::from(self.len)]
+        match &self.ends {
+            Ends::One(end) => end,
+            Ends::Two(ends) => ends,
+            Ends::Many(ends) => ends,
+        }
     }
 
     /// From a script's reply: the time it admitted the check at (`now`), and each limit's
@@ -229,7 +241,20 @@ pub(crate) fn give_back_part(
 
 #[cfg(test)]
 mod tests {
-    use crate::algorithm::held::{give_back, Ledger, Record, RECORDS};
+    use crate::algorithm::held::{give_back, Ledger, Placed, Record, RECORDS};
+
+    #[test]
+    fn a_placed_charge_keeps_up_to_eight_ends_and_stays_small() {
+        for n in 0..=9u64 {
+            let ends: Vec<u64> = (0..n).map(|i| 1_000 + i * 7).collect();
+            let placed = Placed::new(5, &ends);
+            let kept: &[u64] = if n <= 8 { &ends } else { &[] };
+            assert_eq!((placed.at_us, placed.ends()), (5, kept), "{n} ends");
+            assert_eq!(placed.clone(), placed);
+        }
+        // Every outcome carries a position: small enough to be moved without a `memcpy` call.
+        assert!(std::mem::size_of::<crate::algorithm::Outcome>() <= 128);
+    }
 
     /// A charge whose earlier neighbour was refunded while it was in flight moved back with
     /// the key's time: it drained sooner than its recorded end says, and gives back nothing

@@ -37,7 +37,7 @@ pub struct Outcome {
 }
 
 /// Where a store put an admitted check's units, so that a refund finds them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) enum Position {
     /// Not said (a denial, a custom script, a store that does not say).
     #[default]

@@ -463,7 +463,7 @@ impl RateEngine {
             _seat: seat,
             limit: Arc::clone(self) as Arc<dyn GiveBack>,
             key: key.map(|k| k.clone().into_owned()),
-            charge: d.charge,
+            charge: d.charge.clone(),
         };
         let wait = Duration::from_micros(wait_us);
         tokio::time::sleep(wait).await;

@@ -78,7 +78,7 @@ impl Held {
     /// Holds `d`'s charge (none for a denial let through in shadow mode).
     pub(crate) fn hold(&self, d: &Decision) {
         let mut slot = self.slot();
-        slot.charge = d.charge;
+        slot.charge = d.charge.clone();
         slot.source = d.source;
     }
 
@@ -274,7 +274,7 @@ impl Usage {
     /// The charge still to settle: the first charge (the estimate) until it is settled or
     /// given back, then `None` (as for a request that was not charged).
     pub fn charge(&self) -> Option<Charge> {
-        self.held.as_ref().and_then(|h| h.slot().charge)
+        self.held.as_ref().and_then(|h| h.slot().charge.clone())
     }
 }
 

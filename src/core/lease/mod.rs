@@ -275,7 +275,7 @@ impl Leasing {
         // As a check answered from the lease would say: what Redis has left and what the
         // lease holds; its charge is the reservation's first units.
         outcome.remaining = outcome.remaining.saturating_add(extra);
-        let placed = outcome.position.placed().copied();
+        let placed = outcome.position.placed().cloned();
         if let Some(placed) = before_the_last(placed, extra, self.table.emission_us()) {
             outcome.position = Position::Placed(placed);
         }

@@ -62,7 +62,7 @@ struct Tracked {
 }
 
 /// Units in hand: `left` of them, to hand out before `until`.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Lease {
     left: u64,
     until: Instant,
@@ -75,7 +75,7 @@ struct Lease {
 }
 
 /// Units of a lease that go back to the store, and where they lie on the key's time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unspent {
     pub(crate) units: u64,
     pub(crate) placed: Option<Placed>,
@@ -86,7 +86,7 @@ impl Lease {
     fn take_rest(&mut self) -> Unspent {
         Unspent {
             units: std::mem::take(&mut self.left),
-            placed: self.placed,
+            placed: self.placed.clone(),
         }
     }
 }
@@ -221,7 +221,7 @@ impl Table {
             until: sent + self.lifetime,
             remaining: outcome.remaining,
             reset_after_us: outcome.reset_after_us,
-            placed: outcome.position.placed().copied(),
+            placed: outcome.position.placed().cloned(),
         };
         if let Some(notify) = tracked.in_flight.take() {
             notify.notify_waiters();
@@ -315,7 +315,7 @@ impl Tracked {
             Some(0),
             l.reset_after_us,
         );
-        if let Some(placed) = before_the_last(l.placed, l.left, emission_us) {
+        if let Some(placed) = before_the_last(l.placed.clone(), l.left, emission_us) {
             outcome.position = Position::Placed(placed);
         }
         Some(outcome)

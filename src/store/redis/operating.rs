@@ -150,7 +150,7 @@ fn peeks_bans_and_resets_match_the_in_memory_twin() {
                                 cost,
                                 quota: None,
                                 local: false,
-                                position: o.position,
+                                position: o.position.clone(),
                             };
                             let (cm, cr) = (charge(&m), charge(&r));
                             let rm = rt.block_on(memory.refund(algorithm, key, &cm, Some(now)));
@@ -336,7 +336,7 @@ fn the_ban_copy_in_a_gcra_state_is_kept_by_its_writers() {
         cost: 1,
         quota: None,
         local: false,
-        position: o.position,
+        position: o.position.clone(),
     };
     rt.block_on(async {
         let both = |cost: u32, now: u64| {

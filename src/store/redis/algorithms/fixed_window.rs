@@ -63,9 +63,9 @@ impl<'a> Calls<'a> for &'a FixedWindow {
         actual: u32,
         resendable: bool,
     ) -> Result<Option<ScriptCall<'a>>, Error> {
-        let id = match (Change::of(charge.cost(), actual), charge.position) {
+        let id = match (Change::of(charge.cost(), actual), &charge.position) {
             (Change::None, _) => return Ok(None),
-            (Change::Down(_), Position::Window { id }) => id,
+            (Change::Down(_), Position::Window { id }) => *id,
             (Change::Down(_), _) => return Ok(None), // no window: nothing it provably holds
             (Change::Up(_), _) => 0,
         };

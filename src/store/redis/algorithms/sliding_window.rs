@@ -68,7 +68,7 @@ impl<'a> Calls<'a> for &'a SlidingWindow {
         resendable: bool,
     ) -> Result<Option<ScriptCall<'a>>, Error> {
         let w = self.rate();
-        let (at, seq) = match (Change::of(charge.cost(), actual), charge.position) {
+        let (at, seq) = match (Change::of(charge.cost(), actual), &charge.position) {
             (Change::None, _) => return Ok(None),
             (Change::Down(_), Position::Logged(e)) => (e.at_us, e.seq),
             (Change::Down(_), _) => return Ok(None), // no log entry: nothing it provably holds

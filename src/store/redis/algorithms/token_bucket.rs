@@ -151,7 +151,7 @@ mod tests {
     fn an_admission_names_when_it_was_admitted() {
         let o = parse_placed(ints(&[1, 4, 0, 900, 5_000])).unwrap();
         assert_eq!((o.allowed, o.remaining, o.reset_after_us), (true, 4, 900));
-        let p = *o.position.placed().unwrap();
+        let p = o.position.placed().unwrap();
         assert_eq!((p.at_us, p.ends()), (5_000, &[5_900][..]));
         let denied = parse_placed(ints(&[0, 0, 250, 900])).unwrap();
         assert_eq!(
