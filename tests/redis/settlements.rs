@@ -21,9 +21,22 @@ use tower_redis_ratelimit::{
     Error, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
-/// A time on a 10 s boundary (fixed windows of 10 s start there).
-const T0: u64 = 1_700_000_000_000_000;
-const SECOND: u64 = 1_000_000;
+/// A time on a boundary of 10 brisk seconds, 10 hours (fixed windows of that length start
+/// there: see [`SLOW`]).
+const T0: u64 = 1_699_992_000_000_000;
+
+/// How much slower than real time the settlements' simulated time runs: the quota's period
+/// and every time step is this many times a brisk test's (a second becomes an hour), so a
+/// key's state holds for hours of real time, far longer than the test runs. Redis expires
+/// keys on its own clock, not on the explicit times (see `RateLimiter::check_at`): with the
+/// brisk 10 units per 10 s, a charge settled to leave 4 s to go was gone once 4 s of real time
+/// had passed, and a machine under load that stalled that long between two calls made the
+/// later one find the key rested. The decisions are the brisk test's; every time and wait
+/// asserted is the brisk one times `SLOW`.
+const SLOW: u32 = 3_600;
+
+/// A brisk second of simulated time, in microseconds (see [`SLOW`]).
+const SECOND: u64 = 1_000_000 * SLOW as u64;
 
 type Limiter = RateLimiter<Arc<dyn Algorithm>>;
 
@@ -46,9 +59,9 @@ fn limiters(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>) -> [Limiter; 2] 
 }
 
 /// 10 units per 10 s (one a second; a burst of 10 for the buckets), by every algorithm that
-/// settles.
+/// settles; brisk seconds (see [`SLOW`]).
 fn ten_per_ten_seconds() -> Vec<(&'static str, Arc<dyn Algorithm>)> {
-    let q = Quota::new(10, Duration::from_secs(10));
+    let q = Quota::new(10, Duration::from_secs(10) * SLOW);
     vec![
         ("gcra", Arc::new(Gcra::new(q).unwrap())),
         ("token-bucket", Arc::new(TokenBucket::new(q).unwrap())),
