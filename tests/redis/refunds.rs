@@ -25,8 +25,7 @@ const T0: u64 = 1_700_000_000_000_000;
 /// How much slower than real time the simulated time of the property tests on Redis runs:
 /// their periods (and the traffic's grid) are this many times the brisk test's (a second
 /// becomes an hour), so a key's state holds for hours of real time, far longer than the
-/// test runs.
-/// Redis expires keys on its own clock, not on the explicit times (see
+/// test runs. Redis expires keys on its own clock, not on the explicit times (see
 /// `RateLimiter::check_at`): on the brisk grid of whole seconds a key could be left a second
 /// to live, and a machine under load that stalled that long between two calls made the
 /// later one find the key rested in Redis, not in the twin. The same decisions, each at the
