@@ -10,17 +10,39 @@ use tower_redis_ratelimit::{
 };
 
 const T0: u64 = 1_700_000_000_000_000;
-const MS: u64 = 1_000;
+
+/// How much slower than real time the maths' simulated time runs: every quota's period and
+/// every time step is this many times a brisk test's (a second becomes an hour), so a key's
+/// state holds for minutes to hours of real time, far longer than the test runs. Redis
+/// expires keys on its own clock, not on the explicit times (see `RateLimiter::check_at`):
+/// with the brisk periods themselves, a bucket emptied with 500 ms to go was gone once 500 ms
+/// of real time had passed, and a machine under load that stalled that long between two
+/// checks made the later one find a full bucket. The decisions are the brisk test's; every
+/// time and duration asserted is the brisk one times `SLOW`.
+const SLOW: u32 = 3_600;
+
+/// A brisk millisecond of simulated time, in microseconds (see [`SLOW`]).
+const MS: u64 = 1_000 * SLOW as u64;
+
+/// `n` brisk milliseconds (see [`SLOW`]).
+fn dur(n: u64) -> Duration {
+    Duration::from_millis(n) * SLOW
+}
 
 fn ms(n: u64) -> Option<Duration> {
-    Some(Duration::from_millis(n))
+    Some(dur(n))
+}
+
+/// `limit` per `period` of the brisk test (see [`SLOW`]).
+fn slowed(limit: u32, period: Duration) -> Quota {
+    Quota::new(limit, period * SLOW)
 }
 
 async fn at<A: Algorithm>(l: &RateLimiter<A>, key: &str, cost: u32, t: u64) -> Decision {
     l.check_at(key, cost, t).await.expect("check failed")
 }
 
-/// Capacity 5, one token every 100 ms.
+/// Capacity 5, one token every 100 ms (brisk: see [`SLOW`]).
 async fn bucket_maths<A: Algorithm>(l: RateLimiter<A>) {
     let k = "bucket";
     for left in (0..5).rev() {
@@ -33,7 +55,7 @@ async fn bucket_maths<A: Algorithm>(l: RateLimiter<A>) {
     let d = at(&l, k, 1, T0).await;
     assert!(!d.allowed && !d.is_never());
     assert_eq!((d.remaining, d.retry_after), (0, ms(100)));
-    assert_eq!(d.reset_after, Duration::from_millis(500));
+    assert_eq!(d.reset_after, dur(500));
     // Half an interval later: still denied, half the wait.
     let d = at(&l, k, 1, T0 + 50 * MS).await;
     assert_eq!((d.allowed, d.retry_after), (false, ms(50)));
@@ -41,14 +63,14 @@ async fn bucket_maths<A: Algorithm>(l: RateLimiter<A>) {
     let d = at(&l, k, 1, T0 + 100 * MS).await;
     assert!(d.allowed);
     assert_eq!(d.remaining, 0);
-    assert_eq!(d.reset_after, Duration::from_millis(500));
+    assert_eq!(d.reset_after, dur(500));
     assert!(!at(&l, k, 1, T0 + 100 * MS).await.allowed);
     // 250 ms more: two tokens credited, half of a third under way.
     let d = at(&l, k, 3, T0 + 350 * MS).await;
     assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 2, ms(50)));
     let d = at(&l, k, 2, T0 + 350 * MS).await;
     assert_eq!((d.allowed, d.remaining), (true, 0));
-    assert_eq!(d.reset_after, Duration::from_millis(450));
+    assert_eq!(d.reset_after, dur(450));
     // Cost above capacity: never, distinctly.
     let d = at(&l, k, 6, T0 + 350 * MS).await;
     assert!(d.is_never());
@@ -62,19 +84,19 @@ async fn bucket_maths<A: Algorithm>(l: RateLimiter<A>) {
     assert_eq!(d.retry_after, ms(1_100));
 }
 
-/// At most 5 units in any 1 s window.
+/// At most 5 units in any 1 s window (brisk: see [`SLOW`]).
 async fn window_maths(l: RateLimiter<SlidingWindow>) {
     let k = "window";
     assert_eq!(at(&l, k, 2, T0).await.remaining, 3);
     assert_eq!(at(&l, k, 2, T0 + 100 * MS).await.remaining, 1);
     let d = at(&l, k, 1, T0 + 200 * MS).await;
     assert_eq!((d.allowed, d.remaining), (true, 0));
-    assert_eq!(d.reset_after, Duration::from_secs(1));
+    assert_eq!(d.reset_after, dur(1_000));
     let d = at(&l, k, 1, T0 + 300 * MS).await;
     assert!(!d.allowed);
     // The entry of T0 leaves the window at T0 + 1 s; the last at T0 + 1.2 s.
     assert_eq!(d.retry_after, ms(700));
-    assert_eq!(d.reset_after, Duration::from_millis(900));
+    assert_eq!(d.reset_after, dur(900));
     let d = at(&l, k, 2, T0 + 1_000 * MS).await;
     assert_eq!((d.allowed, d.remaining), (true, 0));
     // Needs 3 units: the entries of T0+100 ms (2) and T0+200 ms (1) must leave.
@@ -99,18 +121,28 @@ fn window_quota() -> Quota {
     Quota::new(5, Duration::from_secs(1))
 }
 
+/// [`bucket_quota`] for the maths at explicit times (see [`SLOW`]).
+fn slow_bucket_quota() -> Quota {
+    slowed(10, Duration::from_secs(1)).burst(5)
+}
+
+/// [`window_quota`] for the maths at explicit times (see [`SLOW`]).
+fn slow_window_quota() -> Quota {
+    slowed(5, Duration::from_secs(1))
+}
+
 #[tokio::test]
 async fn gcra_maths_on_redis_and_memory() {
     let redis = RedisServer::start();
     bucket_maths(limiter(
         redis.store().await,
-        Gcra::new(bucket_quota()).unwrap(),
+        Gcra::new(slow_bucket_quota()).unwrap(),
         "g",
     ))
     .await;
     bucket_maths(limiter(
         MemoryStore::new(),
-        Gcra::new(bucket_quota()).unwrap(),
+        Gcra::new(slow_bucket_quota()).unwrap(),
         "g",
     ))
     .await;
@@ -118,7 +150,7 @@ async fn gcra_maths_on_redis_and_memory() {
 
 #[tokio::test]
 async fn token_bucket_maths_on_redis_cluster_and_memory() {
-    let tb = || TokenBucket::new(bucket_quota()).unwrap();
+    let tb = || TokenBucket::new(slow_bucket_quota()).unwrap();
     for backend in each_backend() {
         eprintln!("token bucket on {}", backend.name());
         bucket_maths(limiter(backend.store().await, tb(), "tb")).await;
@@ -128,7 +160,7 @@ async fn token_bucket_maths_on_redis_cluster_and_memory() {
 
 #[tokio::test]
 async fn sliding_window_maths_on_redis_cluster_and_memory() {
-    let sw = || SlidingWindow::new(window_quota()).unwrap();
+    let sw = || SlidingWindow::new(slow_window_quota()).unwrap();
     for backend in each_backend() {
         eprintln!("sliding window on {}", backend.name());
         window_maths(limiter(backend.store().await, sw(), "sw")).await;
@@ -324,7 +356,7 @@ async fn many_members_at_one_time(l: RateLimiter<SlidingWindow>) {
 
 #[tokio::test]
 async fn sliding_window_orders_members_sharing_a_time() {
-    let q = Quota::new(12, Duration::from_secs(1));
+    let q = slowed(12, Duration::from_secs(1));
     let sw = || SlidingWindow::new(q).unwrap();
     for backend in each_backend() {
         many_members_at_one_time(limiter(backend.store().await, sw(), "tie")).await;
@@ -360,7 +392,7 @@ async fn sliding_window_survives_losing_its_totals() {
     assert_eq!(d.remaining, 0);
 }
 
-/// Burst 5 (one unit every 100 ms) and 8 a day, decided together.
+/// Burst 5 (one unit every 100 ms) and 8 a day, decided together (brisk: see [`SLOW`]).
 async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::algorithm::MultiLimit>) {
     let k = "multi";
     for left in (0..5).rev() {
@@ -387,7 +419,7 @@ async fn multi_maths(l: RateLimiter<tower_redis_ratelimit::algorithm::MultiLimit
     // The day's bucket refills one unit every 3 h; the wait is measured from the last TAT.
     let day_interval = 86_400_000 / 8;
     assert_eq!(d.capacity, 8, "the binding limit is the daily one");
-    assert!(d.retry_after.unwrap() > Duration::from_millis(day_interval - 20_000));
+    assert!(d.retry_after.unwrap() > dur(day_interval - 20_000));
     // Cost above one limit's capacity: never.
     assert!(at(&l, k, 6, T0 + 20_000 * MS).await.is_never());
 }
@@ -398,8 +430,8 @@ async fn multi_limit_maths_on_redis_and_memory() {
     let redis = RedisServer::start();
     let m = || {
         MultiLimit::new([
-            ("burst", Quota::per_second(10).burst(5)),
-            ("daily", Quota::per_day(8)),
+            ("burst", slow_bucket_quota()),
+            ("daily", slowed(8, Duration::from_secs(86_400))),
         ])
         .unwrap()
     };

@@ -39,8 +39,33 @@ use tower_redis_ratelimit::{
 };
 
 const T0: u64 = 1_700_000_000_000_000;
-const MS: u64 = 1_000;
-const SECOND: u64 = 1_000_000;
+
+/// How much slower than real time the simulated time of the tests at explicit times runs:
+/// every quota's period and every time step is this many times a brisk test's (a second
+/// becomes an hour), so a key's state holds for minutes to hours of real time, far longer
+/// than the test runs. Redis expires keys on its own clock, not on the explicit times (see
+/// `RateLimiter::check_at`): with the brisk quotas, a charge of 100 tokens of 1,000 a minute
+/// lived 6 s (one token of 100 a minute in the property test, 600 ms), and a machine under
+/// load that stalled that long between two calls made the later one find the key rested.
+/// The decisions are the brisk test's; every time and wait asserted is the brisk one times
+/// `SLOW`. The proxy over HTTP, on the real clock, keeps the brisk quotas.
+const SLOW: u32 = 3_600;
+
+/// A brisk millisecond of simulated time, in microseconds (see [`SLOW`]).
+const MS: u64 = 1_000 * SLOW as u64;
+/// A brisk second of simulated time, in microseconds (see [`SLOW`]).
+const SECOND: u64 = 1_000 * MS;
+
+/// [`SLOW`] for the property test: a brisk second becomes 10 minutes, so its shortest state
+/// (one token of 100 a minute, 600 ms brisk) holds for 6 minutes. Not more: a debt of
+/// `u32::MAX` tokens runs a key's time 101 bursts on (100 full quotas, see `Settled`), which
+/// times 3,600 would come within two years of the largest time a store takes (2^52 µs).
+const PROPERTY_SLOW: u64 = 600;
+
+/// `n` brisk seconds (see [`SLOW`]).
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n) * SLOW
+}
 
 type Limiter = RateLimiter<Arc<dyn Algorithm>>;
 
@@ -48,10 +73,20 @@ static CASE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// 3 requests and 1,000 tokens a minute: a request every 20 s, a token every 60 ms.
 fn model_budgets() -> Arc<dyn Algorithm> {
+    budgets_per(Duration::from_secs(60))
+}
+
+/// [`model_budgets`] in brisk minutes, for the tests at explicit times (see [`SLOW`]).
+fn slow_model_budgets() -> Arc<dyn Algorithm> {
+    budgets_per(Duration::from_secs(60) * SLOW)
+}
+
+/// 3 requests and 1,000 tokens per `minute`.
+fn budgets_per(minute: Duration) -> Arc<dyn Algorithm> {
     Arc::new(
         MultiLimit::budgets([
-            ("requests", Quota::per_minute(3), LimitCost::Fixed(1)),
-            ("tokens", Quota::per_minute(1_000), LimitCost::Request),
+            ("requests", Quota::new(3, minute), LimitCost::Fixed(1)),
+            ("tokens", Quota::new(1_000, minute), LimitCost::Request),
         ])
         .unwrap(),
     )
@@ -90,13 +125,13 @@ async fn left(limiter: &Limiter, key: &str, now: u64) -> (u64, u64) {
 async fn a_request_refused_by_the_requests_budget_spends_no_tokens() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         for _ in 0..3 {
             assert!(l.check_at("k", 100, T0).await.unwrap().allowed, "{name}");
         }
         let d = l.check_at("k", 100, T0).await.unwrap();
         assert!(!d.allowed, "{name}: a fourth request in the minute");
-        assert_eq!(d.retry_after, Some(Duration::from_secs(20)), "{name}");
+        assert_eq!(d.retry_after, Some(secs(20)), "{name}");
         assert_eq!(&*d.binding().unwrap().name, "requests", "{name}");
         assert_eq!(left(&l, "k", T0).await, (0, 700), "{name}: no tokens spent");
     }
@@ -106,12 +141,12 @@ async fn a_request_refused_by_the_requests_budget_spends_no_tokens() {
 async fn a_request_refused_by_the_tokens_budget_spends_no_request() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         assert!(l.check_at("k", 600, T0).await.unwrap().allowed, "{name}");
         let d = l.check_at("k", 500, T0).await.unwrap();
         assert!(!d.allowed, "{name}: 500 tokens of 400 left");
         // 100 more tokens come in 6 s.
-        assert_eq!(d.retry_after, Some(Duration::from_secs(6)), "{name}");
+        assert_eq!(d.retry_after, Some(secs(6)), "{name}");
         assert_eq!(&*d.binding().unwrap().name, "tokens", "{name}");
         assert_eq!(
             left(&l, "k", T0).await,
@@ -126,7 +161,7 @@ async fn a_request_refused_by_the_tokens_budget_spends_no_request() {
 async fn an_admitted_request_takes_one_request_and_its_estimate_in_tokens() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         let d = l.check_at("k", 100, T0).await.unwrap();
         assert!(d.allowed, "{name}");
         assert_eq!(d.charge().unwrap().cost(), 100, "{name}");
@@ -147,7 +182,7 @@ async fn an_admitted_request_takes_one_request_and_its_estimate_in_tokens() {
 async fn a_settlement_moves_the_tokens_alone() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         // Down: admitted on 300, used 100: 200 tokens back, the request stays spent.
         let mut d = l.check_at("k", 300, T0).await.unwrap();
         let settled = l.settle_at("k", &mut d, 100, T0).await.unwrap();
@@ -174,7 +209,7 @@ async fn a_settlement_moves_the_tokens_alone() {
 async fn settling_down_gives_back_at_most_what_the_tokens_charge_still_holds() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         // Two charges of 300 at T0 lie on the tokens' time at [0, 18 s] and [18 s, 36 s].
         let mut first = l.check_at("k", 300, T0).await.unwrap();
         assert!(l.check_at("k", 300, T0).await.unwrap().allowed, "{name}");
@@ -194,7 +229,7 @@ async fn settling_down_gives_back_at_most_what_the_tokens_charge_still_holds() {
 async fn a_tokens_debt_makes_the_next_request_wait_while_requests_have_room() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         let mut d = l.check_at("k", 100, T0).await.unwrap();
         let settled = l.settle_at("k", &mut d, 1_500, T0).await.unwrap();
         assert_eq!(settled, Settled::Charged { units: 1_400 }, "{name}");
@@ -203,7 +238,7 @@ async fn a_tokens_debt_makes_the_next_request_wait_while_requests_have_room() {
         assert!(!d.allowed, "{name}: in debt");
         assert_eq!(
             d.retry_after,
-            Some(Duration::from_micros(30_060_000)),
+            Some(Duration::from_micros(30_060 * MS)),
             "{name}"
         );
         assert_eq!(&*d.binding().unwrap().name, "tokens", "{name}");
@@ -224,7 +259,7 @@ async fn a_tokens_debt_makes_the_next_request_wait_while_requests_have_room() {
 async fn a_refund_gives_each_budget_its_own_cost_back() {
     let redis = RedisServer::start();
     let store = redis.store().await;
-    for (name, l) in limiters(&store, &model_budgets()) {
+    for (name, l) in limiters(&store, &slow_model_budgets()) {
         let mut d = l.check_at("k", 400, T0).await.unwrap();
         assert_eq!(left(&l, "k", T0).await, (2, 600), "{name}");
         assert!(l.refund_at("k", &mut d, T0).await.unwrap(), "{name}");
@@ -277,7 +312,8 @@ fn cases() -> impl Strategy<Value = Case> {
         1u32..3,
         prop::sample::select(vec![10u32, 20, 40, 50, 100]),
         1u32..120,
-        prop::sample::select(vec![60u64, 600]),
+        // Brisk minutes and ten minutes (see [`PROPERTY_SLOW`]).
+        prop::sample::select(vec![60 * PROPERTY_SLOW, 600 * PROPERTY_SLOW]),
     )
         .prop_flat_map(|(requests, fixed, tokens, burst, period_s)| {
             let interval = period_s * 1_000_000 / u64::from(requests);

@@ -21,9 +21,30 @@ use tower_redis_ratelimit::{
     Error, Gcra, MemoryStore, Quota, RateLimiter, RedisStore, SlidingWindow, TokenBucket,
 };
 
-/// A time on a 10 s boundary (fixed windows of 10 s start there).
-const T0: u64 = 1_700_000_000_000_000;
-const SECOND: u64 = 1_000_000;
+/// A time on a boundary of 10 brisk seconds, 10 hours (fixed windows of that length start
+/// there: see [`SLOW`]).
+const T0: u64 = 1_699_992_000_000_000;
+
+/// How much slower than real time the settlements' simulated time runs: the quota's period
+/// and every time step is this many times a brisk test's (a second becomes an hour), so a
+/// key's state holds for hours of real time, far longer than the test runs. Redis expires
+/// keys on its own clock, not on the explicit times (see `RateLimiter::check_at`): with the
+/// brisk 10 units per 10 s, a charge settled to leave 4 s to go was gone once 4 s of real time
+/// had passed, and a machine under load that stalled that long between two calls made the
+/// later one find the key rested. The decisions are the brisk test's; every time and wait
+/// asserted is the brisk one times `SLOW`.
+const SLOW: u32 = 3_600;
+
+/// A brisk second of simulated time, in microseconds (see [`SLOW`]).
+const SECOND: u64 = 1_000_000 * SLOW as u64;
+
+/// [`SLOW`] for the property test, whose brisk periods are already 10 minutes and an hour: a
+/// minute becomes an hour, so a unit's state (75 s brisk at the shortest) holds for more than
+/// an hour, and a fixed window's end or a charge settled to end just after the test's time
+/// (a key left a moment to live) comes 60 times more rarely. Not more: a debt of `u32::MAX`
+/// runs a key's time 101 bursts on (100 full quotas, see `Settled`), which times 3,600 would
+/// pass the largest time a store takes (2^52 µs).
+const PROPERTY_SLOW: u64 = 60;
 
 type Limiter = RateLimiter<Arc<dyn Algorithm>>;
 
@@ -46,9 +67,9 @@ fn limiters(redis: &RedisStore, algorithm: &Arc<dyn Algorithm>) -> [Limiter; 2] 
 }
 
 /// 10 units per 10 s (one a second; a burst of 10 for the buckets), by every algorithm that
-/// settles.
+/// settles; brisk seconds (see [`SLOW`]).
 fn ten_per_ten_seconds() -> Vec<(&'static str, Arc<dyn Algorithm>)> {
-    let q = Quota::new(10, Duration::from_secs(10));
+    let q = Quota::new(10, Duration::from_secs(10) * SLOW);
     vec![
         ("gcra", Arc::new(Gcra::new(q).unwrap())),
         ("token-bucket", Arc::new(TokenBucket::new(q).unwrap())),
@@ -307,7 +328,8 @@ fn cases() -> impl Strategy<Value = Case> {
     (
         prop::sample::select(vec![1u32, 2, 3, 4, 5, 6, 8]),
         1u32..12,
-        prop::sample::select(vec![600u64, 3_600]),
+        // Brisk 10 minutes and an hour (see [`PROPERTY_SLOW`]).
+        prop::sample::select(vec![600 * PROPERTY_SLOW, 3_600 * PROPERTY_SLOW]),
     )
         .prop_flat_map(|(limit, burst, period_s)| {
             let interval = period_s * 1_000_000 / u64::from(limit);
