@@ -373,7 +373,7 @@ where
 
 const DONE: &str = "ResponseFuture polled after completion";
 
-/// What an answer of the inner service still needs.
+/// What an answer of the inner service under a kept decision still needs.
 enum After<R> {
     /// Nothing: it is the response.
     Ready(Response<ResponseBody<R>>),
@@ -382,27 +382,18 @@ enum After<R> {
     Settle(BoxFuture<'static, Adjust>, Response<R>, Box<Decided>),
 }
 
-impl OnResponse {
-    /// Finishes `res` as this says: its headers, or the refund of a response that does not
-    /// count or the settlement of its charge, before them.
-    fn apply<R>(self, mut res: Response<R>) -> After<R> {
-        match self {
-            OnResponse::Nothing => {}
-            OnResponse::Stamp(stamp) => stamp.apply(res.headers_mut()),
-            OnResponse::Decided(mut decided) => {
-                let after = decided.after.take();
-                decided.trailer = after.as_ref().and_then(AfterResponse::trailer_hook);
-                if let Some(work) = after.and_then(|a| a.on_head(res.status(), res.headers())) {
-                    return After::Settle(work, res, decided);
-                }
-                return After::Ready(decided.finish(res));
-            }
-        }
-        After::Ready(res.map(ResponseBody::inner))
-    }
-}
-
 impl Decided {
+    /// Finishes `res` under this decision: its fields, after the refund of a response that
+    /// does not count or the settlement of its charge when there is one.
+    fn after_head<R>(mut self: Box<Self>, res: Response<R>) -> After<R> {
+        let after = self.after.take();
+        self.trailer = after.as_ref().and_then(AfterResponse::trailer_hook);
+        match after.and_then(|a| a.on_head(res.status(), res.headers())) {
+            Some(work) => After::Settle(work, res, self),
+            None => After::Ready(self.finish(res)),
+        }
+    }
+
     /// The decision once units are back or charged: units back are left again, and a quota
     /// full again resets now (otherwise the reset time stays the check's, an upper bound);
     /// units charged are not left (the reset time stays the check's).
@@ -499,9 +490,9 @@ where
                             stamp.apply(res.headers_mut());
                             return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                         }
-                        decided => decided,
+                        OnResponse::Decided(decided) => decided,
                     };
-                    match decided.apply(res) {
+                    match decided.after_head(res) {
                         After::Ready(res) => return Poll::Ready(Ok(res)),
                         After::Settle(work, res, decided) => {
                             this.state.set(State::Settling {
