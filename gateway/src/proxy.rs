@@ -154,15 +154,9 @@ impl Proxy {
 }
 
 impl Shared {
-    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Upload>, Instant)>> {
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The most recently used idle connection still open and not too old.
     fn checkout(&self) -> Option<SendRequest<Upload>> {
-        let mut idle = self.lock_idle();
+        let mut idle = crate::locked(&self.idle);
         while let Some((sender, since)) = idle.pop() {
             if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
                 return Some(sender);
@@ -177,7 +171,7 @@ impl Shared {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.lock_idle();
+        let mut idle = crate::locked(&self.idle);
         idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT);
         if idle.len() < MAX_IDLE {
             idle.push((sender, now));
@@ -227,33 +221,20 @@ struct Held {
 
 impl Held {
     fn take_timer(&self) -> Pin<Box<tokio::time::Sleep>> {
-        let timer = self
-            .timer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let timer = crate::locked(&self.timer).take();
         timer.unwrap_or_else(|| Box::pin(tokio::time::sleep(self.shared.timeout)))
     }
 
     fn put_timer(&self, timer: Pin<Box<tokio::time::Sleep>>) {
-        *self
-            .timer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(timer);
+        *crate::locked(&self.timer) = Some(timer);
     }
 
     fn take(&self) -> Option<SendRequest<Upload>> {
-        self.sender
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        crate::locked(&self.sender).take()
     }
 
     fn give_back(&self, sender: SendRequest<Upload>) {
-        let mut held = self
-            .sender
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = crate::locked(&self.sender);
         match held.as_ref() {
             None => *held = Some(sender),
             Some(_) => {

@@ -6,7 +6,7 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -25,11 +25,7 @@ pub(crate) struct KeptTimer {
 
 impl KeptTimer {
     fn kept(&self, deadline: tokio::time::Instant) -> KeptSleep {
-        let kept = self
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let kept = crate::locked(&self.spare).pop();
         let inner = match kept {
             Some(mut sleep) => {
                 sleep.as_mut().reset(deadline);
@@ -91,7 +87,7 @@ impl hyper::rt::Sleep for KeptSleep {}
 impl Drop for KeptSleep {
     fn drop(&mut self) {
         if let Some(sleep) = self.inner.take() {
-            let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut spare = crate::locked(&self.spare);
             if spare.len() < MAX_SPARE {
                 spare.push(sleep);
             }
