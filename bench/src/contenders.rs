@@ -252,42 +252,31 @@ pub fn ours_memory(c: &mut Contenders, check_baseline: &str, layer_baseline: &st
         );
     }
     // The cost of the headers: the same layer writing none (tower_governor's default writes
-    // none on allowed responses).
-    let prefix = c.prefix();
-    let limiter = limiter(
-        MemoryStore::new(),
-        Gcra::new(quota()).unwrap(),
-        prefix,
-        true,
-    );
-    let (inner, calls) = Inner::new();
-    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap())
-        .headers(HeaderStyle::None);
-    c.push(
-        "ours memory gcra layer (headers off)".to_owned(),
-        false,
-        Some(layer_baseline.to_owned()),
-        Some(calls),
-        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
-    );
-    // The fields on denials only, as tower_governor writes them.
-    let prefix = c.prefix();
-    let lean = self::limiter(
-        MemoryStore::new(),
-        Gcra::new(quota()).unwrap(),
-        prefix,
-        true,
-    );
-    let (inner, calls) = Inner::new();
-    let layer =
-        RateLimitLayer::new(lean, HeaderKey::new(KEY_HEADER).unwrap()).headers_on_denials_only();
-    c.push(
-        "ours memory gcra layer (fields on denials only)".to_owned(),
-        false,
-        Some(layer_baseline.to_owned()),
-        Some(calls),
-        via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
-    );
+    // none on allowed responses), and writing them on denials only, as tower_governor does.
+    type Settings = fn(RateLimitLayer<HeaderKey, Gcra>) -> RateLimitLayer<HeaderKey, Gcra>;
+    let variants: [(&str, Settings); 2] = [
+        ("headers off", |layer| layer.headers(HeaderStyle::None)),
+        ("fields on denials only", |layer| {
+            layer.headers_on_denials_only()
+        }),
+    ];
+    for (variant, settings) in variants {
+        let prefix = c.prefix();
+        let limiter = limiter(
+            MemoryStore::new(),
+            Gcra::new(quota()).unwrap(),
+            prefix,
+            true,
+        );
+        let (check, calls) = ours_layer_with(limiter, settings);
+        c.push(
+            format!("ours memory gcra layer ({variant})"),
+            false,
+            Some(layer_baseline.to_owned()),
+            Some(calls),
+            check,
+        );
+    }
 }
 
 fn limiter<A: Algorithm>(
@@ -321,8 +310,19 @@ fn via_check<A: Algorithm>(limiter: RateLimiter<A>) -> CheckFn {
 /// Our full layer with its defaults (IETF `RateLimit` headers on every response), keyed by
 /// the request header like the peers.
 fn ours_layer<A: Algorithm>(limiter: RateLimiter<A>) -> (CheckFn, Arc<AtomicU64>) {
+    ours_layer_with(limiter, |layer| layer)
+}
+
+/// [`ours_layer`], the layer given `settings` first.
+fn ours_layer_with<A: Algorithm>(
+    limiter: RateLimiter<A>,
+    settings: impl FnOnce(RateLimitLayer<HeaderKey, A>) -> RateLimitLayer<HeaderKey, A>,
+) -> (CheckFn, Arc<AtomicU64>) {
     let (inner, calls) = Inner::new();
-    let layer = RateLimitLayer::new(limiter, HeaderKey::new(KEY_HEADER).unwrap());
+    let layer = settings(RateLimitLayer::new(
+        limiter,
+        HeaderKey::new(KEY_HEADER).unwrap(),
+    ));
     (
         via_service(tower::ServiceBuilder::new().layer(layer).service(inner)),
         calls,
