@@ -272,12 +272,13 @@ fn len_field_len(len: usize) -> usize {
 fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::full(body));
     *res.status_mut() = status;
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
     res
 }
+
+/// The content type of the limiter's plain-text answers.
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
 impl<T: ?Sized> Responder<T> {
     /// The response when the store failed and the policy is closed.
@@ -372,10 +373,16 @@ impl Responder<Decision> {
                 )),
             )
         } else {
-            text_response(
-                StatusCode::TOO_MANY_REQUESTS,
-                Bytes::from_static(b"rate limit exceeded\n"),
-            )
+            let body = Bytes::from_static(b"rate limit exceeded\n");
+            let content_type = HeaderValue::from_static(TEXT_PLAIN);
+            let head = field.and_then(|f| f.denial_head(self.style, d, pk, &content_type));
+            if let Some(headers) = head {
+                let mut res = Response::new(ResponseBody::full(body));
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                *res.headers_mut() = headers;
+                return res;
+            }
+            text_response(StatusCode::TOO_MANY_REQUESTS, body)
         };
         render_with_field(self.style, d, pk, field, res.headers_mut());
         res

@@ -4,7 +4,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderValue};
+use arc_swap::ArcSwapOption;
+use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue};
 
 use super::headers::{
     ceil_secs, number, policy_item, push_sf_string, render_legacy, render_with, reset_secs,
@@ -26,6 +27,19 @@ pub(crate) struct PolicyField {
     /// The `RateLimit` members with no unit left, by `t` (below [`EMPTY_MEMBERS`]), rendered
     /// ahead: every denial of a flooded key carries one of them.
     empty: Arc<[HeaderValue]>,
+    /// The heads of plain-text denials with no unit left, by `t` (below [`EMPTY_MEMBERS`]),
+    /// each made by the first such denial: the denials of a flooded key carry the same
+    /// fields for a second or more, and a copy of a whole head costs less than its fields
+    /// one by one. Shared by the field's clones.
+    denials: Arc<[ArcSwapOption<DenialHead>]>,
+}
+
+/// The head of a plain-text denial with no unit left, and the style it was made in (its `t`
+/// is its place).
+#[derive(Debug)]
+struct DenialHead {
+    style: HeaderStyle,
+    headers: HeaderMap,
 }
 
 /// Room for a `RateLimit` member on the stack: the name's start and two numbers.
@@ -58,7 +72,43 @@ impl PolicyField {
             value: policy_item(name, limit, window, None),
             state: state.into(),
             empty: empty.into(),
+            denials: (0..EMPTY_MEMBERS).map(|_| ArcSwapOption::empty()).collect(),
         }
+    }
+
+    /// The head of a plain-text denial `d` of this policy in `style` (`content-type`, then
+    /// the fields [`render_with_field`] adds), without a partition key: with no unit left and
+    /// `t` below [`EMPTY_MEMBERS`], a copy of the one made first, else made now. `None` when
+    /// `d` is not a single limit of this policy's quota, or has a partition key.
+    pub(crate) fn denial_head(
+        &self,
+        style: HeaderStyle,
+        d: &Decision,
+        pk: Option<&str>,
+        content_type: &HeaderValue,
+    ) -> Option<HeaderMap> {
+        if d.allowed || !d.limits.is_empty() || valid_pk(pk).is_some() {
+            return None;
+        }
+        if !self.matches(d.capacity, d.window) {
+            return None;
+        }
+        let place = reset_secs(d)
+            .filter(|_| d.remaining == 0)
+            .and_then(|t| self.denials.get(usize::try_from(t).ok()?));
+        if let Some(head) = place.map(ArcSwapOption::load) {
+            if let Some(head) = head.as_deref().filter(|h| h.style == style) {
+                return Some(head.headers.clone());
+            }
+        }
+        let mut headers = HeaderMap::with_capacity(8);
+        headers.insert(CONTENT_TYPE, content_type.clone());
+        render_with_field(style, d, None, Some(self), &mut headers);
+        if let Some(place) = place {
+            let headers = headers.clone();
+            place.store(Some(Arc::new(DenialHead { style, headers })));
+        }
+        Some(headers)
     }
 
     /// The policy's name.
@@ -371,6 +421,47 @@ mod tests {
             fielded.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
             render_with_field(style, &d, pk.as_deref(), Some(&field), &mut fielded);
             prop_assert_eq!(&fielded, &rendered(style, &d, pk.as_deref()));
+        }
+
+        /// Every denial head a policy field hands out, in any order of decisions (repeated,
+        /// `t` or `Retry-After` changing across a second, units left, styles, another quota,
+        /// a partition key), is the head made from scratch: `content-type`, then the fields
+        /// `render_with` writes, byte for byte. Heads made for another quota or with a
+        /// partition key are none.
+        #[test]
+        fn denial_heads_are_rendered_heads(
+            name in prop_oneof!["[a-z:-]{0,12}", "[ -~]{0,80}"],
+            checks in prop::collection::vec((
+                prop_oneof![Just(0u64), 0..3u64],
+                prop_oneof![0..3_000_000u64, any::<u64>()],
+                prop::option::of(prop_oneof![0..3_000_000u64, 62_000_000..66_000_000u64, any::<u64>()]),
+                prop_oneof![
+                    Just(HeaderStyle::Ietf), Just(HeaderStyle::Legacy),
+                    Just(HeaderStyle::Both), Just(HeaderStyle::None),
+                ],
+                0..8u8,
+            ), 1..24),
+        ) {
+            let field = PolicyField::new(&Arc::from(name.as_str()), 100, Duration::from_secs(60));
+            let content_type = HeaderValue::from_static("text/plain; charset=utf-8");
+            for (remaining, reset_us, retry_us, style, other) in checks {
+                let mut d = decision(&name, 100, remaining, reset_us, 60_000_000);
+                d.allowed = false;
+                d.retry_after = retry_us.map(Duration::from_micros);
+                let pk = (other == 1).then_some("YWJjZGVmZ2hpamtsbW5vcA==");
+                if other == 2 {
+                    d.capacity = 99;
+                }
+                let head = field.denial_head(style, &d, pk, &content_type);
+                if other == 1 || other == 2 {
+                    prop_assert!(head.is_none());
+                    continue;
+                }
+                let mut expected = HeaderMap::new();
+                expected.insert(CONTENT_TYPE, content_type.clone());
+                render_with(style, &d, None, &mut expected);
+                prop_assert_eq!(head, Some(expected));
+            }
         }
     }
 }
