@@ -66,6 +66,7 @@ impl Twin for Gcra {
 /// The decision for one check on a stored TAT (`None`: a rested key): the outcome, and the
 /// TAT to store when the check was allowed. The in-memory twin of `lua/gcra.lua`, integer for
 /// integer the same maths.
+#[inline]
 pub(crate) fn decide(
     rate: BucketRate,
     stored_tat: Option<u64>,

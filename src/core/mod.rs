@@ -144,6 +144,7 @@ impl Core {
 
     /// Counts and meters one decision; `latency`: how long the store took, when it was
     /// asked.
+    #[inline]
     pub(crate) fn decided(&self, verdict: Verdict, source: Source, latency: Option<Duration>) {
         if !self.reports {
             return;

@@ -116,6 +116,7 @@ impl<'a> Key<'a> {
 
     /// Writes a compact binary form, unique per key (a tag byte and the payload; long text as
     /// its SHA-1): for in-memory lookups, where no one reads the key.
+    #[inline]
     pub(crate) fn write_compact(&self, max_len: usize, out: &mut impl Out) {
         let (tag, bytes) = match &self.0 {
             Repr::Text(t) => (0, t.as_bytes()),

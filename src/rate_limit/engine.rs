@@ -99,6 +99,7 @@ impl LiveQuotas {
 
 impl RateEngine {
     /// The store key of `key` (`None`: the quota keyless requests share).
+    #[inline]
     pub(crate) fn store_key<'a>(&'a self, key: Option<&'a Key<'a>>) -> StoreKey<'a> {
         let kind = self.algorithm.name();
         self.core.store_key(key).with_prefix(kind, &self.prefix)
@@ -212,6 +213,7 @@ impl RateEngine {
     /// response): an admission of a single limit, counted and reported as `decide` would,
     /// comes as [`AtOnce::Admitted`] without the public [`Decision`] being built; everything
     /// else as the decision.
+    #[inline]
     pub(crate) fn decide_lean(
         &self,
         key: Option<&Key<'_>>,
@@ -275,6 +277,7 @@ impl RateEngine {
 
     /// The numbers of `outcome`, an admission of a single limit, when nothing else needs its
     /// decision: no `debug` event to write (it shows the decision).
+    #[inline]
     fn admitted(&self, outcome: &Outcome, quoted: Option<&Quoted>) -> Option<Admitted> {
         if !outcome.allowed || !outcome.parts.is_empty() || tracing::enabled!(Level::DEBUG) {
             return None;
@@ -290,6 +293,7 @@ impl RateEngine {
     }
 
     /// Counts and reports an admission (see [`record`](Self::record)) without its decision.
+    #[inline]
     fn record_admitted(&self, key: StoreKey<'_>, a: &Admitted, source: Source) {
         if !self.core.reports {
             return;
@@ -302,6 +306,7 @@ impl RateEngine {
     /// Meters a decision of `key`: its verdict and source (`latency`: how long
     /// the store took, when asked), an admission with a fifth or less of its units left
     /// (`near_limit`), and the per-key meters.
+    #[inline]
     fn meter(
         &self,
         key: StoreKey<'_>,
@@ -335,6 +340,7 @@ impl RateEngine {
     }
 
     /// A store that decides at once (in memory).
+    #[inline]
     fn store_now(
         &self,
         key: StoreKey<'_>,
@@ -1011,6 +1017,7 @@ impl RateEngine {
 
     /// A denial answered by the deny cache (see
     /// [`RateLimiterBuilder::deny_cache`](super::RateLimiterBuilder::deny_cache)).
+    #[inline]
     fn cached_denial(
         &self,
         key: StoreKey<'_>,
@@ -1020,6 +1027,18 @@ impl RateEngine {
         let cache = self.deny_cache.as_ref()?;
         // No key to build while no denial is held (the common case).
         let now = cache.live(Instant::now)?;
+        self.cache_hit(cache, now, key, cost, quoted)
+    }
+
+    /// [`cached_denial`](Self::cached_denial) while the cache holds live denials.
+    fn cache_hit(
+        &self,
+        cache: &DenyCache,
+        now: Instant,
+        key: StoreKey<'_>,
+        cost: u32,
+        quoted: Option<&Quoted>,
+    ) -> Option<Decision> {
         let mut compact = KeyBuf::new();
         cache_key(key, quoted, &mut compact);
         // A denial for lack of units answers cost-1 checks only; a ban answers every cost.

@@ -75,6 +75,7 @@ impl<'a> StoreKey<'a> {
     /// namespace's number in this process (see [`namespace_id`]), `kind`, a `0` byte, and the
     /// key's compact form. The namespace takes four bytes however long it is, so the key of
     /// an in-process map is about as short as the request's key.
+    #[inline]
     pub(crate) fn write_compact(&self, kind: &str, out: &mut impl Out) {
         match self.prefix {
             Some((k, prefix)) if k == kind => out.put(prefix),
@@ -99,6 +100,7 @@ impl<'a> StoreKey<'a> {
     }
 
     /// The key alone, compact: for a map of one limiter (the deny cache).
+    #[inline]
     pub(crate) fn write_key_compact(&self, out: &mut impl Out) {
         match self.key {
             Some(key) => key.write_compact(self.max_len, out),
@@ -179,6 +181,7 @@ impl KeyBuf {
 }
 
 impl Out for KeyBuf {
+    #[inline]
     fn put(&mut self, bytes: &[u8]) {
         if self.spilled.is_empty() && self.len + bytes.len() <= self.inline.len() {
             self.inline[self.len..self.len + bytes.len()].copy_from_slice(bytes);

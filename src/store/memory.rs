@@ -223,6 +223,7 @@ impl MemoryStore {
     }
 
     /// Microseconds since the Unix epoch on this store's clock.
+    #[inline]
     fn now_us(&self) -> u64 {
         match &self.inner.clock {
             Some(clock) => clock.now_us(),
@@ -251,6 +252,7 @@ impl MemoryStore {
         self.inner.states.each().map(|s| s.weight).sum()
     }
 
+    #[inline]
     fn decide(
         &self,
         algorithm: &dyn Algorithm,
@@ -338,6 +340,7 @@ impl MemoryStore {
         scheduled
     }
 
+    #[inline]
     fn decide_compact(
         &self,
         algorithm: &dyn Algorithm,
@@ -376,6 +379,7 @@ impl MemoryStore {
     /// common case: one lookup, no lock held alone, a denial writes nothing); else on its
     /// state in the general table if it has one with a refund ledger; else on a new word, or
     /// on the word of a bare state moved from the general table.
+    #[inline]
     fn decide_gcra(
         &self,
         algorithm: &dyn Algorithm,
@@ -555,10 +559,17 @@ impl MemoryStoreBuilder {
 
 impl MemoryStore {
     /// The time `key`'s ban has left at `now`, if it is banned.
+    #[inline]
     fn ban_left(&self, key: StoreKey<'_>, now: u64) -> Option<u64> {
-        if self.inner.bans_held.load(Ordering::Relaxed) == 0 {
-            return None;
+        match self.inner.bans_held.load(Ordering::Relaxed) {
+            0 => None,
+            _ => self.ban_held(key, now),
         }
+    }
+
+    /// [`ban_left`](Self::ban_left) while the store holds bans.
+    #[cold]
+    fn ban_held(&self, key: StoreKey<'_>, now: u64) -> Option<u64> {
         let mut compact = KeyBuf::new();
         key.write_compact("ban", &mut compact);
         let bans = &self.inner.bans;
@@ -750,6 +761,7 @@ impl Backend for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
+    #[inline]
     fn check_now(
         &self,
         algorithm: &dyn Algorithm,

@@ -110,6 +110,7 @@ impl<V> Sharded<V> {
         }
     }
 
+    #[inline]
     pub(crate) fn slot(&self, key: &[u8]) -> Slot {
         // The bytes alone, without `Hash for [u8]`'s length prefix: one key per table, and
         // SipHash's last block holds the length anyway.

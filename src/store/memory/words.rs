@@ -89,6 +89,7 @@ impl WordShard {
 
     /// The check of `cost` on `key` at `now`, its word compared-and-swapped (the twin
     /// [`gcra::decide`]); `None` when the shard holds no word for `key`.
+    #[inline]
     pub(super) fn decide(
         &self,
         slot: Slot,
