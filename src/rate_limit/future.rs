@@ -87,7 +87,7 @@ pub(crate) enum Shadow {
 impl Decision {
     /// Whether the request goes on: allowed, or denied by a limit in shadow mode (a ban is
     /// enforced in shadow mode too).
-    fn goes_on(&self, shadow: Shadow) -> bool {
+    pub(super) fn goes_on(&self, shadow: Shadow) -> bool {
         self.allowed || (shadow != Shadow::Off && !self.banned)
     }
 }

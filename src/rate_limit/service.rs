@@ -154,6 +154,14 @@ where
                 Ok(AtOnce::Decided(d)) => Ok(d),
                 Err(e) => Err(e),
             };
+            // Refused by the limiter: answered here, with nothing kept for the response.
+            if let Some(d) = result
+                .as_ref()
+                .ok()
+                .filter(|d| !d.goes_on(Shadow::of(policy)))
+            {
+                return refused(config, policy, key.as_ref(), d, &parts, field);
+            }
             // Only an answer the limiter writes itself depends on the protocol.
             let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
             let answer = answer(grpc);
@@ -171,6 +179,28 @@ where
         let responder = Arc::clone(responder);
         ResponseFuture::checking(check, req, inner, responder, answer, field.clone())
     }
+}
+
+/// The answer to a request of `key` that `policy` refused (`d`), made by the limiter.
+/// Apart from the call, so that the path of an admission stays short.
+#[inline(never)]
+fn refused<S, K, B>(
+    config: &Config<K>,
+    policy: &RateEngine,
+    key: Option<&Key<'_>>,
+    d: &Decision,
+    parts: &Parts,
+    field: &PolicyField,
+) -> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    let grpc = is_grpc(&parts.headers);
+    let pk = config.partition_key(policy, key);
+    let res = config
+        .responder
+        .denied_with(d, grpc, pk.as_deref(), Some(field));
+    ResponseFuture::refused(res)
 }
 
 /// The check of a request of `key` in a store that must be waited for.
