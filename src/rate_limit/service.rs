@@ -3,6 +3,7 @@
 use std::{
     fmt,
     marker::PhantomData,
+    ops::ControlFlow,
     sync::{atomic::AtomicBool, Arc},
     task::{Context, Poll},
 };
@@ -11,7 +12,7 @@ use http::{request::Parts, Request, Response};
 use tower_service::Service;
 
 use super::{
-    config::{Config, Selected},
+    config::{Config, Policy, Selected},
     engine::{AtOnce, Quoted, RateEngine},
     future::{AfterResponse, Answer, ResponseFuture, Shadow},
     lists::Listed,
@@ -94,10 +95,8 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // Decided here (the common case): the inner service, ready, is called here too, and
         // needs no clone.
-        let inner = &mut self.inner;
-        let config = &*self.config;
+        let (inner, config) = (&mut self.inner, &*self.config);
         let responder = &config.responder;
-
         let (parts, body) = req.into_parts();
         let guard = config.live.as_ref().map(LiveLimits::load);
         let live = guard.as_deref().map(Arc::as_ref);
@@ -154,17 +153,10 @@ where
                 Ok(AtOnce::Decided(d)) => Ok(d),
                 Err(e) => Err(e),
             };
-            // Refused by the limiter: answered here, with nothing kept for the response.
-            if let Some(d) = result
-                .as_ref()
-                .ok()
-                .filter(|d| !d.goes_on(Shadow::of(policy)))
-            {
-                return refused(config, policy, key.as_ref(), d, &parts, field);
-            }
-            // Only an answer the limiter writes itself depends on the protocol.
-            let grpc = !matches!(&result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
-            let answer = answer(grpc);
+            let answer = match answer_at_once(config, selected, key.as_ref(), &result, &parts) {
+                ControlFlow::Continue(answer) => answer,
+                ControlFlow::Break(refused) => return refused,
+            };
             drop(key);
             let req = Request::from_parts(parts, body);
             return ResponseFuture::decided(result, req, inner, responder, answer, field);
@@ -181,26 +173,35 @@ where
     }
 }
 
-/// The answer to a request of `key` that `policy` refused (`d`), made by the limiter.
+/// How a request (its head, `parts`) of `key` that the `selected` policy decided at once
+/// (`result`) is answered, other than an admission without its decision: a refusal, answered
+/// here with nothing kept for the response (`Break`), or the answer to make of the decision.
 /// Apart from the call, so that the path of an admission stays short.
 #[inline(never)]
-fn refused<S, K, B>(
+fn answer_at_once<S, K, B>(
     config: &Config<K>,
-    policy: &RateEngine,
+    selected: &Policy,
     key: Option<&Key<'_>>,
-    d: &Decision,
+    result: &Result<Decision, Error>,
     parts: &Parts,
-    field: &PolicyField,
-) -> ResponseFuture<S, B>
+) -> ControlFlow<ResponseFuture<S, B>, Answer>
 where
     S: Service<Request<B>>,
 {
-    let grpc = is_grpc(&parts.headers);
-    let pk = config.partition_key(policy, key);
-    let res = config
-        .responder
-        .denied_with(d, grpc, pk.as_deref(), Some(field));
-    ResponseFuture::refused(res)
+    let policy = &selected.engine;
+    if let Some(d) = result
+        .as_ref()
+        .ok()
+        .filter(|d| !d.goes_on(Shadow::of(policy)))
+    {
+        let grpc = is_grpc(&parts.headers);
+        let pk = config.partition_key(policy, key);
+        let res = (config.responder).denied_with(d, grpc, pk.as_deref(), Some(&selected.field));
+        return ControlFlow::Break(ResponseFuture::refused(res));
+    }
+    // Only an answer the limiter writes itself depends on the protocol.
+    let grpc = !matches!(result, Ok(d) if d.allowed) && is_grpc(&parts.headers);
+    ControlFlow::Continue(answer_of(config, policy, key, grpc))
 }
 
 /// The check of a request of `key` in a store that must be waited for.
