@@ -460,7 +460,8 @@ where
         let mut stopped = stopped.clone();
         // Finished connections are forgotten as new ones come.
         while connections.try_join_next().is_some() {}
-        connections.spawn(async move {
+        // Without Tokio's budget: hyper's dispatcher yields on its own after 16 turns.
+        connections.spawn(tokio::task::coop::unconstrained(async move {
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
@@ -471,7 +472,7 @@ where
                 }
             }
             drop(slot);
-        });
+        }));
     }
     drop(listener);
     let _ = stopping.send(());
