@@ -471,7 +471,10 @@ impl ProxyConnection {
     /// body comes over. A request goes out once: it is sent again only when hyper hands it
     /// back unwritten. A kept connection found closed before the request was given to it
     /// is skipped without counting an attempt.
-    async fn send(&self, mut req: Request<Upload>) -> Result<(Response<Incoming>, Link), BoxError> {
+    async fn send(
+        &self,
+        unsent: &mut Option<Request<Upload>>,
+    ) -> Result<(Response<Incoming>, Link), BoxError> {
         let shared = &self.held.shared;
         let mut attempt = 1;
         while attempt <= ATTEMPTS {
@@ -486,7 +489,6 @@ impl ProxyConnection {
                 // Boxed: a connection is rare, and its future would make every request's larger.
                 None => Box::pin(shared.connect()).await?,
             };
-            let mut unsent = Some(req);
             let sent = {
                 let mut response = std::pin::pin!(None);
                 std::future::poll_fn(|cx| {
@@ -509,7 +511,6 @@ impl ProxyConnection {
             };
             match sent {
                 Sent::Closed => {
-                    req = unsent.take().expect("not sent");
                     if fresh {
                         attempt += 1;
                     }
@@ -517,7 +518,7 @@ impl ProxyConnection {
                 Sent::Answered(Ok(res)) => return Ok((res, link)),
                 Sent::Answered(Err(mut e)) => match e.take_message() {
                     Some(back) => {
-                        req = back;
+                        *unsent = Some(back);
                         attempt += 1;
                     }
                     None => return Err(e.into_error().into()),
@@ -527,17 +528,15 @@ impl ProxyConnection {
         Err("the upstream closed every connection the request was given to".into())
     }
 
-    /// The request to the upstream, its answer back (the service's future itself: no future
-    /// around it to move it into).
-    async fn forward(
-        self,
-        req: Request<Incoming>,
-    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    /// The request as it goes upstream: its target after the prefix, HTTP/1.1, its hop-by-hop
+    /// headers dropped, the client appended to `x-forwarded-for`, a `Host`; `None` for a target
+    /// that leaves the prefix.
+    fn upstream_request(&self, req: Request<Incoming>) -> Option<Request<Upload>> {
         let shared = &self.held.shared;
         let (mut parts, body) = req.into_parts();
         parts.uri = match shared.upstream.target(parts.uri) {
             Ok(uri) => uri,
-            Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n")),
+            Err(_) => return None,
         };
         // HTTP/1.1 to the upstream, whatever the client spoke.
         parts.version = http::Version::HTTP_11;
@@ -549,10 +548,21 @@ impl ProxyConnection {
         let progress = &self.held.progress;
         progress.restart();
         let body = Upload::new(body, Arc::clone(progress));
+        Some(Request::from_parts(parts, body))
+    }
+
+    /// The request to the upstream, its answer back. The request stays in `req` (the
+    /// future's one copy of it) until it is given to a connection.
+    async fn forward(
+        self,
+        mut req: Option<Request<Upload>>,
+    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+        let shared = &self.held.shared;
+        let progress = &self.held.progress;
         let mut timer = self.held.take_timer();
         let answered = {
             // Polled where they are, not moved into the select.
-            let sent = std::pin::pin!(self.send(Request::from_parts(parts, body)));
+            let sent = std::pin::pin!(self.send(&mut req));
             let idle = std::pin::pin!(progress.idle_for(shared.timeout, &mut timer));
             tokio::select! {
                 biased;
@@ -779,7 +789,13 @@ impl tower::Service<Request<Incoming>> for ProxyConnection {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        Box::pin(self.clone().forward(req))
+        match self.upstream_request(req) {
+            Some(req) => Box::pin(self.clone().forward(Some(req))),
+            None => Box::pin(std::future::ready(Ok(text(
+                StatusCode::BAD_REQUEST,
+                "bad request target\n",
+            )))),
+        }
     }
 }
 
