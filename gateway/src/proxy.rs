@@ -417,9 +417,13 @@ impl Held {
         }
         if !link.sender.is_ready() {
             // Still busy with the request (its body, which the upstream answered before it
-            // took it all): driven to its end in a task of its own, then pooled.
+            // took it all): driven to its end in a task of its own, then pooled; dropped when
+            // no runtime is left to drive it (the process ending).
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
             let shared = Arc::clone(&self.shared);
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let ready = std::future::poll_fn(|cx| {
                     link.poll_with(cx, |sender, cx| sender.poll_ready(cx))
                 })
