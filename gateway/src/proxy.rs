@@ -183,6 +183,22 @@ impl Shared {
         }
     }
 
+    /// Drives a connection still busy with a request (its body, which the upstream answered
+    /// before it took it all) to its end in a task of its own, then pools it.
+    #[cold]
+    #[inline(never)]
+    fn finish(self: &Arc<Self>, mut link: Link) {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let ready =
+                std::future::poll_fn(|cx| link.poll_with(cx, |sender, cx| sender.poll_ready(cx)))
+                    .await;
+            if ready.is_ok() {
+                shared.checkin(link);
+            }
+        });
+    }
+
     /// A new connection to the upstream.
     async fn connect(&self) -> Result<Link, BoxError> {
         let stream = tokio::net::TcpStream::connect(self.upstream.address()).await?;
@@ -411,27 +427,12 @@ impl Held {
 
     /// Keeps `link` for the client connection's next request (the pool gets it if one is
     /// kept already); a closed one is dropped.
-    fn give_back(&self, mut link: Link) {
+    fn give_back(&self, link: Link) {
         if link.is_closed() {
             return;
         }
         if !link.sender.is_ready() {
-            // Still busy with the request (its body, which the upstream answered before it
-            // took it all): driven to its end in a task of its own, then pooled; dropped when
-            // no runtime is left to drive it (the process ending).
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            let shared = Arc::clone(&self.shared);
-            runtime.spawn(async move {
-                let ready = std::future::poll_fn(|cx| {
-                    link.poll_with(cx, |sender, cx| sender.poll_ready(cx))
-                })
-                .await;
-                if ready.is_ok() {
-                    shared.checkin(link);
-                }
-            });
+            self.shared.finish(link);
             return;
         }
         let mut held = crate::locked(&self.link);
