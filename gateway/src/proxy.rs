@@ -10,8 +10,11 @@ use std::{
     future::Future,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
-    task::{Context, Poll},
+    sync::{
+        atomic::{AtomicU8, Ordering},
+        Arc, Mutex,
+    },
+    task::{Context, Poll, Waker},
     time::{Duration, Instant},
 };
 
@@ -121,7 +124,7 @@ struct Shared {
     host: HeaderValue,
     timeout: Duration,
     /// The idle connections, the most recently used last.
-    idle: Mutex<Vec<(SendRequest<Upload>, Instant)>>,
+    idle: Mutex<Vec<(Link, Instant)>>,
 }
 
 impl Proxy {
@@ -143,7 +146,7 @@ impl Proxy {
         ProxyConnection {
             held: Arc::new(Held {
                 shared: Arc::clone(&self.shared),
-                sender: Mutex::new(None),
+                link: Mutex::new(None),
                 progress: Arc::new(Progress::new()),
                 timer: Mutex::new(None),
             }),
@@ -154,32 +157,50 @@ impl Proxy {
 }
 
 impl Shared {
-    /// The most recently used idle connection still open and not too old.
-    fn checkout(&self) -> Option<SendRequest<Upload>> {
+    /// The most recently used idle connection not known to be closed and not too old.
+    fn checkout(&self) -> Option<Link> {
         let mut idle = crate::locked(&self.idle);
-        while let Some((sender, since)) = idle.pop() {
-            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
-                return Some(sender);
+        while let Some((link, since)) = idle.pop() {
+            if !link.is_closed() && since.elapsed() < IDLE_TIMEOUT {
+                return Some(link);
             }
         }
         None
     }
 
     /// Keeps a connection for later, dropping those closed or too old.
-    fn checkin(&self, sender: SendRequest<Upload>) {
-        if sender.is_closed() {
+    fn checkin(&self, link: Link) {
+        if link.is_closed() {
             return;
         }
+        // Until a client connection takes it, its wake-ups wake no task.
+        link.group.forget_task();
         let now = Instant::now();
         let mut idle = crate::locked(&self.idle);
-        idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT);
+        idle.retain(|(l, since)| !l.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT);
         if idle.len() < MAX_IDLE {
-            idle.push((sender, now));
+            idle.push((link, now));
         }
     }
 
-    /// A new connection to the upstream, driven by a task of its own.
-    async fn connect(&self) -> Result<SendRequest<Upload>, BoxError> {
+    /// Drives a connection still busy with a request (its body, which the upstream answered
+    /// before it took it all) to its end in a task of its own, then pools it.
+    #[cold]
+    #[inline(never)]
+    fn finish(self: &Arc<Self>, mut link: Link) {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let ready =
+                std::future::poll_fn(|cx| link.poll_with(cx, |sender, cx| sender.poll_ready(cx)))
+                    .await;
+            if ready.is_ok() {
+                shared.checkin(link);
+            }
+        });
+    }
+
+    /// A new connection to the upstream.
+    async fn connect(&self) -> Result<Link, BoxError> {
         let stream = tokio::net::TcpStream::connect(self.upstream.address()).await?;
         stream.set_nodelay(true)?;
         // Heads and small bodies copied into one buffer, written by one `write`.
@@ -187,16 +208,187 @@ impl Shared {
             .writev(false)
             .handshake(TokioIo::new(stream))
             .await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
-        });
-        Ok(sender)
+        Ok(Link::new(sender, connection))
     }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type Connection = hyper::client::conn::http1::Connection<TokioIo<tokio::net::TcpStream>, Upload>;
+
+/// One upstream connection: the handle its requests are sent with, and the connection itself,
+/// which has no task of its own. What waits on it polls it, in the task of the client
+/// connection it serves: a request while it waits for its response's head, a response body
+/// while it waits for its next part. Between requests nothing polls it; the next request
+/// finds out whether the upstream closed it meanwhile.
+struct Link {
+    sender: SendRequest<Upload>,
+    /// `None` once ended (closed by either side, or failed). Dropping it hands a request
+    /// queued on it back unwritten.
+    connection: Option<Pin<Box<Connection>>>,
+    group: Arc<Group>,
+    /// The wakers the connection and what waits on it are polled with: each marks its part
+    /// of `group` as woken.
+    connection_waker: Waker,
+    waiter_waker: Waker,
+}
+
+impl Link {
+    fn new(sender: SendRequest<Upload>, connection: Connection) -> Self {
+        let group = Arc::new(Group {
+            // A new connection is polled first.
+            state: AtomicU8::new(CONNECTION),
+            task: Mutex::new(None),
+        });
+        let waker = |part| {
+            Waker::from(Arc::new(Part {
+                group: Arc::clone(&group),
+                part,
+            }))
+        };
+        Self {
+            sender,
+            connection: Some(Box::pin(connection)),
+            connection_waker: waker(CONNECTION),
+            waiter_waker: waker(WAITER),
+            group,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.connection.is_none() || self.sender.is_closed()
+    }
+
+    /// Polls `wait` (what waits on the connection, given its sender) and the connection as
+    /// one, each when woken (`wait` also the first time, before the connection), until
+    /// `wait` is ready or neither can go on: a wake-up of one by the other while they are
+    /// polled has it polled again at once rather than the whole task again; one at another
+    /// time (the upstream's socket) wakes the task in `cx`.
+    fn poll_with<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut wait: impl FnMut(&mut SendRequest<Upload>, &mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let group = &*self.group;
+        group.enter(cx.waker());
+        let mut first = true;
+        for _ in 0..ROUNDS {
+            if std::mem::take(&mut first) || group.take(WAITER) {
+                let mut cx = Context::from_waker(&self.waiter_waker);
+                if let Poll::Ready(value) = wait(&mut self.sender, &mut cx) {
+                    group.leave();
+                    return Poll::Ready(value);
+                }
+            }
+            if group.take(CONNECTION) {
+                if let Some(connection) = &mut self.connection {
+                    let mut cx = Context::from_waker(&self.connection_waker);
+                    if let Poll::Ready(ended) = connection.as_mut().poll(&mut cx) {
+                        if let Err(e) = ended {
+                            tracing::debug!(error = %e, "upstream connection ended");
+                        }
+                        // Hands back, unwritten, a request queued on it.
+                        self.connection = None;
+                    }
+                }
+            }
+            if group.leave_unless_woken() {
+                return Poll::Pending;
+            }
+        }
+        // Still woken after as many rounds: the task's other work gets its turn first.
+        group.leave();
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// The most rounds of [`Link::poll_with`] in one poll.
+const ROUNDS: usize = 16;
+
+/// The state of a [`Link`]'s wake-ups: whether it is being polled, and which of its parts
+/// were woken since they were last polled.
+struct Group {
+    state: AtomicU8,
+    /// The task that polled the link last, woken by a wake-up while it is not polled; none
+    /// while the link is idle in the pool.
+    task: Mutex<Option<Waker>>,
+}
+
+/// [`Group::state`]: the link is being polled.
+const POLLING: u8 = 1;
+/// [`Group::state`]: the connection was woken.
+const CONNECTION: u8 = 2;
+/// [`Group::state`]: what waits on the connection was woken.
+const WAITER: u8 = 4;
+
+impl Group {
+    fn enter(&self, task: &Waker) {
+        {
+            let mut held = crate::locked(&self.task);
+            if !held.as_ref().is_some_and(|t| t.will_wake(task)) {
+                *held = Some(task.clone());
+            }
+        }
+        self.state.fetch_or(POLLING, Ordering::AcqRel);
+    }
+
+    /// Whether `part` was woken, which it no longer is.
+    fn take(&self, part: u8) -> bool {
+        self.state.load(Ordering::Acquire) & part != 0
+            && self.state.fetch_and(!part, Ordering::AcqRel) & part != 0
+    }
+
+    /// Ends the polling, `true`, unless a part was woken meanwhile.
+    fn leave_unless_woken(&self) -> bool {
+        self.state
+            .compare_exchange(POLLING, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends the polling once what waits is ready. A connection woken meanwhile stays marked
+    /// woken, polled by what next waits on it: what took the response's head polls the link
+    /// for the body at once, a body for its next part when the client can take it, the next
+    /// request when it comes.
+    fn leave(&self) {
+        self.state.fetch_and(!(POLLING | WAITER), Ordering::AcqRel);
+    }
+
+    fn wake(&self, part: u8) {
+        let before = self.state.fetch_or(part, Ordering::AcqRel);
+        // Polled now, it is polled again before the polling ends; woken before, the task
+        // was woken then.
+        if before & (POLLING | part) == 0 {
+            self.wake_task();
+        }
+    }
+
+    fn wake_task(&self) {
+        if let Some(task) = crate::locked(&self.task).as_ref() {
+            task.wake_by_ref();
+        }
+    }
+
+    fn forget_task(&self) {
+        *crate::locked(&self.task) = None;
+    }
+}
+
+/// One part of a [`Group`], as a waker.
+struct Part {
+    group: Arc<Group>,
+    part: u8,
+}
+
+impl std::task::Wake for Part {
+    fn wake(self: Arc<Self>) {
+        self.group.wake(self.part);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.group.wake(self.part);
+    }
+}
 
 /// The proxy as one client connection sees it. Its requests go over one upstream connection
 /// in turn (HTTP/1 answers one request at a time): taken from the pool, or opened, for the
@@ -213,7 +405,7 @@ pub struct ProxyConnection {
 /// upstream timeout.
 struct Held {
     shared: Arc<Shared>,
-    sender: Mutex<Option<SendRequest<Upload>>>,
+    link: Mutex<Option<Link>>,
     progress: Arc<Progress>,
     /// Pushed later at each request: a later deadline costs no new place in the timer wheel.
     timer: Mutex<Option<Pin<Box<tokio::time::Sleep>>>>,
@@ -229,17 +421,26 @@ impl Held {
         *crate::locked(&self.timer) = Some(timer);
     }
 
-    fn take(&self) -> Option<SendRequest<Upload>> {
-        crate::locked(&self.sender).take()
+    fn take(&self) -> Option<Link> {
+        crate::locked(&self.link).take()
     }
 
-    fn give_back(&self, sender: SendRequest<Upload>) {
-        let mut held = crate::locked(&self.sender);
+    /// Keeps `link` for the client connection's next request (the pool gets it if one is
+    /// kept already); a closed one is dropped.
+    fn give_back(&self, link: Link) {
+        if link.is_closed() {
+            return;
+        }
+        if !link.sender.is_ready() {
+            self.shared.finish(link);
+            return;
+        }
+        let mut held = crate::locked(&self.link);
         match held.as_ref() {
-            None => *held = Some(sender),
+            None => *held = Some(link),
             Some(_) => {
                 drop(held);
-                self.shared.checkin(sender);
+                self.shared.checkin(link);
             }
         }
     }
@@ -247,13 +448,13 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let sender = self
-            .sender
+        let link = self
+            .link
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(sender) = sender {
-            self.shared.checkin(sender);
+        if let Some(link) = link {
+            self.shared.checkin(link);
         }
     }
 }
@@ -262,32 +463,69 @@ impl Drop for Held {
 /// before it was written) is sent; the last time over a new connection.
 const ATTEMPTS: usize = 3;
 
+/// What became of a request given to a [`Link`].
+enum Sent<F> {
+    /// The connection was closed before the request could be given to it.
+    Closed,
+    /// The response's head, or why none came.
+    Answered(F),
+}
+
 impl ProxyConnection {
-    /// Sends `req` and waits for the response's head. A request goes out once: it is sent
-    /// again only when hyper hands it back unwritten.
-    async fn send(&self, mut req: Request<Upload>) -> Result<Response<Incoming>, BoxError> {
+    /// Sends `req` and waits for the response's head, which comes with the connection its
+    /// body comes over. A request goes out once: it is sent again only when hyper hands it
+    /// back unwritten. A kept connection found closed before the request was given to it
+    /// is skipped without counting an attempt.
+    async fn send(
+        &self,
+        unsent: &mut Option<Request<Upload>>,
+    ) -> Result<(Response<Incoming>, Link), BoxError> {
         let shared = &self.held.shared;
-        for attempt in 1..=ATTEMPTS {
+        let mut attempt = 1;
+        while attempt <= ATTEMPTS {
             let reused = if attempt < ATTEMPTS {
                 self.held.take().or_else(|| shared.checkout())
             } else {
                 None
             };
-            let mut sender = match reused {
-                Some(sender) => sender,
+            let fresh = reused.is_none();
+            let mut link = match reused {
+                Some(link) => link,
                 // Boxed: a connection is rare, and its future would make every request's larger.
                 None => Box::pin(shared.connect()).await?,
             };
-            if sender.ready().await.is_err() {
-                continue;
-            }
-            match sender.try_send_request(req).await {
-                Ok(res) => {
-                    self.held.give_back(sender);
-                    return Ok(res);
+            let sent = {
+                let mut response = std::pin::pin!(None);
+                std::future::poll_fn(|cx| {
+                    link.poll_with(cx, |sender, cx| {
+                        if response.is_none() {
+                            match sender.poll_ready(cx) {
+                                Poll::Pending => return Poll::Pending,
+                                Poll::Ready(Err(_)) => return Poll::Ready(Sent::Closed),
+                                Poll::Ready(Ok(())) => {
+                                    let req = unsent.take().expect("sent once");
+                                    response.set(Some(sender.try_send_request(req)));
+                                }
+                            }
+                        }
+                        let response = response.as_mut().as_pin_mut().expect("sent");
+                        response.poll(cx).map(Sent::Answered)
+                    })
+                })
+                .await
+            };
+            match sent {
+                Sent::Closed => {
+                    if fresh {
+                        attempt += 1;
+                    }
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => req = unsent,
+                Sent::Answered(Ok(res)) => return Ok((res, link)),
+                Sent::Answered(Err(mut e)) => match e.take_message() {
+                    Some(back) => {
+                        *unsent = Some(back);
+                        attempt += 1;
+                    }
                     None => return Err(e.into_error().into()),
                 },
             }
@@ -295,17 +533,15 @@ impl ProxyConnection {
         Err("the upstream closed every connection the request was given to".into())
     }
 
-    /// The request to the upstream, its answer back (the service's future itself: no future
-    /// around it to move it into).
-    async fn forward(
-        self,
-        req: Request<Incoming>,
-    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    /// The request as it goes upstream: its target after the prefix, HTTP/1.1, its hop-by-hop
+    /// headers dropped, the client appended to `x-forwarded-for`, a `Host`; `None` for a target
+    /// that leaves the prefix.
+    fn upstream_request(&self, req: Request<Incoming>) -> Option<Request<Upload>> {
         let shared = &self.held.shared;
         let (mut parts, body) = req.into_parts();
         parts.uri = match shared.upstream.target(parts.uri) {
             Ok(uri) => uri,
-            Err(_) => return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n")),
+            Err(_) => return None,
         };
         // HTTP/1.1 to the upstream, whatever the client spoke.
         parts.version = http::Version::HTTP_11;
@@ -317,10 +553,21 @@ impl ProxyConnection {
         let progress = &self.held.progress;
         progress.restart();
         let body = Upload::new(body, Arc::clone(progress));
+        Some(Request::from_parts(parts, body))
+    }
+
+    /// The request to the upstream, its answer back. The request stays in `req` (the
+    /// future's one copy of it) until it is given to a connection.
+    async fn forward(
+        self,
+        mut req: Option<Request<Upload>>,
+    ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+        let shared = &self.held.shared;
+        let progress = &self.held.progress;
         let mut timer = self.held.take_timer();
         let answered = {
             // Polled where they are, not moved into the select.
-            let sent = std::pin::pin!(self.send(Request::from_parts(parts, body)));
+            let sent = std::pin::pin!(self.send(&mut req));
             let idle = std::pin::pin!(progress.idle_for(shared.timeout, &mut timer));
             tokio::select! {
                 biased;
@@ -330,10 +577,11 @@ impl ProxyConnection {
         };
         self.held.put_timer(timer);
         Ok(match answered {
-            Some(Ok(res)) => {
+            Some(Ok((res, link))) => {
                 let (mut parts, body) = res.into_parts();
                 drop_hop_by_hop(&mut parts.headers);
-                let body = Download::new(body, shared.timeout);
+                let timeout = shared.timeout;
+                let body = Download::new(body, link, Arc::clone(&self.held), timeout);
                 Response::from_parts(parts, Either::Left(body))
             }
             Some(Err(e)) => {
@@ -437,22 +685,36 @@ impl http_body::Body for Upload {
     }
 }
 
-/// The upstream's response body on its way to the client: one that sends nothing for the
-/// upstream timeout ends with an error, which cuts the client's connection (nothing else
-/// can tell it the body is incomplete).
+/// The upstream's response body on its way to the client, polling the connection it comes
+/// over while it waits for a part. Its end gives the connection back to the client
+/// connection for its next request; a body dropped before its end drops the connection.
+/// One that sends nothing for the upstream timeout ends with an error, which cuts the
+/// client's connection (nothing else can tell it the body is incomplete).
 pub struct Download {
     inner: Incoming,
+    /// The connection the body comes over, until the body ends.
+    link: Option<Link>,
+    held: Arc<Held>,
     timeout: Duration,
     /// Armed while a part is awaited.
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Download {
-    fn new(inner: Incoming, timeout: Duration) -> Self {
+    fn new(inner: Incoming, link: Link, held: Arc<Held>, timeout: Duration) -> Self {
         Self {
             inner,
+            link: Some(link),
+            held,
             timeout,
             idle: None,
+        }
+    }
+
+    /// The body ended: its connection serves the client connection's next request.
+    fn give_back(&mut self) {
+        if let Some(link) = self.link.take() {
+            self.held.give_back(link);
         }
     }
 }
@@ -466,8 +728,18 @@ impl http_body::Body for Download {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let inner = &mut this.inner;
+        let polled = match &mut this.link {
+            Some(link) => link.poll_with(cx, |_, cx| Pin::new(&mut *inner).poll_frame(cx)),
+            None => Pin::new(inner).poll_frame(cx),
+        };
+        match polled {
             Poll::Ready(frame) => {
+                match &frame {
+                    Some(Ok(_)) if !this.inner.is_end_stream() => {}
+                    Some(Ok(_)) | None => this.give_back(),
+                    Some(Err(_)) => this.link = None,
+                }
                 if let Some(idle) = &mut this.idle {
                     idle.as_mut()
                         .reset(tokio::time::Instant::now() + this.timeout);
@@ -485,6 +757,7 @@ impl http_body::Body for Download {
                             timeout_ms = timeout.as_millis() as u64,
                             "upstream body stalled; the client's connection is cut"
                         );
+                        this.link = None;
                         Poll::Ready(Some(Err("the upstream's body stalled".into())))
                     }
                     Poll::Pending => Poll::Pending,
@@ -502,6 +775,15 @@ impl http_body::Body for Download {
     }
 }
 
+impl Drop for Download {
+    fn drop(&mut self) {
+        // A body without content (an empty one, a `HEAD`'s) is never polled.
+        if http_body::Body::is_end_stream(&self.inner) {
+            self.give_back();
+        }
+    }
+}
+
 impl tower::Service<Request<Incoming>> for ProxyConnection {
     type Response = Response<ProxyBody>;
     type Error = std::convert::Infallible;
@@ -512,7 +794,13 @@ impl tower::Service<Request<Incoming>> for ProxyConnection {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        Box::pin(self.clone().forward(req))
+        match self.upstream_request(req) {
+            Some(req) => Box::pin(self.clone().forward(Some(req))),
+            None => Box::pin(std::future::ready(Ok(text(
+                StatusCode::BAD_REQUEST,
+                "bad request target\n",
+            )))),
+        }
     }
 }
 

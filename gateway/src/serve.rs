@@ -443,7 +443,7 @@ where
         .header_read_timeout(HEADER_READ_TIMEOUT)
         // Heads and small bodies copied into one buffer, written by one `write`.
         .writev(false);
-    let (stopping, stopped) = tokio::sync::watch::channel(());
+    let stopping = Arc::new(Stop::default());
     let shutdown = stop.signal;
     tokio::pin!(shutdown);
     loop {
@@ -457,24 +457,26 @@ where
             client: addresses.then_some(client),
         };
         let builder = builder.clone();
-        let mut stopped = stopped.clone();
+        let stopped = Stopped::new(&stopping);
         // Finished connections are forgotten as new ones come.
         while connections.try_join_next().is_some() {}
-        connections.spawn(async move {
+        // Without Tokio's budget: hyper's dispatcher yields on its own after 16 turns.
+        connections.spawn(tokio::task::coop::unconstrained(async move {
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
+                biased;
                 _ = conn.as_mut() => {}
-                _ = stopped.changed() => {
+                () = stopped => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
             }
             drop(slot);
-        });
+        }));
     }
     drop(listener);
-    let _ = stopping.send(());
+    stopping.stop();
     // Every connection closed: each gave its slot back.
     let drained = tokio::time::timeout(stop.drain, slots.acquire_many(max as u32))
         .await
@@ -488,6 +490,81 @@ where
         tokio::time::sleep(stop.settle).await;
     }
     drained
+}
+
+/// The stop of a listener's connections: a flag, and the tasks to wake when it is set.
+#[derive(Default)]
+struct Stop {
+    stopping: std::sync::atomic::AtomicBool,
+    /// The tasks of the connections, by a number of each's own; the last number given.
+    tasks: std::sync::Mutex<(u64, HashMap<u64, std::task::Waker>)>,
+}
+
+impl Stop {
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let tasks = std::mem::take(&mut crate::locked(&self.tasks).1);
+        for task in tasks.into_values() {
+            task.wake();
+        }
+    }
+}
+
+/// Ends when the connection it is given to is to stop. Its task is registered with the
+/// [`Stop`] once (and again only if it changes): a poll reads one flag.
+struct Stopped {
+    stop: Arc<Stop>,
+    /// The number and the waker it registered.
+    registered: Option<(u64, std::task::Waker)>,
+}
+
+impl Stopped {
+    fn new(stop: &Arc<Stop>) -> Self {
+        Self {
+            stop: Arc::clone(stop),
+            registered: None,
+        }
+    }
+}
+
+impl std::future::Future for Stopped {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.stop.stopping.load(Ordering::SeqCst) {
+            return std::task::Poll::Ready(());
+        }
+        if !matches!(&self.registered, Some((_, task)) if task.will_wake(cx.waker())) {
+            let stop = Arc::clone(&self.stop);
+            let mut tasks = crate::locked(&stop.tasks);
+            let id = match &self.registered {
+                Some((id, _)) => *id,
+                None => {
+                    tasks.0 += 1;
+                    tasks.0
+                }
+            };
+            tasks.1.insert(id, cx.waker().clone());
+            drop(tasks);
+            self.registered = Some((id, cx.waker().clone()));
+            // Set while it registered: `stop` may have taken the tasks before.
+            if self.stop.stopping.load(Ordering::SeqCst) {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.registered.take() {
+            crate::locked(&self.stop.tasks).1.remove(&id);
+        }
+    }
 }
 
 /// `GET /status/{code}`: that status, 100 to 599; anything else 400. (An informational 1xx

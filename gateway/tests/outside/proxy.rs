@@ -187,6 +187,170 @@ fn an_upstream_closing_its_connections_is_connected_again() {
     assert_eq!(distinct.len(), 3, "a new connection each time: {seen:?}");
 }
 
+/// Reads one answer from a kept-alive connection: its head and a body of `content-length`.
+fn read_answer(s: &mut TcpStream) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text
+                .split("\r\n")
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .map_or(0, |n| n.trim().parse().unwrap());
+            if seen.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed mid-answer: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// An upstream that closes each connection right after its answer without saying so (no
+/// `connection: close`): the connection, kept by its client connection or idle in the pool,
+/// is found closed by the next request, which goes over a new one.
+#[test]
+fn an_upstream_closing_idle_connections_is_connected_again() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Each connection answers one request with its number, then closes.
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => seen.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let body = n.to_string();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            });
+        }
+    });
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
+    // Kept by the client connection between its requests.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /1 HTTP/1.1\r\nhost: gw\r\n\r\n").unwrap();
+    let first = read_answer(&mut s);
+    assert!(
+        first.starts_with("http/1.1 200") && first.ends_with("\r\n\r\n0"),
+        "{first}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    s.write_all(b"GET /2 HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let second = read_answer(&mut s);
+    assert!(
+        second.starts_with("http/1.1 200") && second.ends_with("\r\n\r\n1"),
+        "{second}"
+    );
+    drop(s);
+    // The second connection went to the pool with its client connection's end; closed
+    // there, it is found so by the next client's request.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, text) = get(gw.addr, "");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("\r\n\r\n2"), "{text}");
+}
+
+/// An upstream that answers a request as soon as its head comes, and reads its body after:
+/// the rest of the client's body still goes up after the answer went down, and the client's
+/// next request is answered too.
+#[test]
+fn a_body_the_upstream_answered_early_still_goes_up() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = listener.local_addr().unwrap();
+    let uploaded = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let seen = Arc::clone(&uploaded);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let seen = Arc::clone(&seen);
+            std::thread::spawn(move || {
+                let mut buffered = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    // A head, answered at once.
+                    let end = loop {
+                        if let Some(end) = buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buffered.extend_from_slice(&buf[..k]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buffered[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .split("\r\n")
+                        .find_map(|line| line.strip_prefix("content-length: "))
+                        .map_or(0, |n| n.trim().parse().unwrap());
+                    buffered.drain(..end);
+                    if stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .is_err()
+                    {
+                        return;
+                    }
+                    // Then its body.
+                    while buffered.len() < length {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buffered.extend_from_slice(&buf[..k]),
+                        }
+                    }
+                    seen.lock().unwrap().extend(buffered.drain(..length));
+                }
+            });
+        }
+    });
+    let url = format!("http://{up}");
+    let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nhost: gw\r\ncontent-length: 10\r\n\r\n12345")
+        .unwrap();
+    let first = read_answer(&mut s);
+    assert!(
+        first.starts_with("http/1.1 200") && first.ends_with("\r\n\r\nok"),
+        "{first}"
+    );
+    s.write_all(b"67890").unwrap();
+    s.write_all(b"GET /next HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let second = read_answer(&mut s);
+    assert!(
+        second.starts_with("http/1.1 200") && second.ends_with("\r\n\r\nok"),
+        "{second}"
+    );
+    for _ in 0..100 {
+        if uploaded.lock().unwrap().as_slice() == b"1234567890" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "the upstream got {:?}",
+        String::from_utf8_lossy(&uploaded.lock().unwrap())
+    );
+}
+
 #[test]
 fn a_refused_request_never_reaches_the_upstream() {
     let hits = Arc::new(AtomicUsize::new(0));
