@@ -212,6 +212,28 @@ fn read_answer(s: &mut TcpStream) -> String {
     }
 }
 
+/// Reads an answer from `s`: a 200 whose body is `body`.
+fn expect_ok(s: &mut TcpStream, body: &str) {
+    let answer = read_answer(s);
+    let whole = answer.starts_with("http/1.1 200") && answer.ends_with(&format!("\r\n\r\n{body}"));
+    assert!(whole, "{answer}");
+}
+
+/// Reads from `stream` into `buffered` until it holds a whole request head: where the head
+/// ends in `buffered`, or `None` when the stream ends or fails first.
+fn read_head(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> Option<usize> {
+    let mut buf = [0u8; 1024];
+    loop {
+        if let Some(end) = buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(end + 4);
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => buffered.extend_from_slice(&buf[..k]),
+        }
+    }
+}
+
 /// An upstream that closes each connection right after its answer without saying so (no
 /// `connection: close`): the connection, kept by its client connection or idle in the pool,
 /// is found closed by the next request, which goes over a new one.
@@ -219,18 +241,16 @@ fn read_answer(s: &mut TcpStream) -> String {
 fn an_upstream_closing_idle_connections_is_connected_again() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let up = listener.local_addr().unwrap();
+    // The number of each connection the upstream closed, once closed.
+    let (closed_tx, closed) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         // Each connection answers one request with its number, then closes.
         for (n, stream) in listener.incoming().enumerate() {
             let Ok(mut stream) = stream else { continue };
+            let closed_tx = closed_tx.clone();
             std::thread::spawn(move || {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(k) => seen.extend_from_slice(&buf[..k]),
-                    }
+                if read_head(&mut stream, &mut Vec::new()).is_none() {
+                    return;
                 }
                 let body = n.to_string();
                 let answer = format!(
@@ -238,32 +258,30 @@ fn an_upstream_closing_idle_connections_is_connected_again() {
                     body.len()
                 );
                 let _ = stream.write_all(answer.as_bytes());
+                drop(stream);
+                let _ = closed_tx.send(n);
             });
         }
     });
+    let closed_no = |n: usize| {
+        let got = closed.recv_timeout(Duration::from_secs(60));
+        assert_eq!(got, Ok(n), "the upstream's connection {n} did not close");
+    };
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
     // Kept by the client connection between its requests.
     let mut s = TcpStream::connect(gw.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(b"GET /1 HTTP/1.1\r\nhost: gw\r\n\r\n").unwrap();
-    let first = read_answer(&mut s);
-    assert!(
-        first.starts_with("http/1.1 200") && first.ends_with("\r\n\r\n0"),
-        "{first}"
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    expect_ok(&mut s, "0");
+    closed_no(0);
     s.write_all(b"GET /2 HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
         .unwrap();
-    let second = read_answer(&mut s);
-    assert!(
-        second.starts_with("http/1.1 200") && second.ends_with("\r\n\r\n1"),
-        "{second}"
-    );
+    expect_ok(&mut s, "1");
     drop(s);
     // The second connection went to the pool with its client connection's end; closed
     // there, it is found so by the next client's request.
-    std::thread::sleep(Duration::from_millis(300));
+    closed_no(1);
     let (status, text) = get(gw.addr, "");
     assert_eq!(status, 200, "{text}");
     assert!(text.ends_with("\r\n\r\n2"), "{text}");
@@ -287,14 +305,8 @@ fn a_body_the_upstream_answered_early_still_goes_up() {
                 let mut buf = [0u8; 1024];
                 loop {
                     // A head, answered at once.
-                    let end = loop {
-                        if let Some(end) = buffered.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break end + 4;
-                        }
-                        match stream.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => buffered.extend_from_slice(&buf[..k]),
-                        }
+                    let Some(end) = read_head(&mut stream, &mut buffered) else {
+                        return;
                     };
                     let head = String::from_utf8_lossy(&buffered[..end]).to_ascii_lowercase();
                     let length: usize = head
@@ -326,20 +338,13 @@ fn a_body_the_upstream_answered_early_still_goes_up() {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(b"POST /up HTTP/1.1\r\nhost: gw\r\ncontent-length: 10\r\n\r\n12345")
         .unwrap();
-    let first = read_answer(&mut s);
-    assert!(
-        first.starts_with("http/1.1 200") && first.ends_with("\r\n\r\nok"),
-        "{first}"
-    );
+    expect_ok(&mut s, "ok");
     s.write_all(b"67890").unwrap();
     s.write_all(b"GET /next HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
         .unwrap();
-    let second = read_answer(&mut s);
-    assert!(
-        second.starts_with("http/1.1 200") && second.ends_with("\r\n\r\nok"),
-        "{second}"
-    );
-    for _ in 0..100 {
+    expect_ok(&mut s, "ok");
+    // Room for a loaded machine: the body's rest goes up in a task of its own.
+    for _ in 0..1200 {
         if uploaded.lock().unwrap().as_slice() == b"1234567890" {
             return;
         }
