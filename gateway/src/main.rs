@@ -403,13 +403,13 @@ async fn run(base: Args) -> Result<(), BoxError> {
     .await
 }
 
-/// The Prometheus recorder `/metrics` renders, installed for the process.
 /// `m`, locked: a panic while it was held left nothing half-done worth losing the gateway for
 /// (each holder takes or puts one value).
 pub(crate) fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The Prometheus recorder `/metrics` renders, installed for the process.
 fn metrics_recorder() -> Result<PrometheusHandle, String> {
     PrometheusBuilder::new()
         // The store's latency as a histogram (per-instance quantiles cannot be summed across
