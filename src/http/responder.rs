@@ -270,10 +270,20 @@ fn len_field_len(len: usize) -> usize {
 }
 
 fn text_response<B>(status: StatusCode, body: Bytes) -> Response<ResponseBody<B>> {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+    response_with(status, headers, body)
+}
+
+/// A response of `status` with `headers` and `body`.
+fn response_with<B>(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::full(body));
     *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+    *res.headers_mut() = headers;
     res
 }
 
@@ -377,10 +387,7 @@ impl Responder<Decision> {
             let content_type = HeaderValue::from_static(TEXT_PLAIN);
             let head = field.and_then(|f| f.denial_head(self.style, d, pk, &content_type));
             if let Some(headers) = head {
-                let mut res = Response::new(ResponseBody::full(body));
-                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                *res.headers_mut() = headers;
-                return res;
+                return response_with(StatusCode::TOO_MANY_REQUESTS, headers, body);
             }
             text_response(StatusCode::TOO_MANY_REQUESTS, body)
         };
