@@ -42,10 +42,16 @@ pub(crate) fn upstream(app: Router) -> SocketAddr {
     addr
 }
 
+/// A client connection to `addr`, whose reads give up after 30 s.
+fn client(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s
+}
+
 /// Sends `request` (whole, as bytes) to `addr` and reads the answer to the end.
 fn exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(addr);
     s.write_all(request).unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).unwrap();
@@ -194,11 +200,7 @@ fn read_answer(s: &mut TcpStream) -> String {
     loop {
         let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
         if let Some(end) = text.find("\r\n\r\n") {
-            let length: usize = text
-                .split("\r\n")
-                .find_map(|line| line.strip_prefix("content-length: "))
-                .map_or(0, |n| n.trim().parse().unwrap());
-            if seen.len() >= end + 4 + length {
+            if seen.len() >= end + 4 + content_length(&text) {
                 return text;
             }
         }
@@ -210,6 +212,13 @@ fn read_answer(s: &mut TcpStream) -> String {
         );
         seen.extend_from_slice(&buf[..n]);
     }
+}
+
+/// The `content-length` of a message head in lower case (0 without one).
+fn content_length(head: &str) -> usize {
+    head.split("\r\n")
+        .find_map(|line| line.strip_prefix("content-length: "))
+        .map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// Reads an answer from `s`: a 200 whose body is `body`.
@@ -270,8 +279,7 @@ fn an_upstream_closing_idle_connections_is_connected_again() {
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
     // Kept by the client connection between its requests.
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(gw.addr);
     s.write_all(b"GET /1 HTTP/1.1\r\nhost: gw\r\n\r\n").unwrap();
     expect_ok(&mut s, "0");
     closed_no(0);
@@ -309,10 +317,7 @@ fn a_body_the_upstream_answered_early_still_goes_up() {
                         return;
                     };
                     let head = String::from_utf8_lossy(&buffered[..end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .split("\r\n")
-                        .find_map(|line| line.strip_prefix("content-length: "))
-                        .map_or(0, |n| n.trim().parse().unwrap());
+                    let length = content_length(&head);
                     buffered.drain(..end);
                     if stream
                         .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -334,8 +339,7 @@ fn a_body_the_upstream_answered_early_still_goes_up() {
     });
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--limit", "1000"]);
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(gw.addr);
     s.write_all(b"POST /up HTTP/1.1\r\nhost: gw\r\ncontent-length: 10\r\n\r\n12345")
         .unwrap();
     expect_ok(&mut s, "ok");
@@ -410,8 +414,7 @@ fn a_slow_upstreams_body_is_streamed_to_the_client() {
     })));
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--limit", "100"]);
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(gw.addr);
     s.write_all(b"GET /stream HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
         .unwrap();
     let mut seen = Vec::new();
@@ -531,8 +534,7 @@ fn a_slow_upload_is_not_an_upstream_timeout() {
     let up = upstream(Router::new().fallback(any(echo)));
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--upstream-timeout-ms", "3000"]);
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(gw.addr);
     s.write_all(b"POST /up HTTP/1.1\r\nhost: gw\r\nconnection: close\r\ncontent-length: 8\r\n\r\n")
         .unwrap();
     // Eight bytes, one every 500 ms: 4 s in all, never 3 s without progress.
@@ -565,8 +567,7 @@ fn a_stalled_upstream_body_cuts_the_client_connection() {
     })));
     let url = format!("http://{up}");
     let gw = start_gateway(&["--upstream", &url, "--upstream-timeout-ms", "300"]);
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut s = client(gw.addr);
     s.write_all(b"GET /stall HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
         .unwrap();
     let mut out = Vec::new();
