@@ -249,7 +249,7 @@ impl RateEngine {
         if self.delaying() {
             return None; // the request's place is kept by `check`, which may wait
         }
-        // The source apart from the result: a tuple of the two moved the outcome once more.
+        // The source apart from the result, so that the outcome is not moved into a tuple.
         let stored = self.store_now(key, cost, quoted);
         let source = match stored.is_some() {
             true => Source::Store,
